@@ -1,0 +1,93 @@
+"""The ``mmcse`` console script and the error wrapper every stage entry point uses."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from mmcse.config import ConfigError
+
+
+def quiet_libraries() -> None:
+    """Keep stage logs readable: no per-load reports or telemetry chatter."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    try:
+        import transformers
+
+        transformers.logging.set_verbosity_error()
+        transformers.utils.logging.disable_progress_bar()
+    except ImportError:
+        pass
+    for name in ("mlflow", "alembic", "optuna"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def run_entry(fn: Callable[[], object]) -> None:
+    """Run a stage/CLI body; turn expected input errors into one clear line and exit 2."""
+    from mmcse.hub import ModelUnavailableError
+
+    quiet_libraries()
+    try:
+        fn()
+    except (ConfigError, ModelUnavailableError, FileNotFoundError, ValueError, KeyError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _cmd_eval(args: argparse.Namespace) -> None:
+    from mmcse.data.senteval import read_sts_tasks
+    from mmcse.evaluate import TextEncoder, evaluate_sts
+
+    tasks = read_sts_tasks(args.senteval_dir)
+    encoder = TextEncoder(args.model, args.pooler, args.device, args.max_seq_len)
+    result = evaluate_sts(encoder, tasks, args.batch_size)
+    print(json.dumps({k: round(v, 4) for k, v in result.scores.items()}, indent=2))
+
+
+def _cmd_sweep(args: argparse.Namespace) -> None:
+    from mmcse.config import load_config
+    from mmcse.pipeline import Paths
+    from mmcse.sweep import run_sweep
+
+    cfg = load_config(args.params)
+    summary = run_sweep(
+        cfg, Paths.of(cfg), n_trials=args.n_trials, study_name=args.study_name, storage=args.storage
+    )
+    print(json.dumps(summary, indent=2))
+
+
+def main(argv: list[str] | None = None) -> None:
+    from mmcse.config import POOLERS
+
+    parser = argparse.ArgumentParser(prog="mmcse", description="multimodal sentence embeddings workflow")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    ev = sub.add_parser("eval", help="STS Spearman x 100 of any HF / sentence-transformers model")
+    ev.add_argument("--model", required=True, help="HF id, local model folder or mmcse checkpoint")
+    ev.add_argument("--senteval-dir", required=True, type=Path, help="SentEval-layout folder")
+    ev.add_argument("--pooler", default="cls_before_pooler", choices=POOLERS)
+    ev.add_argument("--batch-size", type=int, default=128)
+    ev.add_argument("--max-seq-len", type=int, default=512)
+    ev.add_argument("--device", default="cpu")
+    ev.set_defaults(func=_cmd_eval)
+
+    sw = sub.add_parser("sweep", help="Optuna sweep over params.yaml's sweep.space (resumable)")
+    sw.add_argument("--params", default="params.yaml")
+    sw.add_argument("--n-trials", type=int, default=None, help="total trials in the study (default sweep.n_trials)")
+    sw.add_argument("--study-name", default=None)
+    sw.add_argument("--storage", default=None, help="Optuna storage URL (default sweep.storage)")
+    sw.set_defaults(func=_cmd_sweep)
+
+    args = parser.parse_args(argv)
+    run_entry(lambda: args.func(args))
+
+
+if __name__ == "__main__":
+    main()

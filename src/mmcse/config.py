@@ -1,0 +1,464 @@
+"""Typed, frozen configuration parsed once from ``params.yaml``.
+
+Every section of ``params.yaml`` maps to one frozen dataclass. Parsing walks the
+dataclass fields, so an unknown key fails with the list of valid keys and a value
+of the wrong type or out of range fails with the dotted key named — all before
+any compute starts.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A params file or override that cannot be turned into a valid config."""
+
+
+def _fail(where: str, key: str, message: str) -> typing.NoReturn:
+    raise ConfigError(f"{where}: key '{key}': {message}")
+
+
+def _check(cond: bool, where: str, key: str, message: str) -> None:
+    if not cond:
+        _fail(where, key, message)
+
+
+# --------------------------------------------------------------------------- sections
+
+
+@dataclass(frozen=True)
+class BaseConfig:
+    seed: int = 42
+    device: Literal["auto", "cpu", "cuda"] = "cpu"
+    data_dir: str = "data"
+    models_dir: str = "models"
+    metrics_dir: str = "metrics"
+    plots_dir: str = "plots"
+    mlflow_tracking_uri: str = "sqlite:///mlruns/mlflow.db"
+    experiment_prefix: str = "mmcse"
+
+    def validate(self, where: str) -> None:
+        _check(self.seed >= 0, where, "base.seed", "must be >= 0")
+        for name in ("data_dir", "models_dir", "metrics_dir", "plots_dir", "experiment_prefix"):
+            _check(bool(getattr(self, name).strip()), where, f"base.{name}", "must not be empty")
+
+
+@dataclass(frozen=True)
+class DemoDataConfig:
+    num_images: int = 320
+    captions_per_image: int = 4
+    image_size: int = 64
+    min_objects: int = 2
+    max_objects: int = 4
+    corpus_sentences: int = 6000
+    sts_dev_pairs: int = 400
+    sts_test_pairs: int = 800
+
+    def validate(self, where: str) -> None:
+        p = "data.demo."
+        _check(self.num_images >= 4, where, p + "num_images", "must be >= 4")
+        _check(self.captions_per_image >= 1, where, p + "captions_per_image", "must be >= 1")
+        _check(32 <= self.image_size <= 512, where, p + "image_size", "must be in [32, 512]")
+        _check(self.min_objects >= 1, where, p + "min_objects", "must be >= 1")
+        _check(
+            self.min_objects <= self.max_objects <= 6,
+            where,
+            p + "max_objects",
+            "must be in [min_objects, 6]",
+        )
+        _check(self.corpus_sentences >= 1, where, p + "corpus_sentences", "must be >= 1")
+        _check(self.sts_dev_pairs >= 10, where, p + "sts_dev_pairs", "must be >= 10")
+        _check(self.sts_test_pairs >= 10, where, p + "sts_test_pairs", "must be >= 10")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    # demo: everything generated from the seed. senteval: the STS dev/test sets come from a
+    # local SentEval-layout folder; the image–caption pairs and text corpus stay generated.
+    source: Literal["demo", "senteval"] = "demo"
+    senteval_dir: str = "../shared/data/senteval"
+    demo: DemoDataConfig = field(default_factory=DemoDataConfig)
+
+    def validate(self, where: str) -> None:
+        self.demo.validate(where)
+        if self.source == "senteval":
+            _check(bool(self.senteval_dir), where, "data.senteval_dir", "must be set when source=senteval")
+
+
+@dataclass(frozen=True)
+class DetectConfig:
+    # annotations: the generator's ground-truth boxes, masks and phrase spans.
+    # Phrases are tokenised with the student's tokenizer at model.max_seq_len.
+    backend: Literal["annotations"] = "annotations"
+    min_objects: int = 2
+
+    def validate(self, where: str) -> None:
+        _check(self.min_objects >= 1, where, "detect.min_objects", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class TeachersConfig:
+    # Frozen feature extractors whose outputs are cached once and memory-mapped.
+    text_teacher: str = "packaged:all-MiniLM-L6-v2"
+    text_pooler: Literal["avg", "cls"] = "avg"
+    image_encoder: Literal["colour-edge-grid"] = "colour-edge-grid"
+    image_grid: int = 4
+    colour_bins: int = 4
+    batch_size: int = 128
+    cache_dir: str = "teachers"
+
+    def validate(self, where: str) -> None:
+        _check(bool(self.text_teacher.strip()), where, "teachers.text_teacher", "must not be empty")
+        _check(1 <= self.image_grid <= 16, where, "teachers.image_grid", "must be in [1, 16]")
+        _check(2 <= self.colour_bins <= 16, where, "teachers.colour_bins", "must be in [2, 16]")
+        _check(self.batch_size >= 1, where, "teachers.batch_size", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    # HF id, local folder, or "packaged:all-MiniLM-L6-v2" (weights shipped in a pip package).
+    name_or_path: str = "packaged:all-MiniLM-L6-v2"
+    # pretrained: load the weights. random: the same tokenizer and model family with fresh
+    # weights, its HF config changed by config_overrides (e.g. a 2-layer, 128-wide BERT).
+    init: Literal["pretrained", "random"] = "pretrained"
+    config_overrides: dict[str, Any] = field(default_factory=dict)
+    max_seq_len: int = 32
+    proj_dim: int = 256
+
+    def validate(self, where: str) -> None:
+        _check(bool(self.name_or_path.strip()), where, "model.name_or_path", "must not be empty")
+        _check(
+            not self.config_overrides or self.init == "random",
+            where,
+            "model.config_overrides",
+            "changes the architecture, so it needs model.init: random (pretrained weights would not fit)",
+        )
+        _check(8 <= self.max_seq_len <= 512, where, "model.max_seq_len", "must be in [8, 512]")
+        _check(self.proj_dim >= 1, where, "model.proj_dim", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    method: Literal["simcse", "mcse"] = "mcse"
+    batch_size: int = 64
+    epochs: int = 1
+    max_steps: int = 0  # 0: run all epochs
+    learning_rate: float = 3e-5
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.0
+    eval_steps: int = 125
+    checkpoint_steps: int = 125
+    dropout: float = 0.1
+
+    def validate(self, where: str) -> None:
+        _check(self.batch_size >= 2, where, "train.batch_size", "must be >= 2 (in-batch negatives)")
+        _check(self.epochs >= 1, where, "train.epochs", "must be >= 1")
+        _check(self.max_steps >= 0, where, "train.max_steps", "must be >= 0 (0: all epochs)")
+        _check(self.learning_rate > 0, where, "train.learning_rate", "must be > 0")
+        _check(self.weight_decay >= 0, where, "train.weight_decay", "must be >= 0")
+        _check(0 <= self.warmup_ratio < 1, where, "train.warmup_ratio", "must be in [0, 1)")
+        _check(self.eval_steps >= 1, where, "train.eval_steps", "must be >= 1")
+        _check(self.checkpoint_steps >= 1, where, "train.checkpoint_steps", "must be >= 1")
+        _check(0 <= self.dropout < 1, where, "train.dropout", "must be in [0, 1)")
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    temperature: float = 0.05
+    temperature_img: float = 0.05
+    lambda_img: float = 0.01
+
+    def validate(self, where: str) -> None:
+        _check(self.temperature > 0, where, "loss.temperature", "must be > 0")
+        _check(self.temperature_img > 0, where, "loss.temperature_img", "must be > 0")
+        _check(self.lambda_img >= 0, where, "loss.lambda_img", "must be >= 0")
+
+
+POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
+
+
+@dataclass(frozen=True)
+class EvaluateConfig:
+    pooler: Literal["cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2"] = (
+        "cls_before_pooler"
+    )
+    batch_size: int = 128
+
+    def validate(self, where: str) -> None:
+        _check(self.batch_size >= 1, where, "evaluate.batch_size", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class AblateConfig:
+    # name -> {dotted.param.key: value}; the empty override is the reference configuration.
+    variants: dict[str, dict[str, Any]] = field(
+        default_factory=lambda: {"mcse": {}, "simcse": {"train.method": "simcse"}}
+    )
+    reference: str = "mcse"
+    seeds: list[int] = field(default_factory=lambda: [1, 2])
+    retries: int = 1
+    metric: str = "avg"
+
+    def validate(self, where: str) -> None:
+        _check(len(self.variants) >= 1, where, "ablate.variants", "needs at least one variant")
+        _check(
+            self.reference in self.variants,
+            where,
+            "ablate.reference",
+            f"'{self.reference}' is not a variant; variants: {sorted(self.variants)}",
+        )
+        _check(len(self.seeds) >= 1, where, "ablate.seeds", "needs at least one seed")
+        _check(len(set(self.seeds)) == len(self.seeds), where, "ablate.seeds", "seeds repeat")
+        _check(self.retries >= 0, where, "ablate.retries", "must be >= 0")
+        for name, overrides in self.variants.items():
+            _check(
+                isinstance(overrides, Mapping),
+                where,
+                f"ablate.variants.{name}",
+                "must map dotted param keys to values",
+            )
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    study_name: str = "mmcse-sweep"
+    storage: str = "sqlite:///mlruns/optuna.db"
+    n_trials: int = 8
+    direction: Literal["maximize", "minimize"] = "maximize"
+    # dotted.param.key -> {type: float|int|categorical, low, high, log, choices}
+    space: dict[str, dict[str, Any]] = field(
+        default_factory=lambda: {
+            "loss.lambda_img": {"type": "float", "low": 0.001, "high": 1.0, "log": True},
+            "loss.temperature": {"type": "float", "low": 0.02, "high": 0.1},
+        }
+    )
+    pruner_startup_trials: int = 2
+    pruner_warmup_steps: int = 0
+
+    def validate(self, where: str) -> None:
+        _check(bool(self.study_name), where, "sweep.study_name", "must not be empty")
+        _check(bool(self.storage), where, "sweep.storage", "must not be empty")
+        _check(self.n_trials >= 1, where, "sweep.n_trials", "must be >= 1")
+        _check(len(self.space) >= 1, where, "sweep.space", "needs at least one parameter")
+        _check(self.pruner_startup_trials >= 0, where, "sweep.pruner_startup_trials", "must be >= 0")
+        _check(self.pruner_warmup_steps >= 0, where, "sweep.pruner_warmup_steps", "must be >= 0")
+        for key, spec in self.space.items():
+            k = f"sweep.space.{key}"
+            _check(isinstance(spec, Mapping), where, k, "must be a mapping with a 'type'")
+            kind = spec.get("type")
+            if kind in ("float", "int"):
+                allowed = {"type", "low", "high", "log", "step"}
+                _check("low" in spec and "high" in spec, where, k, "needs 'low' and 'high'")
+                _check(spec["low"] < spec["high"], where, k, "'low' must be < 'high'")
+                if spec.get("log"):
+                    _check(spec["low"] > 0, where, k, "'low' must be > 0 with log: true")
+            elif kind == "categorical":
+                allowed = {"type", "choices"}
+                _check(bool(spec.get("choices")), where, k, "needs non-empty 'choices'")
+            else:
+                _fail(where, k, f"type must be one of ['categorical', 'float', 'int'], got {kind!r}")
+            extra = set(spec) - allowed
+            _check(not extra, where, k, f"unknown keys {sorted(extra)}; valid keys: {sorted(allowed)}")
+
+
+@dataclass(frozen=True)
+class Config:
+    base: BaseConfig = field(default_factory=BaseConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    detect: DetectConfig = field(default_factory=DetectConfig)
+    teachers: TeachersConfig = field(default_factory=TeachersConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    ablate: AblateConfig = field(default_factory=AblateConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+
+    def validate(self, where: str) -> None:
+        for f in dataclasses.fields(self):
+            getattr(self, f.name).validate(where)
+        # Every ablation/sweep override must name a real, valid parameter.
+        raw = to_dict(self)
+        for name, overrides in self.ablate.variants.items():
+            try:
+                apply_overrides(raw, overrides, where=f"{where} (ablate.variants.{name})")
+            except ConfigError as err:
+                raise ConfigError(str(err)) from None
+        for key in self.sweep.space:
+            _resolve_path(raw, key, where=f"{where} (sweep.space)")
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, where: str, key: str) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, Mapping):
+            _fail(where, key, f"must be a mapping, got {type(value).__name__}")
+        return _build(tp, value, where, key)
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            _fail(where, key, f"must be one of {list(choices)}, got {value!r}")
+        return value
+    if origin in (types.UnionType, typing.Union):
+        for arg in typing.get_args(tp):
+            try:
+                return _coerce(value, arg, where, key)
+            except ConfigError:
+                continue
+        _fail(where, key, f"has the wrong type: {value!r}")
+    if origin is dict:
+        if not isinstance(value, Mapping):
+            _fail(where, key, f"must be a mapping, got {type(value).__name__}")
+        return {str(k): copy.deepcopy(v) for k, v in value.items()}
+    if origin is list:
+        if not isinstance(value, list | tuple):
+            _fail(where, key, f"must be a list, got {type(value).__name__}")
+        (item_tp,) = typing.get_args(tp)
+        return [_coerce(v, item_tp, where, f"{key}[{i}]") for i, v in enumerate(value)]
+    if tp is bool:
+        if not isinstance(value, bool):
+            _fail(where, key, f"must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            _fail(where, key, f"must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, str):
+            try:
+                value = float(value)  # YAML reads "1e-3" as a string
+            except ValueError:
+                _fail(where, key, f"must be a number, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            _fail(where, key, f"must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            _fail(where, key, f"must be a string, got {value!r}")
+        return value
+    if tp is Any:
+        return value
+    raise TypeError(f"unsupported config type {_type_name(tp)} for {key}")
+
+
+def _build(cls: type, raw: Mapping[str, Any], where: str, prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = [k for k in raw if k not in names]
+    if unknown:
+        dotted = ", ".join(f"{prefix}.{k}" if prefix else str(k) for k in unknown)
+        raise ConfigError(
+            f"{where}: unknown key(s) {dotted}; valid keys"
+            f"{' under ' + prefix if prefix else ''}: {', '.join(names)}"
+        )
+    kwargs = {}
+    for name in names:
+        if name in raw:
+            key = f"{prefix}.{name}" if prefix else name
+            kwargs[name] = _coerce(raw[name], hints[name], where, key)
+    return cls(**kwargs)
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    """Plain nested dict of a config (for logging, hashing and overrides)."""
+    return copy.deepcopy(dataclasses.asdict(config))
+
+
+def _resolve_path(raw: dict[str, Any], dotted: str, where: str) -> tuple[dict[str, Any], str]:
+    parts = dotted.split(".")
+    node: Any = raw
+    for depth, part in enumerate(parts[:-1]):
+        if not isinstance(node, dict) or part not in node or not isinstance(node[part], dict):
+            valid = sorted(k for k, v in node.items() if isinstance(v, dict)) if isinstance(node, dict) else []
+            prefix = ".".join(parts[:depth])
+            raise ConfigError(
+                f"{where}: unknown key '{dotted}': no section '{part}'"
+                f"{' under ' + prefix if prefix else ''}; valid sections: {', '.join(valid)}"
+            )
+        node = node[part]
+    leaf = parts[-1]
+    # Free-form mappings (variants, sweep space) accept new keys; typed sections do not.
+    if leaf not in node and not _is_free_form(parts[:-1]):
+        prefix = ".".join(parts[:-1])
+        raise ConfigError(
+            f"{where}: unknown key '{dotted}'; valid keys under {prefix}: {', '.join(sorted(node))}"
+        )
+    return node, leaf
+
+
+def _is_free_form(parent: list[str]) -> bool:
+    return parent in (["ablate", "variants"], ["sweep", "space"]) or (
+        len(parent) >= 3 and parent[:2] in (["ablate", "variants"], ["sweep", "space"])
+    )
+
+
+def apply_overrides(
+    raw: dict[str, Any], overrides: Mapping[str, Any], where: str = "overrides"
+) -> dict[str, Any]:
+    """Return a copy of ``raw`` with ``{"section.key": value}`` overrides applied."""
+    out = copy.deepcopy(raw)
+    for dotted, value in overrides.items():
+        node, leaf = _resolve_path(out, str(dotted), where)
+        node[leaf] = copy.deepcopy(value)
+    return out
+
+
+def parse_config(raw: Mapping[str, Any] | None, where: str = "params.yaml") -> Config:
+    """Build and validate a :class:`Config` from a nested mapping."""
+    raw = dict(raw or {})
+    config = _build(Config, raw, where, "")
+    config.validate(where)
+    return config
+
+
+def load_config(
+    path: str | Path = "params.yaml", overrides: Mapping[str, Any] | None = None
+) -> Config:
+    """Read ``params.yaml``, apply dotted overrides, validate; raises :class:`ConfigError`."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: params file not found")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path}: not valid YAML: {err}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections")
+    if overrides:
+        defaults = to_dict(Config())
+        merged = _deep_merge(defaults, raw)
+        merged = apply_overrides(merged, overrides, where=str(path))
+        return parse_config(merged, where=str(path))
+    return parse_config(raw, where=str(path))
+
+
+def with_overrides(config: Config, overrides: Mapping[str, Any], where: str = "overrides") -> Config:
+    """A new validated config with dotted overrides applied (ablation variants, sweep trials)."""
+    return parse_config(apply_overrides(to_dict(config), overrides, where), where=where)
+
+
+def _deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict) and key not in ("variants", "space"):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out

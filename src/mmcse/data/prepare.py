@@ -1,0 +1,128 @@
+"""The ``download`` stage: materialise training pairs, corpus and STS sets under ``data/``.
+
+Layout written (all paths relative to the data folder)::
+
+    images/<image_id>.png        RGB scene
+    masks/<image_id>.png         label mask (0 background, k = object k-1)
+    images.jsonl                 image_id, file, mask, objects [{shape, colour, size, box}]
+    pairs.jsonl                  pair_id, image_id, caption, phrases [{object, start, end}]
+    corpus.txt                   text-only sentences (one per line)
+    sts/dev.jsonl, sts/test.jsonl  task, subset, s1, s2, score
+    manifest.json                counts + SHA-256 of every table (written last)
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from mmcse.config import DataConfig
+from mmcse.data import demo
+from mmcse.data.senteval import read_sts_task, read_sts_tasks
+from mmcse.io import atomic_path, sha256_file, write_json, write_jsonl, write_text
+
+
+def _generate_pairs(cfg: DataConfig, seed: int, out: Path) -> tuple[list[dict], list[dict]]:
+    d = cfg.demo
+    rng = random.Random(f"{seed}-images")
+    images, pairs = [], []
+    for i in tqdm(range(d.num_images), desc="download: drawing scenes", unit="img"):
+        image_id = f"img{i:05d}"
+        scene = demo.sample_scene(rng, d.min_objects, d.max_objects)
+        picture, labels, boxes = demo.render_scene(scene, d.image_size, rng)
+        with atomic_path(out / "images" / f"{image_id}.png") as tmp:
+            picture.save(tmp, format="PNG")
+        with atomic_path(out / "masks" / f"{image_id}.png") as tmp:
+            demo.Image.fromarray(labels, "L").save(tmp, format="PNG")
+        images.append(
+            {
+                "image_id": image_id,
+                "file": f"images/{image_id}.png",
+                "mask": f"masks/{image_id}.png",
+                "background": scene.background,
+                "objects": [
+                    {"shape": o.shape, "colour": o.colour, "size": o.size, "box": list(box)}
+                    for o, box in zip(scene.objects, boxes, strict=True)
+                ],
+            }
+        )
+        for c in range(d.captions_per_image):
+            caption = demo.describe(scene, rng)
+            pairs.append(
+                {
+                    "pair_id": f"{image_id}-c{c}",
+                    "image_id": image_id,
+                    "caption": caption.text,
+                    "phrases": [
+                        {"object": p.object_index, "start": p.start, "end": p.end} for p in caption.phrases
+                    ],
+                }
+            )
+    return images, pairs
+
+
+def _generate_corpus(cfg: DataConfig, seed: int) -> list[str]:
+    d = cfg.demo
+    rng = random.Random(f"{seed}-corpus")
+    return [
+        demo.describe(demo.sample_scene(rng, 1, d.max_objects), rng).text for _ in range(d.corpus_sentences)
+    ]
+
+
+def _generate_sts(cfg: DataConfig, seed: int, split: str, count: int) -> list[dict]:
+    d = cfg.demo
+    rng = random.Random(f"{seed}-sts-{split}")
+    rows = []
+    for _ in range(count):
+        s1, s2, gold = demo.sts_pair(rng, d.min_objects, d.max_objects)
+        rows.append({"task": "DemoSTS", "subset": split, "s1": s1, "s2": s2, "score": gold})
+    return rows
+
+
+def prepare_data(cfg: DataConfig, seed: int, out_dir: str | Path) -> dict[str, Any]:
+    """Write the data folder for ``cfg`` deterministically from ``seed``; return the manifest."""
+    out = Path(out_dir)
+    if cfg.source == "senteval" and not Path(cfg.senteval_dir).is_dir():
+        raise FileNotFoundError(
+            f"params.yaml: data.senteval_dir={cfg.senteval_dir!r} is not a folder "
+            "(point it at a SentEval-layout folder holding downstream/STS and downstream/SICK)"
+        )
+    for sub in ("images", "masks"):
+        if (out / sub).exists():
+            shutil.rmtree(out / sub)
+    images, pairs = _generate_pairs(cfg, seed, out)
+    corpus = _generate_corpus(cfg, seed)
+
+    if cfg.source == "demo":
+        dev = _generate_sts(cfg, seed, "dev", cfg.demo.sts_dev_pairs)
+        test = _generate_sts(cfg, seed, "test", cfg.demo.sts_test_pairs)
+    else:
+        # SimCSE's protocol: STS-B dev selects checkpoints; the seven STS tasks are the test.
+        dev = [p.to_row() for p in read_sts_task(cfg.senteval_dir, "STSBenchmark", "dev")]
+        test = [p.to_row() for task in read_sts_tasks(cfg.senteval_dir).values() for p in task]
+
+    write_jsonl(out / "images.jsonl", images)
+    write_jsonl(out / "pairs.jsonl", pairs)
+    write_text(out / "corpus.txt", "\n".join(corpus) + "\n")
+    write_jsonl(out / "sts" / "dev.jsonl", dev)
+    write_jsonl(out / "sts" / "test.jsonl", test)
+
+    tables = ["images.jsonl", "pairs.jsonl", "corpus.txt", "sts/dev.jsonl", "sts/test.jsonl"]
+    manifest = {
+        "source": cfg.source,
+        "seed": seed,
+        "counts": {
+            "images": len(images),
+            "pairs": len(pairs),
+            "corpus_sentences": len(corpus),
+            "sts_dev_pairs": len(dev),
+            "sts_test_pairs": len(test),
+        },
+        "sha256": {name: sha256_file(out / name) for name in tables},
+    }
+    write_json(out / "manifest.json", manifest)
+    return manifest

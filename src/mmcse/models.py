@@ -1,0 +1,132 @@
+"""The student sentence encoder, its training heads, and SimCSE's poolers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from mmcse.config import POOLERS, ModelConfig
+from mmcse.hub import resolve_model
+
+HEADS_FILE = "heads.safetensors"
+HEADS_META = "heads.json"
+
+
+def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+    return AutoTokenizer.from_pretrained(resolve_model(name_or_path), use_fast=True)
+
+
+def load_backbone(cfg: ModelConfig, dropout: float | None = None) -> PreTrainedModel:
+    """The HF encoder named by ``cfg``: pretrained, or fresh weights from its (overridden) config."""
+    location = resolve_model(cfg.name_or_path)
+    config = AutoConfig.from_pretrained(location)
+    overrides = dict(cfg.config_overrides)
+    if dropout is not None:
+        overrides |= {"hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}
+    for key, value in overrides.items():
+        if not hasattr(config, key):
+            raise ValueError(
+                f"params.yaml: model.config_overrides.{key} is not a field of {type(config).__name__}"
+            )
+        setattr(config, key, value)
+    if cfg.init == "pretrained":
+        return AutoModel.from_pretrained(location, config=config, add_pooling_layer=False)
+    return AutoModel.from_config(config, add_pooling_layer=False)
+
+
+def masked_mean(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    m = mask.unsqueeze(-1).to(hidden.dtype)  # (B, L, 1)
+    return (hidden * m).sum(1) / m.sum(1).clamp_min(1e-9)  # (B, H)
+
+
+def pool(
+    pooler: str,
+    hidden_states: tuple[torch.Tensor, ...],
+    attention_mask: torch.Tensor,
+    mlp: nn.Module | None = None,
+) -> torch.Tensor:
+    """SimCSE's poolers over ``hidden_states`` (embeddings output first, last layer last)."""
+    last = hidden_states[-1]  # (B, L, H)
+    if pooler == "cls_before_pooler":
+        return last[:, 0]
+    if pooler == "cls":
+        if mlp is None:
+            raise ValueError("pooler 'cls' needs the model's MLP pooler; use cls_before_pooler or avg")
+        return mlp(last[:, 0])
+    if pooler == "avg":
+        return masked_mean(last, attention_mask)
+    if pooler == "avg_first_last":
+        return masked_mean((hidden_states[1] + last) / 2.0, attention_mask)
+    if pooler == "avg_top2":
+        return masked_mean((hidden_states[-2] + last) / 2.0, attention_mask)
+    raise ValueError(f"unknown pooler {pooler!r}; poolers: {', '.join(POOLERS)}")
+
+
+class MLPPooler(nn.Module):
+    """SimCSE's training-only MLP over [CLS] (dense + tanh)."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.dense = nn.Linear(hidden, hidden)
+        self.activation = nn.Tanh()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.activation(self.dense(x))
+
+
+class Student(nn.Module):
+    """Backbone + SimCSE MLP pooler + MCSE projection heads g_φ1 (text) and g_φ2 (image)."""
+
+    def __init__(self, backbone: PreTrainedModel, image_dim: int, proj_dim: int) -> None:
+        super().__init__()
+        hidden = backbone.config.hidden_size
+        self.backbone = backbone
+        self.mlp = MLPPooler(hidden)
+        self.text_proj = nn.Linear(hidden, proj_dim)  # g_φ1, MCSE Eq. 2
+        self.image_proj = nn.Linear(image_dim, proj_dim)  # g_φ2, MCSE Eq. 2
+        self.image_dim = image_dim
+
+    def cls(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask)
+        return out.last_hidden_state[:, 0]  # (B, H): [CLS] before the pooler
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, pooler: str) -> torch.Tensor:
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+        return pool(pooler, out.hidden_states, attention_mask, self.mlp)
+
+    def heads_state(self) -> dict[str, torch.Tensor]:
+        return {
+            f"{name}.{k}": v.detach().contiguous()
+            for name in ("mlp", "text_proj", "image_proj")
+            for k, v in getattr(self, name).state_dict().items()
+        }
+
+
+def save_student(student: Student, tokenizer: PreTrainedTokenizerBase, folder: Path) -> None:
+    """An HF model folder (safetensors) that any HF loader reads, plus the heads beside it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    student.backbone.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    save_file(student.heads_state(), str(folder / HEADS_FILE))
+    (folder / HEADS_META).write_text(
+        json.dumps({"image_dim": student.image_dim, "proj_dim": student.text_proj.out_features})
+    )
+
+
+def load_student(folder: str | Path) -> tuple[Student, PreTrainedTokenizerBase]:
+    folder = Path(folder)
+    meta = json.loads((folder / HEADS_META).read_text())
+    backbone = AutoModel.from_pretrained(folder, add_pooling_layer=False)
+    student = Student(backbone, meta["image_dim"], meta["proj_dim"])
+    heads = load_file(str(folder / HEADS_FILE))
+    for name in ("mlp", "text_proj", "image_proj"):
+        prefix = f"{name}."
+        getattr(student, name).load_state_dict(
+            {k[len(prefix) :]: v for k, v in heads.items() if k.startswith(prefix)}
+        )
+    return student, AutoTokenizer.from_pretrained(folder)

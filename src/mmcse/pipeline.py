@@ -1,0 +1,241 @@
+"""One library call per pipeline stage; DVC stages and Prefect tasks both call these."""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mmcse.config import Config
+from mmcse.io import read_json, read_jsonl, sha256_file, write_json
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where each stage reads and writes, derived from ``base`` (relative to the cwd)."""
+
+    raw: Path
+    objects: Path
+    teachers: Path
+    student: Path
+    metrics: Path
+    plots: Path
+    ablations: Path
+
+    @classmethod
+    def of(cls, cfg: Config, root: str | Path = ".") -> Paths:
+        root = Path(root)
+        data = root / cfg.base.data_dir
+        return cls(
+            raw=data / "raw",
+            objects=data / "objects",
+            teachers=data / cfg.teachers.cache_dir,
+            student=root / cfg.base.models_dir / "student",
+            metrics=root / cfg.base.metrics_dir,
+            plots=root / cfg.base.plots_dir,
+            ablations=root / "ablation",
+        )
+
+
+# --------------------------------------------------------------------------- download
+
+
+def run_download(cfg: Config, paths: Paths) -> dict[str, Any]:
+    from mmcse.data.prepare import prepare_data
+
+    return prepare_data(cfg.data, cfg.base.seed, paths.raw)
+
+
+# --------------------------------------------------------------------------- detect_objects
+
+
+def run_detect(cfg: Config, paths: Paths) -> dict[str, Any]:
+    from mmcse.detect import detect_objects
+    from mmcse.models import load_tokenizer
+
+    tokenizer = load_tokenizer(cfg.model.name_or_path)
+    stats = detect_objects(paths.raw, paths.objects, cfg.detect, tokenizer, cfg.model.max_seq_len)
+    write_json(paths.metrics / "detect.json", stats)
+    return stats
+
+
+# --------------------------------------------------------------------------- cache_teachers
+
+
+def run_cache_teachers(cfg: Config, paths: Paths) -> dict[str, Any]:
+    """Cache image features of every image and object crop, and text-teacher features of
+    every caption and corpus sentence. Returns ``{"sets": {name: folder}, "hits": {...}}``."""
+    import numpy as np
+    from tqdm.auto import tqdm
+
+    from mmcse.teachers import cached_features, colour_edge_grid_features, read_rgba, text_teacher_features
+
+    t = cfg.teachers
+    image_teacher = {"name": t.image_encoder, "grid": t.image_grid, "bins": t.colour_bins, "size": 64}
+    text_teacher = {"name": t.text_teacher, "pooler": t.text_pooler}
+    manifest = read_json(paths.raw / "manifest.json")
+    images = read_jsonl(paths.raw / "images.jsonl")
+    pairs = read_jsonl(paths.raw / "pairs.jsonl")
+    objects = read_jsonl(paths.objects / "objects.jsonl")
+    corpus = [s for s in (paths.raw / "corpus.txt").read_text().splitlines() if s.strip()]
+
+    def image_features(files: list[Path], desc: str) -> Callable[[], np.ndarray]:
+        def compute() -> np.ndarray:
+            chunks = []
+            for start in tqdm(range(0, len(files), t.batch_size), desc=desc, unit="batch"):
+                batch = np.stack([read_rgba(f, image_teacher["size"]) for f in files[start : start + t.batch_size]])
+                chunks.append(colour_edge_grid_features(batch, t.image_grid, t.colour_bins))
+            return np.concatenate(chunks)
+
+        return compute
+
+    crop_files = sorted({o["crop"] for row in objects for o in row["objects"]})
+    captions = [p["caption"] for p in pairs]
+    jobs = {
+        "image": (
+            image_teacher,
+            manifest["sha256"]["images.jsonl"],
+            [r["image_id"] for r in images],
+            image_features([paths.raw / r["file"] for r in images], "teacher: images"),
+        ),
+        "object": (
+            image_teacher,
+            sha256_file(paths.objects / "objects.jsonl"),
+            crop_files,
+            image_features([paths.objects / c for c in crop_files], "teacher: object crops"),
+        ),
+        "text_caption": (
+            text_teacher,
+            manifest["sha256"]["pairs.jsonl"],
+            [p["pair_id"] for p in pairs],
+            lambda: text_teacher_features(t.text_teacher, captions, t.text_pooler, t.batch_size),
+        ),
+        "text_corpus": (
+            text_teacher,
+            manifest["sha256"]["corpus.txt"],
+            [f"corpus-{i}" for i in range(len(corpus))],
+            lambda: text_teacher_features(t.text_teacher, corpus, t.text_pooler, t.batch_size),
+        ),
+    }
+    result: dict[str, Any] = {"sets": {}, "hits": {}}
+    for name, (teacher, fingerprint, ids, compute) in jobs.items():
+        store, hit = cached_features(paths.teachers, name, teacher, fingerprint, ids, compute)
+        result["sets"][name] = store.folder.name
+        result["hits"][name] = hit
+    write_json(paths.teachers / "manifest.json", result)
+    return result
+
+
+# --------------------------------------------------------------------------- train + evaluate
+
+
+def write_curves(history: list[dict[str, float]], plots_dir: Path) -> None:
+    from mmcse.io import atomic_path
+
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    for name, key in (("train_loss.csv", "loss"), ("dev_sts.csv", "dev")):
+        rows = [h for h in history if key in h]
+        with atomic_path(plots_dir / name) as tmp, open(tmp, "w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["step", key])
+            writer.writerows([[h["step"], round(h[key], 6)] for h in rows])
+
+
+def run_train(
+    cfg: Config,
+    paths: Paths,
+    out_dir: Path | None = None,
+    experiment_name: str | None = None,
+    run_name: str | None = None,
+    parent_run_id: str | None = None,
+    on_eval: Callable[[int, float], None] | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Train with MLflow tracking; returns the summary written to ``<out>/summary.json``."""
+    import mlflow
+
+    from mmcse import tracking
+    from mmcse.plots import save_figure, training_curves
+    from mmcse.train import train
+
+    out_dir = out_dir or paths.student
+    with tracking.run(
+        cfg, experiment_name or cfg.train.method, run_name=run_name, parent_run_id=parent_run_id
+    ) as active:
+        tracking.log_config(cfg)
+        result = train(cfg, paths.raw, paths.teachers, out_dir, tracking.log_metrics, on_eval, progress)
+        fig = training_curves(result.history, f"{cfg.train.method} (seed {cfg.base.seed})")
+        figure = save_figure(fig, out_dir / "training_curves.png")
+        mlflow.log_artifact(str(figure), "figures")
+        mlflow.log_metrics({"best_dev_sts": result.best_score, "best_step": result.best_step})
+        summary = {
+            "run_id": active.info.run_id,
+            "best_dev_sts": result.best_score,
+            "best_step": result.best_step,
+            "steps": result.steps,
+            "checkpoint": str(result.best_dir),
+        }
+    write_json(out_dir / "summary.json", summary)
+    return summary
+
+
+def run_evaluate(
+    cfg: Config,
+    paths: Paths,
+    model_dir: Path,
+    run_id: str | None = None,
+    plots_dir: Path | None = None,
+    experiment_name: str | None = None,
+) -> dict[str, float]:
+    """Test-set STS of the checkpoint at ``model_dir``; logged into the training run ``run_id``
+    (metrics ``test_<task>``, STS scatter figure), the scatter also saved to ``plots_dir``."""
+    import mlflow
+
+    from mmcse import tracking
+    from mmcse.data.senteval import SentencePair
+    from mmcse.evaluate import TextEncoder, evaluate_sts, group_by_task
+    from mmcse.plots import save_figure, sts_scatter
+    from mmcse.train import resolve_device
+
+    encoder = TextEncoder(str(model_dir), cfg.evaluate.pooler, str(resolve_device(cfg.base.device)))
+    tasks = group_by_task([SentencePair.from_row(r) for r in read_jsonl(paths.raw / "sts" / "test.jsonl")])
+    result = evaluate_sts(encoder, tasks, cfg.evaluate.batch_size)
+    fig = sts_scatter(result.predictions, result.scores)
+    if run_id:
+        with tracking.run(cfg, experiment_name or cfg.train.method, run_id=run_id):
+            mlflow.log_metrics({f"test_{k}": v for k, v in result.scores.items()})
+            mlflow.log_figure(fig, "figures/sts_scatter.png")
+    if plots_dir is not None:
+        save_figure(fig, plots_dir / "sts_scatter.png")
+    return result.scores
+
+
+def log_ablation(cfg: Config, rows: list[dict[str, Any]], files: dict[str, Path], paths: Paths) -> None:
+    """Table (``mlflow.log_table``), CSV/Markdown and bar chart into the active MLflow run;
+    the chart to ``plots/`` and the per-variant primary metric to ``metrics/ablate.json``."""
+    import math
+
+    import mlflow
+    import pandas as pd
+
+    from mmcse.plots import ablation_bars, save_figure
+
+    metric = cfg.ablate.metric
+    mlflow.log_table(pd.DataFrame(rows), artifact_file="ablation_table.json")
+    mlflow.log_artifact(str(files["csv"]))
+    mlflow.log_artifact(str(files["md"]))
+    fig = ablation_bars(
+        [r["variant"] for r in rows],
+        [r.get(f"{metric}_mean", math.nan) for r in rows],
+        [r.get(f"{metric}_std", math.nan) for r in rows],
+        metric,
+    )
+    mlflow.log_figure(fig, "figures/ablation_bars.png")
+    save_figure(fig, paths.plots / "ablation_bars.png")
+    summary = {
+        r["variant"]: {"mean": r.get(f"{metric}_mean"), "std": r.get(f"{metric}_std"), "status": r["status"]}
+        for r in rows
+    }
+    write_json(paths.metrics / "ablate.json", {"metric": metric, "variants": summary})

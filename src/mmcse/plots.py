@@ -1,0 +1,71 @@
+"""Figures a reader would rather look at: training curves, STS scatter, ablation bars."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from mmcse.io import atomic_path  # noqa: E402
+
+
+def save_figure(fig: plt.Figure, path: str | Path) -> Path:
+    path = Path(path)
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format=path.suffix.lstrip(".") or "png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def training_curves(history: Sequence[Mapping[str, float]], title: str) -> plt.Figure:
+    """Loss per logged step (left axis) and dev STS Spearman (right axis)."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    loss = [(h["step"], h["loss"]) for h in history if "loss" in h]
+    dev = [(h["step"], h["dev"]) for h in history if "dev" in h]
+    if loss:
+        ax.plot(*zip(*loss, strict=True), color="tab:blue", label="training loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss", color="tab:blue")
+    ax2 = ax.twinx()
+    if dev:
+        ax2.plot(*zip(*dev, strict=True), "o-", color="tab:orange", label="dev STS")
+    ax2.set_ylabel("dev Spearman × 100", color="tab:orange")
+    ax.set_title(title)
+    return fig
+
+
+def sts_scatter(predictions: Mapping[str, tuple[np.ndarray, np.ndarray]], scores: Mapping[str, float]) -> plt.Figure:
+    """Gold score vs cosine similarity, one panel per task."""
+    tasks = list(predictions)
+    cols = min(4, len(tasks))
+    rows = int(np.ceil(len(tasks) / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 3.0 * rows), squeeze=False)
+    for ax, task in zip(axes.flat, tasks, strict=False):
+        cos, gold = predictions[task]
+        ax.scatter(gold, cos, s=4, alpha=0.4)
+        ax.set_title(f"{task}: ρ={scores[task]:.1f}", fontsize=9)
+        ax.set_xlabel("gold")
+        ax.set_ylabel("cosine")
+    for ax in axes.flat[len(tasks) :]:
+        ax.axis("off")
+    fig.tight_layout()
+    return fig
+
+
+def ablation_bars(names: Sequence[str], means: Sequence[float], stds: Sequence[float], metric: str) -> plt.Figure:
+    fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(names)), 3.6))
+    x = np.arange(len(names))
+    ax.bar(x, np.nan_to_num(means), yerr=np.nan_to_num(stds), capsize=4, color="tab:green")
+    ax.set_xticks(x, names, rotation=30, ha="right")
+    ax.set_ylabel(metric)
+    ax.set_title(f"ablation: {metric} (mean ± std over seeds)")
+    finite = [m for m in means if np.isfinite(m)]
+    if finite:
+        lo = min(m - s for m, s in zip(means, stds, strict=True) if np.isfinite(m))
+        ax.set_ylim(max(0.0, lo - 5), max(finite) + 5)
+    return fig

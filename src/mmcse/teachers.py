@@ -1,0 +1,180 @@
+"""Frozen teacher / encoder features, computed once and memory-mapped.
+
+Each cached set lives in ``<cache_dir>/<name>-<key>/`` with ``features.npy`` (float32,
+``(N, d)``) and ``index.json`` (row ids, teacher config, data fingerprint). The key
+is a hash of (teacher config, data fingerprint), so a rerun, an ablation or a sweep
+trial that needs the same features finds them and runs no model at all.
+``index.json`` is written last: a set without it is incomplete and is recomputed.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image, UnidentifiedImageError
+from tqdm.auto import tqdm
+
+from mmcse.io import atomic_path, read_json, sha256_json, write_json
+
+# --------------------------------------------------------------------------- image encoder
+
+
+def colour_edge_grid_features(rgba: np.ndarray, grid: int, bins: int) -> np.ndarray:
+    """Handcrafted, weight-free image features of ``rgba (N, S, S, 4)`` uint8 images.
+
+    Per cell of a ``grid × grid`` layout: a joint RGB histogram with ``bins`` levels per
+    channel and an 8-bin gradient-orientation histogram (shape cue), both weighted by
+    alpha (so a crop on a transparent background describes only its object). Each
+    block is square-rooted (Hellinger) and the whole vector L2-normalised.
+    Returns ``(N, grid² · (bins³ + 8))`` float32.
+    """
+    x = rgba.astype(np.float32) / 255.0
+    n, size = x.shape[0], x.shape[1]
+    rgb, alpha = x[..., :3], x[..., 3]  # (N, S, S, 3), (N, S, S)
+    level = np.minimum((rgb * bins).astype(np.int64), bins - 1)
+    colour_bin = (level[..., 0] * bins + level[..., 1]) * bins + level[..., 2]  # (N, S, S)
+    grey = rgb.mean(-1) * alpha
+    gy, gx = np.gradient(grey, axis=(1, 2))
+    magnitude = np.hypot(gx, gy)
+    orient_bin = np.minimum(((np.arctan2(gy, gx) % np.pi) / np.pi * 8).astype(np.int64), 7)
+    cell = (np.arange(size) * grid // size).astype(np.int64)
+    cell_id = cell[:, None] * grid + cell[None, :]  # (S, S)
+    n_cells, n_colours = grid * grid, bins**3
+    flat = np.broadcast_to(cell_id, (n, size, size))
+    offsets = (np.arange(n) * n_cells)[:, None, None]
+    colour_hist = np.zeros(n * n_cells * n_colours, np.float64)
+    np.add.at(colour_hist, ((offsets + flat) * n_colours + colour_bin).ravel(), alpha.ravel())
+    edge_hist = np.zeros(n * n_cells * 8, np.float64)
+    np.add.at(edge_hist, ((offsets + flat) * 8 + orient_bin).ravel(), magnitude.ravel())
+    colour_hist = colour_hist.reshape(n, n_cells, n_colours)
+    edge_hist = edge_hist.reshape(n, n_cells, 8)
+    colour_hist /= colour_hist.sum((1, 2), keepdims=True).clip(1e-9)
+    edge_hist /= edge_hist.sum((1, 2), keepdims=True).clip(1e-9)
+    feats = np.concatenate([np.sqrt(colour_hist), np.sqrt(edge_hist)], -1).reshape(n, -1)
+    feats /= np.linalg.norm(feats, axis=1, keepdims=True).clip(1e-9)
+    return feats.astype(np.float32)
+
+
+def read_rgba(path: Path, size: int) -> np.ndarray:
+    """An image as ``(size, size, 4)`` uint8; a clear error names a missing/corrupt file."""
+    try:
+        with Image.open(path) as img:
+            img = img.convert("RGBA")
+            if img.size != (size, size):
+                img = img.resize((size, size), Image.BILINEAR)
+            return np.asarray(img, dtype=np.uint8)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: image not found") from None
+    except (UnidentifiedImageError, OSError) as err:
+        raise ValueError(f"{path}: corrupt or unreadable image ({err})") from None
+
+
+# --------------------------------------------------------------------------- text teacher
+
+
+def text_teacher_features(
+    name_or_path: str, sentences: Sequence[str], pooler: str, batch_size: int, max_len: int = 128
+) -> np.ndarray:
+    """Frozen text-teacher embeddings ``(N, d)``, L2-normalised, float32."""
+    from transformers import AutoModel, AutoTokenizer
+
+    from mmcse.hub import resolve_model
+    from mmcse.models import pool
+
+    location = resolve_model(name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(location)
+    model = AutoModel.from_pretrained(location).eval()
+    order = np.argsort([len(s) for s in sentences], kind="stable")
+    out = np.zeros((len(sentences), model.config.hidden_size), np.float32)
+    with torch.inference_mode():
+        for start in tqdm(range(0, len(order), batch_size), desc=f"teacher {name_or_path}", unit="batch"):
+            idx = order[start : start + batch_size]
+            batch = tokenizer(
+                [sentences[i] for i in idx], padding=True, truncation=True, max_length=max_len, return_tensors="pt"
+            )
+            hidden = model(**batch, output_hidden_states=True).hidden_states
+            emb = pool(pooler, hidden, batch["attention_mask"])
+            out[idx] = torch.nn.functional.normalize(emb, dim=-1).numpy()
+    return out
+
+
+# --------------------------------------------------------------------------- the cache
+
+
+@dataclass(frozen=True)
+class FeatureStore:
+    """A read-only, memory-mapped feature set with id → row lookup."""
+
+    folder: Path
+    ids: tuple[str, ...]
+    features: np.ndarray
+    meta: dict[str, Any]
+
+    @classmethod
+    def open(cls, folder: str | Path) -> FeatureStore:
+        folder = Path(folder)
+        index = read_json(folder / "index.json")
+        features = np.load(folder / "features.npy", mmap_mode="r")
+        if features.shape[0] != len(index["ids"]):
+            raise ValueError(f"{folder}: {features.shape[0]} rows but {len(index['ids'])} ids (corrupt cache)")
+        return cls(folder, tuple(index["ids"]), features, index)
+
+    @property
+    def dim(self) -> int:
+        return int(self.features.shape[1])
+
+    def rows(self, ids: Sequence[str]) -> np.ndarray:
+        lookup = self._lookup
+        try:
+            return np.asarray(self.features[[lookup[i] for i in ids]])
+        except KeyError as err:
+            raise KeyError(f"{self.folder}: no cached features for id {err.args[0]!r}") from None
+
+    @property
+    def _lookup(self) -> dict[str, int]:
+        cached = self.__dict__.get("_lookup_cache")
+        if cached is None:
+            cached = {k: i for i, k in enumerate(self.ids)}
+            object.__setattr__(self, "_lookup_cache", cached)
+        return cached
+
+
+def cache_key(teacher: dict[str, Any], fingerprint: str) -> str:
+    return sha256_json({"teacher": teacher, "data": fingerprint})[:16]
+
+
+def cached_features(
+    cache_dir: str | Path,
+    name: str,
+    teacher: dict[str, Any],
+    fingerprint: str,
+    ids: Sequence[str],
+    compute: Callable[[], np.ndarray],
+) -> tuple[FeatureStore, bool]:
+    """Open the cached set for (teacher, fingerprint) or compute and store it.
+
+    Returns the store and whether it was a cache hit (``compute`` not called).
+    """
+    folder = Path(cache_dir) / f"{name}-{cache_key(teacher, fingerprint)}"
+    if (folder / "index.json").is_file():
+        return FeatureStore.open(folder), True
+    if folder.exists():
+        shutil.rmtree(folder)  # an interrupted earlier write
+    features = np.ascontiguousarray(compute(), dtype=np.float32)
+    if features.shape[0] != len(ids):
+        raise ValueError(f"teacher {name}: computed {features.shape[0]} rows for {len(ids)} ids")
+    folder.mkdir(parents=True)
+    with atomic_path(folder / "features.npy") as tmp:
+        with open(tmp, "wb") as handle:
+            np.save(handle, features)
+    write_json(
+        folder / "index.json",
+        {"ids": list(ids), "teacher": teacher, "fingerprint": fingerprint, "shape": list(features.shape)},
+    )
+    return FeatureStore.open(folder), False

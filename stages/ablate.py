@@ -1,0 +1,17 @@
+"""DVC stage `ablate`: variants x seeds through the Prefect flow `ablations` (no server needed)."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for flows/
+
+from flows.ablations import ablations  # noqa: E402
+from mmcse.cli import run_entry  # noqa: E402
+
+
+def main() -> None:
+    ablations(params_path="params.yaml")
+
+
+if __name__ == "__main__":
+    run_entry(main)

@@ -1,0 +1,18 @@
+"""DVC stage `evaluate`: test-set STS of the best checkpoint -> metrics/eval.json, STS scatter."""
+
+from mmcse.cli import run_entry
+from mmcse.config import load_config
+from mmcse.io import read_json, write_json
+from mmcse.pipeline import Paths, run_evaluate
+
+
+def main() -> None:
+    cfg = load_config("params.yaml")
+    paths = Paths.of(cfg)
+    summary = read_json(paths.student / "summary.json")
+    scores = run_evaluate(cfg, paths, paths.student / "best", run_id=summary["run_id"], plots_dir=paths.plots)
+    write_json(paths.metrics / "eval.json", {k: round(v, 4) for k, v in scores.items()})
+
+
+if __name__ == "__main__":
+    run_entry(main)

@@ -1,0 +1,19 @@
+"""DVC stage `train`: the student, best dev checkpoint in models/student/best, curves in plots/."""
+
+from mmcse.cli import run_entry
+from mmcse.config import load_config
+from mmcse.io import write_json
+from mmcse.pipeline import Paths, run_train, write_curves
+from mmcse.train import load_history
+
+
+def main() -> None:
+    cfg = load_config("params.yaml")
+    paths = Paths.of(cfg)
+    summary = run_train(cfg, paths)
+    write_curves(load_history(paths.student), paths.plots)
+    write_json(paths.metrics / "train.json", {k: summary[k] for k in ("best_dev_sts", "best_step", "steps")})
+
+
+if __name__ == "__main__":
+    run_entry(main)
