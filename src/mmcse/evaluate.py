@@ -39,10 +39,11 @@ def encode_unique(encode: EncodeFn, sentences: Sequence[str], batch_size: int, d
     return vectors
 
 
-def _cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a = a / np.linalg.norm(a, axis=1, keepdims=True).clip(1e-12)
-    b = b / np.linalg.norm(b, axis=1, keepdims=True).clip(1e-12)
-    return (a * b).sum(1)
+def senteval_cosine(u: np.ndarray, v: np.ndarray) -> float:
+    """SentEval's per-pair cosine, term for term: identical pairs tie exactly, so Spearman's
+    tie handling (and hence the score) matches SentEval's to the last digit."""
+    u, v = np.nan_to_num(u), np.nan_to_num(v)
+    return float(np.nan_to_num(np.dot(u, v) / (np.sqrt(np.dot(u, u)) * np.sqrt(np.dot(v, v)))))
 
 
 @dataclass
@@ -66,9 +67,7 @@ def evaluate_sts(
     vectors = encode_unique(encode, sentences, batch_size)
     result = STSResult(scores={})
     for name, pairs in tasks.items():
-        a = np.stack([vectors[p.s1] for p in pairs])
-        b = np.stack([vectors[p.s2] for p in pairs])
-        cos = _cosine(a, b)
+        cos = np.array([senteval_cosine(vectors[p.s1], vectors[p.s2]) for p in pairs])
         gold = np.array([p.score for p in pairs])
         result.scores[name] = spearman_x100(cos, gold)
         result.predictions[name] = (cos, gold)

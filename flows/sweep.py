@@ -1,0 +1,27 @@
+"""Prefect flow `sweep`: an Optuna study over params.yaml's `sweep.space`.
+
+Start several of these (flow runs or `mmcse sweep` processes) against one shared
+`sweep.storage`; they cooperate on the same study and stop at `sweep.n_trials`.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from prefect import flow
+
+from mmcse.config import load_config
+from mmcse.pipeline import Paths
+from mmcse.sweep import run_sweep
+
+
+@flow(name="sweep", log_prints=True)
+def sweep(params_path: str = "params.yaml", n_trials: int | None = None, storage: str | None = None) -> dict:
+    cfg = load_config(params_path)
+    summary = run_sweep(cfg, Paths.of(cfg), n_trials=n_trials, storage=storage)
+    print(summary)
+    return summary
+
+
+if __name__ == "__main__":
+    sweep(sys.argv[1] if len(sys.argv) > 1 else "params.yaml")

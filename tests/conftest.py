@@ -1,0 +1,79 @@
+"""Shared fixtures: the repo's real params.yaml shrunk to seconds, a prepared tiny project."""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SENTEVAL = Path(os.environ.get("MMCSE_SENTEVAL_DIR", REPO.parent / "shared" / "data" / "senteval"))
+
+# A 2-layer, 64-wide BERT with fresh weights and the packaged MiniLM tokenizer.
+TINY_MODEL = {
+    "name_or_path": "packaged:all-MiniLM-L6-v2",
+    "init": "random",
+    "config_overrides": {
+        "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 128,
+    },
+    "max_seq_len": 32,
+    "proj_dim": 32,
+}
+
+
+def shrink(raw: dict) -> dict:
+    """The repo's params with data, model and training sizes cut to a few seconds."""
+    raw = copy.deepcopy(raw)
+    raw["data"]["demo"].update(
+        num_images=24, captions_per_image=2, corpus_sentences=160, sts_dev_pairs=30, sts_test_pairs=40
+    )
+    raw["model"] = copy.deepcopy(TINY_MODEL)
+    raw["train"].update(batch_size=8, max_steps=8, eval_steps=4, checkpoint_steps=4, learning_rate=1e-3)
+    raw["teachers"]["batch_size"] = 64
+    raw["ablate"]["seeds"] = [1, 2]
+    return raw
+
+
+def repo_params() -> dict:
+    return yaml.safe_load((REPO / "params.yaml").read_text())
+
+
+@pytest.fixture(scope="session")
+def senteval_dir() -> Path:
+    if not (SENTEVAL / "downstream" / "STS").is_dir():
+        pytest.skip(f"SentEval data not found at {SENTEVAL} (set MMCSE_SENTEVAL_DIR)")
+    return SENTEVAL
+
+
+@pytest.fixture(scope="session")
+def prepared_project(tmp_path_factory) -> Path:
+    """A folder with shrunk params.yaml after download, detect_objects and cache_teachers."""
+    from mmcse.config import load_config
+    from mmcse.pipeline import Paths, run_cache_teachers, run_detect, run_download
+
+    root = tmp_path_factory.mktemp("project")
+    (root / "params.yaml").write_text(yaml.safe_dump(shrink(repo_params())))
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        cfg = load_config("params.yaml")
+        paths = Paths.of(cfg)
+        run_download(cfg, paths)
+        run_detect(cfg, paths)
+        run_cache_teachers(cfg, paths)
+    finally:
+        os.chdir(cwd)
+    return root
+
+
+@pytest.fixture
+def project(prepared_project: Path, tmp_path: Path, monkeypatch) -> Path:
+    """A private copy of the prepared project as the cwd (tests may write into it)."""
+    root = tmp_path / "project"
+    shutil.copytree(prepared_project, root, ignore=shutil.ignore_patterns("models", "mlruns", "ablation"))
+    monkeypatch.chdir(root)
+    return root

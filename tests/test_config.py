@@ -1,0 +1,76 @@
+import pytest
+import yaml
+
+from mmcse.config import ConfigError, Config, load_config, parse_config, to_dict, with_overrides
+from tests.conftest import REPO
+
+
+def test_repo_params_parse_and_cover_every_section():
+    cfg = load_config(REPO / "params.yaml")
+    assert cfg.train.method == "mcse"
+    assert set(yaml.safe_load((REPO / "params.yaml").read_text())) == set(to_dict(Config()))
+
+
+def test_unknown_key_lists_valid_keys(tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text("loss:\n  temprature: 0.1\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    msg = str(err.value)
+    assert "loss.temprature" in msg and "temperature" in msg and "lambda_img" in msg and str(path) in msg
+
+
+def test_unknown_section_lists_sections():
+    with pytest.raises(ConfigError, match="valid keys: base, data"):
+        parse_config({"trian": {}})
+
+
+@pytest.mark.parametrize(
+    ("raw", "key"),
+    [
+        ({"loss": {"temperature": -0.1}}, "loss.temperature"),
+        ({"loss": {"lambda_img": -1}}, "loss.lambda_img"),
+        ({"train": {"batch_size": 1}}, "train.batch_size"),
+        ({"train": {"method": "kdmcse"}}, "train.method"),
+        ({"train": {"learning_rate": "fast"}}, "train.learning_rate"),
+        ({"data": {"demo": {"image_size": 8}}}, "data.demo.image_size"),
+        ({"evaluate": {"pooler": "max"}}, "evaluate.pooler"),
+        ({"ablate": {"reference": "nope"}}, "ablate.reference"),
+        ({"model": {"config_overrides": {"hidden_size": 8}}}, "model.config_overrides"),
+        ({"sweep": {"space": {"loss.lambda_img": {"type": "float", "low": 0, "high": 1, "log": True}}}},
+         "sweep.space.loss.lambda_img"),
+    ],
+)
+def test_out_of_range_values_name_the_key(raw, key):
+    with pytest.raises(ConfigError, match=f"key '{key}'"):
+        parse_config(raw)
+
+
+def test_yaml_scientific_notation_is_a_float():
+    cfg = parse_config({"train": {"learning_rate": "3e-5"}})
+    assert cfg.train.learning_rate == pytest.approx(3e-5)
+
+
+def test_overrides_apply_and_validate():
+    cfg = with_overrides(Config(), {"loss.lambda_img": 0.5, "train.method": "simcse"})
+    assert cfg.loss.lambda_img == 0.5 and cfg.train.method == "simcse"
+    with pytest.raises(ConfigError, match="valid keys under loss"):
+        with_overrides(Config(), {"loss.lamda": 1.0})
+    with pytest.raises(ConfigError, match="loss.temperature"):
+        with_overrides(Config(), {"loss.temperature": 0})
+
+
+def test_ablation_variant_with_unknown_key_fails_at_load():
+    with pytest.raises(ConfigError, match="ablate.variants.bad"):
+        parse_config({"ablate": {"variants": {"mcse": {}, "bad": {"loss.nope": 1}}}})
+
+
+def test_sweep_space_must_name_real_params():
+    with pytest.raises(ConfigError, match="loss.nope"):
+        parse_config({"sweep": {"space": {"loss.nope": {"type": "float", "low": 0.1, "high": 1}}}})
+
+
+def test_config_is_frozen():
+    cfg = Config()
+    with pytest.raises(AttributeError):
+        cfg.loss.temperature = 1.0  # type: ignore[misc]
