@@ -56,7 +56,7 @@ def prepared_project(tmp_path_factory) -> Path:
     from mmcse.pipeline import Paths, run_cache_teachers, run_detect, run_download
 
     root = tmp_path_factory.mktemp("project")
-    (root / "params.yaml").write_text(yaml.safe_dump(shrink(repo_params())))
+    (root / "params.yaml").write_text(yaml.safe_dump(shrink(repo_params()), sort_keys=False))
     cwd = os.getcwd()
     os.chdir(root)
     try:

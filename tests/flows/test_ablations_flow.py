@@ -1,0 +1,60 @@
+"""The `ablations` flow under Prefect's test harness, on the shrunk real params."""
+
+import sqlite3
+
+import pytest
+import yaml
+
+from tests.conftest import REPO
+
+
+@pytest.fixture(scope="module")
+def harness():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def test_flow_trains_every_variant_retries_failures_and_resumes(project, harness, monkeypatch):
+    import sys
+
+    sys.path.insert(0, str(REPO))
+    from flows.ablations import ablations
+
+    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw["ablate"]["variants"] = {
+        "mcse": {},
+        "simcse": {"train.method": "simcse"},
+        "missing model": {"model.name_or_path": str(project / "no-such-model")},
+    }
+    raw["ablate"]["retries"] = 1
+    (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+
+    from mmcse import pipeline
+
+    calls = []
+    real_train = pipeline.run_train
+    monkeypatch.setattr(pipeline, "run_train", lambda *a, **k: calls.append(a[0].model.name_or_path) or
+                        real_train(*a, **k))
+    rows = {r["variant"]: r for r in ablations("params.yaml")}
+    assert rows["mcse"]["status"] == "ok" and rows["mcse"]["seeds"] == 2
+    assert rows["simcse"]["status"] == "ok" and 0 <= rows["simcse"]["p_value"] <= 1
+    assert rows["missing model"]["status"] == "failed" and "no-such-model" in rows["missing model"]["error"]
+    assert calls.count(str(project / "no-such-model")) == 4  # 2 seeds x (1 try + 1 retry)
+    table = (project / "ablation/ablation.md").read_text()
+    assert "missing model" in table and "failed" in table
+    assert (project / "plots/ablation_bars.png").stat().st_size > 1000
+
+    with sqlite3.connect(project / "mlruns/mlflow.db") as db:
+        nested = dict(db.execute(
+            "select r.status, count(*) from runs r join tags t on t.run_uuid = r.run_uuid "
+            "where t.key = 'mlflow.parentRunId' group by r.status").fetchall())
+        tables = db.execute("select count(*) from runs where name like 'ablation%'").fetchone()[0]
+    # each ok variant x seed is a finished nested run; each failed attempt stays visible as failed
+    assert nested == {"FINISHED": 4, "FAILED": 4} and tables == 1
+
+    calls.clear()
+    again = {r["variant"]: r for r in ablations("params.yaml")}
+    assert [c for c in calls if "no-such-model" not in c] == []  # finished variants are skipped
+    assert again["mcse"]["avg_mean"] == pytest.approx(rows["mcse"]["avg_mean"])

@@ -1,0 +1,65 @@
+import numpy as np
+import pytest
+
+from mmcse.teachers import FeatureStore, cached_features, colour_edge_grid_features, read_rgba
+
+
+def test_colour_edge_grid_features_see_colour_position_and_alpha():
+    img = np.zeros((3, 32, 32, 4), np.uint8)
+    img[..., 3] = 255
+    img[0, :16, :16, 0] = 255  # red, top-left
+    img[1, 16:, 16:, 0] = 255  # red, bottom-right
+    img[2, :16, :16, 2] = 255  # blue, top-left
+    f = colour_edge_grid_features(img, grid=2, bins=2)
+    assert f.shape == (3, 4 * (8 + 8)) and f.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(f, axis=1), 1.0, atol=1e-6)
+    assert len({tuple(np.round(row, 5)) for row in f}) == 3
+    transparent = img[:1].copy()
+    transparent[0, 16:, :, 3] = 0  # hide the bottom half: only the top half counts
+    g = colour_edge_grid_features(transparent, grid=2, bins=2).reshape(4, 16)
+    assert g[2:, :8].sum() == 0
+
+
+def test_cache_hit_never_calls_the_model(tmp_path):
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return np.arange(6, dtype=np.float32).reshape(3, 2)
+
+    store, hit = cached_features(tmp_path, "t", {"name": "m"}, "fp", ["a", "b", "c"], compute)
+    assert not hit and calls == [1]
+    again, hit = cached_features(tmp_path, "t", {"name": "m"}, "fp", ["a", "b", "c"], compute)
+    assert hit and calls == [1]
+    assert isinstance(again.features, np.memmap)
+    np.testing.assert_array_equal(again.rows(["c", "a"]), [[4, 5], [0, 1]])
+    _, hit = cached_features(tmp_path, "t", {"name": "m"}, "other-data", ["a", "b", "c"], compute)
+    assert not hit and calls == [1, 1]
+
+
+def test_interrupted_set_is_recomputed(tmp_path):
+    store, _ = cached_features(tmp_path, "t", {"n": 1}, "fp", ["a"], lambda: np.ones((1, 2)))
+    (store.folder / "index.json").unlink()  # as if killed before the index was written
+    calls = []
+    _, hit = cached_features(tmp_path, "t", {"n": 1}, "fp", ["a"], lambda: calls.append(1) or np.ones((1, 2)))
+    assert not hit and calls == [1]
+    with pytest.raises(KeyError, match="no cached features for id 'zz'"):
+        FeatureStore.open(store.folder).rows(["zz"])
+
+
+def test_bad_images_name_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="missing.png"):
+        read_rgba(tmp_path / "missing.png", 8)
+    (tmp_path / "bad.png").write_bytes(b"\x89PNG broken")
+    with pytest.raises(ValueError, match="bad.png"):
+        read_rgba(tmp_path / "bad.png", 8)
+
+
+def test_prepared_project_caches_every_set(prepared_project):
+    from mmcse.io import read_json
+
+    manifest = read_json(prepared_project / "data/teachers/manifest.json")
+    assert set(manifest["sets"]) == {"image", "object", "text_caption", "text_corpus"}
+    text = FeatureStore.open(prepared_project / "data/teachers" / manifest["sets"]["text_caption"])
+    assert text.dim == 384  # all-MiniLM-L6-v2
+    np.testing.assert_allclose(np.linalg.norm(text.features, axis=1), 1.0, atol=1e-5)
