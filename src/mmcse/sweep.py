@@ -50,6 +50,7 @@ def run_sweep(
 ) -> dict[str, Any]:
     """Run trials until the study holds ``n_trials`` finished (complete or pruned) ones."""
     import optuna
+    from filelock import FileLock
     from optuna.study import MaxTrialsCallback
     from optuna.trial import TrialState
 
@@ -59,17 +60,20 @@ def run_sweep(
     n_trials = n_trials or cfg.sweep.n_trials
     study_name = study_name or cfg.sweep.study_name
     storage_url = _prepare_storage(storage or cfg.sweep.storage)
-    rdb = optuna.storages.RDBStorage(storage_url, engine_kwargs={"pool_pre_ping": True})
-    study = optuna.create_study(
-        study_name=study_name,
-        storage=rdb,
-        load_if_exists=True,
-        direction=cfg.sweep.direction,
-        pruner=optuna.pruners.MedianPruner(
-            n_startup_trials=cfg.sweep.pruner_startup_trials, n_warmup_steps=cfg.sweep.pruner_warmup_steps
-        ),
-        sampler=optuna.samplers.TPESampler(seed=None),
-    )
+    # Workers started together would race to create the SQLite schemas: serialise the setup.
+    Path("mlruns").mkdir(exist_ok=True)
+    with FileLock(str(Path("mlruns") / ".sweep-setup.lock")):
+        rdb = optuna.storages.RDBStorage(storage_url, engine_kwargs={"pool_pre_ping": True})
+        study = optuna.create_study(
+            study_name=study_name,
+            storage=rdb,
+            load_if_exists=True,
+            direction=cfg.sweep.direction,
+            pruner=optuna.pruners.MedianPruner(
+                n_startup_trials=cfg.sweep.pruner_startup_trials, n_warmup_steps=cfg.sweep.pruner_warmup_steps
+            ),
+        )
+        tracking.experiment(cfg, "sweep")
     out_root = Path("sweeps") / study_name
 
     with tracking.run(cfg, "sweep", run_name=f"sweep {study_name}", tags={"study": study_name}) as parent:

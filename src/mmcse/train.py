@@ -31,7 +31,7 @@ from mmcse.models import Student, load_backbone, load_tokenizer, save_student
 from mmcse.teachers import FeatureStore
 
 TEXT, PAIR = "text", "pair"
-LOG_EVERY = 10  # steps between logged loss values
+LOG_EVERY = 5  # steps between logged loss values
 StepLogger = Callable[[dict[str, float], int], None]
 EvalCallback = Callable[[int, float], None]
 
@@ -303,8 +303,8 @@ def train(
         values = {f"loss/{k}": float(v.detach()) for k, v in terms.items()}
         if state.step % LOG_EVERY == 0:
             state.history.append({"step": state.step, "loss": values["loss/loss"]})
-            if log_metrics:
-                log_metrics(values | {"lr": scheduler.get_last_lr()[0]}, state.step)
+        if log_metrics and (state.step % LOG_EVERY == 0 or kind == PAIR):  # every image term is logged
+            log_metrics(values | {"lr": scheduler.get_last_lr()[0]}, state.step)
         if state.step % cfg.train.eval_steps == 0 or state.step == total:
             last_dev = dev_score()
             state.history.append({"step": state.step, "dev": last_dev})

@@ -1,0 +1,85 @@
+"""Smoke: the real repo in a temp git repo, real params shrunk, `dvc repro` end to end."""
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import REPO, repo_params, shrink
+
+pytestmark = pytest.mark.slow
+
+
+def _run(cmd, cwd, env):
+    out = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, f"{cmd}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    return out.stdout + out.stderr
+
+
+@pytest.fixture(scope="module")
+def repo_copy(tmp_path_factory):
+    root = tmp_path_factory.mktemp("repo")
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                           capture_output=True, text=True, check=True).stdout.split()
+    for name in files:
+        if name == "dvc.lock" or not (REPO / name).is_file():
+            continue
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO / name, root / name)
+    (root / "params.yaml").write_text(yaml.safe_dump(shrink(repo_params()), sort_keys=False))
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+           "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t", "DVC_NO_ANALYTICS": "1"}
+    _run(["git", "init", "-q"], root, env)
+    _run(["git", "add", "-A"], root, env)
+    _run(["git", "commit", "-qm", "init"], root, env)
+    _run(["dvc", "repro"], root, env)
+    return root, env
+
+
+def test_dvc_repro_produces_every_artifact(repo_copy):
+    root, _ = repo_copy
+    for path in ("data/raw/manifest.json", "data/objects/objects.jsonl", "data/teachers/manifest.json",
+                 "models/student/best/model.safetensors", "ablation/ablation.md", "plots/train_loss.csv",
+                 "plots/sts_scatter.png", "plots/ablation_bars.png", "dvc.lock"):
+        assert (root / path).is_file(), path
+    scores = json.loads((root / "metrics/eval.json").read_text())
+    assert set(scores) == {"DemoSTS", "avg"} and -100 <= scores["avg"] <= 100
+
+
+def test_mlflow_has_runs_params_curves_table_and_figures(repo_copy):
+    root, _ = repo_copy
+    with sqlite3.connect(root / "mlruns/mlflow.db") as db:
+        experiments = {r[0] for r in db.execute("select name from experiments")}
+        assert {"mmcse-mcse", "mmcse-ablate"} <= experiments
+        (run_id,) = db.execute(
+            "select r.run_uuid from runs r join experiments e on e.experiment_id = r.experiment_id "
+            "where e.name = 'mmcse-mcse'").fetchone()
+        steps = [r[0] for r in db.execute(
+            "select step from metrics where run_uuid=? and key='dev_sts' order by step", (run_id,))]
+        assert steps == [0, 4, 8]
+        assert db.execute("select value from params where run_uuid=? and key='loss.lambda_img'",
+                          (run_id,)).fetchone()[0] == "0.1"
+        test_metrics = {r[0] for r in db.execute("select key from metrics where run_uuid=?", (run_id,))}
+        assert {"test_avg", "test_DemoSTS", "loss/simcse", "loss/image"} <= test_metrics
+    artifacts = {p.name for p in (root / "mlruns/artifacts").rglob("*") if p.is_file()}
+    assert {"ablation_table.json", "ablation_bars.png", "sts_scatter.png", "training_curves.png"} <= artifacts
+
+
+def test_dvc_exp_run_reruns_only_what_changed(repo_copy):
+    root, env = repo_copy
+    log = _run(["dvc", "exp", "run", "-S", "loss.lambda_img=0.05"], root, env)
+    for unchanged in ("download", "detect_objects", "cache_teachers"):
+        assert f"Stage '{unchanged}' didn't change, skipping" in log
+    assert "Running stage 'train'" in log
+    shown = subprocess.run(["dvc", "exp", "show", "--json"], cwd=root, env=env, capture_output=True,
+                           text=True, check=True).stdout
+    assert '"avg"' in shown and "0.05" in shown
+    _run(["dvc", "plots", "show", "-o", "dvc_plots"], root, env)
+    assert (root / "dvc_plots/index.html").stat().st_size > 1000
