@@ -1,7 +1,7 @@
 import pytest
 import yaml
 
-from mmcse.config import ConfigError, Config, load_config, parse_config, to_dict, with_overrides
+from mmcse.config import Config, ConfigError, load_config, parse_config, to_dict, with_overrides
 from tests.conftest import REPO
 
 

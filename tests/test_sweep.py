@@ -17,7 +17,7 @@ def test_two_workers_share_one_study(project):
     workers = [subprocess.Popen(cmd, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                for _ in range(2)]
     outs = [w.communicate(timeout=600) for w in workers]
-    for w, (out, err) in zip(workers, outs, strict=True):
+    for w, (_, err) in zip(workers, outs, strict=True):
         assert w.returncode == 0, err[-2000:]
 
     study = optuna.load_study(study_name="t", storage=f"sqlite:///{project}/mlruns/optuna.db")
