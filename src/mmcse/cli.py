@@ -45,8 +45,8 @@ def _cmd_eval(args: argparse.Namespace) -> None:
     from mmcse.data.senteval import read_sts_tasks
     from mmcse.evaluate import TextEncoder, evaluate_sts
 
+    encoder = TextEncoder(args.model, args.pooler, args.device, args.max_seq_len)  # fails fast if offline
     tasks = read_sts_tasks(args.senteval_dir)
-    encoder = TextEncoder(args.model, args.pooler, args.device, args.max_seq_len)
     result = evaluate_sts(encoder, tasks, args.batch_size)
     print(json.dumps({k: round(v, 4) for k, v in result.scores.items()}, indent=2))
 

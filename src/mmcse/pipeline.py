@@ -158,9 +158,11 @@ def run_train(
 
     from mmcse import tracking
     from mmcse.plots import save_figure, training_curves
-    from mmcse.train import train
+    from mmcse.train import check_inputs, resolve_device, train
 
     out_dir = out_dir or paths.student
+    check_inputs(paths.raw, paths.teachers)
+    resolve_device(cfg.base.device)
     with tracking.run(
         cfg, experiment_name or cfg.train.method, run_name=run_name, parent_run_id=parent_run_id
     ) as active:

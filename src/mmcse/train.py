@@ -65,6 +65,18 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def check_inputs(data_dir: Path, teachers_dir: Path) -> None:
+    """Fail before any run is started when an upstream stage's output is missing."""
+    needed = [data_dir / "corpus.txt", data_dir / "pairs.jsonl", data_dir / "sts" / "dev.jsonl",
+              teachers_dir / "manifest.json"]
+    missing = [str(p) for p in needed if not p.is_file()]
+    if missing:
+        raise FileNotFoundError(
+            f"missing inputs {', '.join(missing)}: run the download, detect_objects and cache_teachers stages "
+            "first (dvc repro train)"
+        )
+
+
 @dataclass
 class TrainData:
     corpus: list[str]
@@ -226,6 +238,7 @@ def train(
     from mmcse.io import sha256_json
 
     data_dir, teachers_dir, out_dir = Path(data_dir), Path(teachers_dir), Path(out_dir)
+    check_inputs(data_dir, teachers_dir)
     device = resolve_device(cfg.base.device)
     data = TrainData.load(data_dir, teachers_dir)
     torch.manual_seed(cfg.base.seed)
@@ -259,11 +272,14 @@ def train(
         return TrainResult(state.best_score, state.best_step, state.step, best_dir, state.history)
 
     def dev_score() -> float:
+        """Dev STS (primary metric); every task's score is logged as ``dev_<task>``."""
         student.eval()
         encode = student_encoder(student, tokenizer, cfg.evaluate.pooler, cfg.model.max_seq_len, device)
-        score = evaluate_sts(encode, data.dev, cfg.evaluate.batch_size).primary
+        result = evaluate_sts(encode, data.dev, cfg.evaluate.batch_size)
         student.train()
-        return score
+        if log_metrics:
+            log_metrics({f"dev_{task}": v for task, v in result.scores.items()}, state.step)
+        return result.primary
 
     def checkpoint_best(score: float) -> None:
         if score > state.best_score:

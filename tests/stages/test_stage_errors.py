@@ -1,0 +1,51 @@
+"""Stage scripts turn bad input into one clear line (exit 2) before any compute."""
+
+import os
+import subprocess
+import sys
+
+import yaml
+
+from tests.conftest import REPO
+
+
+def _stage(name, cwd):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, str(REPO / "stages" / f"{name}.py")], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_unknown_key_names_file_key_and_valid_keys(tmp_path):
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["train"]["lerning_rate"] = 1e-3
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    out = _stage("download", tmp_path)
+    assert out.returncode == 2
+    assert "params.yaml" in out.stderr and "train.lerning_rate" in out.stderr and "learning_rate" in out.stderr
+    assert not (tmp_path / "data").exists()
+
+
+def test_out_of_range_value_fails_before_compute(tmp_path):
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["loss"]["temperature"] = -0.05
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    out = _stage("download", tmp_path)
+    assert out.returncode == 2 and "loss.temperature" in out.stderr and "must be > 0" in out.stderr
+    assert not (tmp_path / "data").exists()
+
+
+def test_offline_model_id_fails_fast_in_detect(project):
+    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw["model"] = {**raw["model"], "name_or_path": "no-such-org/no-such-model"}
+    (project / "params.yaml").write_text(yaml.safe_dump(raw))
+    before = (project / "data/objects/objects.jsonl").read_bytes()
+    out = _stage("detect_objects", project)
+    assert out.returncode == 2 and "no-such-org/no-such-model" in out.stderr and "HF_HUB_OFFLINE" in out.stderr
+    assert (project / "data/objects/objects.jsonl").read_bytes() == before  # nothing lost
+
+
+def test_train_stage_without_upstream_outputs_says_what_to_run(tmp_path):
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    out = _stage("train", tmp_path)
+    assert out.returncode == 2 and "corpus.txt" in out.stderr
