@@ -181,6 +181,17 @@ class _Builder:
         self.phrases.append(Phrase(index, self.length, self.length + len(phrase)))
         self.text(phrase)
 
+    def listing(
+        self, scene: Scene, mention: Sequence[int], rng: random.Random, with_size: bool, where: bool = False
+    ) -> None:
+        """"A, B and C" over the mentioned objects, each optionally followed by its position."""
+        for pos, idx in enumerate(mention):
+            if pos:
+                self.text(" and " if pos == len(mention) - 1 else ", ")
+            self.obj(idx, _phrase(scene.objects[idx], rng, with_size))
+            if where:
+                self.text(f" in {_position(scene.objects[idx])}")
+
     def build(self) -> Caption:
         return Caption("".join(self.parts), tuple(self.phrases))
 
@@ -200,11 +211,7 @@ def describe(scene: Scene, rng: random.Random, mention: Sequence[int] | None = N
     if len(mention) == 1 or template == 0:
         # "there is a red circle in the top left corner and a blue square in the centre"
         b.text(rng.choice(["there is ", "we see ", "the picture shows "]))
-        for pos, idx in enumerate(mention):
-            if pos:
-                b.text(" and " if pos == len(mention) - 1 else ", ")
-            b.obj(idx, _phrase(objs[idx], rng, with_size))
-            b.text(f" in {_position(objs[idx])}")
+        b.listing(scene, mention, rng, with_size, where=True)
     elif template == 1 and len(mention) >= 2:
         # spatial relation between the first two mentioned objects
         a, c = mention[0], mention[1]
@@ -221,22 +228,13 @@ def describe(scene: Scene, rng: random.Random, mention: Sequence[int] | None = N
             b.obj(idx, _phrase(objs[idx], rng, with_size))
     elif template == 2:
         b.text(rng.choice(["a picture of ", "an image with ", "a drawing of "]))
-        for pos, idx in enumerate(mention):
-            if pos:
-                b.text(" and " if pos == len(mention) - 1 else ", ")
-            b.obj(idx, _phrase(objs[idx], rng, with_size))
+        b.listing(scene, mention, rng, with_size)
         b.text(f" on a {scene.background} background")
     elif template == 3:
-        for pos, idx in enumerate(mention):
-            if pos:
-                b.text(" and " if pos == len(mention) - 1 else ", ")
-            b.obj(idx, _phrase(objs[idx], rng, with_size))
+        b.listing(scene, mention, rng, with_size)
         b.text(rng.choice([" next to each other", " placed apart", " shown together"]))
     else:
-        for pos, idx in enumerate(mention):
-            if pos:
-                b.text(" and " if pos == len(mention) - 1 else ", ")
-            b.obj(idx, _phrase(objs[idx], rng, with_size))
+        b.listing(scene, mention, rng, with_size)
     return b.build()
 
 
