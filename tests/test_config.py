@@ -65,6 +65,11 @@ def test_ablation_variant_with_unknown_key_fails_at_load():
         parse_config({"ablate": {"variants": {"mcse": {}, "bad": {"loss.nope": 1}}}})
 
 
+def test_ablation_variant_with_bad_value_fails_at_load():
+    with pytest.raises(ConfigError, match=r"ablate.variants.cold.*loss.temperature"):
+        parse_config({"ablate": {"variants": {"mcse": {}, "cold": {"loss.temperature": -1.0}}}})
+
+
 def test_sweep_space_must_name_real_params():
     with pytest.raises(ConfigError, match="loss.nope"):
         parse_config({"sweep": {"space": {"loss.nope": {"type": "float", "low": 0.1, "high": 1}}}})

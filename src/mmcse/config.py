@@ -290,10 +290,12 @@ class Config:
         # Every ablation/sweep override must name a real, valid parameter.
         raw = to_dict(self)
         for name, overrides in self.ablate.variants.items():
-            try:
-                apply_overrides(raw, overrides, where=f"{where} (ablate.variants.{name})")
-            except ConfigError as err:
-                raise ConfigError(str(err)) from None
+            # A variant's values are checked now too, not when its job starts.
+            here = f"{where} (ablate.variants.{name})"
+            variant = _build(Config, apply_overrides(raw, overrides, where=here), here, "")
+            for f in dataclasses.fields(variant):
+                if f.name not in ("ablate", "sweep"):
+                    getattr(variant, f.name).validate(here)
         for key in self.sweep.space:
             _resolve_path(raw, key, where=f"{where} (sweep.space)")
 

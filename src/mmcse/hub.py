@@ -37,9 +37,8 @@ def _packaged_folder(name: str) -> Path:
     root = Path(next(iter(spec.submodule_search_locations)))
     for candidate in [root, *sorted(p for p in root.rglob("config.json"))]:
         folder = candidate if candidate.is_dir() else candidate.parent
-        if (folder / "config.json").is_file() and (folder / "tokenizer.json").exists() | (
-            folder / "vocab.txt"
-        ).exists():
+        has_tokenizer = (folder / "tokenizer.json").exists() or (folder / "vocab.txt").exists()
+        if (folder / "config.json").is_file() and has_tokenizer:
             return folder
     raise ModelUnavailableError(f"packaged model {name!r}: no config.json found under {root}")
 
