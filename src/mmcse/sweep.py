@@ -49,6 +49,7 @@ def run_sweep(
     storage: str | None = None,
 ) -> dict[str, Any]:
     """Run trials until the study holds ``n_trials`` finished (complete or pruned) ones."""
+    import mlflow
     import optuna
     from filelock import FileLock
     from optuna.study import MaxTrialsCallback
@@ -85,6 +86,7 @@ def run_sweep(
             def report(step: int, score: float) -> None:
                 trial.report(score, step)
                 if trial.should_prune():
+                    mlflow.set_tag("optuna.pruned", f"step {step}")  # the trial's run ends as FAILED
                     raise optuna.TrialPruned(f"pruned at step {step} (dev {score:.2f})")
 
             summary = run_train(
