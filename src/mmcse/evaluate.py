@@ -32,7 +32,7 @@ def encode_unique(encode: EncodeFn, sentences: Sequence[str], batch_size: int, d
     unique = sorted(set(sentences), key=lambda s: (len(s), s))
     vectors: dict[str, np.ndarray] = {}
     batches = range(0, len(unique), batch_size)
-    for start in tqdm(batches, desc=desc, unit="batch", leave=False, disable=len(batches) < 4):
+    for start in tqdm(batches, desc=desc, unit="batch", leave=False, disable=len(batches) < 50):
         chunk = unique[start : start + batch_size]
         emb = np.asarray(encode(chunk), dtype=np.float64)
         vectors.update(zip(chunk, emb, strict=True))
