@@ -1,0 +1,104 @@
+"""KDMCSE losses against direct loop transcriptions of paper Eq. 8, 12–14."""
+
+import math
+
+import pytest
+import torch
+
+from mmcse.losses import adapacse_loss, info_nce, kdmcse_objective, kdmcse_term, threshold_keep_mask
+
+
+def _cos(a, b):
+    return float((a @ b) / (a.norm() * b.norm()))
+
+
+def eq13_loop(s, m_proj, tau, margin, alpha_margin, alpha_filter, threshold):
+    """-log e^{cos θ_ii/τ} / (e^{cos θ_ii/τ} + Σ_{j≠i} φ_ij e^{cos(θ_ij − m|1−α_ij|)/τ}), mean over i."""
+    n = s.shape[0]
+    total = 0.0
+    for i in range(n):
+        pos = math.exp(math.cos(math.acos(_cos(s[i], m_proj[i]))) / tau)
+        den = pos
+        for j in range(n):
+            if j == i:
+                continue
+            phi = 0.0 if (threshold is not None and float(alpha_filter[i, j]) > threshold) else 1.0
+            theta = math.acos(_cos(s[i], m_proj[j]))
+            delta = abs(1.0 - float(alpha_margin[i, j]))
+            den += phi * math.exp(math.cos(theta - margin * delta) / tau)
+        total += -math.log(pos / den)
+    return total / n
+
+
+def _data(seed, n=6, d=5):
+    g = torch.Generator().manual_seed(seed)
+    s = torch.randn(n, d, generator=g, dtype=torch.float64)
+    m = torch.randn(n, d, generator=g, dtype=torch.float64)
+    feats = torch.randn(n, 8, generator=g, dtype=torch.float64)
+    feats = feats / feats.norm(dim=1, keepdim=True)
+    alpha = feats @ feats.T  # teacher cosines, in [-1, 1]
+    return s, m, alpha
+
+
+@pytest.mark.parametrize(("margin", "threshold"), [(0.0, None), (0.125, None), (0.2, 0.3), (0.125, -0.2)])
+def test_adapacse_matches_eq13(margin, threshold):
+    s, m, alpha = _data(0)
+    keep = threshold_keep_mask(alpha, threshold)
+    got = adapacse_loss(s, m, 0.05, margin, alpha, keep)
+    assert float(got) == pytest.approx(eq13_loop(s, m, 0.05, margin, alpha, alpha, threshold), abs=1e-6)
+
+
+def test_threshold_filter_removes_negatives_above_threshold_and_keeps_positive():
+    alpha = torch.tensor([[1.0, 0.95, 0.2], [0.95, 1.0, 0.91], [0.2, 0.91, 1.0]])
+    keep = threshold_keep_mask(alpha, 0.9)
+    assert keep.tolist() == [[True, False, True], [False, True, False], [True, False, True]]
+    assert threshold_keep_mask(alpha, None).all()
+
+
+def test_threshold_above_every_similarity_equals_unfiltered():
+    s, m, alpha = _data(1)
+    filtered = adapacse_loss(s, m, 0.05, 0.1, alpha, threshold_keep_mask(alpha, 1.01))
+    assert float(filtered) == pytest.approx(float(adapacse_loss(s, m, 0.05, 0.1, alpha)), abs=1e-12)
+
+
+def test_zero_margin_is_infonce():
+    s, m, alpha = _data(2)
+    assert float(adapacse_loss(s, m, 0.05, 0.0, alpha)) == pytest.approx(float(info_nce(s, m, 0.05)), abs=1e-6)
+
+
+def test_margin_raises_the_loss_for_dissimilar_negatives():
+    s, m, alpha = _data(3)
+    assert float(adapacse_loss(s, m, 0.05, 0.2, alpha)) > float(adapacse_loss(s, m, 0.05, 0.0, alpha))
+
+
+def test_finite_gradients_at_theta_zero_and_pi():
+    base = torch.randn(4, 3, dtype=torch.float64)
+    for targets in (base.clone(), -base.clone()):  # θ = 0 and θ = π everywhere on the diagonal
+        s = base.clone().requires_grad_(True)
+        alpha = torch.eye(4, dtype=torch.float64)
+        adapacse_loss(s, targets, 0.05, 0.125, alpha).backward()
+        assert torch.isfinite(s.grad).all()
+
+
+def test_gradcheck_away_from_the_clamp():
+    s, m, alpha = _data(4, n=4, d=3)
+    s.requires_grad_(True)
+    m.requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda a, b: adapacse_loss(a, b, 0.1, 0.125, alpha), (s, m))
+
+
+def test_kdmcse_term_sums_views_and_eq14_averages_modalities():
+    s1, v, alpha = _data(5)
+    s2, t, _ = _data(6)
+    keep = threshold_keep_mask(alpha, 0.5)
+    image = kdmcse_term(s1, s2, v, 0.05, 0.125, alpha, keep)
+    expected = eq13_loop(s1, v, 0.05, 0.125, alpha, alpha, 0.5) + eq13_loop(s2, v, 0.05, 0.125, alpha, alpha, 0.5)
+    assert float(image) == pytest.approx(expected, abs=1e-6)
+    text = kdmcse_term(s1, s2, t, 0.05, 0.0, None, None)
+    assert float(kdmcse_objective(image, text)) == pytest.approx((float(image) + float(text)) / 2, abs=1e-12)
+
+
+def test_margin_without_teacher_similarities_is_an_error():
+    s, m, _ = _data(7)
+    with pytest.raises(ValueError, match="margin_sim"):
+        adapacse_loss(s, m, 0.05, 0.1)
