@@ -88,3 +88,37 @@ def test_cuda_request_without_gpu_fails_before_training(project):
     cfg = with_overrides(load_config("params.yaml"), {"base.device": "cuda"})
     with pytest.raises(RuntimeError, match="base.device=cuda"):
         train(cfg, "data/raw", "data/teachers", project / "m", progress=False)
+
+
+def test_optimizer_decay_groups_and_linear_warmup_schedule():
+    from mmcse.config import Config
+    from mmcse.train import build_optimizer
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.LayerNorm(3))
+    cfg = with_overrides(Config(), {"train.weight_decay": 0.01, "train.warmup_ratio": 0.25,
+                                    "train.learning_rate": 1e-3})
+    optimizer, scheduler = build_optimizer(model, cfg, total_steps=8)
+    decayed, plain = optimizer.param_groups
+    assert decayed["weight_decay"] == 0.01 and [p.shape for p in decayed["params"]] == [(3, 3)]
+    assert plain["weight_decay"] == 0.0 and len(plain["params"]) == 3  # bias + LayerNorm weight/bias
+    lrs = []
+    for _ in range(8):
+        lrs.append(scheduler.get_last_lr()[0])
+        optimizer.step()
+        scheduler.step()
+    assert lrs == pytest.approx([0.0, 5e-4, 1e-3, 1e-3 * 5 / 6, 1e-3 * 4 / 6, 1e-3 * 3 / 6, 1e-3 * 2 / 6, 1e-3 / 6])
+
+
+def test_epochs_run_every_batch_of_each_epoch_in_a_new_order(project):
+    from mmcse.train import _Batches
+
+    batches = _Batches(160, 48, 8, seed=3)
+    assert len(batches) == 26
+    first, second = batches.epoch(0), batches.epoch(1)
+    assert [k for k, _ in first] == [k for k, _ in second] == batches.schedule
+    assert first != second
+    text_items = sorted(i for k, idx in first if k == TEXT for i in idx)
+    assert text_items == list(range(160))  # every sentence once per epoch
+    cfg = with_overrides(load_config("params.yaml"), {"train.epochs": 2, "train.max_steps": 0,
+                                                        "train.eval_steps": 100})
+    assert train(cfg, "data/raw", "data/teachers", project / "m", progress=False).steps == 52

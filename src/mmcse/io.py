@@ -84,3 +84,10 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
 
 def sha256_json(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def ensure_sqlite_parent(url: str) -> str:
+    """Create the folder of a relative ``sqlite:///path/db`` URL (SQLite will not); return the URL."""
+    if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
+        Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+    return url

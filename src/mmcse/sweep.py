@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mmcse.config import Config, with_overrides
+from mmcse.io import ensure_sqlite_parent
 
 
 def suggest(trial: Any, space: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
@@ -35,12 +36,6 @@ def suggest(trial: Any, space: Mapping[str, Mapping[str, Any]]) -> dict[str, Any
     return values
 
 
-def _prepare_storage(url: str) -> str:
-    if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
-        Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
-    return url
-
-
 def run_sweep(
     cfg: Config,
     paths: Any,
@@ -60,7 +55,7 @@ def run_sweep(
 
     n_trials = n_trials or cfg.sweep.n_trials
     study_name = study_name or cfg.sweep.study_name
-    storage_url = _prepare_storage(storage or cfg.sweep.storage)
+    storage_url = ensure_sqlite_parent(storage or cfg.sweep.storage)
     # Workers started together would race to create the SQLite schemas: serialise the setup.
     Path("mlruns").mkdir(exist_ok=True)
     with FileLock(str(Path("mlruns") / ".sweep-setup.lock")):

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from mmcse.config import Config, to_dict
+from mmcse.io import ensure_sqlite_parent
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -26,10 +27,7 @@ def configure(cfg: Config) -> None:
     """Point MLflow at the configured store (a relative SQLite path is under the cwd)."""
     import mlflow
 
-    uri = cfg.base.mlflow_tracking_uri
-    if uri.startswith("sqlite:///") and not uri.startswith("sqlite:////"):
-        Path(uri[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
-    mlflow.set_tracking_uri(uri)
+    mlflow.set_tracking_uri(ensure_sqlite_parent(cfg.base.mlflow_tracking_uri))
     # Quiet MLflow's own console chatter in stage logs.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 

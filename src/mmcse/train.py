@@ -199,6 +199,19 @@ def _tokenize(tokenizer, sentences: Sequence[str], max_len: int, device: torch.d
     return {"input_ids": batch["input_ids"].to(device), "attention_mask": batch["attention_mask"].to(device)}
 
 
+def build_optimizer(student: torch.nn.Module, cfg: Config, total_steps: int):
+    """AdamW (no weight decay on biases and LayerNorm) with linear warmup and decay to 0."""
+    decay, no_decay = [], []
+    for name, p in student.named_parameters():
+        (no_decay if p.ndim < 2 or "LayerNorm" in name else decay).append(p)
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.train.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.train.learning_rate,
+    )
+    scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.train.warmup_ratio * total_steps), total_steps)
+    return optimizer, scheduler
+
+
 def training_step_loss(
     student: Student,
     cfg: Config,
@@ -252,14 +265,7 @@ def train(
     total = len(batches) * cfg.train.epochs
     if cfg.train.max_steps:
         total = min(total, cfg.train.max_steps)
-    decay, no_decay = [], []
-    for name, p in student.named_parameters():
-        (no_decay if p.ndim < 2 or "LayerNorm" in name else decay).append(p)
-    optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.train.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.train.learning_rate,
-    )
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.train.warmup_ratio * total), total)
+    optimizer, scheduler = build_optimizer(student, cfg, total)
 
     # What defines the run: everything but bookkeeping that cannot change the numbers.
     run_def = to_dict(cfg)
