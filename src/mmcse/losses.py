@@ -135,3 +135,148 @@ def kdmcse_term(
 def kdmcse_objective(image_term: torch.Tensor, text_term: torch.Tensor) -> torch.Tensor:
     """KDMCSE paper Eq. 14: the mean of the visual and textual AdapACSE terms."""
     return (image_term + text_term) / 2.0
+
+
+# --------------------------------------------------------------------------- DALR
+
+
+def mismatch_permutation(n: int, mode: str = "derangement", generator: torch.Generator | None = None) -> torch.Tensor:
+    """Image index paired with each text to build DALR's mismatched pairs D' (§3.2).
+
+    ``derangement``: a uniformly random permutation with no fixed point (rejection
+    sampling); ``roll``: the authors' code's cyclic shift by one. ``(n,)`` long tensor.
+    """
+    if n < 2:
+        raise ValueError("mismatched pairs need a batch of at least 2")
+    if mode == "roll":
+        return torch.roll(torch.arange(n), 1)
+    if mode != "derangement":
+        raise ValueError(f"unknown mismatch mode {mode!r}; modes: derangement, roll")
+    while True:
+        perm = torch.randperm(n, generator=generator)
+        if not (perm == torch.arange(n)).any():
+            return perm
+
+
+def consistency_loss(
+    text_shared: torch.Tensor, image_shared: torch.Tensor, mismatch: torch.Tensor, margin: float = 0.2
+) -> torch.Tensor:
+    """DALR cross-modal consistency, paper Eq. 5 (cosine-embedding loss, mean over 2N pairs).
+
+    ``text_shared, image_shared (N, p)``: the shared-space projections of aligned pairs
+    (label 1: 1 − cos); image ``mismatch[i]`` with text i is a mismatched pair (label 0:
+    max(0, cos − m)).
+    """
+    aligned = 1.0 - F.cosine_similarity(text_shared, image_shared, dim=-1)  # (N,)
+    wrong = (F.cosine_similarity(text_shared, image_shared[mismatch], dim=-1) - margin).clamp_min(0.0)  # (N,)
+    return torch.cat([aligned, wrong]).mean()
+
+
+def _kl_rows(target_logits: torch.Tensor, pred_logits: torch.Tensor) -> torch.Tensor:
+    """Σ_i KL(softmax(target_i) ‖ softmax(pred_i)) / N for ``(N, N)`` logits."""
+    return F.kl_div(F.log_softmax(pred_logits, -1), F.log_softmax(target_logits, -1), log_target=True,
+                    reduction="batchmean")
+
+
+def cross_modal_alignment_loss(
+    sentences: torch.Tensor,
+    images: torch.Tensor,
+    teacher_text: torch.Tensor,
+    teacher_image: torch.Tensor,
+    student_temperature: float = 1.0,
+    teacher_temperature: float = 1.0,
+) -> torch.Tensor:
+    """DALR L_CMA, paper Eq. 6–8 (mean over the batch instead of the printed sum).
+
+    P^{t2v}_i = softmax_j sim(s_j, h^v_i)/τ_s (image i over texts); Q^{t2t}_i, Q^{v2v}_i are
+    the teacher text/image self-similarities softmaxed with τ_t. (P^{t2v})^T is read as the
+    softmax of the transposed similarities (text i over images), a distribution per row.
+    ``sentences, images (N, p)`` are student / projected image features; the teacher
+    features may have any width. With both temperatures 1 this is the paper as printed.
+    """
+    sim = cosine_matrix(images, sentences) / student_temperature  # (N_img, N_txt): row i = image i
+    q_tt = cosine_matrix(teacher_text, teacher_text) / teacher_temperature
+    q_vv = cosine_matrix(teacher_image, teacher_image) / teacher_temperature
+    return 0.5 * (_kl_rows(q_tt, sim) + _kl_rows(q_vv, sim.T))
+
+
+def intra_modal_alignment_loss(
+    s1: torch.Tensor,
+    s2: torch.Tensor,
+    teacher_sim: torch.Tensor,
+    student_temperature: float = 1.0,
+    teacher_temperature: float = 1.0,
+) -> torch.Tensor:
+    """DALR L_IMA, paper Eq. 11–12: KL(Q^{t2t}_i ‖ P^{t2t}_i), mean over i.
+
+    P^{t2t}_i = softmax_j sim(s^z_i, s^{z'}_j)/τ_s from the two dropout views ``s1, s2 (N, p)``;
+    ``teacher_sim (N, N)`` is the (possibly multi-teacher) teacher cosine matrix.
+    """
+    return _kl_rows(teacher_sim / teacher_temperature, cosine_matrix(s1, s2) / student_temperature)
+
+
+def teacher_rankings(
+    teacher_sim: torch.Tensor, generator: torch.Generator | None = None, include_diagonal: bool = True
+) -> torch.Tensor:
+    """π^T per row: column indices by descending teacher score, ties in a seeded random order.
+
+    Returns ``(N, M)`` (``(N, M-1)`` without the diagonal, RankCSE includes it).
+    """
+    n, m = teacher_sim.shape
+    shuffle = torch.randperm(m, generator=generator)  # ties fall in this random order
+    order = shuffle[torch.argsort(teacher_sim[:, shuffle], dim=1, descending=True, stable=True)]  # (N, M)
+    if include_diagonal:
+        return order
+    return order[order != torch.arange(n).unsqueeze(1)].view(n, m - 1)
+
+
+def listmle_loss(student_scores: torch.Tensor, ranking: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """ListMLE, DALR paper Eq. 10 (mean over lists instead of the printed sum).
+
+    −Σ_j [S_{π(j)}/τ − log Σ_{k≥j} exp(S_{π(k)}/τ)] for each row of ``student_scores (N, M)``
+    ordered by ``ranking (N, L)`` (teacher order, L ≤ M).
+    """
+    ordered = student_scores.gather(1, ranking) / temperature  # (N, L)
+    # log Σ_{k≥j} exp(x_k): a reversed cumulative logsumexp
+    tail = torch.logcumsumexp(ordered.flip(1), dim=1).flip(1)
+    return (tail - ordered).sum(1).mean()
+
+
+def weighted_teacher_similarity(features: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
+    """DALR's multi-teacher text similarity: Σ_k w_k · cos(F_k, F_k) ``(N, N)``."""
+    if len(features) != len(weights) or not features:
+        raise ValueError("need one weight per teacher feature matrix")
+    return sum(w * cosine_matrix(f, f) for f, w in zip(features, weights, strict=True))
+
+
+# --------------------------------------------------------------------------- MCSEO
+
+
+def object_phrase_loss(
+    phrases: torch.Tensor, objects: torch.Tensor, pair_index: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    """MCSEO l^{obj-phra}, paper Eq. 7: InfoNCE of each phrase against the K objects of its
+    own image–caption pair only; summed over a pair's phrases, mean over pairs.
+
+    ``phrases, objects (T, p)``: row t of each is the t-th object–phrase pair of the batch;
+    ``pair_index (T,)`` says which image–caption pair it belongs to.
+    """
+    logits = cosine_matrix(phrases, objects) / temperature  # (T, T)
+    same_pair = pair_index.unsqueeze(0) == pair_index.unsqueeze(1)  # (T, T)
+    logits = logits.masked_fill(~same_pair, float("-inf"))
+    per_phrase = torch.logsumexp(logits, 1) - logits.diagonal()  # (T,)
+    pairs = torch.unique(pair_index)
+    per_pair = torch.zeros(len(pairs), dtype=per_phrase.dtype, device=per_phrase.device)
+    per_pair = per_pair.index_add(0, torch.searchsorted(pairs, pair_index), per_phrase)
+    return per_pair.mean()
+
+
+def span_mean(hidden: torch.Tensor, row: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
+    """MCSEO phrase embedding: mean of ``hidden (B, L, H)`` over tokens [start, end) of sentence
+    ``row`` — the full-sentence forward pass, no re-encoding. Returns ``(T, H)``."""
+    positions = torch.arange(hidden.shape[1], device=hidden.device)  # (L,)
+    mask = (positions >= start.unsqueeze(1)) & (positions < end.unsqueeze(1))  # (T, L)
+    if not mask.any(1).all():
+        raise ValueError("every phrase span needs at least one token")
+    tokens = hidden[row]  # (T, L, H)
+    return (tokens * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True)
