@@ -271,6 +271,7 @@ def train(
     run_def = to_dict(cfg)
     for section in ("ablate", "sweep", "evaluate"):
         run_def.pop(section)
+    run_def["dev_pooler"] = cfg.evaluate.pooler  # it picks the best checkpoint
     config_hash = sha256_json(run_def)
     last_dir, best_dir = out_dir / "last", out_dir / "best"
     state = _load_resume_point(last_dir, student, optimizer, scheduler, config_hash) or TrainState()
@@ -307,9 +308,12 @@ def train(
     student.train()
     bar = tqdm(total=total, initial=state.step, desc=f"train {cfg.train.method}", unit="step", disable=not progress)
     last_dev = state.history[-1]["dev"] if state.history else float("nan")
+    order_epoch, order = -1, []
     while state.step < total:
         epoch, offset = divmod(state.step, len(batches))
-        kind, idx = batches.epoch(epoch)[offset]
+        if epoch != order_epoch:
+            order_epoch, order = epoch, batches.epoch(epoch)
+        kind, idx = order[offset]
         if kind == TEXT:
             sentences, feats = [data.corpus[i] for i in idx], None
         else:
