@@ -63,3 +63,30 @@ def test_prepared_project_caches_every_set(prepared_project):
     text = FeatureStore.open(prepared_project / "data/teachers" / manifest["sets"]["text_caption"])
     assert text.dim == 384  # all-MiniLM-L6-v2
     np.testing.assert_allclose(np.linalg.norm(text.features, axis=1), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("pooler", ["avg", "cls_before_pooler", "avg_first_last", "avg_top2"])
+def test_text_teacher_uses_the_configured_pooler(pooler):
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    from mmcse.hub import resolve_model
+    from mmcse.models import pool
+    from mmcse.teachers import text_teacher_features
+
+    sentences = ["a small red circle", "a big blue box in the centre", "two discs"]
+    got = text_teacher_features("packaged:all-MiniLM-L6-v2", sentences, pooler, batch_size=2)
+    location = resolve_model("packaged:all-MiniLM-L6-v2")
+    tok, model = AutoTokenizer.from_pretrained(location), AutoModel.from_pretrained(location).eval()
+    with torch.no_grad():
+        for i, s in enumerate(sentences):  # one sentence at a time: no padding involved
+            b = tok([s], return_tensors="pt")
+            emb = pool(pooler, model(**b, output_hidden_states=True).hidden_states, b["attention_mask"])
+            np.testing.assert_allclose(got[i], torch.nn.functional.normalize(emb, dim=-1)[0].numpy(), atol=1e-5)
+
+
+def test_text_teacher_pooler_needing_our_mlp_is_rejected_at_load():
+    from mmcse.config import ConfigError, parse_config
+
+    with pytest.raises(ConfigError, match="teachers.text_pooler"):
+        parse_config({"teachers": {"text_pooler": "cls"}})

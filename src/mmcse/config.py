@@ -110,7 +110,8 @@ class DetectConfig:
 class TeachersConfig:
     # Frozen feature extractors whose outputs are cached once and memory-mapped.
     text_teacher: str = "packaged:all-MiniLM-L6-v2"
-    text_pooler: Literal["avg", "cls"] = "avg"
+    # any SimCSE pooler that needs no trained MLP head (a frozen teacher has none of ours)
+    text_pooler: Literal["avg", "cls_before_pooler", "avg_first_last", "avg_top2"] = "avg"
     image_encoder: Literal["colour-edge-grid"] = "colour-edge-grid"
     image_grid: int = 4
     colour_bins: int = 4
