@@ -43,7 +43,7 @@ def ablations(params_path: str = "params.yaml") -> list[dict]:
                 print(f"variant {job.variant!r} seed {job.seed} failed after retries: {err}")
                 results.append(failed_result(job, err))
         rows = aggregate(cfg, results)
-        files = write_table(rows, paths.ablations, cfg.ablate.metric, cfg.ablate.reference)
+        files = write_table(rows, paths.ablations, cfg.ablate.metric, cfg.ablate.reference, cfg.ablate.title)
         log_ablation(cfg, rows, files, paths)
     print(files["md"].read_text())
     return rows

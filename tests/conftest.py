@@ -49,14 +49,12 @@ def senteval_dir() -> Path:
     return SENTEVAL
 
 
-@pytest.fixture(scope="session")
-def prepared_project(tmp_path_factory) -> Path:
-    """A folder with shrunk params.yaml after download, detect_objects and cache_teachers."""
+def prepare_project(root: Path, raw: dict) -> Path:
+    """Write ``raw`` as ``root/params.yaml`` and run download, detect_objects, cache_teachers."""
     from mmcse.config import load_config
     from mmcse.pipeline import Paths, run_cache_teachers, run_detect, run_download
 
-    root = tmp_path_factory.mktemp("project")
-    (root / "params.yaml").write_text(yaml.safe_dump(shrink(repo_params()), sort_keys=False))
+    (root / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     cwd = os.getcwd()
     os.chdir(root)
     try:
@@ -68,6 +66,12 @@ def prepared_project(tmp_path_factory) -> Path:
     finally:
         os.chdir(cwd)
     return root
+
+
+@pytest.fixture(scope="session")
+def prepared_project(tmp_path_factory) -> Path:
+    """A folder with shrunk params.yaml after download, detect_objects and cache_teachers."""
+    return prepare_project(tmp_path_factory.mktemp("project"), shrink(repo_params()))
 
 
 @pytest.fixture

@@ -4,8 +4,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from mmcse.ablate import aggregate, expand, table_markdown
+from mmcse.ablate import aggregate, expand, job_config, table_markdown
 from mmcse.config import parse_config
+from tests.conftest import REPO
 
 
 def _cfg():
@@ -40,3 +41,60 @@ def test_aggregate_mean_std_ttest_and_failed_rows():
     md = table_markdown(list(rows.values()), "avg", "full")
     assert "| broken | — | — | — | 0 | failed |" in md
     assert md.splitlines()[0] == "| variant | STS12 | avg | p vs full | seeds | status |"
+
+
+PRESET_ROWS = {
+    "dalr-table3": ["DALR", "w/o L_info", "w/o L_CML", "w/o L_cons", "w/o L_CMA", "w/o L_IML", "w/o L_rank",
+                    "w/o L_IMA", "w/o L_IML & L_CML"],
+    "kdmcse-table3": ["KDMCSE", "w/o AdapACSE", "w/o threshold filtering"],
+    "mcseo": ["MCSE", "MCSEO"],
+    "kdmcse-margin": [f"m={round(0.025 * i, 3)}" for i in range(1, 10)],
+}
+DALR_TERMS = {"info", "consistency", "cma", "rank", "ima"}
+DALR_REMOVED = {"DALR": set(), "w/o L_info": {"info"}, "w/o L_CML": {"consistency", "cma"},
+                "w/o L_cons": {"consistency"}, "w/o L_CMA": {"cma"}, "w/o L_IML": {"rank", "ima"},
+                "w/o L_rank": {"rank"}, "w/o L_IMA": {"ima"},
+                "w/o L_IML & L_CML": {"consistency", "cma", "rank", "ima"}}
+
+
+@pytest.mark.parametrize("preset", sorted(PRESET_ROWS))
+def test_every_preset_loads_in_the_papers_row_order(preset):
+    from mmcse.config import active_terms, load_config
+
+    cfg = load_config(REPO / "params.yaml", {"ablate.preset": preset})
+    assert list(cfg.ablate.variants) == PRESET_ROWS[preset]
+    assert cfg.ablate.title and cfg.ablate.reference == PRESET_ROWS[preset][{"kdmcse-margin": 4}.get(preset, 0)]
+    jobs = expand(cfg)
+    assert len(jobs) == len(PRESET_ROWS[preset]) * len(cfg.ablate.seeds)
+    terms = {j.variant: active_terms(job_config(cfg, j)) for j in jobs}
+    if preset == "dalr-table3":
+        for name, removed in DALR_REMOVED.items():
+            assert {t for t in DALR_TERMS if terms[name][t]} == DALR_TERMS - removed, name
+    if preset == "kdmcse-table3":
+        kd = {j.variant: job_config(cfg, j).loss.kdmcse for j in jobs}
+        assert kd["w/o AdapACSE"].margin == 0 and kd["w/o AdapACSE"].threshold_value == 0.9
+        assert kd["w/o threshold filtering"].threshold_value is None and kd["w/o threshold filtering"].margin == 0.125
+    if preset == "mcseo":
+        assert terms["MCSEO"]["object"] and not terms["MCSE"]["object"]
+        assert {job_config(cfg, j).loss.lambda_img for j in jobs} == {0.01}
+    if preset == "kdmcse-margin":
+        assert cfg.ablate.plot_x == "loss.kdmcse.margin"
+        assert [job_config(cfg, j).loss.kdmcse.margin for j in jobs[::len(cfg.ablate.seeds)]] == pytest.approx(
+            [0.025 * i for i in range(1, 10)])
+
+
+def test_unknown_preset_lists_the_available_ones():
+    from mmcse.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="ablate.preset.*dalr-table3, kdmcse-margin, kdmcse-table3, mcseo"):
+        load_config(REPO / "params.yaml", {"ablate.preset": "dalr-table4"})
+
+
+def test_preset_variant_with_a_bad_key_fails_at_load(tmp_path):
+    from mmcse.config import ConfigError, load_config
+
+    (tmp_path / "ablations").mkdir()
+    (tmp_path / "ablations/p.yaml").write_text("variants:\n  a: {}\n  b: {loss.dalr.lamda: 1}\n")
+    (tmp_path / "params.yaml").write_text("ablate:\n  preset: p\n")
+    with pytest.raises(ConfigError, match="lamda"):
+        load_config(tmp_path / "params.yaml")

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 import yaml
 
@@ -31,7 +33,13 @@ def test_unknown_section_lists_sections():
         ({"loss": {"temperature": -0.1}}, "loss.temperature"),
         ({"loss": {"lambda_img": -1}}, "loss.lambda_img"),
         ({"train": {"batch_size": 1}}, "train.batch_size"),
-        ({"train": {"method": "kdmcse"}}, "train.method"),
+        ({"train": {"method": "arccse"}}, "train.method"),
+        ({"loss": {"kdmcse": {"margin": 2.0}}}, "loss.kdmcse.margin"),
+        ({"loss": {"dalr": {"mismatch": "shuffle"}}}, "loss.dalr.mismatch"),
+        ({"loss": {"dalr": {"cml": "sometimes"}}}, "loss.dalr.cml"),
+        ({"loss": {"mcseo": {"beta": -0.1}}}, "loss.mcseo.beta"),
+        ({"teachers": {"text": [{"teacher": "x", "weight": 0}]}}, "teachers.text[0].weight"),
+        ({"teachers": {"joint": {"dim": 1}}}, "teachers.joint.dim"),
         ({"train": {"learning_rate": "fast"}}, "train.learning_rate"),
         ({"data": {"demo": {"image_size": 8}}}, "data.demo.image_size"),
         ({"evaluate": {"pooler": "max"}}, "evaluate.pooler"),
@@ -42,7 +50,7 @@ def test_unknown_section_lists_sections():
     ],
 )
 def test_out_of_range_values_name_the_key(raw, key):
-    with pytest.raises(ConfigError, match=f"key '{key}'"):
+    with pytest.raises(ConfigError, match=re.escape(f"key '{key}'")):
         parse_config(raw)
 
 
@@ -79,3 +87,12 @@ def test_config_is_frozen():
     cfg = Config()
     with pytest.raises(AttributeError):
         cfg.loss.temperature = 1.0  # type: ignore[misc]
+
+
+def test_sweep_space_can_name_every_method_knob():
+    keys = ["loss.kdmcse.margin", "loss.kdmcse.threshold", "loss.dalr.lambda_cml", "loss.dalr.mu_iml",
+            "loss.dalr.consistency_margin", "loss.mcseo.beta", "loss.lambda_img"]
+    space = {k: {"type": "float", "low": 0.01, "high": 0.2} for k in keys}
+    assert set(parse_config({"sweep": {"space": space}}).sweep.space) == set(keys)
+    with pytest.raises(ConfigError, match="loss.kdmcse.margn"):
+        parse_config({"sweep": {"space": {"loss.kdmcse.margn": {"type": "float", "low": 0, "high": 1}}}})

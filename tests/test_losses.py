@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from mmcse.losses import mcse_image_loss, mcse_objective, simcse_loss
+from mmcse.losses import mcse_image_loss, simcse_loss
 
 
 def _cos(a, b):
@@ -47,25 +47,6 @@ def test_mcse_image_term_matches_eq3(tau):
     g = torch.Generator().manual_seed(1)
     s1, s2, v = (torch.randn(6, 4, generator=g, dtype=torch.float64) for _ in range(3))
     assert float(mcse_image_loss(s1, s2, v, tau)) == pytest.approx(eq3_loop(s1, s2, v, tau), abs=1e-6)
-
-
-def test_objective_is_simcse_plus_lambda_image_and_terms_are_named():
-    g = torch.Generator().manual_seed(2)
-    z1, z2, s1, s2, v = (torch.randn(4, 3, generator=g, dtype=torch.float64) for _ in range(5))
-    terms = mcse_objective(z1, z2, 0.05, s1, s2, v, temperature_img=0.1, lambda_img=0.3)
-    assert set(terms) == {"simcse", "image", "loss"}
-    assert float(terms["loss"]) == pytest.approx(eq1_loop(z1, z2, 0.05) + 0.3 * eq3_loop(s1, s2, v, 0.1), abs=1e-6)
-    # switching the image term off removes exactly that term
-    off = mcse_objective(z1, z2, 0.05)
-    assert float(terms["loss"] - off["loss"]) == pytest.approx(0.3 * float(terms["image"]), abs=1e-9)
-    zero = mcse_objective(z1, z2, 0.05, s1, s2, v, lambda_img=0.0)
-    assert float(zero["loss"]) == pytest.approx(float(off["loss"]), abs=1e-12)
-
-
-def test_image_term_needs_both_views():
-    x = torch.randn(3, 2)
-    with pytest.raises(ValueError, match="both projected"):
-        mcse_objective(x, x, 0.05, s1=x, v=x)
 
 
 def test_gradients_match_finite_differences():

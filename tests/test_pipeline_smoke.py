@@ -47,7 +47,7 @@ def test_dvc_repro_produces_every_artifact(repo_copy):
     root, _ = repo_copy
     for path in ("data/raw/manifest.json", "data/objects/objects.jsonl", "data/teachers/manifest.json",
                  "models/student/best/model.safetensors", "ablation/ablation.md", "plots/train_loss.csv",
-                 "plots/sts_scatter.png", "plots/ablation_bars.png", "dvc.lock"):
+                 "plots/sts_scatter.png", "plots/ablation.png", "dvc.lock"):
         assert (root / path).is_file(), path
     scores = json.loads((root / "metrics/eval.json").read_text())
     assert set(scores) == {"DemoSTS", "avg"} and -100 <= scores["avg"] <= 100
@@ -69,7 +69,7 @@ def test_mlflow_has_runs_params_curves_table_and_figures(repo_copy):
         test_metrics = {r[0] for r in db.execute("select key from metrics where run_uuid=?", (run_id,))}
         assert {"test_avg", "test_DemoSTS", "loss/simcse", "loss/image"} <= test_metrics
     artifacts = {p.name for p in (root / "mlruns/artifacts").rglob("*") if p.is_file()}
-    assert {"ablation_table.json", "ablation_bars.png", "sts_scatter.png", "training_curves.png"} <= artifacts
+    assert {"ablation_table.json", "ablation.png", "sts_scatter.png", "training_curves.png"} <= artifacts
 
 
 def test_dvc_exp_run_reruns_only_what_changed(repo_copy):

@@ -56,17 +56,51 @@ def test_bad_images_name_the_file(tmp_path):
 
 
 def test_prepared_project_caches_every_set(prepared_project):
-    from mmcse.io import read_json
+    from mmcse.io import read_json, read_jsonl
 
-    manifest = read_json(prepared_project / "data/teachers/manifest.json")
-    assert set(manifest["sets"]) == {"image", "object", "text_caption", "text_corpus"}
-    text = FeatureStore.open(prepared_project / "data/teachers" / manifest["sets"]["text_caption"])
+    teachers = prepared_project / "data/teachers"
+    manifest = read_json(teachers / "manifest.json")
+    assert set(manifest["sets"]) == {"image", "object", "text", "joint_text", "joint_image"}
+    assert [(t["pooler"], t["weight"]) for t in manifest["sets"]["text"]] == [("avg_first_last", 0.33), ("avg", 0.67)]
+    text = FeatureStore.open(teachers / manifest["sets"]["text"][1]["caption"])
     assert text.dim == 384  # all-MiniLM-L6-v2
     np.testing.assert_allclose(np.linalg.norm(text.features, axis=1), 1.0, atol=1e-5)
+    # the joint teacher's text side reuses the avg set (same teacher + pooler: one cache entry)
+    assert len({t["caption"] for t in manifest["sets"]["text"]}) == 2
+    assert sorted(manifest["hits"]) == sorted(
+        ["image", "object", "joint_text", "joint_image"]
+        + [f"text_{k}:packaged:all-MiniLM-L6-v2:{p}" for k in ("caption", "corpus") for p in ("avg_first_last", "avg")])
+    joint_text = FeatureStore.open(teachers / manifest["sets"]["joint_text"])
+    joint_image = FeatureStore.open(teachers / manifest["sets"]["joint_image"])
+    assert joint_text.dim == joint_image.dim == 32
+    # a caption is closer to its own image than to the other images in the joint space
+    pairs = read_jsonl(prepared_project / "data/raw/pairs.jsonl")
+    t = joint_text.rows([p["pair_id"] for p in pairs])
+    t /= np.linalg.norm(t, axis=1, keepdims=True)
+    v = joint_image.features / np.linalg.norm(joint_image.features, axis=1, keepdims=True)
+    sims = t @ v.T  # (pairs, images)
+    own = np.array([joint_image.ids.index(p["image_id"]) for p in pairs])
+    ranks = (sims > sims[np.arange(len(pairs)), own][:, None]).sum(1)
+    assert np.mean(ranks == 0) > 0.5  # own image first for most captions (chance: 1/24)
 
 
-@pytest.mark.parametrize("pooler", ["avg", "cls_before_pooler", "avg_first_last", "avg_top2"])
-def test_text_teacher_uses_the_configured_pooler(pooler):
+def test_cca_recovers_a_shared_latent_and_whitens():
+    from mmcse.teachers import fit_cca
+
+    rng = np.random.default_rng(0)
+    latent = rng.normal(size=(500, 2))
+    text = np.hstack([latent @ rng.normal(size=(2, 6)), rng.normal(size=(500, 4))])
+    image = np.hstack([latent @ rng.normal(size=(2, 9)), rng.normal(size=(500, 5))])
+    cca = fit_cca(text, image, dim=2, regularization=1e-6)
+    assert cca.correlations[0] == pytest.approx(1.0, abs=1e-3) and cca.correlations[1] == pytest.approx(1.0, abs=1e-3)
+    a, b = cca.text(text), cca.image(image)
+    np.testing.assert_allclose(np.cov(a.T), np.eye(2), atol=1e-2)  # whitened within a modality
+    np.testing.assert_allclose(np.diag(np.corrcoef(a.T, b.T)[:2, 2:]), 1.0, atol=1e-3)  # correlated across
+    with pytest.raises(ValueError, match="teachers.joint.dim"):
+        fit_cca(text, image, dim=11, regularization=0.1)
+
+
+def test_text_teacher_gives_every_pooler_from_one_pass():
     import torch
     from transformers import AutoModel, AutoTokenizer
 
@@ -74,19 +108,24 @@ def test_text_teacher_uses_the_configured_pooler(pooler):
     from mmcse.models import pool
     from mmcse.teachers import text_teacher_features
 
+    poolers = ["avg", "cls_before_pooler", "avg_first_last", "avg_top2"]
     sentences = ["a small red circle", "a big blue box in the centre", "two discs"]
-    got = text_teacher_features("packaged:all-MiniLM-L6-v2", sentences, pooler, batch_size=2)
+    got = text_teacher_features("packaged:all-MiniLM-L6-v2", sentences, poolers, batch_size=2)
     location = resolve_model("packaged:all-MiniLM-L6-v2")
     tok, model = AutoTokenizer.from_pretrained(location), AutoModel.from_pretrained(location).eval()
     with torch.no_grad():
         for i, s in enumerate(sentences):  # one sentence at a time: no padding involved
             b = tok([s], return_tensors="pt")
-            emb = pool(pooler, model(**b, output_hidden_states=True).hidden_states, b["attention_mask"])
-            np.testing.assert_allclose(got[i], torch.nn.functional.normalize(emb, dim=-1)[0].numpy(), atol=1e-5)
+            hidden = model(**b, output_hidden_states=True).hidden_states
+            for pooler in poolers:
+                emb = pool(pooler, hidden, b["attention_mask"])
+                np.testing.assert_allclose(got[pooler][i], torch.nn.functional.normalize(emb, dim=-1)[0].numpy(),
+                                           atol=1e-5, err_msg=pooler)
 
 
-def test_text_teacher_pooler_needing_our_mlp_is_rejected_at_load():
+@pytest.mark.parametrize("raw", [{"text": [{"pooler": "cls"}]}, {"joint": {"text_pooler": "cls"}}])
+def test_text_teacher_pooler_needing_our_mlp_is_rejected_at_load(raw):
     from mmcse.config import ConfigError, parse_config
 
-    with pytest.raises(ConfigError, match="teachers.text_pooler"):
-        parse_config({"teachers": {"text_pooler": "cls"}})
+    with pytest.raises(ConfigError, match="pooler"):
+        parse_config({"teachers": raw})

@@ -67,58 +67,67 @@ def test_changed_config_does_not_resume_a_different_run(project):
     assert result.history[0]["step"] == 0 and result.steps == 8
 
 
-def test_image_term_only_for_mcse(project):
+METHOD_TERMS = {
+    "simcse": {"simcse"},
+    "mcse": {"simcse", "image"},
+    "kdmcse": {"simcse", "kdmcse_image", "kdmcse_text", "kdmcse"},
+    "dalr": {"simcse", "info", "consistency", "cma", "rank", "ima"},
+    "mcseo": {"simcse", "image", "object"},
+}
+
+
+@pytest.mark.parametrize("method", sorted(METHOD_TERMS))
+def test_each_method_steps_on_cached_features_only(project, method, monkeypatch):
+    """A pair batch of every method: its terms, finite gradients, and no teacher model run."""
+    import mmcse.teachers
     from mmcse.models import Student, load_backbone, load_tokenizer
-    from mmcse.train import training_step_loss
+    from mmcse.objectives import needed_features
+    from mmcse.train import TrainData, tokenize_batch, training_step_loss
+
+    def no_teacher(*args, **kwargs):
+        raise AssertionError("a training step ran a teacher")
+
+    monkeypatch.setattr(mmcse.teachers, "text_teacher_features", no_teacher)
+    monkeypatch.setattr(mmcse.teachers, "colour_edge_grid_features", no_teacher)
+    from pathlib import Path
+
+    cfg = with_overrides(load_config("params.yaml"), {"train.method": method})
+    data = TrainData.load(Path("data/raw"), Path("data/teachers"))
+    tok = load_tokenizer(cfg.model.name_or_path)
+    student = Student(load_backbone(cfg.model), data.image_features.dim, cfg.model.proj_dim, data.joint_image.dim)
+    idx = list(range(8))
+    feats = data.pair_features(idx, needed_features(cfg, pair_batch=True), torch.device("cpu"))
+    batch = tokenize_batch(tok, [data.captions[i] for i in idx], cfg.model.max_seq_len, torch.device("cpu"))
+    terms = training_step_loss(student, cfg, batch, feats, pair_batch=True, seed=3)
+    assert set(terms) - {"loss"} == METHOD_TERMS[method]
+    terms["loss"].backward()
+    grads = {n: p.grad for n, p in student.named_parameters() if p.grad is not None}
+    assert all(torch.isfinite(g).all() for g in grads.values())
+    # the heads a method trains get gradients; the others stay untouched
+    used = {n.split(".")[0] for n in grads} - {"backbone"}
+    expected = {"simcse": {"mlp"}, "mcse": {"mlp", "text_proj", "image_proj"},
+                "kdmcse": {"mlp", "text_proj", "teacher_text_proj", "teacher_image_proj"},
+                "dalr": {"mlp", "text_proj", "teacher_image_proj", "shared_text", "shared_image"},
+                "mcseo": {"mlp", "text_proj", "image_proj"}}[method]
+    assert used == expected
+
+
+def test_mcseo_phrase_spans_match_the_training_tokenisation(project):
+    """detect_objects' token spans point at the phrase's tokens in the batch the student sees."""
+    from pathlib import Path
+
+    from mmcse.models import load_tokenizer
+    from mmcse.train import TrainData, tokenize_batch
 
     cfg = load_config("params.yaml")
+    data = TrainData.load(Path("data/raw"), Path("data/teachers"))
+    data.check_objects(cfg.detect.min_objects, cfg.model.max_seq_len, Path("data/objects"))
     tok = load_tokenizer(cfg.model.name_or_path)
-    student = Student(load_backbone(cfg.model), 16, cfg.model.proj_dim)
-    batch = dict(tok(["a red circle", "a blue box", "a big ball"], padding=True, return_tensors="pt"))
-    batch.pop("token_type_ids", None)
-    feats = torch.randn(3, 16)
-    assert set(training_step_loss(student, cfg, batch, feats)) == {"simcse", "image", "loss"}
-    simcse = with_overrides(cfg, {"train.method": "simcse"})
-    assert set(training_step_loss(student, simcse, batch, feats)) == {"simcse", "loss"}
-
-
-def test_cuda_request_without_gpu_fails_before_training(project):
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is present")
-    cfg = with_overrides(load_config("params.yaml"), {"base.device": "cuda"})
-    with pytest.raises(RuntimeError, match="base.device=cuda"):
-        train(cfg, "data/raw", "data/teachers", project / "m", progress=False)
-
-
-def test_optimizer_decay_groups_and_linear_warmup_schedule():
-    from mmcse.config import Config
-    from mmcse.train import build_optimizer
-
-    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.LayerNorm(3))
-    cfg = with_overrides(Config(), {"train.weight_decay": 0.01, "train.warmup_ratio": 0.25,
-                                    "train.learning_rate": 1e-3})
-    optimizer, scheduler = build_optimizer(model, cfg, total_steps=8)
-    decayed, plain = optimizer.param_groups
-    assert decayed["weight_decay"] == 0.01 and [p.shape for p in decayed["params"]] == [(3, 3)]
-    assert plain["weight_decay"] == 0.0 and len(plain["params"]) == 3  # bias + LayerNorm weight/bias
-    lrs = []
-    for _ in range(8):
-        lrs.append(scheduler.get_last_lr()[0])
-        optimizer.step()
-        scheduler.step()
-    assert lrs == pytest.approx([0.0, 5e-4, 1e-3, 1e-3 * 5 / 6, 1e-3 * 4 / 6, 1e-3 * 3 / 6, 1e-3 * 2 / 6, 1e-3 / 6])
-
-
-def test_epochs_run_every_batch_of_each_epoch_in_a_new_order(project):
-    from mmcse.train import _Batches
-
-    batches = _Batches(160, 48, 8, seed=3)
-    assert len(batches) == 26
-    first, second = batches.epoch(0), batches.epoch(1)
-    assert [k for k, _ in first] == [k for k, _ in second] == batches.schedule
-    assert first != second
-    text_items = sorted(i for k, idx in first if k == TEXT for i in idx)
-    assert text_items == list(range(160))  # every sentence once per epoch
-    cfg = with_overrides(load_config("params.yaml"), {"train.epochs": 2, "train.max_steps": 0,
-                                                        "train.eval_steps": 100})
-    assert train(cfg, "data/raw", "data/teachers", project / "m", progress=False).steps == 52
+    checked = 0
+    for i, pair_id in enumerate(data.pair_ids[:20]):
+        ids = tokenize_batch(tok, [data.captions[i]], cfg.model.max_seq_len, torch.device("cpu"))["input_ids"][0]
+        for o in data.objects.get(pair_id, []):
+            decoded = tok.decode(ids[o["token_start"] : o["token_end"]])
+            assert decoded.replace(" ", "") == o["phrase"].lower().replace(" ", "")
+            checked += 1
+    assert checked > 10

@@ -143,11 +143,12 @@ def aggregate(cfg: Config, results: Sequence[dict[str, Any]]) -> list[dict[str, 
     return rows
 
 
-def table_markdown(rows: Sequence[dict[str, Any]], primary: str, reference: str) -> str:
+def table_markdown(rows: Sequence[dict[str, Any]], primary: str, reference: str, title: str = "") -> str:
     metrics = [k[: -len("_mean")] for k in rows[0] if k.endswith("_mean")] if rows else []
     metrics = sorted(metrics, key=lambda m: (m == primary, m))  # tasks first, the average last
     header = ["variant", *metrics, f"p vs {reference}", "seeds", "status"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = [f"### {title}", ""] if title else []
+    lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
         cells = [r["variant"], *[_fmt(r[f"{m}_mean"], r[f"{m}_std"]) for m in metrics]]
         p = r["p_value"]
@@ -156,7 +157,9 @@ def table_markdown(rows: Sequence[dict[str, Any]], primary: str, reference: str)
     return "\n".join(lines) + "\n"
 
 
-def write_table(rows: Sequence[dict[str, Any]], out_dir: Path, primary: str, reference: str) -> dict[str, Path]:
+def write_table(
+    rows: Sequence[dict[str, Any]], out_dir: Path, primary: str, reference: str, title: str = ""
+) -> dict[str, Path]:
     import pandas as pd
 
     from mmcse.io import atomic_path
@@ -165,5 +168,5 @@ def write_table(rows: Sequence[dict[str, Any]], out_dir: Path, primary: str, ref
     csv_path, md_path = out_dir / "ablation.csv", out_dir / "ablation.md"
     with atomic_path(csv_path) as tmp:
         pd.DataFrame(rows).to_csv(tmp, index=False)
-    write_text(md_path, table_markdown(rows, primary, reference))
+    write_text(md_path, table_markdown(rows, primary, reference, title))
     return {"csv": csv_path, "md": md_path}

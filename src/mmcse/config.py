@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -107,21 +108,59 @@ class DetectConfig:
 
 
 @dataclass(frozen=True)
+class TextTeacherConfig:
+    # HF id, local folder or packaged:<name>; any SimCSE pooler that needs no trained MLP head
+    # (a frozen teacher has none of ours).
+    teacher: str = "packaged:all-MiniLM-L6-v2"
+    pooler: Literal["avg", "cls_before_pooler", "avg_first_last", "avg_top2"] = "avg"
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class JointTeacherConfig:
+    # The joint text–image teacher whose similarities α (KDMCSE Eq. 7, DALR Q) and features
+    # t̂, v̂ (KDMCSE Eq. 5–6) the methods distil; CLIP in the papers. "cca": regularised CCA
+    # between a text teacher and the image encoder, fitted on the training pairs (no download).
+    kind: Literal["cca"] = "cca"
+    text_teacher: str = "packaged:all-MiniLM-L6-v2"
+    text_pooler: Literal["avg", "cls_before_pooler", "avg_first_last", "avg_top2"] = "avg"
+    dim: int = 32
+    regularization: float = 0.1
+
+    def validate(self, where: str) -> None:
+        p = "teachers.joint."
+        _check(bool(self.text_teacher.strip()), where, p + "text_teacher", "must not be empty")
+        _check(self.dim >= 2, where, p + "dim", "must be >= 2")
+        _check(self.regularization > 0, where, p + "regularization", "must be > 0")
+
+
+@dataclass(frozen=True)
 class TeachersConfig:
     # Frozen feature extractors whose outputs are cached once and memory-mapped.
-    text_teacher: str = "packaged:all-MiniLM-L6-v2"
-    # any SimCSE pooler that needs no trained MLP head (a frozen teacher has none of ours)
-    text_pooler: Literal["avg", "cls_before_pooler", "avg_first_last", "avg_top2"] = "avg"
+    # text: DALR's multi-teacher text similarity Σ_k w_k cos(F_k, F_k) (SimCSE + DiffCSE in the paper).
+    text: list[TextTeacherConfig] = field(
+        default_factory=lambda: [
+            TextTeacherConfig(pooler="avg_first_last", weight=0.33),
+            TextTeacherConfig(pooler="avg", weight=0.67),
+        ]
+    )
     image_encoder: Literal["colour-edge-grid"] = "colour-edge-grid"
     image_grid: int = 4
     colour_bins: int = 4
+    joint: JointTeacherConfig = field(default_factory=JointTeacherConfig)
     batch_size: int = 128
     cache_dir: str = "teachers"
 
     def validate(self, where: str) -> None:
-        _check(bool(self.text_teacher.strip()), where, "teachers.text_teacher", "must not be empty")
+        _check(len(self.text) >= 1, where, "teachers.text", "needs at least one text teacher")
+        for i, t in enumerate(self.text):
+            _check(bool(t.teacher.strip()), where, f"teachers.text[{i}].teacher", "must not be empty")
+            _check(t.weight > 0, where, f"teachers.text[{i}].weight", "must be > 0")
+        keys = [(t.teacher, t.pooler) for t in self.text]
+        _check(len(set(keys)) == len(keys), where, "teachers.text", "lists the same teacher and pooler twice")
         _check(1 <= self.image_grid <= 16, where, "teachers.image_grid", "must be in [1, 16]")
         _check(2 <= self.colour_bins <= 16, where, "teachers.colour_bins", "must be in [2, 16]")
+        self.joint.validate(where)
         _check(self.batch_size >= 1, where, "teachers.batch_size", "must be >= 1")
 
 
@@ -150,7 +189,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    method: Literal["simcse", "mcse"] = "mcse"
+    method: Literal["simcse", "mcse", "kdmcse", "dalr", "mcseo"] = "mcse"
     batch_size: int = 64
     epochs: int = 1
     max_steps: int = 0  # 0: run all epochs
@@ -173,16 +212,95 @@ class TrainConfig:
         _check(0 <= self.dropout < 1, where, "train.dropout", "must be in [0, 1)")
 
 
+Switch = bool | Literal["auto"]  # auto: on when train.method's paper uses the term
+
+
+@dataclass(frozen=True)
+class KDMCSELossConfig:
+    # train.method kdmcse: λ·(ℓ^v' + ℓ^t')/2 (Eq. 14) replaces MCSE's image term on pair batches.
+    threshold: float | Literal["off", False] = 0.9  # Eq. 8: drop negatives whose teacher α is above
+    margin: float = 0.125  # AdapACSE m (Eq. 12); 0 = InfoNCE with threshold filtering
+    margin_similarity: Literal["within", "cross"] = "within"
+    text_batches: Literal["simcse", "angular_margin"] = "simcse"
+    text_margin: float = 0.1  # the constant angular margin of text_batches: angular_margin
+
+    @property
+    def threshold_value(self) -> float | None:
+        off = self.threshold is False or self.threshold == "off"  # not `in`: 0.0 == False
+        return None if off else float(self.threshold)
+
+    def validate(self, where: str) -> None:
+        p = "loss.kdmcse."
+        if self.threshold_value is not None:
+            _check(-1 <= self.threshold_value <= 1, where, p + "threshold", "must be in [-1, 1] or off")
+        _check(0 <= self.margin <= math.pi / 2, where, p + "margin", "must be in [0, π/2]")
+        _check(0 <= self.text_margin <= math.pi / 2, where, p + "text_margin", "must be in [0, π/2]")
+
+
+@dataclass(frozen=True)
+class DALRLossConfig:
+    # DALR Eq. 14: L_info + λ·L_CML + μ·L_IML (added to SimCSE). cml/iml may also be switched on
+    # for kdmcse (DALR Tables 4–5: KDMCSE + CML, KDMCSE + IML) or any other method.
+    info: bool = True  # L_info, Eq. 4 (method dalr)
+    info_weight: float = 1.0
+    info_margin: bool = False  # the KDMCSE adaptive margin (loss.kdmcse.margin) on L_info
+    cml: Switch = "auto"  # L_CML = L_cons + L_CMA (Eq. 9)
+    lambda_cml: float = 0.1
+    consistency: bool = True  # L_cons, Eq. 5
+    consistency_margin: float = 0.2
+    mismatch: Literal["derangement", "roll"] = "derangement"
+    alignment: bool = True  # L_CMA, Eq. 6–8
+    cma_student_temperature: float = 1.0
+    cma_teacher_temperature: float = 1.0
+    iml: Switch = "auto"  # L_IML = L_rank + L_IMA (Eq. 13)
+    mu_iml: float = 0.2
+    rank: bool = True  # L_rank, Eq. 10 (ListMLE)
+    rank_temperature: float = 0.05
+    rank_include_diagonal: bool = True
+    ima: bool = True  # L_IMA, Eq. 11–12
+    ima_student_temperature: float = 1.0
+    ima_teacher_temperature: float = 1.0
+    text_batches: bool = False  # also μ·L_IML on text-only batches
+
+    def validate(self, where: str) -> None:
+        p = "loss.dalr."
+        for name in ("info_weight", "lambda_cml", "mu_iml", "consistency_margin"):
+            _check(getattr(self, name) >= 0, where, p + name, "must be >= 0")
+        _check(self.consistency_margin <= 1, where, p + "consistency_margin", "must be in [0, 1]")
+        for name in ("cma_student_temperature", "cma_teacher_temperature", "rank_temperature",
+                     "ima_student_temperature", "ima_teacher_temperature"):
+            _check(getattr(self, name) > 0, where, p + name, "must be > 0")
+
+
+@dataclass(frozen=True)
+class MCSEOLossConfig:
+    # train.method mcseo: l_text + α·l_img-cap + β·l_obj-phra (Eq. 8); α is loss.lambda_img.
+    object_phrase: bool = True
+    beta: float = 0.005
+    temperature: float = 0.05
+
+    def validate(self, where: str) -> None:
+        _check(self.beta >= 0, where, "loss.mcseo.beta", "must be >= 0")
+        _check(self.temperature > 0, where, "loss.mcseo.temperature", "must be > 0")
+
+
 @dataclass(frozen=True)
 class LossConfig:
     temperature: float = 0.05
+    image_term: bool = True  # the sentence–image term of mcse / kdmcse / mcseo
     temperature_img: float = 0.05
     lambda_img: float = 0.01
+    kdmcse: KDMCSELossConfig = field(default_factory=KDMCSELossConfig)
+    dalr: DALRLossConfig = field(default_factory=DALRLossConfig)
+    mcseo: MCSEOLossConfig = field(default_factory=MCSEOLossConfig)
 
     def validate(self, where: str) -> None:
         _check(self.temperature > 0, where, "loss.temperature", "must be > 0")
         _check(self.temperature_img > 0, where, "loss.temperature_img", "must be > 0")
         _check(self.lambda_img >= 0, where, "loss.lambda_img", "must be >= 0")
+        self.kdmcse.validate(where)
+        self.dalr.validate(where)
+        self.mcseo.validate(where)
 
 
 POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
@@ -206,12 +324,28 @@ class AblateConfig:
         default_factory=lambda: {"mcse": {}, "simcse": {"train.method": "simcse"}}
     )
     reference: str = "mcse"
+    # A numeric dotted key every variant sets: the table is also drawn as a line over it.
+    plot_x: str = ""
+    # none, or a file <presets_dir>/<preset>.yaml (next to params.yaml) that replaces
+    # variants, reference and plot_x (its `base` overrides go into every variant).
+    preset: str = "none"
+    presets_dir: str = "ablations"
+    title: str = ""  # heading of the table (a preset sets its description)
     seeds: list[int] = field(default_factory=lambda: [1, 2])
     retries: int = 1
     metric: str = "avg"
 
     def validate(self, where: str) -> None:
         _check(len(self.variants) >= 1, where, "ablate.variants", "needs at least one variant")
+        if self.plot_x:
+            for name, overrides in self.variants.items():
+                value = overrides.get(self.plot_x) if isinstance(overrides, Mapping) else None
+                _check(
+                    isinstance(value, int | float) and not isinstance(value, bool),
+                    where,
+                    f"ablate.variants.{name}",
+                    f"must set a number for ablate.plot_x ({self.plot_x})",
+                )
         _check(
             self.reference in self.variants,
             where,
@@ -288,6 +422,7 @@ class Config:
     def validate(self, where: str) -> None:
         for f in dataclasses.fields(self):
             getattr(self, f.name).validate(where)
+        _validate_terms(self, where)
         # Every ablation/sweep override must name a real, valid parameter.
         raw = to_dict(self)
         for name, overrides in self.ablate.variants.items():
@@ -297,8 +432,40 @@ class Config:
             for f in dataclasses.fields(variant):
                 if f.name not in ("ablate", "sweep"):
                     getattr(variant, f.name).validate(here)
+            _validate_terms(variant, here)
         for key in self.sweep.space:
             _resolve_path(raw, key, where=f"{where} (sweep.space)")
+
+
+def _switch(value: bool | str, on_for: bool) -> bool:
+    return on_for if value == "auto" else bool(value)
+
+
+def active_terms(cfg: Config) -> dict[str, bool]:
+    """Which loss terms a configuration trains with (every one has its own switch).
+
+    ``simcse`` runs on every batch; the others on image–caption batches (``rank``/``ima``
+    also on text batches with ``loss.dalr.text_batches``).
+    """
+    method, loss = cfg.train.method, cfg.loss
+    cml = _switch(loss.dalr.cml, method == "dalr") and method != "simcse"  # simcse trains on text only
+    iml = _switch(loss.dalr.iml, method == "dalr")
+    return {
+        "simcse": True,
+        "image": method in ("mcse", "mcseo") and loss.image_term,
+        "kdmcse": method == "kdmcse" and loss.image_term,
+        "info": method == "dalr" and loss.dalr.info,
+        "consistency": cml and loss.dalr.consistency,
+        "cma": cml and loss.dalr.alignment,
+        "rank": iml and loss.dalr.rank,
+        "ima": iml and loss.dalr.ima,
+        "object": method == "mcseo" and loss.mcseo.object_phrase,
+    }
+
+
+def _validate_terms(cfg: Config, where: str) -> None:
+    if cfg.loss.dalr.text_batches and cfg.loss.dalr.iml is False:
+        _fail(where, "loss.dalr.text_batches", "adds L_IML to text batches, but loss.dalr.iml is false")
 
 
 # --------------------------------------------------------------------------- parsing
@@ -445,11 +612,47 @@ def load_config(
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: top level must be a mapping of sections")
     if overrides:
-        defaults = to_dict(Config())
-        merged = _deep_merge(defaults, raw)
-        merged = apply_overrides(merged, overrides, where=str(path))
-        return parse_config(merged, where=str(path))
-    return parse_config(raw, where=str(path))
+        raw = apply_overrides(_deep_merge(to_dict(Config()), raw), overrides, where=str(path))
+    return parse_config(expand_preset(raw, path.parent, str(path)), where=str(path))
+
+
+def list_presets(folder: Path) -> list[str]:
+    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+PRESET_KEYS = ("description", "base", "reference", "variants", "plot_x")
+
+
+def expand_preset(raw: Mapping[str, Any], root: Path, where: str) -> dict[str, Any]:
+    """Replace ``ablate.variants/reference/plot_x`` by those of ``ablate.preset`` (a YAML file
+    under ``root/<ablate.presets_dir>``); the preset's ``base`` overrides go into every variant."""
+    raw = copy.deepcopy(dict(raw))
+    ablate = raw.get("ablate")
+    if not isinstance(ablate, Mapping) or ablate.get("preset", "none") == "none":
+        return raw
+    name = str(ablate["preset"])
+    folder = root / str(ablate.get("presets_dir", AblateConfig.presets_dir))
+    file = folder / f"{name}.yaml"
+    if not file.is_file():
+        _fail(where, "ablate.preset", f"no preset file {file}; presets: {', '.join(list_presets(folder)) or 'none'}")
+    try:
+        preset = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{file}: not valid YAML: {err}") from None
+    unknown = sorted(set(preset) - set(PRESET_KEYS)) if isinstance(preset, Mapping) else ["<not a mapping>"]
+    if unknown:
+        raise ConfigError(f"{file}: unknown key(s) {unknown}; valid keys: {', '.join(PRESET_KEYS)}")
+    base = preset.get("base") or {}
+    variants = preset.get("variants") or {}
+    if not isinstance(base, Mapping) or not isinstance(variants, Mapping) or not variants:
+        raise ConfigError(f"{file}: 'base' must be a mapping and 'variants' a non-empty mapping")
+    ablate = dict(ablate)
+    ablate["variants"] = {str(k): {**base, **(v or {})} for k, v in variants.items()}
+    ablate["reference"] = preset.get("reference", next(iter(variants)))
+    ablate["plot_x"] = preset.get("plot_x", "")
+    ablate["title"] = preset.get("description", name)
+    raw["ablate"] = ablate
+    return raw
 
 
 def with_overrides(config: Config, overrides: Mapping[str, Any], where: str = "overrides") -> Config:

@@ -87,7 +87,11 @@ def sha256_json(obj: Any) -> str:
 
 
 def ensure_sqlite_parent(url: str) -> str:
-    """Create the folder of a relative ``sqlite:///path/db`` URL (SQLite will not); return the URL."""
+    """Create the folder of a relative ``sqlite:///path/db`` URL (SQLite will not) and return
+    it made absolute against the cwd: MLflow and SQLAlchemy cache stores by URL, so a relative
+    URL reused from another working directory would write into the first one's database."""
     if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
-        Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
+        path = Path(url[len("sqlite:///") :]).resolve()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return f"sqlite:///{path}"
     return url

@@ -42,31 +42,6 @@ def mcse_image_loss(
     return info_nce(s1, v, temperature) + info_nce(s2, v, temperature)
 
 
-def mcse_objective(
-    z1: torch.Tensor,
-    z2: torch.Tensor,
-    temperature: float,
-    s1: torch.Tensor | None = None,
-    s2: torch.Tensor | None = None,
-    v: torch.Tensor | None = None,
-    temperature_img: float = 0.05,
-    lambda_img: float = 0.0,
-) -> dict[str, torch.Tensor]:
-    """SimCSE (+ λ · MCSE image term when projected sentence/image features are given).
-
-    Returns named terms: ``simcse``, ``image`` (when computed) and their weighted sum ``loss``.
-    """
-    terms = {"simcse": simcse_loss(z1, z2, temperature)}
-    loss = terms["simcse"]
-    if v is not None:
-        if s1 is None or s2 is None:
-            raise ValueError("the image term needs both projected sentence views s1 and s2")
-        terms["image"] = mcse_image_loss(s1, s2, v, temperature_img)
-        loss = loss + lambda_img * terms["image"]
-    terms["loss"] = loss
-    return terms
-
-
 # --------------------------------------------------------------------------- KDMCSE
 
 

@@ -79,21 +79,44 @@ class MLPPooler(nn.Module):
         return self.activation(self.dense(x))
 
 
-class Student(nn.Module):
-    """Backbone + SimCSE MLP pooler + MCSE projection heads g_φ1 (text) and g_φ2 (image)."""
+def mlp_head(in_dim: int, out_dim: int) -> nn.Sequential:
+    """A two-layer projection to a shared space (DALR's modality-specific MLPs, §3.2)."""
+    return nn.Sequential(nn.Linear(in_dim, out_dim), nn.ReLU(), nn.Linear(out_dim, out_dim))
 
-    def __init__(self, backbone: PreTrainedModel, image_dim: int, proj_dim: int) -> None:
+
+HEADS = ("mlp", "text_proj", "image_proj", "teacher_text_proj", "teacher_image_proj", "shared_text", "shared_image")
+
+
+class Student(nn.Module):
+    """Backbone + SimCSE MLP pooler + the training heads of every method.
+
+    ``text_proj`` g_φ1 / g_φg (MCSE Eq. 2, KDMCSE Eq. 4) and ``image_proj`` g_φ2 (MCSE Eq. 2,
+    also MCSEO's object projection) map to ``proj_dim``; ``teacher_text_proj`` g_φt and
+    ``teacher_image_proj`` g_φv (KDMCSE Eq. 5–6, DALR Eq. 3) project the cached joint
+    teacher features; ``shared_text`` / ``shared_image`` are DALR's consistency MLPs.
+    Only the backbone is kept for evaluation; heads without a loss get no gradient.
+    """
+
+    def __init__(self, backbone: PreTrainedModel, image_dim: int, proj_dim: int, joint_dim: int = 0) -> None:
         super().__init__()
         hidden = backbone.config.hidden_size
         self.backbone = backbone
         self.mlp = MLPPooler(hidden)
-        self.text_proj = nn.Linear(hidden, proj_dim)  # g_φ1, MCSE Eq. 2
-        self.image_proj = nn.Linear(image_dim, proj_dim)  # g_φ2, MCSE Eq. 2
-        self.image_dim = image_dim
+        self.text_proj = nn.Linear(hidden, proj_dim)
+        self.image_proj = nn.Linear(image_dim, proj_dim)
+        joint = joint_dim or image_dim
+        self.teacher_text_proj = nn.Linear(joint, proj_dim)
+        self.teacher_image_proj = nn.Linear(joint, proj_dim)
+        self.shared_text = mlp_head(hidden, proj_dim)
+        self.shared_image = mlp_head(joint, proj_dim)
+        self.image_dim, self.joint_dim = image_dim, joint
+
+    def token_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Last-layer token states ``(B, L, H)``; [CLS] before the pooler is ``[:, 0]``."""
+        return self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
     def cls(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask)
-        return out.last_hidden_state[:, 0]  # (B, H): [CLS] before the pooler
+        return self.token_states(input_ids, attention_mask)[:, 0]  # (B, H): [CLS] before the pooler
 
     def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, pooler: str) -> torch.Tensor:
         out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
@@ -102,7 +125,7 @@ class Student(nn.Module):
     def heads_state(self) -> dict[str, torch.Tensor]:
         return {
             f"{name}.{k}": v.detach().contiguous()
-            for name in ("mlp", "text_proj", "image_proj")
+            for name in HEADS
             for k, v in getattr(self, name).state_dict().items()
         }
 
@@ -114,7 +137,8 @@ def save_student(student: Student, tokenizer: PreTrainedTokenizerBase, folder: P
     tokenizer.save_pretrained(folder)
     save_file(student.heads_state(), str(folder / HEADS_FILE))
     (folder / HEADS_META).write_text(
-        json.dumps({"image_dim": student.image_dim, "proj_dim": student.text_proj.out_features})
+        json.dumps({"image_dim": student.image_dim, "proj_dim": student.text_proj.out_features,
+                    "joint_dim": student.joint_dim})
     )
 
 
@@ -122,9 +146,9 @@ def load_student(folder: str | Path) -> tuple[Student, PreTrainedTokenizerBase]:
     folder = Path(folder)
     meta = json.loads((folder / HEADS_META).read_text())
     backbone = AutoModel.from_pretrained(folder, add_pooling_layer=False)
-    student = Student(backbone, meta["image_dim"], meta["proj_dim"])
+    student = Student(backbone, meta["image_dim"], meta["proj_dim"], meta.get("joint_dim", 0))
     heads = load_file(str(folder / HEADS_FILE))
-    for name in ("mlp", "text_proj", "image_proj"):
+    for name in HEADS:
         prefix = f"{name}."
         getattr(student, name).load_state_dict(
             {k[len(prefix) :]: v for k, v in heads.items() if k.startswith(prefix)}

@@ -65,21 +65,43 @@ def run_detect(cfg: Config, paths: Paths) -> dict[str, Any]:
 
 
 def run_cache_teachers(cfg: Config, paths: Paths) -> dict[str, Any]:
-    """Cache image features of every image and object crop, and text-teacher features of
-    every caption and corpus sentence. Returns ``{"sets": {name: folder}, "hits": {...}}``."""
+    """Cache every frozen feature set training reads, so no step runs a teacher:
+
+    ``image`` / ``object``: the image encoder on every image and object crop; ``text``: each
+    text teacher (and pooler) on every caption and corpus sentence, one forward pass per
+    model; ``joint_text`` / ``joint_image``: captions and images in the joint text–image
+    teacher space (a CCA fitted on the training pairs). Returns ``{"sets", "hits"}``, also
+    written to ``<teachers>/manifest.json``.
+    """
     import numpy as np
     from tqdm.auto import tqdm
 
-    from mmcse.teachers import cached_features, colour_edge_grid_features, read_rgba, text_teacher_features
+    from mmcse.teachers import (
+        FeatureStore,
+        cached_features,
+        colour_edge_grid_features,
+        fit_cca,
+        read_rgba,
+        text_teacher_features,
+    )
 
     t = cfg.teachers
     image_teacher = {"name": t.image_encoder, "grid": t.image_grid, "bins": t.colour_bins, "size": 64}
-    text_teacher = {"name": t.text_teacher, "pooler": t.text_pooler}
     manifest = read_json(paths.raw / "manifest.json")
     images = read_jsonl(paths.raw / "images.jsonl")
     pairs = read_jsonl(paths.raw / "pairs.jsonl")
     objects = read_jsonl(paths.objects / "objects.jsonl")
     corpus = [s for s in (paths.raw / "corpus.txt").read_text().splitlines() if s.strip()]
+    captions = [p["caption"] for p in pairs]
+    texts = {"caption": (captions, [p["pair_id"] for p in pairs], manifest["sha256"]["pairs.jsonl"]),
+             "corpus": (corpus, [f"corpus-{i}" for i in range(len(corpus))], manifest["sha256"]["corpus.txt"])}
+    result: dict[str, Any] = {"sets": {"text": []}, "hits": {}}
+
+    def store(name: str, teacher: dict[str, Any], fingerprint: str, ids: list[str],
+              compute: Callable[[], np.ndarray], role: str | None = None) -> FeatureStore:
+        features, hit = cached_features(paths.teachers, name, teacher, fingerprint, ids, compute)
+        result["hits"][role or name] = hit
+        return features
 
     def image_features(files: list[Path], desc: str) -> Callable[[], np.ndarray]:
         def compute() -> np.ndarray:
@@ -91,39 +113,63 @@ def run_cache_teachers(cfg: Config, paths: Paths) -> dict[str, Any]:
 
         return compute
 
+    image_store = store("image", image_teacher, manifest["sha256"]["images.jsonl"], [r["image_id"] for r in images],
+                        image_features([paths.raw / r["file"] for r in images], "teacher: images"))
     crop_files = sorted({o["crop"] for row in objects for o in row["objects"]})
-    captions = [p["caption"] for p in pairs]
-    jobs = {
-        "image": (
-            image_teacher,
-            manifest["sha256"]["images.jsonl"],
-            [r["image_id"] for r in images],
-            image_features([paths.raw / r["file"] for r in images], "teacher: images"),
-        ),
-        "object": (
-            image_teacher,
-            sha256_file(paths.objects / "objects.jsonl"),
-            crop_files,
-            image_features([paths.objects / c for c in crop_files], "teacher: object crops"),
-        ),
-        "text_caption": (
-            text_teacher,
-            manifest["sha256"]["pairs.jsonl"],
-            [p["pair_id"] for p in pairs],
-            lambda: text_teacher_features(t.text_teacher, captions, t.text_pooler, t.batch_size),
-        ),
-        "text_corpus": (
-            text_teacher,
-            manifest["sha256"]["corpus.txt"],
-            [f"corpus-{i}" for i in range(len(corpus))],
-            lambda: text_teacher_features(t.text_teacher, corpus, t.text_pooler, t.batch_size),
-        ),
-    }
-    result: dict[str, Any] = {"sets": {}, "hits": {}}
-    for name, (teacher, fingerprint, ids, compute) in jobs.items():
-        store, hit = cached_features(paths.teachers, name, teacher, fingerprint, ids, compute)
-        result["sets"][name] = store.folder.name
-        result["hits"][name] = hit
+    object_store = store("object", image_teacher, sha256_file(paths.objects / "objects.jsonl"), crop_files,
+                         image_features([paths.objects / c for c in crop_files], "teacher: object crops"))
+    result["sets"] |= {"image": image_store.folder.name, "object": object_store.folder.name}
+
+    # Text teachers: every (model, pooler) the config names, one forward per model and text set.
+    wanted = [(x.teacher, x.pooler) for x in t.text] + [(t.joint.text_teacher, t.joint.text_pooler)]
+    poolers_of: dict[str, list[str]] = {}
+    for model, pooler in wanted:
+        poolers_of.setdefault(model, [])
+        if pooler not in poolers_of[model]:
+            poolers_of[model].append(pooler)
+    computed: dict[tuple[str, str], dict[str, np.ndarray]] = {}
+
+    def text_features(model: str, pooler: str, kind: str) -> Callable[[], np.ndarray]:
+        def compute() -> np.ndarray:
+            if (model, kind) not in computed:
+                computed[(model, kind)] = text_teacher_features(model, texts[kind][0], poolers_of[model], t.batch_size)
+            return computed[(model, kind)][pooler]
+
+        return compute
+
+    text_stores: dict[tuple[str, str, str], FeatureStore] = {}
+    for model, pooler in dict.fromkeys(wanted):
+        for kind, (_, ids, fingerprint) in texts.items():
+            text_stores[(model, pooler, kind)] = store(
+                f"text_{kind}", {"name": model, "pooler": pooler}, fingerprint, ids,
+                text_features(model, pooler, kind), role=f"text_{kind}:{model}:{pooler}",
+            )
+    for x in t.text:
+        result["sets"]["text"].append({
+            "teacher": x.teacher, "pooler": x.pooler, "weight": x.weight,
+            "caption": text_stores[(x.teacher, x.pooler, "caption")].folder.name,
+            "corpus": text_stores[(x.teacher, x.pooler, "corpus")].folder.name,
+        })
+
+    # Joint text–image teacher: a CCA fitted on (caption, its image) training pairs.
+    joint_text_source = text_stores[(t.joint.text_teacher, t.joint.text_pooler, "caption")]
+    joint = {"kind": t.joint.kind, "dim": t.joint.dim, "regularization": t.joint.regularization,
+             "text": {"name": t.joint.text_teacher, "pooler": t.joint.text_pooler}, "image": image_teacher}
+    fit_fingerprint = manifest["sha256"]["pairs.jsonl"] + manifest["sha256"]["images.jsonl"]
+    fitted: dict[str, Any] = {}
+
+    def cca():
+        if "cca" not in fitted:
+            pair_image_rows = image_store.rows([p["image_id"] for p in pairs])  # (n_pairs, d_v)
+            fitted["cca"] = fit_cca(np.asarray(joint_text_source.features), pair_image_rows,
+                                    t.joint.dim, t.joint.regularization)
+        return fitted["cca"]
+
+    joint_text = store("joint_text", joint, fit_fingerprint, [p["pair_id"] for p in pairs],
+                       lambda: cca().text(np.asarray(joint_text_source.features)))
+    joint_image = store("joint_image", joint, fit_fingerprint, [r["image_id"] for r in images],
+                        lambda: cca().image(np.asarray(image_store.features)))
+    result["sets"] |= {"joint_text": joint_text.folder.name, "joint_image": joint_image.folder.name}
     write_json(paths.teachers / "manifest.json", result)
     return result
 
@@ -215,29 +261,31 @@ def run_evaluate(
 
 
 def log_ablation(cfg: Config, rows: list[dict[str, Any]], files: dict[str, Path], paths: Paths) -> None:
-    """Table (``mlflow.log_table``), CSV/Markdown and bar chart into the active MLflow run;
-    the chart to ``plots/`` and the per-variant primary metric to ``metrics/ablate.json``."""
+    """Table (``mlflow.log_table``), CSV/Markdown and figure into the active MLflow run: bars
+    per variant, or a line over ``ablate.plot_x`` for a parameter sweep; the figure also to
+    ``plots/ablation.png`` and the per-variant primary metric to ``metrics/ablate.json``."""
     import math
 
     import mlflow
     import pandas as pd
 
-    from mmcse.plots import ablation_bars, save_figure
+    from mmcse.plots import ablation_bars, ablation_line, save_figure
 
     metric = cfg.ablate.metric
     mlflow.log_table(pd.DataFrame(rows), artifact_file="ablation_table.json")
     mlflow.log_artifact(str(files["csv"]))
     mlflow.log_artifact(str(files["md"]))
-    fig = ablation_bars(
-        [r["variant"] for r in rows],
-        [r.get(f"{metric}_mean", math.nan) for r in rows],
-        [r.get(f"{metric}_std", math.nan) for r in rows],
-        metric,
-    )
-    mlflow.log_figure(fig, "figures/ablation_bars.png")
-    save_figure(fig, paths.plots / "ablation_bars.png")
+    means = [r.get(f"{metric}_mean", math.nan) for r in rows]
+    stds = [r.get(f"{metric}_std", math.nan) for r in rows]
+    if cfg.ablate.plot_x:
+        xs = [cfg.ablate.variants[r["variant"]][cfg.ablate.plot_x] for r in rows]
+        fig = ablation_line(xs, means, stds, metric, cfg.ablate.plot_x)
+    else:
+        fig = ablation_bars([r["variant"] for r in rows], means, stds, metric)
+    mlflow.log_figure(fig, "figures/ablation.png")
+    save_figure(fig, paths.plots / "ablation.png")
     summary = {
         r["variant"]: {"mean": r.get(f"{metric}_mean"), "std": r.get(f"{metric}_std"), "status": r["status"]}
         for r in rows
     }
-    write_json(paths.metrics / "ablate.json", {"metric": metric, "variants": summary})
+    write_json(paths.metrics / "ablate.json", {"metric": metric, "preset": cfg.ablate.preset, "variants": summary})

@@ -69,3 +69,23 @@ def ablation_bars(names: Sequence[str], means: Sequence[float], stds: Sequence[f
         lo = min(m - s for m, s in zip(means, stds, strict=True) if np.isfinite(m))
         ax.set_ylim(max(0.0, lo - 5), max(finite) + 5)
     return fig
+
+
+def ablation_line(
+    xs: Sequence[float], means: Sequence[float], stds: Sequence[float], metric: str, x_label: str
+) -> plt.Figure:
+    """A swept parameter against the metric: mean with a ± std band (e.g. KDMCSE Fig. 7)."""
+    order = np.argsort(xs)
+    x = np.asarray(xs, dtype=float)[order]
+    m = np.asarray(means, dtype=float)[order]
+    s = np.nan_to_num(np.asarray(stds, dtype=float)[order])
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    ax.plot(x, m, "o-", color="tab:purple")
+    ax.fill_between(x, m - s, m + s, color="tab:purple", alpha=0.2)
+    if np.isfinite(m).any():
+        best = int(np.nanargmax(m))
+        ax.annotate(f"best {x[best]:g}", (x[best], m[best]), textcoords="offset points", xytext=(0, 8), ha="center")
+    ax.set_xlabel(x_label)
+    ax.set_ylabel(metric)
+    ax.set_title(f"{x_label} sweep: {metric} (mean ± std over seeds)")
+    return fig

@@ -79,9 +79,14 @@ def read_rgba(path: Path, size: int) -> np.ndarray:
 
 
 def text_teacher_features(
-    name_or_path: str, sentences: Sequence[str], pooler: str, batch_size: int, max_len: int = 128
-) -> np.ndarray:
-    """Frozen text-teacher embeddings ``(N, d)``, L2-normalised, float32."""
+    name_or_path: str,
+    sentences: Sequence[str],
+    poolers: Sequence[str],
+    batch_size: int,
+    max_len: int = 128,
+) -> dict[str, np.ndarray]:
+    """Frozen text-teacher embeddings ``{pooler: (N, d)}``, L2-normalised float32, from one
+    forward pass per batch however many poolers are asked for."""
     from transformers import AutoModel, AutoTokenizer
 
     from mmcse.hub import resolve_model
@@ -91,7 +96,7 @@ def text_teacher_features(
     tokenizer = AutoTokenizer.from_pretrained(location)
     model = AutoModel.from_pretrained(location).eval()
     order = np.argsort([len(s) for s in sentences], kind="stable")
-    out = np.zeros((len(sentences), model.config.hidden_size), np.float32)
+    out = {p: np.zeros((len(sentences), model.config.hidden_size), np.float32) for p in poolers}
     with torch.inference_mode():
         for start in tqdm(range(0, len(order), batch_size), desc=f"teacher {name_or_path}", unit="batch"):
             idx = order[start : start + batch_size]
@@ -99,9 +104,60 @@ def text_teacher_features(
                 [sentences[i] for i in idx], padding=True, truncation=True, max_length=max_len, return_tensors="pt"
             )
             hidden = model(**batch, output_hidden_states=True).hidden_states
-            emb = pool(pooler, hidden, batch["attention_mask"])
-            out[idx] = torch.nn.functional.normalize(emb, dim=-1).numpy()
+            for pooler, features in out.items():
+                emb = pool(pooler, hidden, batch["attention_mask"])
+                features[idx] = torch.nn.functional.normalize(emb, dim=-1).numpy()
     return out
+
+
+# --------------------------------------------------------------------------- joint teacher
+
+
+@dataclass(frozen=True)
+class CCAProjection:
+    """A fitted regularised CCA: text and image features → a shared ``dim``-d space."""
+
+    text_mean: np.ndarray  # (d_t,)
+    text_weights: np.ndarray  # (d_t, k)
+    image_mean: np.ndarray  # (d_v,)
+    image_weights: np.ndarray  # (d_v, k)
+    correlations: np.ndarray  # (k,) canonical correlations, descending
+
+    def text(self, x: np.ndarray) -> np.ndarray:
+        return ((x - self.text_mean) @ self.text_weights).astype(np.float32)
+
+    def image(self, y: np.ndarray) -> np.ndarray:
+        return ((y - self.image_mean) @ self.image_weights).astype(np.float32)
+
+
+def _inverse_sqrt(cov: np.ndarray) -> np.ndarray:
+    values, vectors = np.linalg.eigh(cov)
+    return (vectors / np.sqrt(values.clip(1e-12))) @ vectors.T
+
+
+def fit_cca(text: np.ndarray, image: np.ndarray, dim: int, regularization: float) -> CCAProjection:
+    """Regularised CCA of paired rows ``text (n, d_t)``, ``image (n, d_v)``.
+
+    Each covariance gets ``regularization · mean eigenvalue`` added to its diagonal (the
+    image features have more dimensions than there are pairs); directions are the top
+    ``dim`` singular vectors of the whitened cross-covariance, so the projected text and
+    image coordinates are uncorrelated within a modality and maximally correlated across.
+    """
+    n = text.shape[0]
+    if text.shape[0] != image.shape[0] or n < 2:
+        raise ValueError(f"CCA needs the same number (>= 2) of text and image rows: {text.shape[0]}, {image.shape[0]}")
+    if dim > min(text.shape[1], image.shape[1]):
+        raise ValueError(f"teachers.joint.dim={dim} exceeds the feature widths {text.shape[1]}, {image.shape[1]}")
+    x = text.astype(np.float64) - text.mean(0)
+    y = image.astype(np.float64) - image.mean(0)
+    cxx, cyy, cxy = x.T @ x / (n - 1), y.T @ y / (n - 1), x.T @ y / (n - 1)
+    cxx += regularization * np.trace(cxx) / cxx.shape[0] * np.eye(cxx.shape[0])
+    cyy += regularization * np.trace(cyy) / cyy.shape[0] * np.eye(cyy.shape[0])
+    wx, wy = _inverse_sqrt(cxx), _inverse_sqrt(cyy)
+    u, corr, vt = np.linalg.svd(wx @ cxy @ wy)
+    return CCAProjection(
+        text.mean(0), wx @ u[:, :dim], image.mean(0), wy @ vt.T[:, :dim], corr[:dim]
+    )
 
 
 # --------------------------------------------------------------------------- the cache

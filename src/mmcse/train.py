@@ -22,12 +22,13 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
-from mmcse.config import Config
+from mmcse.config import Config, active_terms
 from mmcse.data.senteval import SentencePair
 from mmcse.evaluate import evaluate_sts, group_by_task, student_encoder
 from mmcse.io import read_json, read_jsonl, write_json
-from mmcse.losses import mcse_objective
+from mmcse.losses import span_mean, weighted_teacher_similarity
 from mmcse.models import Student, load_backbone, load_tokenizer, save_student
+from mmcse.objectives import StepEmbeddings, needed_features, step_objective
 from mmcse.teachers import FeatureStore
 
 TEXT, PAIR = "text", "pair"
@@ -79,23 +80,117 @@ def check_inputs(data_dir: Path, teachers_dir: Path) -> None:
 
 @dataclass
 class TrainData:
+    """Corpus, pairs and the memory-mapped teacher features training reads (no model runs)."""
+
     corpus: list[str]
     captions: list[str]
+    pair_ids: list[str]
     image_ids: list[str]
     image_features: FeatureStore
+    object_features: FeatureStore
+    joint_text: FeatureStore
+    joint_image: FeatureStore
+    text_captions: list[FeatureStore]  # one per teacher in teachers.text
+    text_corpus: list[FeatureStore]
+    text_weights: list[float]
+    objects: dict[str, list[dict[str, Any]]]  # pair_id -> its object–phrase pairs
     dev: dict[str, list[SentencePair]]
 
     @classmethod
-    def load(cls, data_dir: Path, teachers_dir: Path) -> TrainData:
+    def load(cls, data_dir: Path, teachers_dir: Path, objects_dir: Path | None = None) -> TrainData:
         corpus = [s for s in (data_dir / "corpus.txt").read_text().splitlines() if s.strip()]
         pairs = read_jsonl(data_dir / "pairs.jsonl")
         empty = [p["pair_id"] for p in pairs if not p["caption"].strip()]
         if empty:
             raise ValueError(f"{data_dir / 'pairs.jsonl'}: empty captions in pairs {empty[:5]}")
         manifest = read_json(teachers_dir / "manifest.json")
-        store = FeatureStore.open(teachers_dir / manifest["sets"]["image"])
+        sets = manifest["sets"]
+        missing = [k for k in ("image", "object", "joint_text", "joint_image", "text") if k not in sets]
+        if missing:
+            raise ValueError(
+                f"{teachers_dir / 'manifest.json'}: no cached sets {missing} (written by an older version): "
+                "rerun the cache_teachers stage"
+            )
+
+        def open_set(name: str) -> FeatureStore:
+            return FeatureStore.open(teachers_dir / name)
+
+        objects_dir = objects_dir or data_dir.parent / "objects"
+        objects: dict[str, list[dict[str, Any]]] = {}
+        if (objects_dir / "objects.jsonl").is_file():
+            objects = {row["pair_id"]: row["objects"] for row in read_jsonl(objects_dir / "objects.jsonl")}
         dev = group_by_task([SentencePair.from_row(r) for r in read_jsonl(data_dir / "sts" / "dev.jsonl")])
-        return cls(corpus, [p["caption"] for p in pairs], [p["image_id"] for p in pairs], store, dev)
+        return cls(
+            corpus, [p["caption"] for p in pairs], [p["pair_id"] for p in pairs], [p["image_id"] for p in pairs],
+            open_set(sets["image"]), open_set(sets["object"]), open_set(sets["joint_text"]),
+            open_set(sets["joint_image"]), [open_set(t["caption"]) for t in sets["text"]],
+            [open_set(t["corpus"]) for t in sets["text"]], [float(t["weight"]) for t in sets["text"]],
+            objects, dev,
+        )
+
+    def check_objects(self, min_objects: int, max_seq_len: int, objects_dir: Path) -> None:
+        """MCSEO's exclusions must already hold (detect_objects applies them): every kept pair
+        has >= ``min_objects`` objects and no phrase span runs past the maximum length."""
+        if not self.objects:
+            raise ValueError(f"{objects_dir / 'objects.jsonl'}: no object–phrase pairs; run detect_objects")
+        for pair_id, objects in self.objects.items():
+            if len(objects) < min_objects:
+                raise ValueError(f"{objects_dir / 'objects.jsonl'}: pair {pair_id} has {len(objects)} objects "
+                                 f"(< detect.min_objects={min_objects}); rerun detect_objects")
+            if any(o["token_end"] > max_seq_len - 1 for o in objects):  # the last position is [SEP]
+                raise ValueError(f"{objects_dir / 'objects.jsonl'}: pair {pair_id} has a phrase past "
+                                 f"model.max_seq_len={max_seq_len}; rerun detect_objects with this model")
+
+    def pair_features(self, idx: Sequence[int], need: set[str], device: torch.device) -> BatchFeatures:
+        """Cached features of pair rows ``idx`` for the groups in ``need``."""
+        feats = BatchFeatures()
+        pair_ids = [self.pair_ids[i] for i in idx]
+        image_ids = [self.image_ids[i] for i in idx]
+        if "image" in need:
+            feats.image = _tensor(self.image_features.rows(image_ids), device)
+        if "joint" in need:
+            feats.joint_text = _tensor(self.joint_text.rows(pair_ids), device)
+            feats.joint_image = _tensor(self.joint_image.rows(image_ids), device)
+        if "text_teachers" in need:
+            feats.text_teachers = [_tensor(s.rows(pair_ids), device) for s in self.text_captions]
+            feats.text_weights = self.text_weights
+        if "objects" in need:
+            rows, starts, ends, crops = [], [], [], []
+            for row, pair_id in enumerate(pair_ids):
+                for o in self.objects.get(pair_id, []):
+                    rows.append(row), starts.append(o["token_start"]), ends.append(o["token_end"])
+                    crops.append(o["crop"])
+            feats.object_row = torch.tensor(rows, dtype=torch.long, device=device)
+            feats.object_start = torch.tensor(starts, dtype=torch.long, device=device)
+            feats.object_end = torch.tensor(ends, dtype=torch.long, device=device)
+            feats.objects = _tensor(self.object_features.rows(crops), device) if crops else None
+        return feats
+
+    def text_features(self, idx: Sequence[int], need: set[str], device: torch.device) -> BatchFeatures | None:
+        if "text_teachers" not in need:
+            return None
+        ids = [f"corpus-{i}" for i in idx]
+        return BatchFeatures(text_teachers=[_tensor(s.rows(ids), device) for s in self.text_corpus],
+                             text_weights=self.text_weights)
+
+
+def _tensor(rows: Any, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(rows).to(device)
+
+
+@dataclass
+class BatchFeatures:
+    """Cached teacher features of one batch (each ``(N, ·)`` in batch order)."""
+
+    image: torch.Tensor | None = None  # image-encoder features of each pair's image
+    joint_text: torch.Tensor | None = None  # t̂
+    joint_image: torch.Tensor | None = None  # v̂
+    text_teachers: list[torch.Tensor] | None = None
+    text_weights: list[float] | None = None
+    objects: torch.Tensor | None = None  # (T, d_img) object-crop features
+    object_row: torch.Tensor | None = None  # (T,) which sentence of the batch
+    object_start: torch.Tensor | None = None  # (T,) phrase token span [start, end)
+    object_end: torch.Tensor | None = None
 
 
 @dataclass
@@ -194,7 +289,7 @@ def _load_resume_point(folder: Path, student: Student, optimizer, scheduler, con
     return TrainState(meta["step"], meta["best_score"], meta["best_step"], meta["history"])
 
 
-def _tokenize(tokenizer, sentences: Sequence[str], max_len: int, device: torch.device) -> dict[str, torch.Tensor]:
+def tokenize_batch(tokenizer, sentences: Sequence[str], max_len: int, device: torch.device) -> dict[str, torch.Tensor]:
     batch = tokenizer(list(sentences), padding=True, truncation=True, max_length=max_len, return_tensors="pt")
     return {"input_ids": batch["input_ids"].to(device), "attention_mask": batch["attention_mask"].to(device)}
 
@@ -216,23 +311,43 @@ def training_step_loss(
     student: Student,
     cfg: Config,
     batch: dict[str, torch.Tensor],
-    image_features: torch.Tensor | None,
+    feats: BatchFeatures | None,
+    pair_batch: bool,
+    seed: int = 0,
 ) -> dict[str, torch.Tensor]:
-    """Loss terms of one batch: two dropout passes (as one doubled batch), SimCSE, and the
-    MCSE image term when ``image_features (B, d_img)`` are given and the method uses them."""
+    """Loss terms of one batch: two dropout passes (as one doubled batch) through the
+    student, then every active term of the method on those embeddings and the cached
+    teacher features ``feats`` (no teacher runs here). ``seed`` seeds the step's random
+    draws (DALR mismatched pairs, ranking ties)."""
     ids, mask = batch["input_ids"], batch["attention_mask"]
     n = ids.shape[0]
-    cls = student.cls(ids.repeat(2, 1), mask.repeat(2, 1))  # (2B, H): two dropout masks
+    tokens = student.token_states(ids.repeat(2, 1), mask.repeat(2, 1))  # (2B, L, H): two dropout masks
+    cls = tokens[:, 0]  # (2B, H)
     z = student.mlp(cls)  # (2B, H)
-    use_image = image_features is not None and cfg.train.method == "mcse"
-    if not use_image:
-        return mcse_objective(z[:n], z[n:], cfg.loss.temperature)
-    s = student.text_proj(cls)  # (2B, p): g_φ1 on [CLS] (MCSE Eq. 2)
-    v = student.image_proj(image_features)  # (B, p): g_φ2 on frozen image features
-    return mcse_objective(
-        z[:n], z[n:], cfg.loss.temperature, s[:n], s[n:], v,
-        temperature_img=cfg.loss.temperature_img, lambda_img=cfg.loss.lambda_img,
-    )
+    e = StepEmbeddings(z1=z[:n], z2=z[n:], pair_batch=pair_batch)
+    on = active_terms(cfg)
+    feats = feats or BatchFeatures()
+    if pair_batch and any(on[k] for k in ("image", "kdmcse", "info", "cma", "object")):
+        s = student.text_proj(cls)  # (2B, p): g_φ1 on [CLS] (MCSE Eq. 2)
+        e.s1, e.s2 = s[:n], s[n:]
+    if feats.image is not None:
+        e.image = student.image_proj(feats.image)  # (B, p): g_φ2 on frozen image features
+    if feats.joint_text is not None:
+        e.joint_text, e.joint_image = feats.joint_text, feats.joint_image
+        e.teacher_text = student.teacher_text_proj(feats.joint_text)  # (B, p): g_φt(t̂)
+        e.teacher_image = student.teacher_image_proj(feats.joint_image)  # (B, p): g_φv(v̂)
+        if on["consistency"]:
+            e.shared_text = student.shared_text(cls[:n])  # (B, p)
+            e.shared_image = student.shared_image(feats.joint_image)  # (B, p)
+    if feats.text_teachers is not None:
+        with torch.no_grad():
+            e.text_teacher_sim = weighted_teacher_similarity(feats.text_teachers, feats.text_weights)  # (B, B)
+    if feats.objects is not None:
+        phrase_states = span_mean(tokens[:n], feats.object_row, feats.object_start, feats.object_end)  # (T, H)
+        e.phrases = student.text_proj(phrase_states)  # (T, p)
+        e.objects = student.image_proj(feats.objects)  # (T, p)
+        e.object_pair = feats.object_row
+    return step_objective(cfg, e, seed)
 
 
 def train(
@@ -254,12 +369,15 @@ def train(
     check_inputs(data_dir, teachers_dir)
     device = resolve_device(cfg.base.device)
     data = TrainData.load(data_dir, teachers_dir)
+    if active_terms(cfg)["object"]:
+        data.check_objects(cfg.detect.min_objects, cfg.model.max_seq_len, data_dir.parent / "objects")
+    need = {kind: needed_features(cfg, pair_batch=kind == PAIR) for kind in (TEXT, PAIR)}
     torch.manual_seed(cfg.base.seed)
     torch.use_deterministic_algorithms(True, warn_only=True)
 
     tokenizer = load_tokenizer(cfg.model.name_or_path)
     backbone = load_backbone(cfg.model, dropout=cfg.train.dropout)
-    student = Student(backbone, data.image_features.dim, cfg.model.proj_dim).to(device)
+    student = Student(backbone, data.image_features.dim, cfg.model.proj_dim, data.joint_image.dim).to(device)
 
     batches = _Batches(len(data.corpus), len(data.captions), cfg.train.batch_size, cfg.base.seed)
     total = len(batches) * cfg.train.epochs
@@ -315,12 +433,14 @@ def train(
             order_epoch, order = epoch, batches.epoch(epoch)
         kind, idx = order[offset]
         if kind == TEXT:
-            sentences, feats = [data.corpus[i] for i in idx], None
+            sentences = [data.corpus[i] for i in idx]
+            feats = data.text_features(idx, need[TEXT], device)
         else:
             sentences = [data.captions[i] for i in idx]
-            rows = data.image_features.rows([data.image_ids[i] for i in idx])
-            feats = torch.from_numpy(rows).to(device)
-        terms = training_step_loss(student, cfg, _tokenize(tokenizer, sentences, cfg.model.max_seq_len, device), feats)
+            feats = data.pair_features(idx, need[PAIR], device)
+        batch = tokenize_batch(tokenizer, sentences, cfg.model.max_seq_len, device)
+        step_seed = cfg.base.seed * 1_000_003 + state.step  # the step's own random draws: resumable
+        terms = training_step_loss(student, cfg, batch, feats, kind == PAIR, seed=step_seed)
         optimizer.zero_grad(set_to_none=True)
         terms["loss"].backward()
         optimizer.step()

@@ -44,7 +44,7 @@ def test_flow_trains_every_variant_retries_failures_and_resumes(project, harness
     assert calls.count(str(project / "no-such-model")) == 4  # 2 seeds x (1 try + 1 retry)
     table = (project / "ablation/ablation.md").read_text()
     assert "missing model" in table and "failed" in table
-    assert (project / "plots/ablation_bars.png").stat().st_size > 1000
+    assert (project / "plots/ablation.png").stat().st_size > 1000
 
     with sqlite3.connect(project / "mlruns/mlflow.db") as db:
         nested = dict(db.execute(
@@ -58,3 +58,29 @@ def test_flow_trains_every_variant_retries_failures_and_resumes(project, harness
     again = {r["variant"]: r for r in ablations("params.yaml")}
     assert [c for c in calls if "no-such-model" not in c] == []  # finished variants are skipped
     assert again["mcse"]["avg_mean"] == pytest.approx(rows["mcse"]["avg_mean"])
+
+
+def test_preset_sweep_gives_the_table_in_order_and_a_line_plot(project, harness):
+    import json
+    import sys
+
+    sys.path.insert(0, str(REPO))
+    from flows.ablations import ablations
+
+    (project / "ablations").mkdir()
+    (project / "ablations/margin.yaml").write_text(
+        'description: "margin sweep"\nbase: {train.method: kdmcse}\nreference: "m=0.1"\n'
+        "plot_x: loss.kdmcse.margin\nvariants:\n"
+        '  "m=0.2": {loss.kdmcse.margin: 0.2}\n  "m=0.1": {loss.kdmcse.margin: 0.1}\n')
+    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw["ablate"].update(preset="margin", seeds=[1, 2])
+    raw["train"]["max_steps"] = 4
+    (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    rows = ablations("params.yaml")
+    assert [r["variant"] for r in rows] == ["m=0.2", "m=0.1"]  # the preset's row order
+    assert all(r["status"] == "ok" and r["seeds"] == 2 for r in rows)
+    md = (project / "ablation/ablation.md").read_text().splitlines()
+    assert md[0] == "### margin sweep" and "p vs m=0.1" in md[2]
+    assert (project / "plots/ablation.png").stat().st_size > 1000
+    metrics = json.loads((project / "metrics/ablate.json").read_text())
+    assert metrics["preset"] == "margin" and set(metrics["variants"]) == {"m=0.2", "m=0.1"}

@@ -1,0 +1,223 @@
+"""How each method adds its terms up: weights, switches, combinations, text batches."""
+
+import math
+
+import pytest
+import torch
+
+from mmcse.config import Config, active_terms, parse_config, with_overrides
+from mmcse.losses import adapacse_loss, info_nce, simcse_loss
+from mmcse.objectives import StepEmbeddings, needed_features, step_objective
+from tests.test_losses import eq1_loop, eq3_loop
+from tests.test_losses_kdmcse import eq13_loop
+
+N, P, K, H = 6, 5, 4, 7
+
+
+def _embeddings(seed: int = 0, pair_batch: bool = True) -> StepEmbeddings:
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    text_feats = [r(N, 8), r(N, 3)]
+    sim = sum(w * torch.nn.functional.normalize(f, dim=1) @ torch.nn.functional.normalize(f, dim=1).T
+              for f, w in zip(text_feats, [0.33, 0.67], strict=True))
+    return StepEmbeddings(
+        z1=r(N, H), z2=r(N, H), pair_batch=pair_batch, s1=r(N, P), s2=r(N, P), image=r(N, P),
+        teacher_text=r(N, P), teacher_image=r(N, P), joint_text=r(N, K), joint_image=r(N, K),
+        shared_text=r(N, P), shared_image=r(N, P), text_teacher_sim=sim,
+        phrases=r(7, P), objects=r(7, P), object_pair=torch.tensor([0, 0, 2, 2, 2, 5, 5]),
+    )
+
+
+def _cfg(**overrides) -> Config:
+    return with_overrides(Config(), overrides)
+
+
+def test_mcse_is_simcse_plus_lambda_times_eq3():
+    e = _embeddings()
+    cfg = _cfg(**{"train.method": "mcse", "loss.lambda_img": 0.3, "loss.temperature_img": 0.1})
+    terms = step_objective(cfg, e)
+    assert set(terms) == {"simcse", "image", "loss"}
+    expected = eq1_loop(e.z1, e.z2, 0.05) + 0.3 * eq3_loop(e.s1, e.s2, e.image, 0.1)
+    assert float(terms["loss"]) == pytest.approx(expected, abs=1e-6)
+    # text-only batches: SimCSE alone
+    text = step_objective(cfg, _embeddings(pair_batch=False))
+    assert set(text) == {"simcse", "loss"}
+
+
+def test_simcse_method_has_no_image_term():
+    terms = step_objective(_cfg(**{"train.method": "simcse"}), _embeddings())
+    assert set(terms) == {"simcse", "loss"}
+
+
+def test_kdmcse_term_is_eq14_of_eq13_per_view():
+    e = _embeddings(1)
+    cfg = _cfg(**{"train.method": "kdmcse", "loss.lambda_img": 0.5, "loss.kdmcse.threshold": 0.3,
+                  "loss.kdmcse.margin": 0.1})
+    terms = step_objective(cfg, e)
+    cos = torch.nn.functional.cosine_similarity
+    t, v = e.joint_text, e.joint_image
+    a_tv = cos(t.unsqueeze(1), v.unsqueeze(0), dim=-1)
+    a_tt = cos(t.unsqueeze(1), t.unsqueeze(0), dim=-1)
+    a_vv = cos(v.unsqueeze(1), v.unsqueeze(0), dim=-1)
+    image = sum(eq13_loop(s, e.teacher_image, 0.05, 0.1, a_vv, a_tv, 0.3) for s in (e.s1, e.s2))
+    text = sum(eq13_loop(s, e.teacher_text, 0.05, 0.1, a_tt, a_tt, 0.3) for s in (e.s1, e.s2))
+    assert float(terms["kdmcse_image"]) == pytest.approx(image, abs=1e-6)
+    assert float(terms["kdmcse_text"]) == pytest.approx(text, abs=1e-6)
+    assert float(terms["loss"]) == pytest.approx(eq1_loop(e.z1, e.z2, 0.05) + 0.5 * (image + text) / 2, abs=1e-6)
+    # cross: Δ of the image term from α^{t,v}
+    cross = step_objective(with_overrides(cfg, {"loss.kdmcse.margin_similarity": "cross"}), e)
+    image_cross = sum(eq13_loop(s, e.teacher_image, 0.05, 0.1, a_tv, a_tv, 0.3) for s in (e.s1, e.s2))
+    assert float(cross["kdmcse_image"]) == pytest.approx(image_cross, abs=1e-6)
+
+
+def test_kdmcse_threshold_above_every_similarity_equals_no_filtering():
+    e = _embeddings(2)
+    base = {"train.method": "kdmcse"}
+    above = step_objective(_cfg(**base, **{"loss.kdmcse.threshold": 1.0}), e)
+    off = step_objective(_cfg(**base, **{"loss.kdmcse.threshold": "off"}), e)
+    assert float(above["loss"]) == pytest.approx(float(off["loss"]), abs=1e-12)
+    low = step_objective(_cfg(**base, **{"loss.kdmcse.threshold": -1.0}), e)  # every negative removed
+    assert float(low["kdmcse"]) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_kdmcse_angular_margin_on_text_batches():
+    e = _embeddings(3, pair_batch=False)
+    cfg = _cfg(**{"train.method": "kdmcse", "loss.kdmcse.text_batches": "angular_margin",
+                  "loss.kdmcse.text_margin": 0.2})
+    terms = step_objective(cfg, e)
+    zeros = torch.zeros(N, N, dtype=torch.float64)  # Δ = |1 − 0| = 1: the same margin on every negative
+    assert float(terms["simcse"]) == pytest.approx(eq13_loop(e.z1, e.z2, 0.05, 0.2, zeros, zeros, None), abs=1e-6)
+    assert float(terms["simcse"]) > float(simcse_loss(e.z1, e.z2, 0.05))  # the margin makes negatives harder
+    # pair batches keep plain SimCSE
+    pair = step_objective(cfg, _embeddings(3))
+    assert float(pair["simcse"]) == pytest.approx(eq1_loop(e.z1, e.z2, 0.05), abs=1e-6)
+
+
+DALR = {"train.method": "dalr"}
+WEIGHT = {"info": "loss.dalr.info_weight", "consistency": "loss.dalr.lambda_cml", "cma": "loss.dalr.lambda_cml",
+          "rank": "loss.dalr.mu_iml", "ima": "loss.dalr.mu_iml"}
+SWITCH = {"info": "loss.dalr.info", "consistency": "loss.dalr.consistency", "cma": "loss.dalr.alignment",
+          "rank": "loss.dalr.rank", "ima": "loss.dalr.ima"}
+
+
+def test_dalr_is_eq14_and_each_switch_removes_exactly_its_term():
+    e = _embeddings(4)
+    cfg = _cfg(**DALR, **{"loss.dalr.lambda_cml": 0.3, "loss.dalr.mu_iml": 0.7, "loss.dalr.info_weight": 0.9})
+    full = step_objective(cfg, e)
+    assert set(full) == {"simcse", "info", "consistency", "cma", "rank", "ima", "loss"}
+    expected = float(full["simcse"]) + 0.9 * float(full["info"]) + 0.3 * (
+        float(full["consistency"]) + float(full["cma"])) + 0.7 * (float(full["rank"]) + float(full["ima"]))
+    assert float(full["loss"]) == pytest.approx(expected, abs=1e-9)
+    for term, switch in SWITCH.items():
+        off = step_objective(with_overrides(cfg, {switch: False}), e)
+        assert term not in off
+        weight = {"info": 0.9, "consistency": 0.3, "cma": 0.3, "rank": 0.7, "ima": 0.7}[term]
+        assert float(full["loss"] - off["loss"]) == pytest.approx(weight * float(full[term]), abs=1e-9), term
+        for other in set(off) - {"loss"}:  # the other terms' numbers do not move
+            assert float(off[other]) == pytest.approx(float(full[other]), abs=1e-12), (term, other)
+    # the group switches
+    no_cml = step_objective(with_overrides(cfg, {"loss.dalr.cml": False}), e)
+    no_iml = step_objective(with_overrides(cfg, {"loss.dalr.iml": False}), e)
+    assert set(no_cml) == {"simcse", "info", "rank", "ima", "loss"}
+    assert set(no_iml) == {"simcse", "info", "consistency", "cma", "loss"}
+
+
+def test_dalr_with_lambda_mu_zero_is_info_plus_simcse():
+    e = _embeddings(5)
+    terms = step_objective(_cfg(**DALR, **{"loss.dalr.lambda_cml": 0.0, "loss.dalr.mu_iml": 0.0}), e)
+    info = info_nce(e.s1, e.teacher_image, 0.05) + info_nce(e.s2, e.teacher_image, 0.05)  # Eq. 4 per view
+    assert float(terms["info"]) == pytest.approx(eq3_loop(e.s1, e.s2, e.teacher_image, 0.05), abs=1e-6)
+    assert float(terms["loss"]) == pytest.approx(eq1_loop(e.z1, e.z2, 0.05) + float(info), abs=1e-6)
+
+
+def test_dalr_info_margin_option_uses_the_adaptive_margin():
+    e = _embeddings(6)
+    terms = step_objective(_cfg(**DALR, **{"loss.dalr.info_margin": True, "loss.kdmcse.margin": 0.2}), e)
+    v = torch.nn.functional.normalize(e.joint_image, dim=1)
+    a_vv = v @ v.T
+    expected = sum(eq13_loop(s, e.teacher_image, 0.05, 0.2, a_vv, a_vv, None) for s in (e.s1, e.s2))
+    assert float(terms["info"]) == pytest.approx(expected, abs=1e-6)
+
+
+def test_dalr_iml_on_text_batches_only_when_asked():
+    e = _embeddings(7, pair_batch=False)
+    assert set(step_objective(_cfg(**DALR), e)) == {"simcse", "loss"}
+    terms = step_objective(_cfg(**DALR, **{"loss.dalr.text_batches": True}), e)
+    assert set(terms) == {"simcse", "rank", "ima", "loss"}
+    assert needed_features(_cfg(**DALR, **{"loss.dalr.text_batches": True}), pair_batch=False) == {"text_teachers"}
+    assert needed_features(_cfg(**DALR), pair_batch=False) == set()
+
+
+@pytest.mark.parametrize(("extra", "added"), [({"loss.dalr.cml": True}, {"consistency", "cma"}),
+                                                ({"loss.dalr.iml": True}, {"rank", "ima"})])
+def test_kdmcse_combines_with_cml_and_iml(extra, added):
+    e = _embeddings(8)
+    plain = step_objective(_cfg(**{"train.method": "kdmcse"}), e)
+    combo = step_objective(_cfg(**{"train.method": "kdmcse"}, **extra), e)
+    assert set(combo) - set(plain) == added
+    weight = 0.1 if "cma" in added else 0.2
+    assert float(combo["loss"] - plain["loss"]) == pytest.approx(weight * sum(float(combo[t]) for t in added),
+                                                                  abs=1e-9)
+
+
+def test_mcseo_adds_beta_times_object_phrase_term():
+    e = _embeddings(9)
+    cfg = _cfg(**{"train.method": "mcseo", "loss.lambda_img": 0.01, "loss.mcseo.beta": 0.5})
+    terms = step_objective(cfg, e)
+    assert set(terms) == {"simcse", "image", "object", "loss"}
+    # Eq. 7 by hand: each phrase against the objects of its own pair, summed per pair, mean over pairs
+    per_pair: dict[int, float] = {}
+    cos = torch.nn.functional.cosine_similarity
+    for t in range(7):
+        same = [u for u in range(7) if int(e.object_pair[u]) == int(e.object_pair[t])]
+        den = sum(math.exp(float(cos(e.phrases[t], e.objects[u], dim=0)) / 0.05) for u in same)
+        num = math.exp(float(cos(e.phrases[t], e.objects[t], dim=0)) / 0.05)
+        per_pair[int(e.object_pair[t])] = per_pair.get(int(e.object_pair[t]), 0.0) - math.log(num / den)
+    object_term = sum(per_pair.values()) / len(per_pair)
+    assert float(terms["object"]) == pytest.approx(object_term, abs=1e-6)
+    off = step_objective(with_overrides(cfg, {"loss.mcseo.object_phrase": False}), e)
+    assert float(terms["loss"] - off["loss"]) == pytest.approx(0.5 * object_term, abs=1e-6)
+
+
+def test_active_terms_resolve_auto_per_method():
+    assert active_terms(_cfg(**{"train.method": "mcse"})) == {
+        "simcse": True, "image": True, "kdmcse": False, "info": False, "consistency": False, "cma": False,
+        "rank": False, "ima": False, "object": False}
+    dalr = active_terms(_cfg(**DALR))
+    assert all(dalr[t] for t in ("info", "consistency", "cma", "rank", "ima")) and not dalr["image"]
+    assert active_terms(_cfg(**{"train.method": "simcse", "loss.dalr.iml": True}))["rank"]
+    # simcse trains on text only: the image-side terms stay off whatever their switches say
+    assert not active_terms(_cfg(**{"train.method": "simcse", "loss.dalr.cml": True}))["cma"]
+
+
+def test_impossible_combinations_fail_at_load():
+    from mmcse.config import ConfigError
+
+    with pytest.raises(ConfigError, match="loss.dalr.text_batches"):
+        parse_config({"loss": {"dalr": {"iml": False, "text_batches": True}}})
+    with pytest.raises(ConfigError, match="loss.kdmcse.threshold"):
+        parse_config({"loss": {"kdmcse": {"threshold": 1.5}}})
+    with pytest.raises(ConfigError, match="valid keys under loss.dalr"):
+        parse_config({"loss": {"dalr": {"lamda_cml": 0.1}}})
+
+
+def test_yaml_off_disables_the_threshold():
+    import yaml
+
+    raw = yaml.safe_load("loss:\n  kdmcse:\n    threshold: off\n")
+    assert parse_config(raw).loss.kdmcse.threshold_value is None
+    assert parse_config({"loss": {"kdmcse": {"threshold": "off"}}}).loss.kdmcse.threshold_value is None
+    assert parse_config({"loss": {"kdmcse": {"threshold": 0}}}).loss.kdmcse.threshold_value == 0.0
+
+
+def test_adapacse_zero_margin_is_infonce_inside_the_objective():
+    e = _embeddings(10)
+    cfg = _cfg(**{"train.method": "kdmcse", "loss.kdmcse.margin": 0.0, "loss.kdmcse.threshold": "off"})
+    terms = step_objective(cfg, e)
+    image = info_nce(e.s1, e.teacher_image, 0.05) + info_nce(e.s2, e.teacher_image, 0.05)
+    assert float(terms["kdmcse_image"]) == pytest.approx(float(image), abs=1e-9)
+    assert float(adapacse_loss(e.s1, e.teacher_image, 0.05)) == pytest.approx(
+        float(info_nce(e.s1, e.teacher_image, 0.05)), abs=1e-9)
