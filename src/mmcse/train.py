@@ -155,15 +155,15 @@ class TrainData:
             feats.text_teachers = [_tensor(s.rows(pair_ids), device) for s in self.text_captions]
             feats.text_weights = self.text_weights
         if "objects" in need:
-            rows, starts, ends, crops = [], [], [], []
-            for row, pair_id in enumerate(pair_ids):
-                for o in self.objects.get(pair_id, []):
-                    rows.append(row), starts.append(o["token_start"]), ends.append(o["token_end"])
-                    crops.append(o["crop"])
-            feats.object_row = torch.tensor(rows, dtype=torch.long, device=device)
-            feats.object_start = torch.tensor(starts, dtype=torch.long, device=device)
-            feats.object_end = torch.tensor(ends, dtype=torch.long, device=device)
-            feats.objects = _tensor(self.object_features.rows(crops), device) if crops else None
+            # one row per object–phrase pair: (sentence in batch, token start, token end), its crop
+            spans = [(row, o["token_start"], o["token_end"], o["crop"])
+                     for row, pair_id in enumerate(pair_ids) for o in self.objects.get(pair_id, [])]
+            if spans:
+                rows, starts, ends, crops = zip(*spans, strict=True)
+                feats.object_row = torch.tensor(rows, dtype=torch.long, device=device)
+                feats.object_start = torch.tensor(starts, dtype=torch.long, device=device)
+                feats.object_end = torch.tensor(ends, dtype=torch.long, device=device)
+                feats.objects = _tensor(self.object_features.rows(list(crops)), device)
         return feats
 
     def text_features(self, idx: Sequence[int], need: set[str], device: torch.device) -> BatchFeatures | None:
