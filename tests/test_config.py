@@ -43,6 +43,7 @@ def test_unknown_section_lists_sections():
         ({"train": {"learning_rate": "fast"}}, "train.learning_rate"),
         ({"data": {"demo": {"image_size": 8}}}, "data.demo.image_size"),
         ({"evaluate": {"pooler": "max"}}, "evaluate.pooler"),
+        ({"data": {"captions": "first"}}, "data.captions"),
         ({"ablate": {"reference": "nope"}}, "ablate.reference"),
         ({"model": {"config_overrides": {"hidden_size": 8}}}, "model.config_overrides"),
         ({"sweep": {"space": {"loss.lambda_img": {"type": "float", "low": 0, "high": 1, "log": True}}}},

@@ -81,6 +81,15 @@ def test_kdmcse_threshold_above_every_similarity_equals_no_filtering():
     assert float(above["loss"]) == pytest.approx(float(off["loss"]), abs=1e-12)
     low = step_objective(_cfg(**base, **{"loss.kdmcse.threshold": -1.0}), e)  # every negative removed
     assert float(low["kdmcse"]) == pytest.approx(0.0, abs=1e-9)
+    assert float(low["stat/kdmcse_filtered_image"]) == 1.0 and float(above["stat/kdmcse_filtered_text"]) == 0.0
+    mid_cfg = _cfg(**base, **{"loss.kdmcse.threshold": 0.2})
+    mid = step_objective(mid_cfg, e)
+    t = torch.nn.functional.normalize(e.joint_text, dim=1)
+    above_02 = ((t @ t.T > 0.2) & ~torch.eye(N, dtype=torch.bool)).sum() / (N * (N - 1))
+    assert float(mid["stat/kdmcse_filtered_text"]) == pytest.approx(float(above_02))
+    # diagnostics are not part of the loss
+    lam = mid_cfg.loss.lambda_img
+    assert float(mid["loss"]) == pytest.approx(float(mid["simcse"]) + lam * float(mid["kdmcse"]), abs=1e-12)
 
 
 def test_kdmcse_angular_margin_on_text_batches():

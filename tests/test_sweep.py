@@ -8,22 +8,34 @@ import optuna
 import yaml
 
 
-def test_two_workers_share_one_study(project):
+def run_sweep_workers(project, study_name: str, storage: str | None = None, tracking: str | None = None,
+                      workers: int = 2) -> list:
+    """Start ``workers`` `mmcse sweep` processes on one study (as on separate machines), wait
+    for them, and return the study's finished trials, checked: 4 trials asked, every one
+    complete or pruned (both workers may start the last one together)."""
     raw = yaml.safe_load((project / "params.yaml").read_text())
-    raw["sweep"].update(n_trials=4, study_name="t", pruner_startup_trials=1)
+    raw["sweep"].update(n_trials=4, study_name=study_name, pruner_startup_trials=1)
+    if storage:
+        raw["sweep"]["storage"] = storage
+    if tracking:
+        raw["base"]["mlflow_tracking_uri"] = tracking
     raw["train"].update(max_steps=4, eval_steps=2)
     (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     cmd = [sys.executable, "-m", "mmcse.cli", "sweep", "--params", "params.yaml"]
-    workers = [subprocess.Popen(cmd, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-               for _ in range(2)]
-    outs = [w.communicate(timeout=600) for w in workers]
-    for w, (_, err) in zip(workers, outs, strict=True):
-        assert w.returncode == 0, err[-2000:]
-
-    study = optuna.load_study(study_name="t", storage=f"sqlite:///{project}/mlruns/optuna.db")
+    procs = [subprocess.Popen(cmd, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(workers)]
+    outs = [p.communicate(timeout=900) for p in procs]
+    for p, (_, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+    study = optuna.load_study(study_name=study_name, storage=storage or f"sqlite:///{project}/mlruns/optuna.db")
     finished = [t for t in study.trials if t.state.is_finished()]
-    assert 4 <= len(finished) <= 5  # both workers may start the last trial together
+    assert 4 <= len(finished) <= 5
     assert all(t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED) for t in finished)
+    return finished
+
+
+def test_two_workers_share_one_study(project):
+    finished = run_sweep_workers(project, "t")
     for t in finished:
         assert 0.001 <= t.params["loss.lambda_img"] <= 1.0 and 0.02 <= t.params["loss.temperature"] <= 0.1
 

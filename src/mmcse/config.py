@@ -88,6 +88,8 @@ class DataConfig:
     # local SentEval-layout folder; the image–caption pairs and text corpus stay generated.
     source: Literal["demo", "senteval"] = "demo"
     senteval_dir: str = "../shared/data/senteval"
+    # Training pairs per image: all captions (KDMCSE), one random (MCSE) or the longest (MCSEO).
+    captions: Literal["all", "random", "longest"] = "all"
     demo: DemoDataConfig = field(default_factory=DemoDataConfig)
 
     def validate(self, where: str) -> None:
@@ -119,19 +121,24 @@ class TextTeacherConfig:
 @dataclass(frozen=True)
 class JointTeacherConfig:
     # The joint text–image teacher whose similarities α (KDMCSE Eq. 7, DALR Q) and features
-    # t̂, v̂ (KDMCSE Eq. 5–6) the methods distil; CLIP in the papers. "cca": regularised CCA
-    # between a text teacher and the image encoder, fitted on the training pairs (no download).
-    kind: Literal["cca"] = "cca"
-    text_teacher: str = "packaged:all-MiniLM-L6-v2"
-    text_pooler: Literal["avg", "cls_before_pooler", "avg_first_last", "avg_top2"] = "avg"
-    dim: int = 32
-    regularization: float = 0.1
+    # t̂, v̂ (KDMCSE Eq. 5–6) the methods distil. cca: regularised CCA between a text teacher and
+    # the image encoder, fitted on the training pairs (no download); clip: a transformers CLIP
+    # (model = HF id or folder); open_clip: model = architecture, pretrained = tag or file.
+    kind: Literal["cca", "clip", "open_clip"] = "cca"
+    text_teacher: str = "packaged:all-MiniLM-L6-v2"  # cca
+    text_pooler: Literal["avg", "cls_before_pooler", "avg_first_last", "avg_top2"] = "avg"  # cca
+    dim: int = 32  # cca
+    regularization: float = 0.1  # cca
+    model: str = "openai/clip-vit-base-patch32"  # clip / open_clip
+    pretrained: str = "openai"  # open_clip
 
     def validate(self, where: str) -> None:
         p = "teachers.joint."
         _check(bool(self.text_teacher.strip()), where, p + "text_teacher", "must not be empty")
         _check(self.dim >= 2, where, p + "dim", "must be >= 2")
         _check(self.regularization > 0, where, p + "regularization", "must be > 0")
+        _check(bool(self.model.strip()), where, p + "model", "must not be empty")
+        _check(bool(self.pretrained.strip()), where, p + "pretrained", "must not be empty")
 
 
 @dataclass(frozen=True)
@@ -144,11 +151,14 @@ class TeachersConfig:
             TextTeacherConfig(pooler="avg", weight=0.67),
         ]
     )
-    image_encoder: Literal["colour-edge-grid"] = "colour-edge-grid"
-    image_grid: int = 4
-    colour_bins: int = 4
+    # colour-edge-grid: weight-free; resnet50: torchvision (MCSE's image / MCSEO's object encoder)
+    image_encoder: Literal["colour-edge-grid", "resnet50"] = "colour-edge-grid"
+    image_grid: int = 4  # colour-edge-grid
+    colour_bins: int = 4  # colour-edge-grid
+    image_weights: str = "IMAGENET1K_V2"  # resnet50: torchvision weights name, a local file, or random
     joint: JointTeacherConfig = field(default_factory=JointTeacherConfig)
     batch_size: int = 128
+    num_workers: int = 2  # DataLoader workers reading images for the neural encoders
     cache_dir: str = "teachers"
 
     def validate(self, where: str) -> None:
@@ -162,6 +172,7 @@ class TeachersConfig:
         _check(2 <= self.colour_bins <= 16, where, "teachers.colour_bins", "must be in [2, 16]")
         self.joint.validate(where)
         _check(self.batch_size >= 1, where, "teachers.batch_size", "must be >= 1")
+        _check(self.num_workers >= 0, where, "teachers.num_workers", "must be >= 0")
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,11 @@ def _packaged_folder(name: str) -> Path:
     raise ModelUnavailableError(f"packaged model {name!r}: no config.json found under {root}")
 
 
+def offline() -> bool:
+    """True when the user said there is no network (``HF_HUB_OFFLINE`` or ``MMCSE_OFFLINE``)."""
+    return any(os.environ.get(v, "0") not in ("0", "", "false", "False") for v in ("HF_HUB_OFFLINE", "MMCSE_OFFLINE"))
+
+
 def resolve_model(name_or_path: str) -> str:
     """Return a local folder (or a cached hub id) for ``name_or_path``; raise
     :class:`ModelUnavailableError` with instructions when it cannot be had."""
@@ -66,9 +71,9 @@ def resolve_model(name_or_path: str) -> str:
         f"model {name_or_path!r} is not in the local Hugging Face cache "
         f"({os.environ.get('HF_HUB_CACHE') or os.environ.get('HF_HOME') or '~/.cache/huggingface'})"
     )
-    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+    if offline():
         raise ModelUnavailableError(
-            f"{hint} and HF_HUB_OFFLINE is set. Download it on a machine with internet "
+            f"{hint} and HF_HUB_OFFLINE (or MMCSE_OFFLINE) is set. Download it on a machine with internet "
             f"(huggingface-cli download {name_or_path}) into that cache, or pass a local folder."
         )
     try:

@@ -30,6 +30,8 @@ from mmcse.losses import (
     threshold_keep_mask,
 )
 
+STAT = "stat/"  # prefix of diagnostics in a step's dict: logged, never added to the loss
+
 # Each random draw (mismatched pairs, ranking ties) gets its own stream, so switching one
 # term off leaves every other term's numbers unchanged.
 _STREAMS = {"mismatch": 1, "rank": 2}
@@ -97,7 +99,13 @@ def kdmcse_terms(cfg: Config, e: StepEmbeddings) -> dict[str, torch.Tensor]:
     keep_t = threshold_keep_mask(alpha_tt, k.threshold_value)
     image = kdmcse_term(s1, s2, _need(e.teacher_image, "teacher_image", "kdmcse"), tau, k.margin, margin_v, keep_v)
     text = kdmcse_term(s1, s2, _need(e.teacher_text, "teacher_text", "kdmcse"), tau, k.margin, alpha_tt, keep_t)
-    return {"kdmcse_image": image, "kdmcse_text": text, "kdmcse": kdmcse_objective(image, text)}
+    n = s1.shape[0]
+    return {
+        "kdmcse_image": image, "kdmcse_text": text, "kdmcse": kdmcse_objective(image, text),
+        # diagnostics (not summed): the share of negatives the threshold removed
+        f"{STAT}kdmcse_filtered_image": (~keep_v).sum() / (n * (n - 1)),
+        f"{STAT}kdmcse_filtered_text": (~keep_t).sum() / (n * (n - 1)),
+    }
 
 
 def dalr_info(cfg: Config, e: StepEmbeddings) -> torch.Tensor:
@@ -117,7 +125,8 @@ def dalr_info(cfg: Config, e: StepEmbeddings) -> torch.Tensor:
 
 
 def step_objective(cfg: Config, e: StepEmbeddings, seed: int = 0) -> dict[str, torch.Tensor]:
-    """All active terms of one batch and their weighted sum ``loss``:
+    """All active terms of one batch and their weighted sum ``loss`` (plus ``stat/…``
+    diagnostics, never summed):
 
     SimCSE + [pair batches] λ_img·MCSE image term (mcse; α·l_img-cap for mcseo)
     + λ_img·KDMCSE Eq. 14 (kdmcse) + w_info·L_info (dalr) + λ·(L_cons + L_CMA)

@@ -70,23 +70,25 @@ def run_cache_teachers(cfg: Config, paths: Paths) -> dict[str, Any]:
     ``image`` / ``object``: the image encoder on every image and object crop; ``text``: each
     text teacher (and pooler) on every caption and corpus sentence, one forward pass per
     model; ``joint_text`` / ``joint_image``: captions and images in the joint text–image
-    teacher space (a CCA fitted on the training pairs). Returns ``{"sets", "hits"}``, also
-    written to ``<teachers>/manifest.json``.
+    teacher space (CLIP / open_clip, or a CCA fitted on the training pairs). Every model is
+    resolved before any compute; a set already cached runs no model. Returns ``{"sets",
+    "hits"}``, also written to ``<teachers>/manifest.json``.
     """
     import numpy as np
-    from tqdm.auto import tqdm
 
+    from mmcse.device import resolve_device
     from mmcse.teachers import (
         FeatureStore,
         cached_features,
-        colour_edge_grid_features,
         fit_cca,
-        read_rgba,
+        image_encoder,
+        pretrained_joint_teacher,
         text_teacher_features,
+        text_teacher_key,
     )
 
     t = cfg.teachers
-    image_teacher = {"name": t.image_encoder, "grid": t.image_grid, "bins": t.colour_bins, "size": 64}
+    device = resolve_device(cfg.base.device)
     manifest = read_json(paths.raw / "manifest.json")
     images = read_jsonl(paths.raw / "images.jsonl")
     pairs = read_jsonl(paths.raw / "pairs.jsonl")
@@ -95,6 +97,19 @@ def run_cache_teachers(cfg: Config, paths: Paths) -> dict[str, Any]:
     captions = [p["caption"] for p in pairs]
     texts = {"caption": (captions, [p["pair_id"] for p in pairs], manifest["sha256"]["pairs.jsonl"]),
              "corpus": (corpus, [f"corpus-{i}" for i in range(len(corpus))], manifest["sha256"]["corpus.txt"])}
+    image_files = [paths.raw / r["file"] for r in images]
+    # Resolve every model first: an offline id fails here, before anything is computed.
+    image_teacher, encode_images = image_encoder(t, device)
+    wanted = [(x.teacher, x.pooler) for x in t.text]
+    if t.joint.kind == "cca":
+        wanted.append((t.joint.text_teacher, t.joint.text_pooler))
+        joint_teacher: dict[str, Any] = {
+            "kind": "cca", "dim": t.joint.dim, "regularization": t.joint.regularization,
+            "text": text_teacher_key(t.joint.text_teacher, t.joint.text_pooler), "image": image_teacher}
+    else:
+        joint_teacher, joint_features = pretrained_joint_teacher(t, device)
+    text_keys = {(m, p): text_teacher_key(m, p) for m, p in dict.fromkeys(wanted)}
+
     result: dict[str, Any] = {"sets": {"text": []}, "hits": {}}
 
     def store(name: str, teacher: dict[str, Any], fingerprint: str, ids: list[str],
@@ -103,30 +118,17 @@ def run_cache_teachers(cfg: Config, paths: Paths) -> dict[str, Any]:
         result["hits"][role or name] = hit
         return features
 
-    def image_features(files: list[Path], desc: str) -> Callable[[], np.ndarray]:
-        def compute() -> np.ndarray:
-            chunks = []
-            for start in tqdm(range(0, len(files), t.batch_size), desc=desc, unit="batch"):
-                batch = np.stack([read_rgba(f, image_teacher["size"]) for f in files[start : start + t.batch_size]])
-                chunks.append(colour_edge_grid_features(batch, t.image_grid, t.colour_bins))
-            return np.concatenate(chunks)
-
-        return compute
-
     image_store = store("image", image_teacher, manifest["sha256"]["images.jsonl"], [r["image_id"] for r in images],
-                        image_features([paths.raw / r["file"] for r in images], "teacher: images"))
+                        lambda: encode_images(image_files, "images"))
     crop_files = sorted({o["crop"] for row in objects for o in row["objects"]})
     object_store = store("object", image_teacher, sha256_file(paths.objects / "objects.jsonl"), crop_files,
-                         image_features([paths.objects / c for c in crop_files], "teacher: object crops"))
+                         lambda: encode_images([paths.objects / c for c in crop_files], "object crops"))
     result["sets"] |= {"image": image_store.folder.name, "object": object_store.folder.name}
 
     # Text teachers: every (model, pooler) the config names, one forward per model and text set.
-    wanted = [(x.teacher, x.pooler) for x in t.text] + [(t.joint.text_teacher, t.joint.text_pooler)]
     poolers_of: dict[str, list[str]] = {}
-    for model, pooler in wanted:
-        poolers_of.setdefault(model, [])
-        if pooler not in poolers_of[model]:
-            poolers_of[model].append(pooler)
+    for model, pooler in text_keys:
+        poolers_of.setdefault(model, []).append(pooler)
     computed: dict[tuple[str, str], dict[str, np.ndarray]] = {}
 
     def text_features(model: str, pooler: str, kind: str) -> Callable[[], np.ndarray]:
@@ -138,11 +140,11 @@ def run_cache_teachers(cfg: Config, paths: Paths) -> dict[str, Any]:
         return compute
 
     text_stores: dict[tuple[str, str, str], FeatureStore] = {}
-    for model, pooler in dict.fromkeys(wanted):
+    for (model, pooler), key in text_keys.items():
         for kind, (_, ids, fingerprint) in texts.items():
             text_stores[(model, pooler, kind)] = store(
-                f"text_{kind}", {"name": model, "pooler": pooler}, fingerprint, ids,
-                text_features(model, pooler, kind), role=f"text_{kind}:{model}:{pooler}",
+                f"text_{kind}", key, fingerprint, ids, text_features(model, pooler, kind),
+                role=f"text_{kind}:{model}:{pooler}",
             )
     for x in t.text:
         result["sets"]["text"].append({
@@ -151,24 +153,25 @@ def run_cache_teachers(cfg: Config, paths: Paths) -> dict[str, Any]:
             "corpus": text_stores[(x.teacher, x.pooler, "corpus")].folder.name,
         })
 
-    # Joint text–image teacher: a CCA fitted on (caption, its image) training pairs.
-    joint_text_source = text_stores[(t.joint.text_teacher, t.joint.text_pooler, "caption")]
-    joint = {"kind": t.joint.kind, "dim": t.joint.dim, "regularization": t.joint.regularization,
-             "text": {"name": t.joint.text_teacher, "pooler": t.joint.text_pooler}, "image": image_teacher}
-    fit_fingerprint = manifest["sha256"]["pairs.jsonl"] + manifest["sha256"]["images.jsonl"]
-    fitted: dict[str, Any] = {}
+    # Joint text–image teacher: pretrained (CLIP), or a CCA fitted on (caption, its image) pairs.
+    fingerprint = manifest["sha256"]["pairs.jsonl"] + manifest["sha256"]["images.jsonl"]
+    joint: dict[str, Any] = {}
 
-    def cca():
-        if "cca" not in fitted:
-            pair_image_rows = image_store.rows([p["image_id"] for p in pairs])  # (n_pairs, d_v)
-            fitted["cca"] = fit_cca(np.asarray(joint_text_source.features), pair_image_rows,
-                                    t.joint.dim, t.joint.regularization)
-        return fitted["cca"]
+    def joint_sides() -> tuple[np.ndarray, np.ndarray]:
+        if not joint:
+            if t.joint.kind == "cca":
+                source = np.asarray(text_stores[(t.joint.text_teacher, t.joint.text_pooler, "caption")].features)
+                pair_images = image_store.rows([p["image_id"] for p in pairs])  # (n_pairs, d_v)
+                cca = fit_cca(source, pair_images, t.joint.dim, t.joint.regularization)
+                joint["sides"] = cca.text(source), cca.image(np.asarray(image_store.features))
+            else:
+                joint["sides"] = joint_features(captions, image_files)
+        return joint["sides"]
 
-    joint_text = store("joint_text", joint, fit_fingerprint, [p["pair_id"] for p in pairs],
-                       lambda: cca().text(np.asarray(joint_text_source.features)))
-    joint_image = store("joint_image", joint, fit_fingerprint, [r["image_id"] for r in images],
-                        lambda: cca().image(np.asarray(image_store.features)))
+    joint_text = store("joint_text", joint_teacher, fingerprint, [p["pair_id"] for p in pairs],
+                       lambda: joint_sides()[0])
+    joint_image = store("joint_image", joint_teacher, fingerprint, [r["image_id"] for r in images],
+                        lambda: joint_sides()[1])
     result["sets"] |= {"joint_text": joint_text.folder.name, "joint_image": joint_image.folder.name}
     write_json(paths.teachers / "manifest.json", result)
     return result
@@ -203,8 +206,9 @@ def run_train(
     import mlflow
 
     from mmcse import tracking
+    from mmcse.device import resolve_device
     from mmcse.plots import save_figure, training_curves
-    from mmcse.train import check_inputs, resolve_device, train
+    from mmcse.train import check_inputs, train
 
     out_dir = out_dir or paths.student
     check_inputs(paths.raw, paths.teachers)
@@ -243,9 +247,9 @@ def run_evaluate(
 
     from mmcse import tracking
     from mmcse.data.senteval import SentencePair
+    from mmcse.device import resolve_device
     from mmcse.evaluate import TextEncoder, evaluate_sts, group_by_task
     from mmcse.plots import save_figure, sts_scatter
-    from mmcse.train import resolve_device
 
     encoder = TextEncoder(str(model_dir), cfg.evaluate.pooler, str(resolve_device(cfg.base.device)))
     tasks = group_by_task([SentencePair.from_row(r) for r in read_jsonl(paths.raw / "sts" / "test.jsonl")])

@@ -20,6 +20,7 @@ import torch
 from PIL import Image, UnidentifiedImageError
 from tqdm.auto import tqdm
 
+from mmcse.config import TeachersConfig
 from mmcse.io import atomic_path, read_json, sha256_json, write_json
 
 # --------------------------------------------------------------------------- image encoder
@@ -108,6 +109,71 @@ def text_teacher_features(
                 emb = pool(pooler, hidden, batch["attention_mask"])
                 features[idx] = torch.nn.functional.normalize(emb, dim=-1).numpy()
     return out
+
+
+# --------------------------------------------------------------------------- choosing encoders
+
+ImageEncoder = Callable[[Sequence[Path], str], np.ndarray]
+
+
+def image_encoder(cfg: TeachersConfig, device: torch.device) -> tuple[dict[str, Any], ImageEncoder]:
+    """The configured image encoder: its cache-key description (resolved weights and
+    preprocessing, no model built) and a function ``(files, label) -> (N, d)`` features."""
+    if cfg.image_encoder == "colour-edge-grid":
+        size = 64
+
+        def colour_edge_grid(files: Sequence[Path], label: str) -> np.ndarray:
+            chunks = []
+            for start in tqdm(range(0, len(files), cfg.batch_size), desc=f"teacher: {label}", unit="batch"):
+                batch = np.stack([read_rgba(f, size) for f in files[start : start + cfg.batch_size]])
+                chunks.append(colour_edge_grid_features(batch, cfg.image_grid, cfg.colour_bins))
+            return np.concatenate(chunks)
+
+        return {"name": cfg.image_encoder, "grid": cfg.image_grid, "bins": cfg.colour_bins, "size": size}, \
+            colour_edge_grid
+    from mmcse.teacher_models import resnet50_features, resolve_resnet50
+
+    _, _, described = resolve_resnet50(cfg.image_weights)  # fails here, before compute, when offline
+
+    def resnet50(files: Sequence[Path], label: str) -> np.ndarray:
+        return resnet50_features(files, cfg.image_weights, cfg.batch_size, cfg.num_workers, device)
+
+    return {"name": "resnet50", **described}, resnet50
+
+
+def text_teacher_key(name_or_path: str, pooler: str) -> dict[str, Any]:
+    """Cache key of a text teacher: model id, the revision it resolves to, and the pooler."""
+    from mmcse.hub import resolve_model
+    from mmcse.teacher_models import revision
+
+    return {"name": name_or_path, "revision": revision(resolve_model(name_or_path)), "pooler": pooler}
+
+
+JointFeatures = Callable[[Sequence[str], Sequence[Path]], tuple[np.ndarray, np.ndarray]]
+
+
+def pretrained_joint_teacher(cfg: TeachersConfig, device: torch.device) -> tuple[dict[str, Any], JointFeatures]:
+    """A pretrained joint text–image teacher (``clip`` or ``open_clip``): its cache-key
+    description and ``(captions, image files) -> (t̂, v̂)``."""
+    from mmcse import teacher_models as tm
+
+    j = cfg.joint
+    if j.kind == "clip":
+        described = tm.describe_clip(j.model)
+
+        def clip(captions: Sequence[str], files: Sequence[Path]) -> tuple[np.ndarray, np.ndarray]:
+            return tm.clip_features(j.model, captions, files, cfg.batch_size, cfg.num_workers, device)
+
+        return {"kind": "clip", **described}, clip
+    if j.kind == "open_clip":
+        described = tm.describe_open_clip(j.model, j.pretrained)
+
+        def open_clip(captions: Sequence[str], files: Sequence[Path]) -> tuple[np.ndarray, np.ndarray]:
+            return tm.open_clip_features(j.model, j.pretrained, captions, files, cfg.batch_size, cfg.num_workers,
+                                         device)
+
+        return {"kind": "open_clip", **described}, open_clip
+    raise ValueError(f"teachers.joint.kind={j.kind!r} is not a pretrained teacher (cca is fitted here)")
 
 
 # --------------------------------------------------------------------------- joint teacher

@@ -24,11 +24,12 @@ from transformers import get_linear_schedule_with_warmup
 
 from mmcse.config import Config, active_terms
 from mmcse.data.senteval import SentencePair
+from mmcse.device import resolve_device
 from mmcse.evaluate import evaluate_sts, group_by_task, student_encoder
 from mmcse.io import read_json, read_jsonl, write_json
 from mmcse.losses import span_mean, weighted_teacher_similarity
 from mmcse.models import Student, load_backbone, load_tokenizer, save_student
-from mmcse.objectives import StepEmbeddings, needed_features, step_objective
+from mmcse.objectives import STAT, StepEmbeddings, needed_features, step_objective
 from mmcse.teachers import FeatureStore
 
 TEXT, PAIR = "text", "pair"
@@ -56,14 +57,6 @@ def alternation_schedule(n_text: int, n_pair: int) -> list[str]:
             schedule.append(PAIR)
             pair_left -= 1
     return schedule
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("params.yaml: base.device=cuda but no CUDA device is available (use cpu or auto)")
-    return torch.device(name)
 
 
 def check_inputs(data_dir: Path, teachers_dir: Path) -> None:
@@ -446,7 +439,7 @@ def train(
         optimizer.step()
         scheduler.step()
         state.step += 1
-        values = {f"loss/{k}": float(v.detach()) for k, v in terms.items()}
+        values = {k if k.startswith(STAT) else f"loss/{k}": float(v.detach()) for k, v in terms.items()}
         if state.step % LOG_EVERY == 0:
             state.history.append({"step": state.step, "loss": values["loss/loss"]})
         if log_metrics and (state.step % LOG_EVERY == 0 or kind == PAIR):  # every image term is logged

@@ -74,7 +74,9 @@ def test_deployment_runs_to_completion_on_a_worker(project):
 
         cli("work-pool", "create", "gpu", "--type", "process")
         cli("deploy", "--name", "ablations")
-        worker = subprocess.Popen([prefect, "worker", "start", "--pool", "gpu"], env=env, cwd=project,
+        inspected = cli("deployment", "inspect", "ablations/ablations")
+        assert "'global_concurrency_limit'" in inspected and "'limit': 4" in inspected  # from prefect.yaml
+        worker = subprocess.Popen([prefect, "worker", "start", "--pool", "gpu", "--limit", "1"], env=env, cwd=project,
                                   stdout=open(logs / "worker.log", "w"), stderr=subprocess.STDOUT,
                                   start_new_session=True)
         started.append(worker)

@@ -65,6 +65,22 @@ def _generate_pairs(cfg: DataConfig, seed: int, out: Path) -> tuple[list[dict], 
     return images, pairs
 
 
+def select_captions(pairs: list[dict], mode: str, seed: int) -> list[dict]:
+    """Which captions of each image become training pairs (``data.captions``): ``all`` (KDMCSE),
+    ``random`` (MCSE: one per image, seeded) or ``longest`` (MCSEO; ties: the first)."""
+    if mode == "all":
+        return pairs
+    by_image: dict[str, list[dict]] = {}
+    for pair in pairs:
+        by_image.setdefault(pair["image_id"], []).append(pair)
+    rng = random.Random(f"{seed}-captions")
+    if mode == "random":
+        return [rng.choice(group) for group in by_image.values()]
+    if mode == "longest":
+        return [max(group, key=lambda p: len(p["caption"])) for group in by_image.values()]
+    raise ValueError(f"unknown caption choice {mode!r}; choices: all, random, longest")
+
+
 def _generate_corpus(cfg: DataConfig, seed: int) -> list[str]:
     d = cfg.demo
     rng = random.Random(f"{seed}-corpus")
@@ -95,6 +111,7 @@ def prepare_data(cfg: DataConfig, seed: int, out_dir: str | Path) -> dict[str, A
         if (out / sub).exists():
             shutil.rmtree(out / sub)
     images, pairs = _generate_pairs(cfg, seed, out)
+    pairs = select_captions(pairs, cfg.captions, seed)
     corpus = _generate_corpus(cfg, seed)
 
     if cfg.source == "demo":
