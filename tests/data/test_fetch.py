@@ -1,0 +1,177 @@
+"""Downloads from an HTTP server on 127.0.0.1 serving archives built here (good, resumed,
+corrupt, truncated, path-escaping), and the hub path offline against a hub-layout cache."""
+
+import hashlib
+import io
+import os
+import tarfile
+import threading
+import zipfile
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from mmcse.data.fetch import DownloadError, http_download, hub_file, safe_extract
+
+
+class RangeHandler(SimpleHTTPRequestHandler):
+    """Static files with Range support; `/cut/<name>` announces the full length but stops halfway."""
+
+    ranges: list[str] = []
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        cut = self.path.startswith("/cut/")
+        path = Path(self.directory) / self.path.removeprefix("/cut/" if cut else "/")
+        if not path.is_file():
+            self.send_error(404)
+            return
+        data = path.read_bytes()
+        start = 0
+        if "Range" in self.headers:
+            RangeHandler.ranges.append(self.headers["Range"])
+            start = int(self.headers["Range"].split("=")[1].split("-")[0])
+            if start >= len(data):
+                self.send_error(416)
+                return
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+        else:
+            self.send_response(200)
+        body = data[start:]
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body[: len(body) // 2] if cut else body)
+
+
+@pytest.fixture
+def server(tmp_path):
+    files = tmp_path / "served"
+    files.mkdir()
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(RangeHandler, directory=str(files)))
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    RangeHandler.ranges = []
+    yield files, f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+def _tar_gz(members: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def _zip(members: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for name, data in members.items():
+            z.writestr(name, data)
+    return buf.getvalue()
+
+
+GOOD = {"flickr/dataset.json": b'{"images": []}', "flickr/images/1.jpg": os.urandom(300_000)}
+
+
+def test_download_verifies_and_extracts(server, tmp_path):
+    files, url = server
+    blob = _tar_gz(GOOD)
+    (files / "good.tar.gz").write_bytes(blob)
+    got = http_download(f"{url}/good.tar.gz", tmp_path / "dl/good.tar.gz", hashlib.sha256(blob).hexdigest(),
+                        progress=False)
+    assert got.read_bytes() == blob and not (tmp_path / "dl/good.tar.gz.part").exists()
+    out = safe_extract(got, tmp_path / "data/flickr30k")
+    assert (out / "flickr/images/1.jpg").read_bytes() == GOOD["flickr/images/1.jpg"]
+    assert [p.name for p in (tmp_path / "data").iterdir()] == ["flickr30k"]  # no temp folder left
+    # a verified file is not fetched again (the server is not even asked)
+    (files / "good.tar.gz").unlink()
+    assert http_download(f"{url}/good.tar.gz", got, hashlib.sha256(blob).hexdigest(), progress=False) == got
+
+
+def test_interrupted_download_resumes_with_a_range_request(server, tmp_path):
+    files, url = server
+    blob = _zip(GOOD)
+    (files / "a.zip").write_bytes(blob)
+    dest = tmp_path / "a.zip"
+    with pytest.raises(DownloadError, match="rerun to resume"):
+        http_download(f"{url}/cut/a.zip", dest, progress=False)
+    part = tmp_path / "a.zip.part"
+    assert not dest.exists() and 0 < part.stat().st_size < len(blob)
+    http_download(f"{url}/a.zip", dest, hashlib.sha256(blob).hexdigest(), progress=False)
+    assert dest.read_bytes() == blob and RangeHandler.ranges == [f"bytes={len(blob) // 2}-"]
+
+
+def test_corrupt_download_is_deleted_with_a_clear_error(server, tmp_path):
+    files, url = server
+    (files / "c.tar.gz").write_bytes(b"garbage" * 100)
+    with pytest.raises(DownloadError, match="c.tar.gz: SHA-256 mismatch"):
+        http_download(f"{url}/c.tar.gz", tmp_path / "c.tar.gz", "0" * 64, progress=False)
+    assert list(tmp_path.iterdir()) == [files]
+    with pytest.raises(DownloadError, match="HTTP 404"):
+        http_download(f"{url}/missing.zip", tmp_path / "m.zip", progress=False)
+
+
+def test_truncated_archive_leaves_no_output(server, tmp_path):
+    files, url = server
+    blob = _tar_gz(GOOD)
+    (files / "t.tar.gz").write_bytes(blob[: len(blob) * 2 // 3])
+    got = http_download(f"{url}/t.tar.gz", tmp_path / "t.tar.gz", progress=False)  # no digest known
+    with pytest.raises(DownloadError, match="t.tar.gz: not a complete zip or tar archive"):
+        safe_extract(got, tmp_path / "data/flickr30k")
+    assert list((tmp_path / "data").iterdir()) == []
+
+
+@pytest.mark.parametrize("make", [_zip, _tar_gz], ids=["zip", "tar.gz"])
+def test_member_escaping_the_folder_is_refused(tmp_path, make):
+    archive = tmp_path / "evil.bin"
+    archive.write_bytes(make({"ok.txt": b"fine", "../escaped.txt": b"pwned"}))
+    with pytest.raises(DownloadError, match=r"'\.\./escaped\.txt' would be written outside"):
+        safe_extract(archive, tmp_path / "data/x")
+    assert not (tmp_path / "data/escaped.txt").exists() and not (tmp_path / "escaped.txt").exists()
+    assert list((tmp_path / "data").iterdir()) == []
+
+
+def test_tar_symlink_out_of_the_folder_is_refused(tmp_path):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        link = tarfile.TarInfo("data/link")
+        link.type, link.linkname = tarfile.SYMTYPE, "../../etc/passwd"
+        tar.addfile(link)
+    (tmp_path / "l.tar").write_bytes(buf.getvalue())
+    with pytest.raises(DownloadError, match="outside"):
+        safe_extract(tmp_path / "l.tar", tmp_path / "out")
+
+
+def test_offline_http_download_fails_fast(tmp_path, monkeypatch):
+    monkeypatch.setenv("MMCSE_OFFLINE", "1")
+    with pytest.raises(DownloadError, match="offline"):
+        http_download("http://127.0.0.1:9/never", tmp_path / "x.zip", progress=False)
+
+
+def test_hub_file_offline_from_a_hub_layout_cache(tmp_path, monkeypatch):
+    """The cache as the hub client lays it out: refs/main names a snapshot holding the file."""
+    cache = tmp_path / "hub"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    snapshot = cache / "datasets--nlphuji--flickr30k" / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (snapshot / "flickr_annotations_30k.csv").write_text("raw,sentids,split,filename,img_id\n")
+    (cache / "datasets--nlphuji--flickr30k" / "refs").mkdir()
+    (cache / "datasets--nlphuji--flickr30k" / "refs" / "main").write_text(commit)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants as constants
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    got = hub_file("nlphuji/flickr30k", "flickr_annotations_30k.csv")
+    assert got == snapshot / "flickr_annotations_30k.csv"
+    with pytest.raises(DownloadError, match="not in the local Hugging Face cache.*offline"):
+        hub_file("nlphuji/flickr30k", "flickr30k-images.zip")
