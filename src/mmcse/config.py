@@ -90,10 +90,18 @@ class DataConfig:
     senteval_dir: str = "../shared/data/senteval"
     # Training pairs per image: all captions (KDMCSE), one random (MCSE) or the longest (MCSEO).
     captions: Literal["all", "random", "longest"] = "all"
+    # The text-only corpus: demo (generated), wiki1m (SimCSE's 1M Wikipedia sentences from the
+    # Hugging Face hub, cache first), or a local text file with one sentence per line.
+    corpus: str = "demo"
+    corpus_limit: int = 0  # keep the first N sentences (0: all)
     demo: DemoDataConfig = field(default_factory=DemoDataConfig)
 
     def validate(self, where: str) -> None:
         self.demo.validate(where)
+        _check(self.corpus_limit >= 0, where, "data.corpus_limit", "must be >= 0 (0: all)")
+        if self.corpus not in ("demo", "wiki1m"):
+            _check(Path(self.corpus).expanduser().is_file(), where, "data.corpus",
+                   f"is neither demo, wiki1m nor an existing text file: {self.corpus!r}")
         if self.source == "senteval":
             _check(bool(self.senteval_dir), where, "data.senteval_dir", "must be set when source=senteval")
 

@@ -41,3 +41,33 @@ def test_download_writes_only_the_chosen_captions(tmp_path):
     everything = prepare_data(DataConfig(demo=demo), 3, tmp_path / "all")
     longest = prepare_data(DataConfig(demo=demo, captions="longest"), 3, tmp_path / "longest")
     assert everything["counts"]["pairs"] == 18 and longest["counts"]["pairs"] == 6
+
+
+def test_corpus_from_a_text_file_and_from_the_hub_cache(tmp_path, monkeypatch):
+    from mmcse.config import ConfigError, DataConfig, parse_config
+    from mmcse.data.prepare import WIKI1M, load_corpus
+
+    text = tmp_path / "corpus.txt"
+    text.write_text("first sentence.\n\n  second one.  \nthird\n")
+    assert load_corpus(DataConfig(corpus=str(text)), 0) == ["first sentence.", "second one.", "third"]
+    assert load_corpus(DataConfig(corpus=str(text), corpus_limit=2), 0) == ["first sentence.", "second one."]
+    with pytest.raises(ConfigError, match="data.corpus"):
+        parse_config({"data": {"corpus": str(tmp_path / "missing.txt")}})
+    (tmp_path / "empty.txt").write_text("\n\n")
+    with pytest.raises(ValueError, match="holds no sentences"):
+        load_corpus(DataConfig(corpus=str(tmp_path / "empty.txt")), 0)
+
+    # wiki1m from a cache laid out as the hub client lays it out, offline
+    import huggingface_hub.constants as constants
+
+    repo, filename = WIKI1M
+    commit = "f" * 40
+    root = tmp_path / "hub" / f"datasets--{repo.replace('/', '--')}"
+    (root / "snapshots" / commit).mkdir(parents=True)
+    (root / "snapshots" / commit / filename).write_text("a wiki sentence.\nanother one.\n")
+    (root / "refs").mkdir()
+    (root / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert load_corpus(DataConfig(corpus="wiki1m"), 0) == ["a wiki sentence.", "another one."]

@@ -81,6 +81,28 @@ def select_captions(pairs: list[dict], mode: str, seed: int) -> list[dict]:
     raise ValueError(f"unknown caption choice {mode!r}; choices: all, random, longest")
 
 
+WIKI1M = ("princeton-nlp/datasets-for-simcse", "wiki1m_for_simcse.txt")  # hub dataset repo, file
+
+
+def load_corpus(cfg: DataConfig, seed: int) -> list[str]:
+    """The text-only corpus of ``data.corpus`` (demo / wiki1m / a text file), blank lines
+    dropped, cut to ``data.corpus_limit`` sentences when set; an empty corpus is an error."""
+    if cfg.corpus == "demo":
+        sentences = _generate_corpus(cfg, seed)
+    else:
+        if cfg.corpus == "wiki1m":
+            from mmcse.data.fetch import hub_file
+
+            path = hub_file(*WIKI1M)
+        else:
+            path = Path(cfg.corpus).expanduser()
+        with open(path, encoding="utf-8") as handle:
+            sentences = [line.strip() for line in handle if line.strip()]
+        if not sentences:
+            raise ValueError(f"params.yaml: data.corpus={cfg.corpus!r}: {path} holds no sentences")
+    return sentences[: cfg.corpus_limit] if cfg.corpus_limit else sentences
+
+
 def _generate_corpus(cfg: DataConfig, seed: int) -> list[str]:
     d = cfg.demo
     rng = random.Random(f"{seed}-corpus")
@@ -112,7 +134,7 @@ def prepare_data(cfg: DataConfig, seed: int, out_dir: str | Path) -> dict[str, A
             shutil.rmtree(out / sub)
     images, pairs = _generate_pairs(cfg, seed, out)
     pairs = select_captions(pairs, cfg.captions, seed)
-    corpus = _generate_corpus(cfg, seed)
+    corpus = load_corpus(cfg, seed)
 
     if cfg.source == "demo":
         dev = _generate_sts(cfg, seed, "dev", cfg.demo.sts_dev_pairs)
