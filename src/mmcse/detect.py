@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from mmcse.config import DetectConfig
-from mmcse.io import atomic_path, read_jsonl, write_jsonl
+from mmcse.io import atomic_path, open_image, read_jsonl, write_jsonl
 
 
 def char_span_to_token_span(offsets: list[tuple[int, int]], start: int, end: int) -> tuple[int, int] | None:
@@ -31,17 +31,6 @@ def char_span_to_token_span(offsets: list[tuple[int, int]], start: int, end: int
     if kept_end < end:  # truncation cut the phrase
         return None
     return tokens[0], tokens[-1] + 1
-
-
-def _open_image(path: Path) -> Image.Image:
-    try:
-        img = Image.open(path)
-        img.load()
-        return img
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: image not found (rerun the download stage)") from None
-    except (UnidentifiedImageError, OSError) as err:
-        raise ValueError(f"{path}: corrupt or unreadable image ({err})") from None
 
 
 def object_crop(image: Image.Image, labels: np.ndarray, object_index: int, box: list[int]) -> Image.Image:
@@ -101,8 +90,8 @@ def detect_objects(
             key = (pair["image_id"], obj["object"])
             if key in crops_done:
                 continue
-            image = _open_image(data_dir / image_row["file"])
-            labels = np.asarray(_open_image(data_dir / image_row["mask"]))
+            image = open_image(data_dir / image_row["file"], "rerun the download stage")
+            labels = np.asarray(open_image(data_dir / image_row["mask"], "rerun the download stage"))
             with atomic_path(out_dir / obj["crop"]) as tmp:
                 object_crop(image, labels, obj["object"], obj["box"]).save(tmp, format="PNG")
             crops_done.add(key)

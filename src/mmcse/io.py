@@ -95,3 +95,20 @@ def ensure_sqlite_parent(url: str) -> str:
         path.parent.mkdir(parents=True, exist_ok=True)
         return f"sqlite:///{path}"
     return url
+
+
+def open_image(path: str | Path, hint: str = ""):
+    """A fully loaded PIL image; a missing or corrupt file is a clear error naming it
+    (``hint`` says how to repair it, e.g. which stage to rerun)."""
+    from PIL import Image, UnidentifiedImageError
+
+    path = Path(path)
+    suffix = f" ({hint})" if hint else ""
+    try:
+        with Image.open(path) as img:
+            img.load()
+            return img.copy()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: image not found{suffix}") from None
+    except (UnidentifiedImageError, OSError) as err:
+        raise ValueError(f"{path}: corrupt or unreadable image ({err}){suffix}") from None

@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 from safetensors.torch import load_file as load_safetensors
 from tqdm.auto import tqdm
 
 from mmcse.hub import ModelUnavailableError, offline, resolve_model
-from mmcse.io import sha256_file
+from mmcse.io import open_image, sha256_file
 
 # --------------------------------------------------------------------------- images
 
@@ -29,19 +29,13 @@ from mmcse.io import sha256_file
 def rgb_on_black(path: Path) -> Image.Image:
     """An image as RGB; a transparent background (MCSEO object crops) becomes black, so the
     encoder sees only the object. A missing or corrupt file is a clear error naming it."""
-    try:
-        with Image.open(path) as img:
-            img.load()
-            if img.mode in ("RGBA", "LA", "P"):
-                rgba = img.convert("RGBA")
-                canvas = Image.new("RGB", rgba.size, (0, 0, 0))
-                canvas.paste(rgba, mask=rgba.getchannel("A"))
-                return canvas
-            return img.convert("RGB")
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: image not found") from None
-    except (UnidentifiedImageError, OSError) as err:
-        raise ValueError(f"{path}: corrupt or unreadable image ({err})") from None
+    img = open_image(path)
+    if img.mode not in ("RGBA", "LA", "P"):
+        return img.convert("RGB")
+    rgba = img.convert("RGBA")
+    canvas = Image.new("RGB", rgba.size, (0, 0, 0))
+    canvas.paste(rgba, mask=rgba.getchannel("A"))
+    return canvas
 
 
 class ImageFiles(torch.utils.data.Dataset):

@@ -17,11 +17,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 from tqdm.auto import tqdm
 
 from mmcse.config import TeachersConfig
-from mmcse.io import atomic_path, read_json, sha256_json, write_json
+from mmcse.io import atomic_path, open_image, read_json, sha256_json, write_json
 
 # --------------------------------------------------------------------------- image encoder
 
@@ -64,16 +64,10 @@ def colour_edge_grid_features(rgba: np.ndarray, grid: int, bins: int) -> np.ndar
 
 def read_rgba(path: Path, size: int) -> np.ndarray:
     """An image as ``(size, size, 4)`` uint8; a clear error names a missing/corrupt file."""
-    try:
-        with Image.open(path) as img:
-            img = img.convert("RGBA")
-            if img.size != (size, size):
-                img = img.resize((size, size), Image.BILINEAR)
-            return np.asarray(img, dtype=np.uint8)
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: image not found") from None
-    except (UnidentifiedImageError, OSError) as err:
-        raise ValueError(f"{path}: corrupt or unreadable image ({err})") from None
+    img = open_image(path).convert("RGBA")
+    if img.size != (size, size):
+        img = img.resize((size, size), Image.BILINEAR)
+    return np.asarray(img, dtype=np.uint8)
 
 
 # --------------------------------------------------------------------------- text teacher
