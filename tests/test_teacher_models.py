@@ -43,10 +43,10 @@ def test_resnet50_from_a_local_weights_file_matches_a_direct_forward(image_files
     reference = tm.build_resnet50(None)
     state = {f"{k}": v for k, v in reference.state_dict().items()}
     save_file(state, str(tmp_path / "r50.safetensors"))
-    got = tm.resnet50_features(image_files, str(tmp_path / "r50.safetensors"), batch_size=2, num_workers=0,
+    path, preprocess, described = tm.resolve_resnet50(str(tmp_path / "r50.safetensors"))
+    got = tm.resnet50_features(image_files, tm.build_resnet50(path), preprocess, batch_size=2, num_workers=0,
                                device=torch.device("cpu"))
     assert got.shape == (3, 2048) and got.dtype == np.float32
-    _, preprocess, described = tm.resolve_resnet50(str(tmp_path / "r50.safetensors"))
     assert len(described["sha256"]) == 64 and "Resize" in described["preprocess"]
     with torch.no_grad():
         direct = reference(torch.stack([preprocess(tm.rgb_on_black(f)) for f in image_files]))

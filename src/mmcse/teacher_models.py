@@ -157,12 +157,13 @@ def build_resnet50(path: Path | None) -> torch.nn.Module:
 
 
 def resnet50_features(
-    files: Sequence[Path], weights: str, batch_size: int, num_workers: int, device: torch.device
+    files: Sequence[Path], model: torch.nn.Module, preprocess: Callable, batch_size: int, num_workers: int,
+    device: torch.device,
 ) -> np.ndarray:
     """ResNet-50 features ``(N, 2048)`` of image files (MCSE's image encoder, MCSEO's object
-    encoder), L2-normalised float32."""
-    path, preprocess, _ = resolve_resnet50(weights)
-    model = build_resnet50(path).to(device)
+    encoder) from ``build_resnet50``'s model and ``resolve_resnet50``'s preprocessing,
+    L2-normalised float32."""
+    model = model.to(device)
     chunks = []
     with torch.inference_mode(), _autocast(device):
         for pixels in _image_batches(files, preprocess, batch_size, num_workers, "teacher: resnet50"):

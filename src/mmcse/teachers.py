@@ -125,12 +125,15 @@ def image_encoder(cfg: TeachersConfig, device: torch.device) -> tuple[dict[str, 
 
         return {"name": cfg.image_encoder, "grid": cfg.image_grid, "bins": cfg.colour_bins, "size": size}, \
             colour_edge_grid
-    from mmcse.teacher_models import resnet50_features, resolve_resnet50
+    from mmcse.teacher_models import build_resnet50, resnet50_features, resolve_resnet50
 
-    _, _, described = resolve_resnet50(cfg.image_weights)  # fails here, before compute, when offline
+    path, preprocess, described = resolve_resnet50(cfg.image_weights)  # fails here, before compute, when offline
+    built: list[torch.nn.Module] = []  # one model for images and object crops, built on the first miss
 
     def resnet50(files: Sequence[Path], label: str) -> np.ndarray:
-        return resnet50_features(files, cfg.image_weights, cfg.batch_size, cfg.num_workers, device)
+        if not built:
+            built.append(build_resnet50(path))
+        return resnet50_features(files, built[0], preprocess, cfg.batch_size, cfg.num_workers, device)
 
     return {"name": "resnet50", **described}, resnet50
 
