@@ -135,7 +135,7 @@ def run_cache_teachers(cfg: Config, paths: Paths) -> dict[str, Any]:
         def compute() -> np.ndarray:
             if (model, kind) not in computed:
                 computed[(model, kind)] = text_teacher_features(model, texts[kind][0], poolers_of[model], t.batch_size)
-            return computed[(model, kind)][pooler]
+            return computed[(model, kind)].pop(pooler)  # stored right after: free it (Wiki1M is GBs)
 
         return compute
 

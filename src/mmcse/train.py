@@ -327,7 +327,8 @@ def training_step_loss(
         e.image = student.image_proj(feats.image)  # (B, p): g_φ2 on frozen image features
     if feats.joint_text is not None:
         e.joint_text, e.joint_image = feats.joint_text, feats.joint_image
-        e.teacher_text = student.teacher_text_proj(feats.joint_text)  # (B, p): g_φt(t̂)
+        if on["kdmcse"]:  # only KDMCSE's text term uses g_φt
+            e.teacher_text = student.teacher_text_proj(feats.joint_text)  # (B, p): g_φt(t̂)
         e.teacher_image = student.teacher_image_proj(feats.joint_image)  # (B, p): g_φv(v̂)
         if on["consistency"]:
             e.shared_text = student.shared_text(cls[:n])  # (B, p)
