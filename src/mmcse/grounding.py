@@ -78,18 +78,18 @@ def parse_grounding(
     taken: list[tuple[int, int]] = []
     pairs: list[GroundedPhrase] = []
     dropped = {"unmatched": 0, "bad_boxes": 0, "repeats": 0}
-    seen_labels: dict[str, int] = {}
+    matched: set[str] = set()  # labels (as words) that already took a span
     for raw_box, label in zip(boxes, labels, strict=True):
         box = clip_box(raw_box, width, height)
         if box is None:
             dropped["bad_boxes"] += 1
             continue
+        key = " ".join(w for w, _, _ in _words(label))
         span = find_span(caption, label, taken)
         if span is None:
-            key = " ".join(w for w, _, _ in _words(label))
-            dropped["repeats" if key and seen_labels.get(key) else "unmatched"] += 1
+            dropped["repeats" if key in matched else "unmatched"] += 1
             continue
-        seen_labels[" ".join(w for w, _, _ in _words(label))] = 1
+        matched.add(key)
         taken.append(span)
         pairs.append(GroundedPhrase(caption[span[0] : span[1]], span[0], span[1], box))
     return sorted(pairs, key=lambda p: p.start), dropped
