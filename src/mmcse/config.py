@@ -82,23 +82,98 @@ class DemoDataConfig:
         _check(self.sts_test_pairs >= 10, where, p + "sts_test_pairs", "must be >= 10")
 
 
+_SHA256_HEX = set("0123456789abcdef")
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    # Where one dataset file comes from: `url` (plain HTTP with Range resume), `hub` + `file`
+    # (a Hugging Face hub dataset repo, through its cache and offline mode) or `path` (a file or
+    # folder already on this machine: nothing is fetched). sha256 is checked when given and
+    # every fetched file's digest is written to the download manifest either way.
+    url: str = ""
+    hub: str = ""
+    file: str = ""
+    revision: str = ""
+    path: str = ""
+    sha256: str = ""
+
+    def validate(self, where: str, key: str) -> None:
+        given = [name for name in ("url", "hub", "path") if getattr(self, name)]
+        _check(len(given) == 1, where, key, f"needs exactly one of url, hub (+ file) or path; got {given or 'none'}")
+        if self.hub:
+            _check(bool(self.file), where, key + ".file", "must name the file inside the hub repo")
+        if self.url:
+            _check(self.url.startswith(("http://", "https://")), where, key + ".url", "must be an http(s) URL")
+        if self.sha256:
+            _check(len(self.sha256) == 64 and set(self.sha256.lower()) <= _SHA256_HEX, where, key + ".sha256",
+                   "must be 64 hex digits (or empty: unknown, recorded after the download)")
+
+
+@dataclass(frozen=True)
+class SourcesConfig:
+    # Karpathy's caption_datasets.zip: dataset_flickr30k.json + dataset_coco.json (splits, captions)
+    karpathy_splits: SourceConfig = field(default_factory=lambda: SourceConfig(
+        url="https://cs.stanford.edu/people/karpathy/deepimagesent/caption_datasets.zip"))
+    flickr30k_images: SourceConfig = field(default_factory=lambda: SourceConfig(
+        hub="nlphuji/flickr30k", file="flickr30k-images.zip"))
+    coco_train2014: SourceConfig = field(default_factory=lambda: SourceConfig(
+        url="http://images.cocodataset.org/zips/train2014.zip"))
+    coco_val2014: SourceConfig = field(default_factory=lambda: SourceConfig(
+        url="http://images.cocodataset.org/zips/val2014.zip"))
+    # Flickr30k Entities: Sentences/<id>.txt phrase markup + Annotations/<id>.xml boxes
+    flickr30k_entities: SourceConfig = field(default_factory=lambda: SourceConfig(
+        url="https://github.com/BryanPlummer/flickr30k_entities/raw/master/annotations.zip"))
+    wiki1m: SourceConfig = field(default_factory=lambda: SourceConfig(
+        hub="princeton-nlp/datasets-for-simcse", file="wiki1m_for_simcse.txt"))
+    # SimCSE's copy of the SentEval data: downstream/{STS,SICK,MR,CR,SUBJ,MPQA,SST,TREC,MRPC}
+    senteval: SourceConfig = field(default_factory=lambda: SourceConfig(
+        hub="princeton-nlp/datasets-for-simcse", file="senteval.tar"))
+
+    def validate(self, where: str) -> None:
+        for f in dataclasses.fields(self):
+            getattr(self, f.name).validate(where, f"data.sources.{f.name}")
+
+
+KARPATHY_SPLITS = ("train", "restval", "val", "test")
+
+
 @dataclass(frozen=True)
 class DataConfig:
-    # demo: everything generated from the seed. senteval: the STS dev/test sets come from a
-    # local SentEval-layout folder; the image–caption pairs and text corpus stay generated.
+    # STS sets. demo: generated; senteval: STS-B dev + the seven STS test sets from
+    # senteval_dir (a SentEval-layout folder, or `download`: fetch sources.senteval).
     source: Literal["demo", "senteval"] = "demo"
     senteval_dir: str = "../shared/data/senteval"
+    # Image–caption pairs. demo: the generated scene world; flickr30k / coco: the real images
+    # with Karpathy's splits (sources.karpathy_splits + the image archives).
+    pairs: Literal["demo", "flickr30k", "coco"] = "demo"
+    splits: list[str] = field(default_factory=lambda: ["train"])  # coco papers: train + restval
+    image_limit: int = 0  # first N images of the chosen splits (0: all)
+    verify_images: bool = True  # decode every image once; unreadable ones are dropped and counted
+    # Phrase boxes for detect.backend annotations on real pairs: none | flickr30k_entities
+    annotations: Literal["none", "flickr30k_entities"] = "none"
+    downloads_dir: str = "downloads"  # under base.data_dir: fetched archives, kept for resume and reruns
+    sources: SourcesConfig = field(default_factory=SourcesConfig)
     # Training pairs per image: all captions (KDMCSE), one random (MCSE) or the longest (MCSEO).
     captions: Literal["all", "random", "longest"] = "all"
-    # The text-only corpus: demo (generated), wiki1m (SimCSE's 1M Wikipedia sentences from the
-    # Hugging Face hub, cache first), or a local text file with one sentence per line.
+    # The text-only corpus: demo (generated), wiki1m (SimCSE's 1M Wikipedia sentences,
+    # sources.wiki1m), or a local text file with one sentence per line.
     corpus: str = "demo"
     corpus_limit: int = 0  # keep the first N sentences (0: all)
     demo: DemoDataConfig = field(default_factory=DemoDataConfig)
 
     def validate(self, where: str) -> None:
         self.demo.validate(where)
+        self.sources.validate(where)
         _check(self.corpus_limit >= 0, where, "data.corpus_limit", "must be >= 0 (0: all)")
+        _check(self.image_limit >= 0, where, "data.image_limit", "must be >= 0 (0: all)")
+        _check(bool(self.splits), where, "data.splits", f"must name at least one of {', '.join(KARPATHY_SPLITS)}")
+        for split in self.splits:
+            _check(split in KARPATHY_SPLITS, where, "data.splits",
+                   f"unknown split {split!r}; valid: {', '.join(KARPATHY_SPLITS)}")
+        _check(self.annotations == "none" or self.pairs == "flickr30k", where, "data.annotations",
+               "flickr30k_entities annotates Flickr30k images: needs data.pairs: flickr30k")
+        _check(bool(self.downloads_dir.strip()), where, "data.downloads_dir", "must not be empty")
         if self.corpus not in ("demo", "wiki1m"):
             _check(Path(self.corpus).expanduser().is_file(), where, "data.corpus",
                    f"is neither demo, wiki1m nor an existing text file: {self.corpus!r}")

@@ -17,6 +17,7 @@ class Paths:
     """Where each stage reads and writes, derived from ``base`` (relative to the cwd)."""
 
     raw: Path
+    downloads: Path
     objects: Path
     teachers: Path
     student: Path
@@ -30,6 +31,7 @@ class Paths:
         data = root / cfg.base.data_dir
         return cls(
             raw=data / "raw",
+            downloads=data / cfg.data.downloads_dir,
             objects=data / "objects",
             teachers=data / cfg.teachers.cache_dir,
             student=root / cfg.base.models_dir / "student",
@@ -45,7 +47,7 @@ class Paths:
 def run_download(cfg: Config, paths: Paths) -> dict[str, Any]:
     from mmcse.data.prepare import prepare_data
 
-    return prepare_data(cfg.data, cfg.base.seed, paths.raw)
+    return prepare_data(cfg.data, cfg.base.seed, paths.raw, paths.downloads)
 
 
 # --------------------------------------------------------------------------- detect_objects

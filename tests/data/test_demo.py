@@ -20,7 +20,7 @@ def test_same_seed_same_bytes_other_seed_other_data(tmp_path):
     assert a["sha256"]["pairs.jsonl"] != c["sha256"]["pairs.jsonl"]
     assert (tmp_path / "a/images/img00003.png").read_bytes() == (tmp_path / "b/images/img00003.png").read_bytes()
     assert a["counts"] == {"images": 12, "pairs": 36, "corpus_sentences": 50, "sts_dev_pairs": 20,
-                           "sts_test_pairs": 20}
+                           "sts_test_pairs": 20, "pairs_with_phrases": 36}
 
 
 def test_phrase_spans_name_their_objects_and_masks_match_boxes(tmp_path):

@@ -5,85 +5,18 @@ import hashlib
 import io
 import os
 import tarfile
-import threading
-import zipfile
-from functools import partial
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
 
 from mmcse.data.fetch import DownloadError, http_download, hub_file, safe_extract
-
-
-class RangeHandler(SimpleHTTPRequestHandler):
-    """Static files with Range support; `/cut/<name>` announces the full length but stops halfway."""
-
-    ranges: list[str] = []
-
-    def log_message(self, *args):
-        pass
-
-    def do_GET(self):
-        cut = self.path.startswith("/cut/")
-        path = Path(self.directory) / self.path.removeprefix("/cut/" if cut else "/")
-        if not path.is_file():
-            self.send_error(404)
-            return
-        data = path.read_bytes()
-        start = 0
-        if "Range" in self.headers:
-            RangeHandler.ranges.append(self.headers["Range"])
-            start = int(self.headers["Range"].split("=")[1].split("-")[0])
-            if start >= len(data):
-                self.send_error(416)
-                return
-            self.send_response(206)
-            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
-        else:
-            self.send_response(200)
-        body = data[start:]
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body[: len(body) // 2] if cut else body)
-
-
-@pytest.fixture
-def server(tmp_path):
-    files = tmp_path / "served"
-    files.mkdir()
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(RangeHandler, directory=str(files)))
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    RangeHandler.ranges = []
-    yield files, f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-
-
-def _tar_gz(members: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
-def _zip(members: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with zipfile.ZipFile(buf, "w") as z:
-        for name, data in members.items():
-            z.writestr(name, data)
-    return buf.getvalue()
-
+from tests.data.served import RangeHandler, make_zip, tar_gz
 
 GOOD = {"flickr/dataset.json": b'{"images": []}', "flickr/images/1.jpg": os.urandom(300_000)}
 
 
 def test_download_verifies_and_extracts(server, tmp_path):
     files, url = server
-    blob = _tar_gz(GOOD)
+    blob = tar_gz(GOOD)
     (files / "good.tar.gz").write_bytes(blob)
     got = http_download(f"{url}/good.tar.gz", tmp_path / "dl/good.tar.gz", hashlib.sha256(blob).hexdigest(),
                         progress=False)
@@ -98,7 +31,7 @@ def test_download_verifies_and_extracts(server, tmp_path):
 
 def test_interrupted_download_resumes_with_a_range_request(server, tmp_path):
     files, url = server
-    blob = _zip(GOOD)
+    blob = make_zip(GOOD)
     (files / "a.zip").write_bytes(blob)
     dest = tmp_path / "a.zip"
     with pytest.raises(DownloadError, match="rerun to resume"):
@@ -121,7 +54,7 @@ def test_corrupt_download_is_deleted_with_a_clear_error(server, tmp_path):
 
 def test_truncated_archive_leaves_no_output(server, tmp_path):
     files, url = server
-    blob = _tar_gz(GOOD)
+    blob = tar_gz(GOOD)
     (files / "t.tar.gz").write_bytes(blob[: len(blob) * 2 // 3])
     got = http_download(f"{url}/t.tar.gz", tmp_path / "t.tar.gz", progress=False)  # no digest known
     with pytest.raises(DownloadError, match="t.tar.gz: not a complete zip or tar archive"):
@@ -129,7 +62,7 @@ def test_truncated_archive_leaves_no_output(server, tmp_path):
     assert list((tmp_path / "data").iterdir()) == []
 
 
-@pytest.mark.parametrize("make", [_zip, _tar_gz], ids=["zip", "tar.gz"])
+@pytest.mark.parametrize("make", [make_zip, tar_gz], ids=["zip", "tar.gz"])
 def test_member_escaping_the_folder_is_refused(tmp_path, make):
     archive = tmp_path / "evil.bin"
     archive.write_bytes(make({"ok.txt": b"fine", "../escaped.txt": b"pwned"}))

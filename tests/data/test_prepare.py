@@ -45,7 +45,7 @@ def test_download_writes_only_the_chosen_captions(tmp_path):
 
 def test_corpus_from_a_text_file_and_from_the_hub_cache(tmp_path, monkeypatch):
     from mmcse.config import ConfigError, DataConfig, parse_config
-    from mmcse.data.prepare import WIKI1M, load_corpus
+    from mmcse.data.prepare import load_corpus
 
     text = tmp_path / "corpus.txt"
     text.write_text("first sentence.\n\n  second one.  \nthird\n")
@@ -60,7 +60,7 @@ def test_corpus_from_a_text_file_and_from_the_hub_cache(tmp_path, monkeypatch):
     # wiki1m from a cache laid out as the hub client lays it out, offline
     import huggingface_hub.constants as constants
 
-    repo, filename = WIKI1M
+    repo, filename = DataConfig().sources.wiki1m.hub, DataConfig().sources.wiki1m.file
     commit = "f" * 40
     root = tmp_path / "hub" / f"datasets--{repo.replace('/', '--')}"
     (root / "snapshots" / commit).mkdir(parents=True)
@@ -70,4 +70,4 @@ def test_corpus_from_a_text_file_and_from_the_hub_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    assert load_corpus(DataConfig(corpus="wiki1m"), 0) == ["a wiki sentence.", "another one."]
+    assert load_corpus(DataConfig(corpus="wiki1m"), 0, tmp_path / "downloads") == ["a wiki sentence.", "another one."]

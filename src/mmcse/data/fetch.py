@@ -10,8 +10,8 @@ failure leaves no partial output.
 
 from __future__ import annotations
 
-import hashlib
 import http.client
+import json
 import os
 import shutil
 import tarfile
@@ -24,18 +24,32 @@ from pathlib import Path, PurePosixPath
 from tqdm.auto import tqdm
 
 from mmcse.hub import offline
+from mmcse.io import sha256_file, write_json
 
 
 class DownloadError(RuntimeError):
     """A download or archive that cannot be used; the message names the source and why."""
 
 
-def sha256_of(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
+def file_digest(path: str | Path) -> str:
+    """SHA-256 of ``path``, remembered in ``<path>.sha256.json`` (keyed by size and mtime) so a
+    13 GB archive is hashed once, not on every rerun. Hub cache files are read-only
+    symlinks: their digest is not remembered there."""
+    path = Path(path)
+    stat = path.stat()
+    key = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    memo = path.with_name(path.name + ".sha256.json")
+    if memo.is_file():
+        try:
+            saved = json.loads(memo.read_text())
+            if {k: saved.get(k) for k in key} == key:
+                return saved["sha256"]
+        except (json.JSONDecodeError, KeyError):
+            pass
+    digest = sha256_file(path)
+    if not path.is_symlink() and os.access(path.parent, os.W_OK):
+        write_json(memo, {**key, "sha256": digest})
+    return digest
 
 
 def http_download(url: str, dest: str | Path, sha256: str | None = None, timeout: float = 30.0,
@@ -46,7 +60,7 @@ def http_download(url: str, dest: str | Path, sha256: str | None = None, timeout
     stops early keeps its ``.part`` for the next call to resume; a digest mismatch deletes it.
     """
     dest = Path(dest)
-    if dest.is_file() and (sha256 is None or sha256_of(dest) == sha256):
+    if dest.is_file() and (sha256 is None or file_digest(dest) == sha256):
         return dest
     if offline():
         raise DownloadError(f"{url}: not downloaded yet ({dest}) and the machine is offline (MMCSE_OFFLINE / "
@@ -87,7 +101,7 @@ def http_download(url: str, dest: str | Path, sha256: str | None = None, timeout
                 raise DownloadError(f"{url}: transfer stopped after {received} of {expected} bytes; "
                                     f"rerun to resume from {part}")
     if sha256 is not None:
-        got = sha256_of(part)
+        got = sha256_file(part)
         if got != sha256:
             part.unlink()
             raise DownloadError(f"{url}: SHA-256 mismatch (expected {sha256}, got {got}); the download was "

@@ -1,20 +1,26 @@
 """The ``download`` stage: materialise training pairs, corpus and STS sets under ``data/``.
 
+Image–caption pairs come from the generated scene world (``data.pairs: demo``) or from
+Flickr30k / MS-COCO 2014 with Karpathy's splits (:mod:`mmcse.data.sources`); the STS sets
+from the generator or a SentEval folder; the corpus from the generator, Wiki1M or a file.
+
 Layout written (all paths relative to the data folder)::
 
-    images/<image_id>.png        RGB scene
-    masks/<image_id>.png         label mask (0 background, k = object k-1)
-    images.jsonl                 image_id, file, mask, objects [{shape, colour, size, box}]
-    pairs.jsonl                  pair_id, image_id, caption, phrases [{object, start, end}]
+    images/<image_id>.png        demo: RGB scene | images/<dataset>/...: real images (hard links)
+    masks/<image_id>.png         demo: label mask (0 background, k = object k-1)
+    images.jsonl                 image_id, file (+ split; demo: mask; objects [{box, ...}] where annotated)
+    pairs.jsonl                  pair_id, image_id, caption, phrases [{object, start, end}] (empty: none)
     corpus.txt                   text-only sentences (one per line)
     sts/dev.jsonl, sts/test.jsonl  task, subset, s1, s2, score
-    manifest.json                counts + SHA-256 of every table (written last)
+    manifest.json                counts, sources (origin, SHA-256, bytes), SHA-256 of every table
 """
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +29,7 @@ from tqdm.auto import tqdm
 from mmcse.config import DataConfig
 from mmcse.data import demo
 from mmcse.data.senteval import read_sts_task, read_sts_tasks
+from mmcse.data.sources import fetch_source, real_pairs, senteval_folder
 from mmcse.io import atomic_path, sha256_file, write_json, write_jsonl, write_text
 
 
@@ -81,26 +88,27 @@ def select_captions(pairs: list[dict], mode: str, seed: int) -> list[dict]:
     raise ValueError(f"unknown caption choice {mode!r}; choices: all, random, longest")
 
 
-WIKI1M = ("princeton-nlp/datasets-for-simcse", "wiki1m_for_simcse.txt")  # hub dataset repo, file
-
-
-def load_corpus(cfg: DataConfig, seed: int) -> list[str]:
+def load_corpus(cfg: DataConfig, seed: int, downloads: str | Path = "data/downloads", with_record: bool = False
+                ) -> Any:
     """The text-only corpus of ``data.corpus`` (demo / wiki1m / a text file), blank lines
-    dropped, cut to ``data.corpus_limit`` sentences when set; an empty corpus is an error."""
+    dropped, cut to ``data.corpus_limit`` sentences when set; an empty corpus is an error.
+    With ``with_record`` also returns what the manifest records of its source (None for demo)."""
+    record = None
     if cfg.corpus == "demo":
         sentences = _generate_corpus(cfg, seed)
     else:
         if cfg.corpus == "wiki1m":
-            from mmcse.data.fetch import hub_file
-
-            path = hub_file(*WIKI1M)
+            fetched = fetch_source(cfg.sources.wiki1m, "wiki1m", downloads)
+            path, record = fetched.path, fetched.record
         else:
             path = Path(cfg.corpus).expanduser()
+            record = {"origin": f"path:{path}", "sha256": sha256_file(path)}
         with open(path, encoding="utf-8") as handle:
             sentences = [line.strip() for line in handle if line.strip()]
         if not sentences:
             raise ValueError(f"params.yaml: data.corpus={cfg.corpus!r}: {path} holds no sentences")
-    return sentences[: cfg.corpus_limit] if cfg.corpus_limit else sentences
+    sentences = sentences[: cfg.corpus_limit] if cfg.corpus_limit else sentences
+    return (sentences, record) if with_record else sentences
 
 
 def _generate_corpus(cfg: DataConfig, seed: int) -> list[str]:
@@ -121,28 +129,47 @@ def _generate_sts(cfg: DataConfig, seed: int, split: str, count: int) -> list[di
     return rows
 
 
-def prepare_data(cfg: DataConfig, seed: int, out_dir: str | Path) -> dict[str, Any]:
-    """Write the data folder for ``cfg`` deterministically from ``seed``; return the manifest."""
+def prepare_data(cfg: DataConfig, seed: int, out_dir: str | Path, downloads_dir: str | Path | None = None
+                 ) -> dict[str, Any]:
+    """Write the data folder for ``cfg`` (deterministic from ``seed`` and the sources) and return
+    its manifest. The folder is built beside ``out_dir`` and swapped in only when complete, so
+    a failed run (a bad archive, an offline source) leaves the previous folder as it was."""
     out = Path(out_dir)
-    if cfg.source == "senteval" and not Path(cfg.senteval_dir).is_dir():
-        raise FileNotFoundError(
-            f"params.yaml: data.senteval_dir={cfg.senteval_dir!r} is not a folder "
-            "(point it at a SentEval-layout folder holding downstream/STS and downstream/SICK)"
-        )
-    for sub in ("images", "masks"):
-        if (out / sub).exists():
-            shutil.rmtree(out / sub)
-    images, pairs = _generate_pairs(cfg, seed, out)
-    pairs = select_captions(pairs, cfg.captions, seed)
-    corpus = load_corpus(cfg, seed)
+    downloads = Path(downloads_dir) if downloads_dir is not None else out.parent / cfg.downloads_dir
+    senteval, senteval_record = (senteval_folder(cfg, downloads) if cfg.source == "senteval" else (None, None))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    build = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        manifest = _build(cfg, seed, build, downloads, senteval, senteval_record)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(build, out)
+    finally:
+        if build.exists():
+            shutil.rmtree(build, ignore_errors=True)
+    return manifest
 
-    if cfg.source == "demo":
+
+def _build(cfg: DataConfig, seed: int, out: Path, downloads: Path, senteval: Path | None,
+           senteval_record: dict | None) -> dict[str, Any]:
+    report: dict[str, Any] = {"sources": {}}
+    if cfg.pairs == "demo":
+        images, pairs = _generate_pairs(cfg, seed, out)
+    else:
+        images, pairs, report = real_pairs(cfg, out, downloads)
+    pairs = select_captions(pairs, cfg.captions, seed)
+    corpus, corpus_record = load_corpus(cfg, seed, downloads, with_record=True)
+    if corpus_record:
+        report["sources"]["wiki1m" if cfg.corpus == "wiki1m" else "corpus"] = corpus_record
+
+    if senteval is None:
         dev = _generate_sts(cfg, seed, "dev", cfg.demo.sts_dev_pairs)
         test = _generate_sts(cfg, seed, "test", cfg.demo.sts_test_pairs)
     else:
         # SimCSE's protocol: STS-B dev selects checkpoints; the seven STS tasks are the test.
-        dev = [p.to_row() for p in read_sts_task(cfg.senteval_dir, "STSBenchmark", "dev")]
-        test = [p.to_row() for task in read_sts_tasks(cfg.senteval_dir).values() for p in task]
+        report["sources"]["senteval"] = senteval_record
+        dev = [p.to_row() for p in read_sts_task(senteval, "STSBenchmark", "dev")]
+        test = [p.to_row() for task in read_sts_tasks(senteval).values() for p in task]
 
     write_jsonl(out / "images.jsonl", images)
     write_jsonl(out / "pairs.jsonl", pairs)
@@ -151,17 +178,26 @@ def prepare_data(cfg: DataConfig, seed: int, out_dir: str | Path) -> dict[str, A
     write_jsonl(out / "sts" / "test.jsonl", test)
 
     tables = ["images.jsonl", "pairs.jsonl", "corpus.txt", "sts/dev.jsonl", "sts/test.jsonl"]
+    counts = {
+        "images": len(images),
+        "pairs": len(pairs),
+        "corpus_sentences": len(corpus),
+        "sts_dev_pairs": len(dev),
+        "sts_test_pairs": len(test),
+        "pairs_with_phrases": sum(1 for p in pairs if p.get("phrases")),
+    }
+    for key in ("images_missing", "images_unreadable", "images_without_entities"):
+        if key in report:
+            counts[key] = report[key]
     manifest = {
         "source": cfg.source,
+        "pairs": cfg.pairs,
+        "splits": list(cfg.splits) if cfg.pairs != "demo" else [],
         "seed": seed,
-        "counts": {
-            "images": len(images),
-            "pairs": len(pairs),
-            "corpus_sentences": len(corpus),
-            "sts_dev_pairs": len(dev),
-            "sts_test_pairs": len(test),
-        },
+        "counts": counts,
+        "sources": report["sources"],
         "sha256": {name: sha256_file(out / name) for name in tables},
     }
     write_json(out / "manifest.json", manifest)
     return manifest
+

@@ -1,0 +1,293 @@
+"""Real datasets for the ``download`` stage: Flickr30k and MS-COCO 2014 with Karpathy's splits,
+Flickr30k Entities phrase boxes, Wiki1M and SimCSE's SentEval archive.
+
+Every source is declared in ``params.yaml`` (``data.sources.<name>``) as a URL (plain HTTP,
+resumed with Range requests), a Hugging Face hub file (the hub client's cache and offline
+mode) or a local path, and fetched with :mod:`mmcse.data.fetch`. Archives are extracted once
+into ``<downloads>/<name>/`` (safely: no member may leave the folder) and the folder is
+marked with the archive's SHA-256, so a changed archive is extracted again. What the
+sources hold (digests, sizes) goes into the download manifest, which later stages depend on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from mmcse.config import DataConfig, SourceConfig
+from mmcse.data.fetch import DownloadError, file_digest, http_download, hub_file, safe_extract
+
+log = logging.getLogger(__name__)
+
+_MARKER = ".mmcse-extracted.json"
+
+
+@dataclass
+class Fetched:
+    """A fetched source: the file (or folder) on disk and what the manifest records of it."""
+
+    path: Path
+    record: dict[str, Any] = field(default_factory=dict)
+
+
+def fetch_source(spec: SourceConfig, name: str, downloads: str | Path) -> Fetched:
+    """The file of source ``name`` (``data.sources.<name>``) on this machine, fetched if needed."""
+    key = f"data.sources.{name}"
+    if spec.path:
+        path = Path(spec.path).expanduser()
+        if not path.exists():
+            raise FileNotFoundError(f"params.yaml: {key}.path={spec.path!r} does not exist")
+        if path.is_dir():
+            return Fetched(path, {"origin": f"path:{path}"})
+        origin = f"path:{path}"
+    elif spec.url:
+        filename = spec.url.rstrip("/").rsplit("/", 1)[-1].split("?")[0] or name
+        path = http_download(spec.url, Path(downloads) / name / filename, spec.sha256 or None)
+        origin = spec.url
+    else:
+        path = hub_file(spec.hub, spec.file, repo_type="dataset", revision=spec.revision or None)
+        origin = f"hub:{spec.hub}/{spec.file}" + (f"@{spec.revision}" if spec.revision else "")
+    digest = file_digest(path)
+    if spec.sha256 and digest != spec.sha256.lower():
+        raise DownloadError(f"{key}: {path} has SHA-256 {digest}, params.yaml expects {spec.sha256}; "
+                            "a changed or corrupt file — delete it (or fix the digest) and rerun")
+    return Fetched(path, {"origin": origin, "sha256": digest, "bytes": path.stat().st_size})
+
+
+def extracted_source(spec: SourceConfig, name: str, downloads: str | Path) -> Fetched:
+    """The folder holding source ``name``'s archive contents (a local folder is used as it is)."""
+    fetched = fetch_source(spec, name, downloads)
+    if fetched.path.is_dir():
+        return fetched
+    dest = Path(downloads) / name / "extracted"
+    marker = dest / _MARKER
+    if marker.is_file() and json.loads(marker.read_text()).get("sha256") == fetched.record["sha256"]:
+        return Fetched(dest, fetched.record)
+    log.info("extracting %s into %s", fetched.path, dest)
+    safe_extract(fetched.path, dest)
+    marker.write_text(json.dumps({"archive": str(fetched.path), "sha256": fetched.record["sha256"]}))
+    return Fetched(dest, fetched.record)
+
+
+def find_named(folder: Path, name: str, want_dir: bool = False) -> Path:
+    """The shallowest path called ``name`` under ``folder`` (archives differ in their top folder)."""
+    hits = sorted((p for p in folder.rglob(name) if p.is_dir() == want_dir), key=lambda p: len(p.parts))
+    if not hits:
+        raise FileNotFoundError(f"{folder}: no {'folder' if want_dir else 'file'} named {name!r} in the extracted "
+                                "archive — is the source the right archive?")
+    return hits[0]
+
+
+# --------------------------------------------------------------------------- Karpathy splits
+
+
+@dataclass(frozen=True)
+class KarpathyImage:
+    image_id: str  # flickr30k-<stem> | coco-<cocoid>
+    filename: str
+    folder: str  # COCO: train2014 / val2014 (which archive holds the file); Flickr30k: ""
+    split: str
+    captions: tuple[str, ...]
+
+
+def read_karpathy(path: str | Path, dataset: str, splits: list[str]) -> list[KarpathyImage]:
+    """Images of ``splits`` from Karpathy's ``dataset_<dataset>.json``, in file order.
+
+    An image without captions or a blank caption is an error naming the file and image: the
+    published files have none, so one means a damaged or different file."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf8"))
+        entries = data["images"]
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ValueError(f"{path}: not a Karpathy split file ({type(err).__name__}: {err})") from None
+    images = []
+    for entry in entries:
+        split = entry.get("split")
+        if split not in splits:
+            continue
+        filename = entry["filename"]
+        captions = tuple(" ".join(s.get("raw", "").split()) for s in entry.get("sentences", []))
+        if not captions or not all(captions):
+            raise ValueError(f"{path}: image {filename} has an empty caption or none")
+        if dataset == "coco":
+            image_id = f"coco-{entry.get('cocoid', Path(filename).stem)}"
+        else:
+            image_id = f"{dataset}-{Path(filename).stem}"
+        images.append(KarpathyImage(image_id, filename, entry.get("filepath", ""), split, captions))
+    return images
+
+
+# --------------------------------------------------------------------------- Flickr30k Entities
+
+
+@dataclass(frozen=True)
+class EntityCaption:
+    text: str
+    phrases: tuple[tuple[str, int, int], ...]  # (entity id, char start, char end)
+
+
+def parse_entities_sentence(line: str) -> EntityCaption:
+    """One line of Flickr30k Entities' ``Sentences/<id>.txt``: ``[/EN#18/people A man] with …``
+    → the plain caption and each phrase's entity id and character span in it."""
+    text, phrases, i = [], [], 0
+    while i < len(line):
+        if line.startswith("[/EN#", i):
+            close = line.find("]", i)
+            head_end = line.find(" ", i)
+            if close < 0 or head_end < 0 or head_end > close:
+                raise ValueError(f"malformed phrase markup at column {i}: {line!r}")
+            entity = line[i + len("[/EN#") : head_end].split("/")[0]
+            start = sum(map(len, text))
+            text.append(line[head_end + 1 : close])
+            phrases.append((entity, start, start + close - head_end - 1))
+            i = close + 1
+        else:
+            text.append(line[i])
+            i += 1
+    return EntityCaption("".join(text), tuple(phrases))
+
+
+def parse_entities_boxes(path: str | Path) -> dict[str, list[int]]:
+    """Entity id → one box (the union of its boxes, ``[x0, y0, x1, y1)``) from an
+    ``Annotations/<id>.xml``; entities without a box (scene, not visual) are absent."""
+    root = ET.parse(path).getroot()
+    boxes: dict[str, list[int]] = {}
+    for obj in root.iter("object"):
+        box = obj.find("bndbox")
+        if box is None:
+            continue
+        x0, y0, x1, y1 = (int(float(box.findtext(k))) for k in ("xmin", "ymin", "xmax", "ymax"))
+        for name in obj.findall("name"):
+            old = boxes.get(name.text)
+            # the XML's max is the last pixel inside: +1 makes an exclusive box like every other box here
+            new = [x0, y0, x1 + 1, y1 + 1]
+            boxes[name.text] = new if old is None else [min(old[0], new[0]), min(old[1], new[1]),
+                                                         max(old[2], new[2]), max(old[3], new[3])]
+    return boxes
+
+
+def entities_for(folder: Path, stem: str) -> tuple[list[EntityCaption], dict[str, list[int]]] | None:
+    sentences = folder / "Sentences" / f"{stem}.txt"
+    annotations = folder / "Annotations" / f"{stem}.xml"
+    if not (sentences.is_file() and annotations.is_file()):
+        return None
+    lines = [ln.strip() for ln in sentences.read_text(encoding="utf8").splitlines() if ln.strip()]
+    return [parse_entities_sentence(ln) for ln in lines], parse_entities_boxes(annotations)
+
+
+# --------------------------------------------------------------------------- pairs
+
+
+def _readable(path: Path) -> bool:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as img:
+            img.load()  # decodes fully: a truncated JPEG fails here, not in a later stage
+        return True
+    except (OSError, UnidentifiedImageError, SyntaxError, ValueError):
+        return False
+
+
+def _place(src: Path, dest: Path) -> None:
+    """Hard-link ``src`` to ``dest`` (no second copy of a 19 GB image set), copying across devices."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.link(src, dest)
+    except OSError:
+        shutil.copy2(src, dest)
+
+
+def real_pairs(cfg: DataConfig, out: Path, downloads: Path) -> tuple[list[dict], list[dict], dict[str, Any]]:
+    """Images (linked under ``out/images/<dataset>/``) and every caption pair of ``cfg.pairs``.
+
+    Returns ``(images, pairs, report)``; the report holds the sources' manifest records and
+    the counts of images dropped as missing or unreadable (logged, never fatal)."""
+    dataset = cfg.pairs
+    sources: dict[str, Any] = {}
+    splits = extracted_source(cfg.sources.karpathy_splits, "karpathy_splits", downloads)
+    sources["karpathy_splits"] = splits.record
+    entries = read_karpathy(find_named(splits.path, f"dataset_{dataset}.json"), dataset, cfg.splits)
+    if cfg.image_limit:
+        entries = entries[: cfg.image_limit]
+    if not entries:
+        raise ValueError(f"params.yaml: data.splits={cfg.splits} selects no {dataset} images")
+
+    roots: dict[str, Path] = {}
+    if dataset == "flickr30k":
+        fetched = extracted_source(cfg.sources.flickr30k_images, "flickr30k_images", downloads)
+        sources["flickr30k_images"] = fetched.record
+        roots[""] = find_named(fetched.path, entries[0].filename).parent
+    else:
+        for folder in sorted({e.folder for e in entries}):
+            name = f"coco_{folder}"
+            if not hasattr(cfg.sources, name):
+                raise ValueError(f"Karpathy COCO entry names folder {folder!r}; no data.sources.{name} for it")
+            fetched = extracted_source(getattr(cfg.sources, name), name, downloads)
+            sources[name] = fetched.record
+            roots[folder] = find_named(fetched.path, folder, want_dir=True)
+
+    entities = None
+    if cfg.annotations == "flickr30k_entities":
+        fetched = extracted_source(cfg.sources.flickr30k_entities, "flickr30k_entities", downloads)
+        sources["flickr30k_entities"] = fetched.record
+        entities = find_named(fetched.path, "Sentences", want_dir=True).parent
+
+    images, pairs = [], []
+    report: dict[str, Any] = {"sources": sources, "images_missing": 0, "images_unreadable": 0,
+                              "images_without_entities": 0}
+    for entry in tqdm(entries, desc=f"download: {dataset} images", unit="img"):
+        src = roots[entry.folder] / entry.filename
+        if not src.is_file():
+            log.warning("%s: listed in the Karpathy split but not in the image archive; skipped", src)
+            report["images_missing"] += 1
+            continue
+        if cfg.verify_images and not _readable(src):
+            log.warning("%s: unreadable or truncated image; skipped", src)
+            report["images_unreadable"] += 1
+            continue
+        rel = f"images/{dataset}/{entry.folder + '/' if entry.folder else ''}{entry.filename}"
+        row: dict[str, Any] = {"image_id": entry.image_id, "file": rel, "split": entry.split}
+        captions = [(text, []) for text in entry.captions]
+        if entities is not None:
+            found = entities_for(entities, Path(entry.filename).stem)
+            if found is None:
+                report["images_without_entities"] += 1
+            else:
+                sentences, boxes = found
+                ids = sorted({e for s in sentences for e, _, _ in s.phrases if e in boxes}, key=int)
+                index = {e: k for k, e in enumerate(ids)}
+                row["objects"] = [{"entity": e, "box": boxes[e]} for e in ids]
+                # the Entities sentences are the same captions with phrase markup: they replace the plain ones
+                captions = [(s.text, [{"object": index[e], "start": a, "end": b}
+                                      for e, a, b in s.phrases if e in index]) for s in sentences]
+        _place(src, out / rel)
+        images.append(row)
+        for c, (text, phrases) in enumerate(captions):
+            pairs.append({"pair_id": f"{entry.image_id}-c{c}", "image_id": entry.image_id, "caption": text,
+                          "phrases": phrases})
+    if not images:
+        raise ValueError(f"no readable {dataset} images among {len(entries)} listed (see the warnings above)")
+    return images, pairs, report
+
+
+def senteval_folder(cfg: DataConfig, downloads: Path) -> tuple[Path, dict[str, Any]]:
+    """The SentEval-layout folder of ``data.senteval_dir``; ``download`` fetches sources.senteval."""
+    if cfg.senteval_dir != "download":
+        folder = Path(cfg.senteval_dir).expanduser()
+        if not folder.is_dir():
+            raise FileNotFoundError(
+                f"params.yaml: data.senteval_dir={cfg.senteval_dir!r} is not a folder (point it at a "
+                "SentEval-layout folder holding downstream/STS and downstream/SICK, or set it to `download`)")
+        return folder, {"origin": f"path:{folder}"}
+    fetched = extracted_source(cfg.sources.senteval, "senteval", downloads)
+    return find_named(fetched.path, "STS", want_dir=True).parent, fetched.record

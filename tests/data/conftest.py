@@ -1,0 +1,1 @@
+from tests.data.served import server  # noqa: F401  (the fixture)
