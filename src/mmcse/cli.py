@@ -31,12 +31,13 @@ def quiet_libraries() -> None:
 
 def run_entry(fn: Callable[[], object]) -> None:
     """Run a stage/CLI body; turn expected input errors into one clear line and exit 2."""
+    from mmcse.data.fetch import DownloadError
     from mmcse.hub import ModelUnavailableError
 
     quiet_libraries()
     try:
         fn()
-    except (ConfigError, ModelUnavailableError, FileNotFoundError, ValueError, KeyError) as err:
+    except (ConfigError, ModelUnavailableError, DownloadError, FileNotFoundError, ValueError, KeyError) as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
 
@@ -63,6 +64,23 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
     print(json.dumps(summary, indent=2))
 
 
+def _cmd_profile(args: argparse.Namespace) -> None:
+    import subprocess
+
+    from mmcse.profiles import apply_profile, list_profiles
+
+    if args.name is None:
+        print("\n".join(list_profiles(args.profiles_dir)))
+        return
+    changed = apply_profile(args.params, args.name, args.profiles_dir)
+    for key, (old, new) in changed.items():
+        print(f"{key}: {old!r} -> {new!r}")
+    print(f"{args.params}: profile {args.name} applied ({len(changed)} value(s) changed)")
+    if args.repro:
+        # the whole DAG: download, detect, teachers, train, evaluate and the paper's ablation table
+        raise SystemExit(subprocess.run(["dvc", "repro"], check=False).returncode)
+
+
 def main(argv: list[str] | None = None) -> None:
     from mmcse.config import POOLERS
 
@@ -84,6 +102,13 @@ def main(argv: list[str] | None = None) -> None:
     sw.add_argument("--study-name", default=None)
     sw.add_argument("--storage", default=None, help="Optuna storage URL (default sweep.storage)")
     sw.set_defaults(func=_cmd_sweep)
+
+    pr = sub.add_parser("profile", help="write a paper profile (profiles/<paper>.yaml) into params.yaml")
+    pr.add_argument("name", nargs="?", help="<paper>-<flickr|coco>-<bert|roberta>; omit to list them")
+    pr.add_argument("--params", default="params.yaml")
+    pr.add_argument("--profiles-dir", default="profiles")
+    pr.add_argument("--repro", action="store_true", help="then run `dvc repro` (the paper's full table)")
+    pr.set_defaults(func=_cmd_profile)
 
     args = parser.parse_args(argv)
     run_entry(lambda: args.func(args))
