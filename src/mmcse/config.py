@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib.util
 import math
+import re
 import types
 import typing
 from collections.abc import Mapping
@@ -181,15 +183,63 @@ class DataConfig:
             _check(bool(self.senteval_dir), where, "data.senteval_dir", "must be set when source=senteval")
 
 
+_SAM2_SIZES = {"tiny": "t", "small": "s", "base-plus": "b+", "large": "l"}
+_SAM2_HUB_ID = re.compile(r"^facebook/(sam2(?:\.1)?)-hiera-(tiny|small|base-plus|large)$")
+
+
+def sam2_config_for(checkpoint: str) -> str | None:
+    """The bundled sam2 config that fits an official ``facebook/sam2[.1]-hiera-<size>`` id
+    (None for any other checkpoint, whose architecture cannot be told from its name)."""
+    match = _SAM2_HUB_ID.match(checkpoint)
+    if match is None:
+        return None
+    version, size = match.groups()
+    return f"configs/{version}/{version}_hiera_{_SAM2_SIZES[size]}.yaml"
+
+
 @dataclass(frozen=True)
 class DetectConfig:
-    # annotations: the generator's ground-truth boxes, masks and phrase spans.
+    # annotations: the generator's ground-truth boxes, masks and phrase spans. sam2: MCSEO §3.3's
+    # models: Florence-2 phrase grounding of each caption, then SAM 2 masks from the boxes.
     # Phrases are tokenised with the student's tokenizer at model.max_seq_len.
-    backend: Literal["annotations"] = "annotations"
+    backend: Literal["annotations", "sam2"] = "annotations"
     min_objects: int = 2
+    # sam2 backend. Florence-2 through transformers (HF id or local folder); the paper used -large.
+    grounding_model: str = "florence-community/Florence-2-base"
+    sam2_config: str = "configs/sam2.1/sam2.1_hiera_t.yaml"  # bundled in the sam2 package
+    sam2_checkpoint: str = "facebook/sam2.1-hiera-tiny"  # HF repo id (hub cache first) or a local .pt
+    batch_size: int = 8  # images per grounding batch (all their captions in one generate call)
+    shard_size: int = 256  # images per persisted shard: an interrupted run resumes at the first unfinished one
+    max_new_tokens: int = 1024
+    num_beams: int = 3
 
     def validate(self, where: str) -> None:
-        _check(self.min_objects >= 1, where, "detect.min_objects", "must be >= 1")
+        p = "detect."
+        _check(self.min_objects >= 1, where, p + "min_objects", "must be >= 1")
+        for name in ("grounding_model", "sam2_config", "sam2_checkpoint"):
+            _check(bool(getattr(self, name).strip()), where, p + name, "must not be empty")
+        _check(self.sam2_config.endswith(".yaml"), where, p + "sam2_config",
+               f"must name a .yaml config bundled with sam2 (e.g. {DetectConfig.sam2_config}), "
+               f"got {self.sam2_config!r}")
+        _check(self.batch_size >= 1, where, p + "batch_size", "must be >= 1")
+        _check(self.shard_size >= 1, where, p + "shard_size", "must be >= 1")
+        # Florence-2's BART decoder has 1024 positions.
+        _check(1 <= self.max_new_tokens <= 1024, where, p + "max_new_tokens", "must be in [1, 1024]")
+        _check(1 <= self.num_beams <= 16, where, p + "num_beams", "must be in [1, 16]")
+        expected = sam2_config_for(self.sam2_checkpoint)
+        _check(expected is None or expected == self.sam2_config, where, p + "sam2_config",
+               f"{self.sam2_config!r} does not fit detect.sam2_checkpoint {self.sam2_checkpoint!r}: "
+               f"that checkpoint needs {expected!r}")
+        if self.backend == "sam2":
+            spec = importlib.util.find_spec("sam2")
+            _check(spec is not None and bool(spec.submodule_search_locations), where, p + "backend",
+                   "sam2 needs the sam2 package: SAM2_BUILD_CUDA=0 PIP_CONSTRAINT=<file pinning the installed torch> "
+                   "pip install -e '.[sam2]' (README: install)")
+            root = Path(next(iter(spec.submodule_search_locations)))
+            bundled = sorted(str(f.relative_to(root)) for f in (root / "configs").rglob("*.yaml")
+                             if "_training" not in f.parent.name)
+            _check((root / self.sam2_config).is_file(), where, p + "sam2_config",
+                   f"{self.sam2_config!r} is not a config bundled with sam2; bundled: {', '.join(bundled)}")
 
 
 @dataclass(frozen=True)

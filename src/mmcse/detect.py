@@ -1,14 +1,18 @@
 """The ``detect_objects`` stage: image–caption pairs → object–phrase pairs (MCSEO §3.3).
 
 Backend ``annotations`` uses the generator's ground-truth boxes, masks and phrase
-character spans. Each object is cropped to its box and pasted on a transparent
-background (alpha = its mask); each phrase's character span becomes a token span
-of the student's tokenizer. As MCSEO does, phrases cut off by the maximum sequence
-length are dropped, and so are pairs left with fewer than ``min_objects`` objects.
+character spans; backend ``sam2`` (:mod:`mmcse.segment`) finds them with MCSEO's models,
+Florence-2 phrase grounding and SAM 2. Either way each object is cropped to its box and
+pasted on a transparent background (alpha = its mask), each phrase's character span
+becomes a token span of the student's tokenizer, and, as MCSEO does, phrases cut off by
+the maximum sequence length are dropped, and so are pairs left with fewer than
+``min_objects`` objects. Both write the same ``objects.jsonl`` rows.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +23,8 @@ from transformers import PreTrainedTokenizerBase
 
 from mmcse.config import DetectConfig
 from mmcse.io import atomic_path, open_image, read_jsonl, write_jsonl
+
+log = logging.getLogger(__name__)
 
 
 def char_span_to_token_span(offsets: list[tuple[int, int]], start: int, end: int) -> tuple[int, int] | None:
@@ -33,12 +39,54 @@ def char_span_to_token_span(offsets: list[tuple[int, int]], start: int, end: int
     return tokens[0], tokens[-1] + 1
 
 
-def object_crop(image: Image.Image, labels: np.ndarray, object_index: int, box: list[int]) -> Image.Image:
-    """The object's box as RGBA with every non-object pixel fully transparent."""
+def masked_crop(image: Image.Image, mask: np.ndarray, box: Sequence[int]) -> Image.Image:
+    """``box`` (x0, y0, x1, y1, end exclusive) of ``image`` as RGBA: alpha 255 where the
+    ``(H, W)`` boolean ``mask`` is set, fully transparent everywhere else."""
     x0, y0, x1, y1 = box
     rgb = np.asarray(image.convert("RGB"))[y0:y1, x0:x1]  # (h, w, 3)
-    alpha = (labels[y0:y1, x0:x1] == object_index + 1).astype(np.uint8) * 255  # (h, w)
+    alpha = np.asarray(mask, dtype=bool)[y0:y1, x0:x1].astype(np.uint8) * 255  # (h, w)
     return Image.fromarray(np.dstack([rgb, alpha]), "RGBA")
+
+
+def object_crop(image: Image.Image, labels: np.ndarray, object_index: int, box: list[int]) -> Image.Image:
+    """The object's box as RGBA with every non-object pixel fully transparent (``labels``:
+    the ``(H, W)`` label map, 0 = background, k + 1 = object k)."""
+    return masked_crop(image, labels == object_index + 1, box)
+
+
+def caption_offsets(tokenizer: PreTrainedTokenizerBase, caption: str, max_seq_len: int) -> list[tuple[int, int]]:
+    """Character offsets of the caption's tokens as the student sees them (truncated to
+    ``max_seq_len``, special tokens (0, 0)), for :func:`char_span_to_token_span`."""
+    enc = tokenizer(caption, truncation=True, max_length=max_seq_len, return_offsets_mapping=True)
+    return [tuple(o) for o in enc["offset_mapping"]]
+
+
+def object_record(
+    object_id: int, crop: str, box: Sequence[int], caption: str, start: int, end: int, span: tuple[int, int]
+) -> dict[str, Any]:
+    """One object of an ``objects.jsonl`` row: what training reads, whatever the backend."""
+    return {
+        "object": object_id,
+        "crop": crop,
+        "box": [int(v) for v in box],
+        "char_start": start,
+        "char_end": end,
+        "phrase": caption[start:end],
+        "token_start": span[0],
+        "token_end": span[1],
+    }
+
+
+def write_objects(out_dir: Path, rows: list[dict[str, Any]]) -> None:
+    """Write ``objects.jsonl`` and delete crops no row names (``data/objects`` persists
+    between runs, so a changed config or backend must not leave stale crops behind)."""
+    write_jsonl(out_dir / "objects.jsonl", rows)
+    named = {o["crop"] for row in rows for o in row["objects"]}
+    crops = out_dir / "crops"
+    if crops.is_dir():
+        for path in crops.iterdir():
+            if path.is_file() and f"crops/{path.name}" not in named:
+                path.unlink()
 
 
 def detect_objects(
@@ -47,23 +95,44 @@ def detect_objects(
     cfg: DetectConfig,
     tokenizer: PreTrainedTokenizerBase,
     max_seq_len: int,
+    device: str = "cpu",
 ) -> dict[str, Any]:
-    """Write ``objects.jsonl`` and ``crops/`` under ``out_dir``; return counts for metrics."""
+    """Image–caption pairs → object–phrase pairs (MCSEO §3.3) with ``cfg.backend``: write
+    ``objects.jsonl`` and ``crops/`` under ``out_dir``; return counts for metrics.
+    ``device`` (``base.device``) runs the sam2 backend's models."""
+    if cfg.backend == "sam2":
+        from mmcse.segment import detect_objects_sam2
+
+        return detect_objects_sam2(data_dir, out_dir, cfg, tokenizer, max_seq_len, device)
+    return detect_objects_annotations(data_dir, out_dir, cfg, tokenizer, max_seq_len)
+
+
+def detect_objects_annotations(
+    data_dir: str | Path,
+    out_dir: str | Path,
+    cfg: DetectConfig,
+    tokenizer: PreTrainedTokenizerBase,
+    max_seq_len: int,
+) -> dict[str, Any]:
+    """Backend ``annotations``: the pairs' own phrase spans and their objects' boxes — the demo
+    generator's (with label masks) or Flickr30k Entities' (boxes only: the whole box is the
+    object). Pairs without phrase annotations are counted (``pairs_unannotated``)."""
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     images = {row["image_id"]: row for row in read_jsonl(data_dir / "images.jsonl")}
     pairs = read_jsonl(data_dir / "pairs.jsonl")
-    stats = {"pairs_in": len(pairs), "pairs_kept": 0, "pairs_too_few_objects": 0, "phrases_truncated": 0}
+    stats = {"pairs_in": len(pairs), "pairs_kept": 0, "pairs_too_few_objects": 0, "phrases_truncated": 0,
+             "pairs_unannotated": 0}
     rows = []
     crops_done: set[tuple[str, int]] = set()
     for pair in tqdm(pairs, desc="detect_objects: annotations", unit="pair"):
+        stats["pairs_unannotated"] += not pair.get("phrases")
         caption = pair["caption"]
         if not caption.strip():
             raise ValueError(f"{data_dir / 'pairs.jsonl'}: pair {pair['pair_id']} has an empty caption")
         image_row = images.get(pair["image_id"])
         if image_row is None:
             raise KeyError(f"{data_dir / 'pairs.jsonl'}: pair {pair['pair_id']} names unknown image")
-        enc = tokenizer(caption, truncation=True, max_length=max_seq_len, return_offsets_mapping=True)
-        offsets = [tuple(o) for o in enc["offset_mapping"]]
+        offsets = caption_offsets(tokenizer, caption, max_seq_len)
         objects = []
         for phrase in pair["phrases"]:
             span = char_span_to_token_span(offsets, phrase["start"], phrase["end"])
@@ -71,33 +140,32 @@ def detect_objects(
                 stats["phrases_truncated"] += 1
                 continue
             k = phrase["object"]
-            objects.append(
-                {
-                    "object": k,
-                    "crop": f"crops/{pair['image_id']}-o{k}.png",
-                    "box": image_row["objects"][k]["box"],
-                    "char_start": phrase["start"],
-                    "char_end": phrase["end"],
-                    "phrase": caption[phrase["start"] : phrase["end"]],
-                    "token_start": span[0],
-                    "token_end": span[1],
-                }
-            )
+            objects.append(object_record(k, f"crops/{pair['image_id']}-o{k}.png", image_row["objects"][k]["box"],
+                                         caption, phrase["start"], phrase["end"], span))
         if len(objects) < cfg.min_objects:
             stats["pairs_too_few_objects"] += 1
             continue
-        for obj in objects:
-            key = (pair["image_id"], obj["object"])
-            if key in crops_done:
-                continue
+        todo = [obj for obj in objects if (pair["image_id"], obj["object"]) not in crops_done]
+        if todo:
             image = open_image(data_dir / image_row["file"], "rerun the download stage")
-            labels = np.asarray(open_image(data_dir / image_row["mask"], "rerun the download stage"))
+            labels = (np.asarray(open_image(data_dir / image_row["mask"], "rerun the download stage"))
+                      if "mask" in image_row else None)
+        for obj in todo:
+            if labels is None:  # boxes only: clipped to the image, every pixel of the box is the object
+                x0, y0, x1, y1 = obj["box"]
+                obj["box"] = [max(x0, 0), max(y0, 0), min(x1, image.width), min(y1, image.height)]
+                crop = masked_crop(image, np.ones((image.height, image.width), bool), obj["box"])
+            else:
+                crop = object_crop(image, labels, obj["object"], obj["box"])
             with atomic_path(out_dir / obj["crop"]) as tmp:
-                object_crop(image, labels, obj["object"], obj["box"]).save(tmp, format="PNG")
-            crops_done.add(key)
+                crop.save(tmp, format="PNG")
+            crops_done.add((pair["image_id"], obj["object"]))
         rows.append({"pair_id": pair["pair_id"], "image_id": pair["image_id"], "objects": objects})
         stats["pairs_kept"] += 1
     stats["objects"] = sum(len(r["objects"]) for r in rows)
     stats["crops"] = len(crops_done)
-    write_jsonl(out_dir / "objects.jsonl", rows)
+    if pairs and stats["pairs_unannotated"] == len(pairs):
+        log.warning("%s: no pair has phrase annotations, so no object–phrase pairs (MCSEO needs them): use "
+                    "detect.backend sam2, or data.annotations flickr30k_entities with Flickr30k", data_dir)
+    write_objects(out_dir, rows)
     return stats

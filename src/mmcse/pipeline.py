@@ -58,7 +58,7 @@ def run_detect(cfg: Config, paths: Paths) -> dict[str, Any]:
     from mmcse.models import load_tokenizer
 
     tokenizer = load_tokenizer(cfg.model.name_or_path)
-    stats = detect_objects(paths.raw, paths.objects, cfg.detect, tokenizer, cfg.model.max_seq_len)
+    stats = detect_objects(paths.raw, paths.objects, cfg.detect, tokenizer, cfg.model.max_seq_len, cfg.base.device)
     write_json(paths.metrics / "detect.json", stats)
     return stats
 
