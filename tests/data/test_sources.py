@@ -13,6 +13,7 @@ import pytest
 from PIL import Image
 
 from mmcse.config import ConfigError, DataConfig, parse_config
+from mmcse.data import sources
 from mmcse.data.fetch import DownloadError
 from mmcse.data.prepare import prepare_data
 from mmcse.data.sources import parse_entities_boxes, parse_entities_sentence
@@ -112,7 +113,7 @@ def _config(url: str, **data) -> DataConfig:
     return parse_config({"data": raw}).data
 
 
-def test_flickr30k_pairs_images_and_manifest(archives, tmp_path):
+def test_flickr30k_pairs_images_and_manifest(archives, tmp_path, monkeypatch):
     files, url, digests = archives
     manifest = prepare_data(_config(url, pairs="flickr30k"), 0, tmp_path / "raw", tmp_path / "dl")
     raw = tmp_path / "raw"
@@ -133,9 +134,12 @@ def test_flickr30k_pairs_images_and_manifest(archives, tmp_path):
     assert read_json(raw / "manifest.json") == manifest
     assert manifest["sha256"]["pairs.jsonl"] == hashlib.sha256((raw / "pairs.jsonl").read_bytes()).hexdigest()
 
-    # a rerun asks the server nothing (archives verified and extracted once) and writes the same data
+    # a rerun asks the server nothing and decodes no image (archives verified and extracted
+    # once, each image's verdict remembered) and writes the same data
     RangeHandler.requests.clear()
-    again = prepare_data(_config(url, pairs="flickr30k"), 0, tmp_path / "raw", tmp_path / "dl")
+    with monkeypatch.context() as patch:
+        patch.setattr(sources, "_readable", lambda path: pytest.fail(f"{path} decoded again"))
+        again = prepare_data(_config(url, pairs="flickr30k"), 0, tmp_path / "raw", tmp_path / "dl")
     assert RangeHandler.requests == [] and again == manifest
 
     # the caption choice applies to real pairs too; more splits, a limit

@@ -24,6 +24,7 @@ from tqdm.auto import tqdm
 
 from mmcse.config import DataConfig, SourceConfig
 from mmcse.data.fetch import DownloadError, file_digest, http_download, hub_file, safe_extract
+from mmcse.io import write_json
 
 log = logging.getLogger(__name__)
 
@@ -198,6 +199,27 @@ def _readable(path: Path) -> bool:
         return False
 
 
+class _Verdicts:
+    """Remembered decode results of the images of one extracted folder (``.mmcse-verified.json``)."""
+
+    def __init__(self, folder: Path, remember: bool):
+        # only folders this stage extracted are remembered: a user's own folder may change
+        self.file = folder / ".mmcse-verified.json"
+        self.remember = remember
+        self.seen: dict[str, bool] = json.loads(self.file.read_text()) if remember and self.file.is_file() else {}
+        self.changed = False
+
+    def readable(self, path: Path) -> bool:
+        if path.name not in self.seen:
+            self.seen[path.name] = _readable(path)
+            self.changed = True
+        return self.seen[path.name]
+
+    def save(self) -> None:
+        if self.remember and self.changed:
+            write_json(self.file, self.seen)
+
+
 def _place(src: Path, dest: Path) -> None:
     """Hard-link ``src`` to ``dest`` (no second copy of a 19 GB image set), copying across devices."""
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -245,13 +267,17 @@ def real_pairs(cfg: DataConfig, out: Path, downloads: Path) -> tuple[list[dict],
     images, pairs = [], []
     report: dict[str, Any] = {"sources": sources, "images_missing": 0, "images_unreadable": 0,
                               "images_without_entities": 0}
+    # An extracted folder never changes (it is redone when its archive does), so each image is
+    # decoded once: a rerun over 120k COCO images reads the verdicts instead.
+    verdicts = {folder: _Verdicts(root, Path(downloads).resolve() in root.resolve().parents)
+                for folder, root in roots.items()}
     for entry in tqdm(entries, desc=f"download: {dataset} images", unit="img"):
         src = roots[entry.folder] / entry.filename
         if not src.is_file():
             log.warning("%s: listed in the Karpathy split but not in the image archive; skipped", src)
             report["images_missing"] += 1
             continue
-        if cfg.verify_images and not _readable(src):
+        if cfg.verify_images and not verdicts[entry.folder].readable(src):
             log.warning("%s: unreadable or truncated image; skipped", src)
             report["images_unreadable"] += 1
             continue
@@ -275,6 +301,8 @@ def real_pairs(cfg: DataConfig, out: Path, downloads: Path) -> tuple[list[dict],
         for c, (text, phrases) in enumerate(captions):
             pairs.append({"pair_id": f"{entry.image_id}-c{c}", "image_id": entry.image_id, "caption": text,
                           "phrases": phrases})
+    for v in verdicts.values():
+        v.save()
     if not images:
         raise ValueError(f"no readable {dataset} images among {len(entries)} listed (see the warnings above)")
     return images, pairs, report
