@@ -760,6 +760,19 @@ def load_config(
     return parse_config(expand_preset(raw, path.parent, str(path)), where=str(path))
 
 
+def read_keyed_yaml(file: Path, valid_keys: tuple[str, ...]) -> dict[str, Any]:
+    """A YAML mapping from ``file`` whose top-level keys must be among ``valid_keys`` (preset
+    and profile files); invalid YAML or an unknown key is a ConfigError naming the file."""
+    try:
+        raw = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{file}: not valid YAML: {err}") from None
+    unknown = sorted(set(raw) - set(valid_keys)) if isinstance(raw, Mapping) else ["<not a mapping>"]
+    if unknown:
+        raise ConfigError(f"{file}: unknown key(s) {unknown}; valid keys: {', '.join(valid_keys)}")
+    return dict(raw)
+
+
 def list_presets(folder: Path) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
 
@@ -779,13 +792,7 @@ def expand_preset(raw: Mapping[str, Any], root: Path, where: str) -> dict[str, A
     file = folder / f"{name}.yaml"
     if not file.is_file():
         _fail(where, "ablate.preset", f"no preset file {file}; presets: {', '.join(list_presets(folder)) or 'none'}")
-    try:
-        preset = yaml.safe_load(file.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{file}: not valid YAML: {err}") from None
-    unknown = sorted(set(preset) - set(PRESET_KEYS)) if isinstance(preset, Mapping) else ["<not a mapping>"]
-    if unknown:
-        raise ConfigError(f"{file}: unknown key(s) {unknown}; valid keys: {', '.join(PRESET_KEYS)}")
+    preset = read_keyed_yaml(file, PRESET_KEYS)
     base = preset.get("base") or {}
     variants = preset.get("variants") or {}
     if not isinstance(base, Mapping) or not isinstance(variants, Mapping) or not variants:

@@ -20,20 +20,13 @@ from typing import Any
 
 import yaml
 
-from mmcse.config import ConfigError, apply_overrides, parse_config
+from mmcse.config import ConfigError, apply_overrides, parse_config, read_keyed_yaml
 
 PROFILE_GROUPS = ("description", "common", "data", "model")
 
 
 def _read(file: Path) -> dict[str, Any]:
-    try:
-        raw = yaml.safe_load(file.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{file}: not valid YAML: {err}") from None
-    unknown = sorted(set(raw) - set(PROFILE_GROUPS)) if isinstance(raw, Mapping) else ["<not a mapping>"]
-    if unknown:
-        raise ConfigError(f"{file}: unknown key(s) {unknown}; valid keys: {', '.join(PROFILE_GROUPS)}")
-    return raw
+    return read_keyed_yaml(file, PROFILE_GROUPS)
 
 
 def list_profiles(folder: str | Path) -> list[str]:
