@@ -246,6 +246,7 @@ def test_local_paths_need_no_server(archives, tmp_path):
         "flickr30k_images": {"path": str(tmp_path / "mine")}}}}).data
     manifest = prepare_data(cfg, 0, tmp_path / "raw", tmp_path / "dl")
     assert manifest["counts"]["images"] == 2 and manifest["sources"]["flickr30k_images"]["origin"].startswith("path:")
+    assert not list(files.glob("*.sha256.json"))  # nothing written beside the user's own files
 
 
 def test_flickr30k_images_from_the_hub_cache_offline(archives, tmp_path, monkeypatch):

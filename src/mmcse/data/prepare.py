@@ -26,10 +26,10 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from mmcse.config import DataConfig
+from mmcse.config import DataConfig, SourceConfig
 from mmcse.data import demo
 from mmcse.data.senteval import read_sts_task, read_sts_tasks
-from mmcse.data.sources import fetch_source, real_pairs, senteval_folder
+from mmcse.data.sources import Fetched, fetch_source, real_pairs, senteval_folder
 from mmcse.io import atomic_path, sha256_file, write_json, write_jsonl, write_text
 
 
@@ -88,27 +88,29 @@ def select_captions(pairs: list[dict], mode: str, seed: int) -> list[dict]:
     raise ValueError(f"unknown caption choice {mode!r}; choices: all, random, longest")
 
 
-def load_corpus(cfg: DataConfig, seed: int, downloads: str | Path = "data/downloads", with_record: bool = False
-                ) -> Any:
+def corpus_source(cfg: DataConfig, downloads: str | Path) -> Fetched | None:
+    """The file of ``data.corpus`` with its manifest record (None for the generated corpus)."""
+    if cfg.corpus == "demo":
+        return None
+    spec = cfg.sources.wiki1m if cfg.corpus == "wiki1m" else SourceConfig(path=cfg.corpus)
+    return fetch_source(spec, "wiki1m" if cfg.corpus == "wiki1m" else "corpus", downloads)
+
+
+def load_corpus(cfg: DataConfig, seed: int, downloads: str | Path | None = None,
+                source: Fetched | None = None) -> list[str]:
     """The text-only corpus of ``data.corpus`` (demo / wiki1m / a text file), blank lines
     dropped, cut to ``data.corpus_limit`` sentences when set; an empty corpus is an error.
-    With ``with_record`` also returns what the manifest records of its source (None for demo)."""
-    record = None
+    ``source``: the corpus file when :func:`corpus_source` already fetched it."""
     if cfg.corpus == "demo":
         sentences = _generate_corpus(cfg, seed)
     else:
-        if cfg.corpus == "wiki1m":
-            fetched = fetch_source(cfg.sources.wiki1m, "wiki1m", downloads)
-            path, record = fetched.path, fetched.record
-        else:
-            path = Path(cfg.corpus).expanduser()
-            record = {"origin": f"path:{path}", "sha256": sha256_file(path)}
-        with open(path, encoding="utf-8") as handle:
+        if source is None:
+            source = corpus_source(cfg, downloads if downloads is not None else Path("data") / cfg.downloads_dir)
+        with open(source.path, encoding="utf-8") as handle:
             sentences = [line.strip() for line in handle if line.strip()]
         if not sentences:
-            raise ValueError(f"params.yaml: data.corpus={cfg.corpus!r}: {path} holds no sentences")
-    sentences = sentences[: cfg.corpus_limit] if cfg.corpus_limit else sentences
-    return (sentences, record) if with_record else sentences
+            raise ValueError(f"params.yaml: data.corpus={cfg.corpus!r}: {source.path} holds no sentences")
+    return sentences[: cfg.corpus_limit] if cfg.corpus_limit else sentences
 
 
 def _generate_corpus(cfg: DataConfig, seed: int) -> list[str]:
@@ -158,9 +160,10 @@ def _build(cfg: DataConfig, seed: int, out: Path, downloads: Path, senteval: Pat
     else:
         images, pairs, report = real_pairs(cfg, out, downloads)
     pairs = select_captions(pairs, cfg.captions, seed)
-    corpus, corpus_record = load_corpus(cfg, seed, downloads, with_record=True)
-    if corpus_record:
-        report["sources"]["wiki1m" if cfg.corpus == "wiki1m" else "corpus"] = corpus_record
+    corpus_file = corpus_source(cfg, downloads)
+    corpus = load_corpus(cfg, seed, source=corpus_file)
+    if corpus_file is not None:
+        report["sources"]["wiki1m" if cfg.corpus == "wiki1m" else "corpus"] = corpus_file.record
 
     if senteval is None:
         dev = _generate_sts(cfg, seed, "dev", cfg.demo.sts_dev_pairs)

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from mmcse.config import DataConfig, SourceConfig
 from mmcse.data.fetch import DownloadError, file_digest, http_download, hub_file, safe_extract
-from mmcse.io import write_json
+from mmcse.io import open_image, sha256_file, write_json
 
 log = logging.getLogger(__name__)
 
@@ -48,19 +48,25 @@ def fetch_source(spec: SourceConfig, name: str, downloads: str | Path) -> Fetche
             raise FileNotFoundError(f"params.yaml: {key}.path={spec.path!r} does not exist")
         if path.is_dir():
             return Fetched(path, {"origin": f"path:{path}"})
-        origin = f"path:{path}"
-    elif spec.url:
+        # the user's own file: hashed, but nothing is written beside it
+        return Fetched(path, {"origin": f"path:{path}", "sha256": _checked(spec, key, path, sha256_file(path)),
+                              "bytes": path.stat().st_size})
+    if spec.url:
         filename = spec.url.rstrip("/").rsplit("/", 1)[-1].split("?")[0] or name
         path = http_download(spec.url, Path(downloads) / name / filename, spec.sha256 or None)
         origin = spec.url
     else:
         path = hub_file(spec.hub, spec.file, repo_type="dataset", revision=spec.revision or None)
         origin = f"hub:{spec.hub}/{spec.file}" + (f"@{spec.revision}" if spec.revision else "")
-    digest = file_digest(path)
+    digest = _checked(spec, key, path, file_digest(path))
+    return Fetched(path, {"origin": origin, "sha256": digest, "bytes": path.stat().st_size})
+
+
+def _checked(spec: SourceConfig, key: str, path: Path, digest: str) -> str:
     if spec.sha256 and digest != spec.sha256.lower():
         raise DownloadError(f"{key}: {path} has SHA-256 {digest}, params.yaml expects {spec.sha256}; "
                             "a changed or corrupt file — delete it (or fix the digest) and rerun")
-    return Fetched(path, {"origin": origin, "sha256": digest, "bytes": path.stat().st_size})
+    return digest
 
 
 def extracted_source(spec: SourceConfig, name: str, downloads: str | Path) -> Fetched:
@@ -70,11 +76,15 @@ def extracted_source(spec: SourceConfig, name: str, downloads: str | Path) -> Fe
         return fetched
     dest = Path(downloads) / name / "extracted"
     marker = dest / _MARKER
-    if marker.is_file() and json.loads(marker.read_text()).get("sha256") == fetched.record["sha256"]:
+    try:
+        done = json.loads(marker.read_text()).get("sha256") == fetched.record["sha256"]
+    except (OSError, json.JSONDecodeError):
+        done = False
+    if done:
         return Fetched(dest, fetched.record)
     log.info("extracting %s into %s", fetched.path, dest)
     safe_extract(fetched.path, dest)
-    marker.write_text(json.dumps({"archive": str(fetched.path), "sha256": fetched.record["sha256"]}))
+    write_json(marker, {"archive": str(fetched.path), "sha256": fetched.record["sha256"]})
     return Fetched(dest, fetched.record)
 
 
@@ -189,13 +199,11 @@ def entities_for(folder: Path, stem: str) -> tuple[list[EntityCaption], dict[str
 
 
 def _readable(path: Path) -> bool:
-    from PIL import Image, UnidentifiedImageError
-
+    """Decodes fully: a truncated JPEG fails here, not in a later stage."""
     try:
-        with Image.open(path) as img:
-            img.load()  # decodes fully: a truncated JPEG fails here, not in a later stage
+        open_image(path)
         return True
-    except (OSError, UnidentifiedImageError, SyntaxError, ValueError):
+    except (FileNotFoundError, ValueError):
         return False
 
 
