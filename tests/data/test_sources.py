@@ -300,3 +300,15 @@ def test_bad_source_declarations_fail_at_load():
         parse_config({"data": {"splits": ["training"]}})
     with pytest.raises(ConfigError, match="data.annotations"):
         parse_config({"data": {"pairs": "coco", "annotations": "flickr30k_entities"}})
+
+
+def test_verify_images_off_keeps_what_the_archive_lists_and_downloads_dir_moves_the_archives(archives, tmp_path):
+    from mmcse.config import Config
+    from mmcse.pipeline import Paths
+
+    _, url, _ = archives
+    manifest = prepare_data(_config(url, pairs="flickr30k", verify_images=False), 0, tmp_path / "raw",
+                            tmp_path / "dl")
+    assert manifest["counts"]["images"] == 3 and manifest["counts"]["images_unreadable"] == 0  # 1003 kept
+    paths = Paths.of(Config(data=parse_config({"data": {"downloads_dir": "archives"}}).data), tmp_path)
+    assert paths.downloads == tmp_path / "data" / "archives"
