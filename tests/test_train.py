@@ -5,7 +5,7 @@ import torch
 from safetensors.torch import load_file
 
 from mmcse.config import load_config, with_overrides
-from mmcse.train import PAIR, TEXT, alternation_schedule, train
+from mmcse.train import PAIR, TEXT, alternation_schedule, release_resume_point, train
 
 
 def test_alternation_schedule_matches_mcse():
@@ -46,6 +46,23 @@ def test_killed_run_resumes_to_the_same_weights(project):
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6, msg=k)
     assert full.history == resumed.history
+
+
+def test_released_resume_point_keeps_the_history_and_a_rerun_starts_afresh(project):
+    cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 4, "train.eval_steps": 4})
+    first = train(cfg, "data/raw", "data/teachers", project / "m", progress=False)
+    before = _weights(project / "m")
+    weights = sum((project / "m/last" / n).stat().st_size for n in ("student.safetensors", "trainer.pt"))
+    assert release_resume_point(project / "m") == weights > 0
+    assert sorted(p.name for p in (project / "m/last").iterdir()) == ["state.json"]
+    assert json.loads((project / "m/last/state.json").read_text())["history"] == first.history
+    assert release_resume_point(project / "m") == 0
+
+    again = train(cfg, "data/raw", "data/teachers", project / "m", progress=False)
+    assert again.steps == 4 and again.history == first.history  # retrained from step 0, same seed
+    after = _weights(project / "m")
+    for k in before:
+        torch.testing.assert_close(before[k], after[k], rtol=0, atol=1e-6, msg=k)
 
 
 def test_best_checkpoint_is_an_hf_folder_with_heads(project):

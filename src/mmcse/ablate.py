@@ -2,7 +2,9 @@
 
 A job's result is written atomically to ``<out>/<variant>/seed<k>/result.json``; a rerun
 skips jobs whose result exists for the same configuration, so an interrupted ablation
-resumes. Failed jobs are kept in the table as failed, never dropped.
+resumes. Once the result is written the job's resume weights are released (its best
+checkpoint and history stay), so a long ablation does not fill the disk or the DVC cache
+with optimizer states. Failed jobs are kept in the table as failed, never dropped.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ def finished_result(folder: Path, config_hash: str) -> dict[str, Any] | None:
 def run_job(cfg: Config, job: Job, root: Path, parent_run_id: str | None = None) -> dict[str, Any]:
     """Train + evaluate one job (skipped when already finished); returns its result."""
     from mmcse.pipeline import Paths, run_evaluate, run_train
+    from mmcse.train import release_resume_point
 
     job_cfg = job_config(cfg, job)
     folder = job.folder(root)
@@ -94,6 +97,7 @@ def run_job(cfg: Config, job: Job, root: Path, parent_run_id: str | None = None)
         "scores": scores,
     }
     write_json(folder / "result.json", result)
+    release_resume_point(folder)  # the result is recorded: a rerun skips this job
     return result
 
 

@@ -264,6 +264,25 @@ def _save_resume_point(
     _swap_in(tmp, folder)
 
 
+RESUME_WEIGHTS = ("student.safetensors", "trainer.pt")
+
+
+def release_resume_point(out_dir: Path) -> int:
+    """Delete a finished run's resume weights (student + AdamW moments, ~3x the model),
+    keeping ``last/state.json`` for its history; returns the bytes freed.
+
+    An ablation keeps dozens of finished runs whose result is already recorded; their
+    resume points would only fill the disk and the DVC cache. A later ``train`` with the
+    same folder starts afresh (see ``_load_resume_point``)."""
+    freed = 0
+    for name in RESUME_WEIGHTS:
+        path = out_dir / "last" / name
+        if path.is_file():
+            freed += path.stat().st_size
+            path.unlink()
+    return freed
+
+
 def _load_resume_point(folder: Path, student: Student, optimizer, scheduler, config_hash: str) -> TrainState | None:
     if not (folder / "state.json").is_file():
         old = folder.with_name(folder.name + ".old")
@@ -274,6 +293,8 @@ def _load_resume_point(folder: Path, student: Student, optimizer, scheduler, con
     meta = json.loads((folder / "state.json").read_text())
     if meta["config_hash"] != config_hash:
         return None  # a different configuration: start afresh rather than mix runs
+    if not all((folder / name).is_file() for name in RESUME_WEIGHTS):
+        return None  # weights released by release_resume_point: only the history is left
     student.load_state_dict(load_file(str(folder / "student.safetensors")))
     trainer = torch.load(folder / "trainer.pt", weights_only=True)
     optimizer.load_state_dict(trainer["optimizer"])

@@ -45,6 +45,10 @@ def test_flow_trains_every_variant_retries_failures_and_resumes(project, harness
     table = (project / "ablation/ablation.md").read_text()
     assert "missing model" in table and "failed" in table
     assert (project / "plots/ablation.png").stat().st_size > 1000
+    for job in ("mcse/seed1", "simcse/seed2"):  # finished jobs keep their model and history only
+        folder = project / "ablation" / job
+        assert (folder / "best/model.safetensors").is_file() and (folder / "result.json").is_file()
+        assert sorted(p.name for p in (folder / "last").iterdir()) == ["state.json"]
 
     with sqlite3.connect(project / "mlruns/mlflow.db") as db:
         nested = dict(db.execute(
