@@ -49,6 +49,15 @@ def senteval_dir() -> Path:
     return SENTEVAL
 
 
+@pytest.fixture(scope="session")
+def transfer_dir(senteval_dir):
+    from mmcse.data.senteval import TRANSFER_TASKS, available_transfer_tasks
+
+    if available_transfer_tasks(senteval_dir) != list(TRANSFER_TASKS):
+        pytest.skip(f"SentEval transfer-task data not complete under {senteval_dir}")
+    return senteval_dir
+
+
 def prepare_project(root: Path, raw: dict) -> Path:
     """Write ``raw`` as ``root/params.yaml`` and run download, detect_objects, cache_teachers."""
     from mmcse.config import load_config

@@ -45,6 +45,13 @@ def test_unknown_section_lists_sections():
         ({"evaluate": {"pooler": "max"}}, "evaluate.pooler"),
         ({"data": {"captions": "first"}}, "data.captions"),
         ({"ablate": {"reference": "nope"}}, "ablate.reference"),
+        ({"data": {"transfer_tasks": ["MR"]}}, "data.transfer_tasks"),  # needs source senteval
+        ({"data": {"source": "senteval", "transfer_tasks": ["SST5"]}}, "data.transfer_tasks"),
+        ({"data": {"source": "senteval", "transfer_tasks": ["MR", "MR"]}}, "data.transfer_tasks"),
+        ({"evaluate": {"transfer": {"kfold": 1}}}, "evaluate.transfer.kfold"),
+        ({"evaluate": {"transfer": {"optim": "sgd"}}}, "evaluate.transfer.optim"),
+        ({"evaluate": {"transfer": {"epoch_size": 8, "max_epoch": 4}}}, "evaluate.transfer.max_epoch"),
+        ({"ablate": {"metric": "transfer_avg"}}, "ablate.metric"),  # needs ablate.transfer
         ({"model": {"config_overrides": {"hidden_size": 8}}}, "model.config_overrides"),
         ({"sweep": {"space": {"loss.lambda_img": {"type": "float", "low": 0, "high": 1, "log": True}}}},
          "sweep.space.loss.lambda_img"),

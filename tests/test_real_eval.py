@@ -1,6 +1,7 @@
 """Real data: `mmcse eval` and the evaluate stage score all seven STS tasks of the local
 SentEval folder with the packaged all-MiniLM-L6-v2 (mean pooling); both agree, and match the
-published/reference numbers. The scores are printed into the test log."""
+published/reference numbers. The stage also runs SentEval's full transfer protocol (10 folds)
+on TREC and MRPC. The scores are printed into the test log."""
 
 import json
 import subprocess
@@ -18,9 +19,13 @@ TASKS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelat
 # measured once with this model and pooler; STS-B 82.03 is the figure published for the model
 REFERENCE = {"STS12": 72.37, "STS13": 80.60, "STS14": 75.59, "STS15": 85.39, "STS16": 78.99,
              "STSBenchmark": 82.03, "SICKRelatedness": 77.15, "avg": 78.87}
+# transfer accuracy x 100, measured once here (SimCSE's "test" settings); majority-class
+# baselines on the test sets: TREC 27.6, MRPC 66.5
+TRANSFER_REFERENCE = {"TREC": 90.0, "MRPC": 72.35}
 
 
-def test_cli_and_evaluate_stage_score_the_seven_sts_tasks(senteval_dir, tmp_path, capsys):
+def test_cli_and_evaluate_stage_score_the_seven_sts_tasks(transfer_dir, tmp_path, capsys):
+    senteval_dir = transfer_dir
     out = subprocess.run(
         [sys.executable, "-m", "mmcse.cli", "eval", "--model", "packaged:all-MiniLM-L6-v2",
          "--senteval-dir", str(senteval_dir), "--pooler", "avg"],
@@ -32,7 +37,7 @@ def test_cli_and_evaluate_stage_score_the_seven_sts_tasks(senteval_dir, tmp_path
     cfg = parse_config({
         "base": {"data_dir": str(tmp_path / "data"), "metrics_dir": str(tmp_path / "metrics"),
                  "plots_dir": str(tmp_path / "plots")},
-        "data": {"source": "senteval", "senteval_dir": str(senteval_dir),
+        "data": {"source": "senteval", "senteval_dir": str(senteval_dir), "transfer_tasks": ["TREC", "MRPC"],
                  "demo": {"num_images": 8, "captions_per_image": 1, "corpus_sentences": 10}},
         "evaluate": {"pooler": "avg"},
     })
@@ -45,7 +50,14 @@ def test_cli_and_evaluate_stage_score_the_seven_sts_tasks(senteval_dir, tmp_path
         print("\nall-MiniLM-L6-v2, avg pooler, SentEval 'all' setting (Spearman x 100):")
         for task in [*TASKS, "avg"]:
             print(f"  {task:<16} cli {cli[task]:6.2f}   evaluate stage {stage[task]:6.2f}")
-    assert set(cli) == set(stage) == {*TASKS, "avg"}
+        print("transfer (accuracy x 100, 10-fold protocol):")
+        for task in [*TRANSFER_REFERENCE, "transfer_avg"]:
+            print(f"  {task:<16} evaluate stage {stage[task]:6.2f}")
+    assert set(cli) == {*TASKS, "avg"}
+    assert set(stage) == {*TASKS, "avg", *TRANSFER_REFERENCE, "transfer_avg"}
+    for task, want in TRANSFER_REFERENCE.items():
+        assert stage[task] == pytest.approx(want, abs=0.5), task
+    assert stage["TREC"] > 80 and stage["MRPC"] > 70  # far above the majority-class baselines
     for task in [*TASKS, "avg"]:
         assert stage[task] == pytest.approx(cli[task], abs=1e-3), task  # the CLI rounds to 4 decimals
         assert cli[task] == pytest.approx(REFERENCE[task], abs=0.01), task

@@ -86,7 +86,8 @@ def run_job(cfg: Config, job: Job, root: Path, parent_run_id: str | None = None)
         job_cfg, paths, out_dir=folder, experiment_name="ablate",
         run_name=f"{job.variant} seed={job.seed}", parent_run_id=parent_run_id, progress=False,
     )
-    scores = run_evaluate(job_cfg, paths, folder / "best", run_id=summary["run_id"], experiment_name="ablate")
+    scores = run_evaluate(job_cfg, paths, folder / "best", run_id=summary["run_id"], experiment_name="ablate",
+                          transfer=job_cfg.ablate.transfer)
     result = {
         "variant": job.variant,
         "seed": job.seed,

@@ -43,13 +43,40 @@ def run_entry(fn: Callable[[], object]) -> None:
 
 
 def _cmd_eval(args: argparse.Namespace) -> None:
-    from mmcse.data.senteval import read_sts_tasks
+    from mmcse.config import TransferConfig
+    from mmcse.data.senteval import (
+        TRANSFER_TASKS,
+        available_sts_tasks,
+        available_transfer_tasks,
+        read_sts_tasks,
+        read_transfer_task,
+    )
     from mmcse.evaluate import TextEncoder, evaluate_sts
+    from mmcse.transfer import evaluate_transfer
 
+    if not args.senteval_dir.is_dir():
+        raise FileNotFoundError(f"{args.senteval_dir}: SentEval folder not found")
+    transfer: list[str] = []
+    if args.transfer is not None:
+        present = available_transfer_tasks(args.senteval_dir)
+        transfer = args.transfer or present
+        unknown = [t for t in transfer if t not in TRANSFER_TASKS]
+        if unknown:
+            raise ValueError(f"--transfer: unknown task(s) {', '.join(unknown)}; valid: {', '.join(TRANSFER_TASKS)}")
+        missing = [t for t in transfer if t not in present]
+        if missing or not transfer:
+            raise FileNotFoundError(f"{args.senteval_dir}: no data for transfer task(s) "
+                                    f"{', '.join(missing) or 'any'} (present: {', '.join(present) or 'none'})")
+        probe = TransferConfig(kfold=args.kfold)
+        probe.validate("--kfold")
     encoder = TextEncoder(args.model, args.pooler, args.device, args.max_seq_len)  # fails fast if offline
-    tasks = read_sts_tasks(args.senteval_dir)
-    result = evaluate_sts(encoder, tasks, args.batch_size)
-    print(json.dumps({k: round(v, 4) for k, v in result.scores.items()}, indent=2))
+    scores: dict[str, float] = {}
+    if not transfer or available_sts_tasks(args.senteval_dir):
+        scores |= evaluate_sts(encoder, read_sts_tasks(args.senteval_dir), args.batch_size).scores
+    if transfer:
+        tasks = {t: read_transfer_task(args.senteval_dir, t) for t in transfer}
+        scores |= evaluate_transfer(encoder, tasks, probe, args.batch_size, args.device).scores
+    print(json.dumps({k: round(v, 4) for k, v in scores.items()}, indent=2))
 
 
 def _cmd_sweep(args: argparse.Namespace) -> None:
@@ -87,13 +114,16 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="mmcse", description="multimodal sentence embeddings workflow")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    ev = sub.add_parser("eval", help="STS Spearman x 100 of any HF / sentence-transformers model")
+    ev = sub.add_parser("eval", help="SentEval STS (and transfer tasks) of any HF / sentence-transformers model")
     ev.add_argument("--model", required=True, help="HF id, local model folder or mmcse checkpoint")
     ev.add_argument("--senteval-dir", required=True, type=Path, help="SentEval-layout folder")
     ev.add_argument("--pooler", default="cls_before_pooler", choices=POOLERS)
     ev.add_argument("--batch-size", type=int, default=128)
     ev.add_argument("--max-seq-len", type=int, default=512)
     ev.add_argument("--device", default="cpu")
+    ev.add_argument("--transfer", nargs="*", metavar="TASK", default=None,
+                    help="also SentEval transfer tasks (MR CR SUBJ MPQA SST2 TREC MRPC; none named: all present)")
+    ev.add_argument("--kfold", type=int, default=10, help="folds of the transfer-task probe (SimCSE: 10)")
     ev.set_defaults(func=_cmd_eval)
 
     sw = sub.add_parser("sweep", help="Optuna sweep over params.yaml's sweep.space (resumable)")

@@ -22,6 +22,8 @@ from typing import Any, Literal
 
 import yaml
 
+from mmcse.data.senteval import TRANSFER_TASKS
+
 
 class ConfigError(ValueError):
     """A params file or override that cannot be turned into a valid config."""
@@ -146,6 +148,9 @@ class DataConfig:
     # senteval_dir (a SentEval-layout folder, or `download`: fetch sources.senteval).
     source: Literal["demo", "senteval"] = "demo"
     senteval_dir: str = "../shared/data/senteval"
+    # SentEval transfer tasks copied from senteval_dir for the evaluate stage (source senteval):
+    # any of MR, CR, SUBJ, MPQA, SST2, TREC, MRPC.
+    transfer_tasks: list[str] = field(default_factory=list)
     # Image–caption pairs. demo: the generated scene world; flickr30k / coco: the real images
     # with Karpathy's splits (sources.karpathy_splits + the image archives).
     pairs: Literal["demo", "flickr30k", "coco"] = "demo"
@@ -181,6 +186,13 @@ class DataConfig:
                    f"is neither demo, wiki1m nor an existing text file: {self.corpus!r}")
         if self.source == "senteval":
             _check(bool(self.senteval_dir), where, "data.senteval_dir", "must be set when source=senteval")
+        _check(not self.transfer_tasks or self.source == "senteval", where, "data.transfer_tasks",
+               "needs data.source: senteval (the tasks are read from data.senteval_dir)")
+        for task in self.transfer_tasks:
+            _check(task in TRANSFER_TASKS, where, "data.transfer_tasks",
+                   f"unknown task {task!r}; valid: {', '.join(TRANSFER_TASKS)}")
+        _check(len(set(self.transfer_tasks)) == len(self.transfer_tasks), where, "data.transfer_tasks",
+               "lists a task twice")
 
 
 _SAM2_SIZES = {"tiny": "t", "small": "s", "base-plus": "b+", "large": "l"}
@@ -451,14 +463,37 @@ POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
 
 
 @dataclass(frozen=True)
+class TransferConfig:
+    # SentEval's logistic-regression probe (mmcse.transfer); defaults are SimCSE's "test" mode,
+    # its "fasttest" mode is kfold 5, rmsprop, batch_size 128, tenacity 3, epoch_size 2.
+    kfold: int = 10
+    optim: Literal["adam", "rmsprop"] = "adam"
+    batch_size: int = 64
+    tenacity: int = 5  # checks without improvement before stopping
+    epoch_size: int = 4  # epochs between checks
+    max_epoch: int = 200
+    seed: int = 1111  # SentEval's: folds, hold-out splits and probe initialisation
+
+    def validate(self, where: str) -> None:
+        p = "evaluate.transfer."
+        _check(self.kfold >= 2, where, p + "kfold", "must be >= 2")
+        _check(self.batch_size >= 1, where, p + "batch_size", "must be >= 1")
+        _check(self.tenacity >= 0, where, p + "tenacity", "must be >= 0")
+        _check(self.epoch_size >= 1, where, p + "epoch_size", "must be >= 1")
+        _check(self.max_epoch >= self.epoch_size, where, p + "max_epoch", "must be >= evaluate.transfer.epoch_size")
+
+
+@dataclass(frozen=True)
 class EvaluateConfig:
     pooler: Literal["cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2"] = (
         "cls_before_pooler"
     )
     batch_size: int = 128
+    transfer: TransferConfig = field(default_factory=TransferConfig)  # for data.transfer_tasks
 
     def validate(self, where: str) -> None:
         _check(self.batch_size >= 1, where, "evaluate.batch_size", "must be >= 1")
+        self.transfer.validate(where)
 
 
 @dataclass(frozen=True)
@@ -478,6 +513,8 @@ class AblateConfig:
     seeds: list[int] = field(default_factory=lambda: [1, 2])
     retries: int = 1
     metric: str = "avg"
+    # Also probe data.transfer_tasks for every job (the papers' ablation tables are STS only).
+    transfer: bool = False
 
     def validate(self, where: str) -> None:
         _check(len(self.variants) >= 1, where, "ablate.variants", "needs at least one variant")
@@ -499,6 +536,8 @@ class AblateConfig:
         _check(len(self.seeds) >= 1, where, "ablate.seeds", "needs at least one seed")
         _check(len(set(self.seeds)) == len(self.seeds), where, "ablate.seeds", "seeds repeat")
         _check(self.retries >= 0, where, "ablate.retries", "must be >= 0")
+        _check(self.transfer or (self.metric not in TRANSFER_TASKS and self.metric != "transfer_avg"),
+               where, "ablate.metric", f"{self.metric!r} is a transfer-task score: needs ablate.transfer: true")
         for name, overrides in self.variants.items():
             _check(
                 isinstance(overrides, Mapping),

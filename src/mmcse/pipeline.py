@@ -242,28 +242,42 @@ def run_evaluate(
     run_id: str | None = None,
     plots_dir: Path | None = None,
     experiment_name: str | None = None,
+    transfer: bool = True,
 ) -> dict[str, float]:
-    """Test-set STS of the checkpoint at ``model_dir``; logged into the training run ``run_id``
-    (metrics ``test_<task>``, STS scatter figure), the scatter also saved to ``plots_dir``."""
+    """Test-set STS of the checkpoint at ``model_dir`` and, with ``transfer``, SentEval's transfer
+    tasks found in ``data/raw/transfer`` (``data.transfer_tasks``: accuracy per task and
+    ``transfer_avg``); logged into the training run ``run_id`` (metrics ``test_<name>``, STS
+    scatter figure), the scatter also saved to ``plots_dir``."""
     import mlflow
 
     from mmcse import tracking
-    from mmcse.data.senteval import SentencePair
+    from mmcse.data.senteval import TRANSFER_TASKS, SentencePair, TransferExample
     from mmcse.device import resolve_device
     from mmcse.evaluate import TextEncoder, evaluate_sts, group_by_task
     from mmcse.plots import save_figure, sts_scatter
+    from mmcse.transfer import evaluate_transfer
 
-    encoder = TextEncoder(str(model_dir), cfg.evaluate.pooler, str(resolve_device(cfg.base.device)))
+    device = resolve_device(cfg.base.device)
+    encoder = TextEncoder(str(model_dir), cfg.evaluate.pooler, str(device))
     tasks = group_by_task([SentencePair.from_row(r) for r in read_jsonl(paths.raw / "sts" / "test.jsonl")])
+    transfer_files = [paths.raw / "transfer" / f"{t}.jsonl" for t in TRANSFER_TASKS] if transfer else []
+    transfer_tasks = {
+        f.stem: [TransferExample.from_row(r) for r in read_jsonl(f)] for f in transfer_files if f.is_file()
+    }
     result = evaluate_sts(encoder, tasks, cfg.evaluate.batch_size)
+    scores = dict(result.scores)
+    if transfer_tasks:
+        scores |= evaluate_transfer(
+            encoder, transfer_tasks, cfg.evaluate.transfer, cfg.evaluate.batch_size, device
+        ).scores
     fig = sts_scatter(result.predictions, result.scores)
     if run_id:
         with tracking.run(cfg, experiment_name or cfg.train.method, run_id=run_id):
-            mlflow.log_metrics({f"test_{k}": v for k, v in result.scores.items()})
+            mlflow.log_metrics({f"test_{k}": v for k, v in scores.items()})
             mlflow.log_figure(fig, "figures/sts_scatter.png")
     if plots_dir is not None:
         save_figure(fig, plots_dir / "sts_scatter.png")
-    return result.scores
+    return scores
 
 
 def log_ablation(cfg: Config, rows: list[dict[str, Any]], files: dict[str, Path], paths: Paths) -> None:

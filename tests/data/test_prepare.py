@@ -71,3 +71,36 @@ def test_corpus_from_a_text_file_and_from_the_hub_cache(tmp_path, monkeypatch):
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert load_corpus(DataConfig(corpus="wiki1m"), 0, tmp_path / "downloads") == ["a wiki sentence.", "another one."]
+
+
+def test_download_copies_the_chosen_transfer_tasks(tmp_path, transfer_dir):
+    from mmcse.config import DataConfig, DemoDataConfig
+    from mmcse.data.prepare import prepare_data
+    from mmcse.data.senteval import TransferExample
+    from mmcse.io import read_jsonl
+
+    demo = DemoDataConfig(num_images=6, captions_per_image=1, corpus_sentences=5)
+    cfg = DataConfig(source="senteval", senteval_dir=str(transfer_dir), transfer_tasks=["TREC", "MRPC"], demo=demo)
+    manifest = prepare_data(cfg, 3, tmp_path / "raw")
+    assert manifest["counts"]["transfer_TREC"] == 5452 + 500 and manifest["counts"]["transfer_MRPC"] == 4076 + 1725
+    assert sorted(p.name for p in (tmp_path / "raw" / "transfer").iterdir()) == ["MRPC.jsonl", "TREC.jsonl"]
+    assert {"transfer/TREC.jsonl", "transfer/MRPC.jsonl"} <= set(manifest["sha256"])
+    rows = [TransferExample.from_row(r) for r in read_jsonl(tmp_path / "raw" / "transfer" / "MRPC.jsonl")]
+    assert rows[0].text.startswith("Amrozi accused") and rows[0].text2.startswith("Referring to him")
+
+
+def test_download_fails_before_building_when_a_transfer_task_is_missing(tmp_path, transfer_dir):
+    import shutil
+
+    from mmcse.config import DataConfig
+    from mmcse.data.prepare import prepare_data
+
+    shutil.copytree(transfer_dir / "downstream" / "STS" / "STSBenchmark",
+                    tmp_path / "se" / "downstream" / "STS" / "STSBenchmark")
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "keep.txt").write_text("previous data")
+    cfg = DataConfig(source="senteval", senteval_dir=str(tmp_path / "se"), transfer_tasks=["SUBJ"])
+    with pytest.raises(FileNotFoundError, match=r"data.transfer_tasks names SUBJ.*present: none"):
+        prepare_data(cfg, 3, tmp_path / "raw")
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".raw")] == []  # nothing half-built
+    assert (tmp_path / "raw" / "keep.txt").read_text() == "previous data"

@@ -28,7 +28,7 @@ from tqdm.auto import tqdm
 
 from mmcse.config import DataConfig, SourceConfig
 from mmcse.data import demo
-from mmcse.data.senteval import read_sts_task, read_sts_tasks
+from mmcse.data.senteval import available_transfer_tasks, read_sts_task, read_sts_tasks, read_transfer_task
 from mmcse.data.sources import Fetched, fetch_source, real_pairs, senteval_folder
 from mmcse.io import atomic_path, sha256_file, write_json, write_jsonl, write_text
 
@@ -139,6 +139,14 @@ def prepare_data(cfg: DataConfig, seed: int, out_dir: str | Path, downloads_dir:
     out = Path(out_dir)
     downloads = Path(downloads_dir) if downloads_dir is not None else out.parent / cfg.downloads_dir
     senteval, senteval_record = (senteval_folder(cfg, downloads) if cfg.source == "senteval" else (None, None))
+    if senteval is not None:
+        present = available_transfer_tasks(senteval)
+        missing = [task for task in cfg.transfer_tasks if task not in present]
+        if missing:
+            raise FileNotFoundError(
+                f"params.yaml: data.transfer_tasks names {', '.join(missing)}, but {senteval} has no data for "
+                f"{'it' if len(missing) == 1 else 'them'} (present: {', '.join(present) or 'none'})"
+            )
     out.parent.mkdir(parents=True, exist_ok=True)
     build = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
@@ -173,14 +181,18 @@ def _build(cfg: DataConfig, seed: int, out: Path, downloads: Path, senteval: Pat
         report["sources"]["senteval"] = senteval_record
         dev = [p.to_row() for p in read_sts_task(senteval, "STSBenchmark", "dev")]
         test = [p.to_row() for task in read_sts_tasks(senteval).values() for p in task]
+    transfer = {task: [e.to_row() for e in read_transfer_task(senteval, task)] for task in cfg.transfer_tasks}
 
     write_jsonl(out / "images.jsonl", images)
     write_jsonl(out / "pairs.jsonl", pairs)
     write_text(out / "corpus.txt", "\n".join(corpus) + "\n")
     write_jsonl(out / "sts" / "dev.jsonl", dev)
     write_jsonl(out / "sts" / "test.jsonl", test)
+    for task, rows in transfer.items():  # the evaluate stage probes every task in this folder
+        write_jsonl(out / "transfer" / f"{task}.jsonl", rows)
 
-    tables = ["images.jsonl", "pairs.jsonl", "corpus.txt", "sts/dev.jsonl", "sts/test.jsonl"]
+    tables = ["images.jsonl", "pairs.jsonl", "corpus.txt", "sts/dev.jsonl", "sts/test.jsonl",
+              *(f"transfer/{task}.jsonl" for task in transfer)]
     counts = {
         "images": len(images),
         "pairs": len(pairs),
@@ -188,6 +200,7 @@ def _build(cfg: DataConfig, seed: int, out: Path, downloads: Path, senteval: Pat
         "sts_dev_pairs": len(dev),
         "sts_test_pairs": len(test),
         "pairs_with_phrases": sum(1 for p in pairs if p.get("phrases")),
+        **{f"transfer_{task}": len(rows) for task, rows in transfer.items()},
     }
     for key in ("images_missing", "images_unreadable", "images_without_entities"):
         if key in report:

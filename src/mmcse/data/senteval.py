@@ -123,3 +123,97 @@ def read_sts_tasks(root: str | Path) -> dict[str, list[SentencePair]]:
             "downstream/STS/STSBenchmark/sts-test.csv or downstream/SICK/SICK_test_annotated.txt)"
         )
     return {task: read_sts_task(root, task) for task in tasks}
+
+
+# --- transfer tasks ---------------------------------------------------------------------------
+
+TRANSFER_TASKS = ("MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC")
+# Two files each (SentEval's BinaryClassifierEval): label 1 for the first, 0 for the second.
+_BINARY_FILES = {
+    "MR": ("MR", "rt-polarity.pos", "rt-polarity.neg"),
+    "CR": ("CR", "custrev.pos", "custrev.neg"),
+    "SUBJ": ("SUBJ", "subj.objective", "subj.subjective"),
+    "MPQA": ("MPQA", "mpqa.pos", "mpqa.neg"),
+}
+TREC_CLASSES = ("ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM")
+
+
+@dataclass(frozen=True)
+class TransferExample:
+    """One labelled example of a transfer task; ``text2`` only for sentence pairs (MRPC)."""
+
+    task: str
+    split: str  # all (cross-validated: MR, CR, SUBJ, MPQA) | train | dev | test
+    text: str
+    label: int
+    text2: str | None = None
+
+    def to_row(self) -> dict:
+        row = {"task": self.task, "split": self.split, "text": self.text, "label": self.label}
+        if self.text2 is not None:
+            row["text2"] = self.text2
+        return row
+
+    @classmethod
+    def from_row(cls, row: dict) -> TransferExample:
+        return cls(row["task"], row["split"], row["text"], int(row["label"]), row.get("text2"))
+
+
+def _transfer_files(down: Path, task: str) -> list[Path]:
+    if task in _BINARY_FILES:
+        folder, first, second = _BINARY_FILES[task]
+        return [down / folder / first, down / folder / second]
+    if task == "SST2":
+        return [down / "SST" / "binary" / f"sentiment-{split}" for split in ("train", "dev", "test")]
+    if task == "TREC":
+        return [down / "TREC" / "train_5500.label", down / "TREC" / "TREC_10.label"]
+    if task == "MRPC":
+        return [down / "MRPC" / "msr_paraphrase_train.txt", down / "MRPC" / "msr_paraphrase_test.txt"]
+    raise ValueError(f"unknown transfer task {task!r}; known: {', '.join(TRANSFER_TASKS)}")
+
+
+def available_transfer_tasks(root: str | Path) -> list[str]:
+    """The transfer tasks whose files are all present under ``root`` (SentEval's order)."""
+    down = _downstream(root)
+    return [t for t in TRANSFER_TASKS if all(p.is_file() for p in _transfer_files(down, t))]
+
+
+def _lines(path: Path, encoding: str) -> list[str]:
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: SentEval transfer-task file missing")
+    return path.read_text(encoding=encoding).splitlines()
+
+
+def read_transfer_task(root: str | Path, task: str) -> list[TransferExample]:
+    """Every example of one transfer task, in file order, read as SentEval reads it
+    (latin-1 for the binary tasks and TREC, UTF-8 for SST and MRPC; whitespace-normalised)."""
+    down = _downstream(root)
+    files = _transfer_files(down, task)
+    examples: list[TransferExample] = []
+    if task in _BINARY_FILES:
+        for path, label in zip(files, (1, 0), strict=True):
+            examples += [TransferExample(task, "all", _norm(line), label) for line in _lines(path, "latin-1")]
+    elif task == "SST2":
+        for path, split in zip(files, ("train", "dev", "test"), strict=True):
+            for lineno, line in enumerate(_lines(path, "utf-8"), 1):
+                cols = line.strip().split("\t")
+                if len(cols) != 2 or cols[1] not in ("0", "1"):
+                    raise ValueError(f"{path}:{lineno}: expected 'sentence<TAB>0|1'")
+                examples.append(TransferExample(task, split, _norm(cols[0]), int(cols[1])))
+    elif task == "TREC":
+        for path, split in zip(files, ("train", "test"), strict=True):
+            for lineno, line in enumerate(_lines(path, "latin-1"), 1):
+                target, _, rest = line.strip().partition(":")
+                if target not in TREC_CLASSES or " " not in rest:
+                    raise ValueError(f"{path}:{lineno}: expected 'CLASS:fine question' with CLASS in "
+                                     f"{', '.join(TREC_CLASSES)}")
+                question = rest.split(" ", 1)[1]  # drop the fine-grained label
+                examples.append(TransferExample(task, split, _norm(question), TREC_CLASSES.index(target)))
+    else:  # MRPC: header line, then Quality, #1 ID, #2 ID, #1 String, #2 String
+        for path, split in zip(files, ("train", "test"), strict=True):
+            for lineno, line in enumerate(_lines(path, "utf-8-sig")[1:], 2):
+                cols = line.strip().split("\t")
+                if len(cols) != 5 or cols[0] not in ("0", "1"):
+                    raise ValueError(f"{path}:{lineno}: expected 5 tab-separated columns starting with 0|1")
+                examples.append(TransferExample(task, split, _norm(cols[3]), int(cols[0]), _norm(cols[4])))
+    return examples
