@@ -73,6 +73,10 @@ def test_each_profile_gives_valid_params_with_the_papers_numbers(project, name):
         assert [t.teacher.split("/")[0] for t in cfg.teachers.text] == ["princeton-nlp", "voidism"]
         assert all(model in t.teacher for t in cfg.teachers.text)
         assert [t.weight for t in cfg.teachers.text] == [0.33, 0.67]
+        assert cfg.data.transfer_tasks == ["MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC"]  # Table 2
+        assert cfg.evaluate.transfer.kfold == 10
+    else:
+        assert cfg.data.transfer_tasks == []
     if paper == "kdmcse":
         assert (cfg.loss.kdmcse.threshold, cfg.loss.kdmcse.margin, cfg.loss.lambda_img) == (0.9, 0.125, 0.01)
         assert cfg.teachers.joint.kind == "clip" and cfg.data.captions == "all"
