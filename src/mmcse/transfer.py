@@ -259,9 +259,3 @@ def evaluate_transfer(
     result.scores[TRANSFER_PRIMARY] = round(float(np.mean([result.scores[n] for n in tasks])), 2)
     return result
 
-
-def group_transfer(examples: Sequence[TransferExample]) -> dict[str, list[TransferExample]]:
-    grouped: dict[str, list[TransferExample]] = {}
-    for e in examples:
-        grouped.setdefault(e.task, []).append(e)
-    return grouped
