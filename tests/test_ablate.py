@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from mmcse.ablate import aggregate, expand, job_config, table_markdown
-from mmcse.config import parse_config
+from mmcse.ablate import aggregate, expand, job_config, job_hash, table_markdown
+from mmcse.config import parse_config, with_overrides
 from tests.conftest import REPO
 
 
@@ -23,6 +23,17 @@ def test_expand_variants_times_seeds_in_order():
     jobs = expand(_cfg())
     assert [(j.variant, j.seed) for j in jobs][:4] == [("full", 1), ("full", 2), ("full", 3), ("w/o image", 1)]
     assert jobs[3].overrides == {"loss.lambda_img": 0.0, "base.seed": 1}
+
+
+def test_job_hash_ignores_bookkeeping_but_not_what_the_result_holds():
+    cfg = _cfg()
+    job = job_config(cfg, expand(cfg)[0])
+    same = [with_overrides(job, {"ablate.retries": 3}), with_overrides(job, {"sweep.n_trials": 2}),
+            with_overrides(job, {"ablate.transfer": False})]
+    assert {job_hash(c) for c in same} == {job_hash(job)}
+    different = [with_overrides(job, {"ablate.transfer": True}), with_overrides(job, {"loss.lambda_img": 0.5}),
+                 with_overrides(job, {"base.seed": 9})]
+    assert len({job_hash(c) for c in different} | {job_hash(job)}) == 4
 
 
 def test_aggregate_mean_std_ttest_and_failed_rows():

@@ -54,9 +54,14 @@ def job_config(cfg: Config, job: Job) -> Config:
 
 
 def job_hash(job_cfg: Config) -> str:
+    """What makes a job's result: the whole configuration but the ablation's bookkeeping and
+    the sweep; ``ablate.transfer`` counts (a result without transfer scores is not finished
+    when they are asked for). Absent when off, so results from before the switch still count."""
     tree = to_dict(job_cfg)
-    tree.pop("ablate")
+    ablate = tree.pop("ablate")
     tree.pop("sweep")
+    if ablate["transfer"]:
+        tree["ablate.transfer"] = True
     return sha256_json(tree)
 
 
