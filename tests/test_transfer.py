@@ -110,6 +110,27 @@ def test_early_stopping_counts_checks_and_keeps_the_best_weights(monkeypatch):
     torch.testing.assert_close(probe.model.weight, snapshots[1])
 
 
+def test_optimizer_batch_size_and_max_epoch_settings_shape_the_training(monkeypatch):
+    x, y = _clusters(50, 2)
+    xt, yt = torch.tensor(x, dtype=torch.float32), torch.tensor(y)
+    cfg = replace(FAST, batch_size=16, epoch_size=2, max_epoch=6, tenacity=100)
+    probe = LogisticProbe(8, 2, 1e-4, cfg, torch.device("cpu"))
+    assert isinstance(probe.optimizer, torch.optim.Adam) and probe.optimizer.param_groups[0]["lr"] == 1e-3
+    checks = iter(np.linspace(0.1, 0.9, 50))  # always improving: only max_epoch stops it
+    monkeypatch.setattr(probe, "accuracy", lambda xs, ys: float(next(checks)))
+    steps = []
+    real_step = probe.optimizer.step
+    monkeypatch.setattr(probe.optimizer, "step", lambda *a, **k: steps.append(1) or real_step(*a, **k))
+    probe.fit(xt[:40], yt[:40], held_out=(xt[40:], yt[40:]))
+    # checks at epochs 0, 2, 4, 6 (SentEval's `nepoch <= max_epoch`), 2 epochs each of ceil(40 / 16) batches
+    assert len(steps) == 4 * 2 * 3
+
+    rms = LogisticProbe(8, 2, 1e-4, replace(FAST, optim="rmsprop"), torch.device("cpu"))
+    assert isinstance(rms.optimizer, torch.optim.RMSprop) and rms.optimizer.param_groups[0]["lr"] == 1e-2
+    assert rms.optimizer.param_groups[0]["weight_decay"] == 1e-4
+    assert probe_task("CR", {"all": _clusters(240, 2)}, replace(FAST, optim="rmsprop"))[1] >= 97
+
+
 def test_probe_is_seeded_and_leaves_the_global_rng_alone():
     x, y = _clusters(120, 2, spread=2.0)  # overlapping: the weights matter
     torch.manual_seed(123)
