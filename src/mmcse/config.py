@@ -515,6 +515,9 @@ class AblateConfig:
     metric: str = "avg"
     # Also probe data.transfer_tasks for every job (the papers' ablation tables are STS only).
     transfer: bool = False
+    # local: every job in the ablation's own process, one after another; deployment: each job a
+    # flow run of Prefect deployment `ablation-job` (pool gpu), spread over the GPU workers.
+    fan_out: Literal["local", "deployment"] = "local"
 
     def validate(self, where: str) -> None:
         _check(len(self.variants) >= 1, where, "ablate.variants", "needs at least one variant")
