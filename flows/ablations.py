@@ -1,47 +1,208 @@
-"""Prefect flow `ablations`: one task per variant × seed, then the aggregated table.
+"""Prefect flows `ablations` (variants × seeds, then the aggregated table) and `ablation-job` (one of them).
 
-Runs in-process without a server (`python flows/ablations.py`, or the `ablate` DVC
-stage), or as deployment `ablations` on the `gpu` process work pool (prefect.yaml).
+`ablate.fan_out` (or the flow parameter ``fan_out``) says where the jobs run:
+
+* ``local``: one task per variant × seed inside the `ablations` flow run, one after another.
+  That is the DVC stage `ablate`, `python flows/ablations.py`, and deployment `ablations`.
+* ``deployment``: every unfinished job becomes a flow run of deployment `ablation-job/ablation-job`
+  (work pool `gpu`, subflow runs of this one). With one worker per GPU (each started with its own
+  ``CUDA_VISIBLE_DEVICES`` and ``--limit 1``) the jobs run concurrently, one per GPU; this flow
+  waits for them, resubmits a failed job ``ablate.retries`` times and gathers the results.
+  It holds no GPU itself: deployment `ablations/fan-out` runs it on work pool `head`.
+
+Every job's MLflow run records the device it trained on, ``CUDA_VISIBLE_DEVICES``, the host,
+the Prefect flow run and worker (`mmcse.device.device_tags`, `mmcse.tracking.prefect_tags`).
 All work is done by library functions in `mmcse.ablate` and `mmcse.pipeline`.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 from prefect import flow, task
 
-from mmcse.ablate import Job, aggregate, expand, failed_result, run_job, write_table
-from mmcse.config import load_config
+from mmcse.ablate import (
+    Job,
+    aggregate,
+    expand,
+    failed_result,
+    finished_result,
+    job_config,
+    job_hash,
+    record_result,
+    run_job,
+    write_table,
+)
+from mmcse.config import Config, load_config
 from mmcse.pipeline import Paths, log_ablation
+from mmcse.tracking import prefect_tags
+
+JOB_DEPLOYMENT = "ablation-job/ablation-job"  # <flow name>/<deployment name> in prefect.yaml
+FAN_OUT = ("local", "deployment")
+
+
+def find_job(cfg: Config, variant: str, seed: int) -> Job:
+    for job in expand(cfg):
+        if job.variant == variant and job.seed == seed:
+            return job
+    raise ValueError(f"params.yaml: no ablation job {variant!r} seed {seed} in ablate.variants × ablate.seeds")
 
 
 @task(name="train-variant", task_run_name="{variant} seed={seed}")
 def train_variant(params_path: str, variant: str, seed: int, parent_run_id: str | None) -> dict:
     cfg = load_config(params_path)
-    job = next(j for j in expand(cfg) if j.variant == variant and j.seed == seed)
-    return run_job(cfg, job, Paths.of(cfg).ablations, parent_run_id=parent_run_id)
+    return run_job(cfg, find_job(cfg, variant, seed), Paths.of(cfg).ablations, parent_run_id=parent_run_id,
+                   tags=prefect_tags())
+
+
+@flow(name="ablation-job", log_prints=True, persist_result=True, result_serializer="json")
+def ablation_job(
+    params_path: str, variant: str, seed: int, parent_run_id: str | None = None, config_hash: str | None = None
+) -> dict:
+    """Train + evaluate ONE variant × seed in this process (a worker's GPU; skipped when finished)
+    and return its result. ``config_hash`` (from the submitting `ablations` run) makes a worker
+    whose params.yaml differs fail instead of training something else."""
+    cfg = load_config(params_path)
+    result = run_job(cfg, find_job(cfg, variant, seed), Paths.of(cfg).ablations, parent_run_id=parent_run_id,
+                     tags=prefect_tags(), expected_hash=config_hash)
+    print(f"{variant} seed={seed}: {'reused' if result.get('skipped') else 'trained'} on {result.get('device', '?')}")
+    return result
+
+
+def _deployment_exists(name: str) -> None:
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+    from prefect.settings import PREFECT_API_URL
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_deployment_by_name(name)
+        except ObjectNotFound:
+            raise RuntimeError(
+                f"ablate.fan_out=deployment: Prefect deployment {name!r} not found at "
+                f"{PREFECT_API_URL.value() or 'the ephemeral API (PREFECT_API_URL unset)'}: deploy it "
+                "(`prefect --no-prompt deploy --name ablation-job`) and start workers on pool gpu "
+                '(README "Scaling out")'
+            ) from None
+
+
+def _job_result(cfg: Config, job: Job, flow_run: Any) -> dict[str, Any]:
+    """The result a completed `ablation-job` flow run returned (Prefect's result storage), or the
+    job's result.json here when that storage is out of reach (another host, no shared storage)."""
+    try:
+        return flow_run.state.result()
+    except Exception as err:
+        print(f"{job.variant} seed={job.seed}: result of flow run {flow_run.name!r} unreadable here ({err})")
+        done = finished_result(job.folder(Paths.of(cfg).ablations), job_hash(job_config(cfg, job)))
+        if done is not None:
+            return done
+        return failed_result(job, f"flow run {flow_run.name!r} completed but its result is unreadable here ({err}); "
+                                  "give every host one Prefect result storage (README \"Scaling out\")")
+
+
+def fan_out_jobs(
+    params_path: str, cfg: Config, jobs: list[Job], parent_run_id: str, deployment: str, poll_seconds: float
+) -> list[dict[str, Any]]:
+    """Run ``jobs`` as flow runs of ``deployment`` (all submitted at once, the workers take them as
+    they free up) and return their results in ``jobs`` order; finished jobs are not submitted."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.deployments import run_deployment
+    from prefect.runtime import flow_run as this_run
+
+    root = Paths.of(cfg).ablations
+    results: dict[int, dict[str, Any]] = {}  # by position in ``jobs`` (a Job holds a dict: not hashable)
+    hashes: dict[int, str] = {}
+    for i, job in enumerate(jobs):
+        try:
+            hashes[i] = job_hash(job_config(cfg, job))
+        except Exception as err:  # a bad override: no worker would do better
+            results[i] = failed_result(job, err)
+            continue
+        done = finished_result(job.folder(root), hashes[i])
+        if done is not None:
+            results[i] = done | {"skipped": True}
+    todo = [i for i in range(len(jobs)) if i not in results]
+    if todo:
+        _deployment_exists(deployment)
+    running: dict[Any, tuple[int, int]] = {}  # flow run id -> (job position, attempt)
+
+    def submit(i: int, attempt: int) -> None:
+        job = jobs[i]
+        run = run_deployment(
+            deployment,
+            parameters={"params_path": params_path, "variant": job.variant, "seed": job.seed,
+                        "parent_run_id": parent_run_id, "config_hash": hashes[i]},
+            flow_run_name=f"{job.variant} seed={job.seed}" + (f" retry {attempt}" if attempt else ""),
+            # a repeated submission by this coordinator run gives back the same flow run
+            idempotency_key=f"{this_run.id}/{job.variant}/{job.seed}/{attempt}",
+            timeout=0,  # submit only; the loop below waits for all of them together
+        )
+        running[run.id] = (i, attempt)
+
+    for i in todo:
+        submit(i, 0)
+    if todo:
+        print(f"submitted {len(todo)} jobs to {deployment} ({len(jobs) - len(todo)} already finished or invalid)")
+    with get_client(sync_client=True) as client:
+        while running:
+            time.sleep(poll_seconds)
+            ids = list(running)
+            runs = [r for start in range(0, len(ids), 100) for r in client.read_flow_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids[start:start + 100])), limit=100)]
+            for run in runs:
+                if run.state is None or not run.state.is_final():
+                    continue
+                i, attempt = running.pop(run.id)
+                job = jobs[i]
+                if run.state.is_completed():
+                    results[i] = _job_result(cfg, job, run)
+                    record_result(root, job, results[i])
+                    print(f"{job.variant} seed={job.seed}: {results[i]['status']} ({results[i].get('device', '?')})")
+                elif attempt < cfg.ablate.retries and not run.state.is_cancelled():
+                    print(f"{job.variant} seed={job.seed}: {run.state.name} ({run.state.message}); retrying")
+                    submit(i, attempt + 1)
+                else:
+                    print(f"variant {job.variant!r} seed {job.seed} failed after retries: {run.state.message}")
+                    results[i] = failed_result(job, f"{run.state.name}: {run.state.message}")
+    return [results[i] for i in range(len(jobs))]
 
 
 @flow(name="ablations", log_prints=True)
-def ablations(params_path: str = "params.yaml") -> list[dict]:
+def ablations(
+    params_path: str = "params.yaml",
+    fan_out: str | None = None,
+    job_deployment: str = JOB_DEPLOYMENT,
+    poll_seconds: float = 5.0,
+) -> list[dict]:
     """Train + evaluate every variant × seed (finished ones are skipped), retry failures
-    `ablate.retries` times, and write/log the table; returns its rows."""
+    `ablate.retries` times, and write/log the table; returns its rows. ``fan_out`` (default
+    ``ablate.fan_out``): ``local`` runs the jobs here, ``deployment`` as flow runs of
+    ``job_deployment`` on the GPU workers (state polled every ``poll_seconds``)."""
     from mmcse import tracking
 
     cfg = load_config(params_path)
+    mode = fan_out or cfg.ablate.fan_out
+    if mode not in FAN_OUT:
+        raise ValueError(f"flow ablations: fan_out={mode!r}; choose one of {list(FAN_OUT)}")
     paths = Paths.of(cfg)
     jobs: list[Job] = expand(cfg)
-    retrying = train_variant.with_options(retries=cfg.ablate.retries, retry_delay_seconds=0)
-    with tracking.run(cfg, "ablate", run_name=f"ablation {Path(params_path).resolve().parent.name}") as parent:
-        results = []
-        for job in jobs:
-            try:
-                results.append(retrying(params_path, job.variant, job.seed, parent.info.run_id))
-            except Exception as err:  # recorded as failed in the table, never dropped
-                print(f"variant {job.variant!r} seed {job.seed} failed after retries: {err}")
-                results.append(failed_result(job, err))
+    with tracking.run(cfg, "ablate", run_name=f"ablation {Path(params_path).resolve().parent.name}",
+                      tags={"fan_out": mode}) as parent:
+        if mode == "deployment":
+            results = fan_out_jobs(params_path, cfg, jobs, parent.info.run_id, job_deployment, poll_seconds)
+        else:
+            retrying = train_variant.with_options(retries=cfg.ablate.retries, retry_delay_seconds=0)
+            results = []
+            for job in jobs:
+                try:
+                    results.append(retrying(params_path, job.variant, job.seed, parent.info.run_id))
+                except Exception as err:  # recorded as failed in the table, never dropped
+                    print(f"variant {job.variant!r} seed {job.seed} failed after retries: {err}")
+                    results.append(failed_result(job, err))
         rows = aggregate(cfg, results)
         files = write_table(rows, paths.ablations, cfg.ablate.metric, cfg.ablate.reference, cfg.ablate.title)
         log_ablation(cfg, rows, files, paths)

@@ -1,7 +1,9 @@
 """Prefect flow `sweep`: an Optuna study over params.yaml's `sweep.space`.
 
 Start several of these (flow runs or `mmcse sweep` processes) against one shared
-`sweep.storage`; they cooperate on the same study and stop at `sweep.n_trials`.
+`sweep.storage`; they cooperate on the same study and stop at `sweep.n_trials`. As
+deployment `sweep` (pool `gpu`), submit one flow run per GPU worker: each runs in its worker's
+``CUDA_VISIBLE_DEVICES`` and its MLflow runs record that device.
 """
 
 from __future__ import annotations
@@ -13,12 +15,13 @@ from prefect import flow
 from mmcse.config import load_config
 from mmcse.pipeline import Paths
 from mmcse.sweep import run_sweep
+from mmcse.tracking import prefect_tags
 
 
 @flow(name="sweep", log_prints=True)
 def sweep(params_path: str = "params.yaml", n_trials: int | None = None, storage: str | None = None) -> dict:
     cfg = load_config(params_path)
-    summary = run_sweep(cfg, Paths.of(cfg), n_trials=n_trials, storage=storage)
+    summary = run_sweep(cfg, Paths.of(cfg), n_trials=n_trials, storage=storage, tags=prefect_tags())
     print(summary)
     return summary
 

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -23,6 +24,16 @@ TINY_MODEL = {
     "max_seq_len": 32,
     "proj_dim": 32,
 }
+
+
+# Every device this machine has: the loss, objective and step tests run once per entry.
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(params=DEVICES, ids=DEVICES)
+def device(request) -> torch.device:
+    """The device a test's inputs live on: ``cpu`` always, ``cuda`` when one is present."""
+    return torch.device(request.param)
 
 
 def shrink(raw: dict) -> dict:

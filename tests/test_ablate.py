@@ -109,3 +109,56 @@ def test_preset_variant_with_a_bad_key_fails_at_load(tmp_path):
     (tmp_path / "params.yaml").write_text("ablate:\n  preset: p\n")
     with pytest.raises(ConfigError, match="lamda"):
         load_config(tmp_path / "params.yaml")
+
+
+def test_run_job_refuses_a_worker_whose_params_differ(tmp_path):
+    from mmcse.ablate import run_job
+
+    cfg = _cfg()
+    job = expand(cfg)[0]
+    with pytest.raises(ValueError, match=r"'full' seed 1 .* worker's checkout differs"):
+        run_job(cfg, job, tmp_path, expected_hash="0" * 64)
+    assert not (tmp_path / "full").exists()  # refused before training
+
+
+def test_record_result_keeps_a_finished_result_from_another_worker(tmp_path):
+    from mmcse.ablate import finished_result, record_result
+
+    cfg = _cfg()
+    job = expand(cfg)[1]
+    h = job_hash(job_config(cfg, job))
+    record_result(tmp_path, job, {"variant": "full", "seed": 2, "status": "failed", "error": "x"})
+    assert not job.folder(tmp_path).exists()  # failed results are not kept: a rerun tries again
+    ok = _ok("full", 2, 70.0, 69.0) | {"config_hash": h, "device": "cuda:0 X", "skipped": True}
+    record_result(tmp_path, job, ok)
+    assert finished_result(job.folder(tmp_path), h) == {k: v for k, v in ok.items() if k != "skipped"}
+
+
+def test_tagged_runs_record_the_device_and_cuda_visible_devices(tmp_path, monkeypatch):
+    import mlflow
+
+    from mmcse import tracking
+    from mmcse.device import describe_device, device_tags, resolve_device
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    cfg = parse_config({"base": {"device": "auto"}})
+    where = device_tags("auto")
+    assert where["device"] == describe_device(resolve_device("auto"))
+    assert where["device"] == "cpu" or where["device"].startswith("cuda:")
+    assert where["cuda_visible_devices"] == "3"
+    with tracking.tagged(where), tracking.tagged({"prefect.worker": "gpu-3"}):
+        with tracking.run(cfg, "ablate", run_name="parent") as parent:
+            with tracking.run(cfg, "ablate", run_name="job", parent_run_id=parent.info.run_id,
+                              tags={"device": "overridden"}) as job:
+                pass
+    with tracking.run(cfg, "ablate", run_name="untagged") as plain:
+        pass
+    with tracking.tagged({"cuda_visible_devices": "5"}), tracking.run(cfg, "ablate", run_id=plain.info.run_id):
+        pass  # a resumed run keeps the tags it was started with
+    client = mlflow.MlflowClient()
+    tags = {r.info.run_id: client.get_run(r.info.run_id).data.tags for r in (parent, job, plain)}
+    assert tags[parent.info.run_id]["cuda_visible_devices"] == "3"
+    assert tags[parent.info.run_id]["prefect.worker"] == "gpu-3"
+    assert tags[job.info.run_id]["device"] == "overridden" and tags[job.info.run_id]["cuda_visible_devices"] == "3"
+    assert "cuda_visible_devices" not in tags[plain.info.run_id]

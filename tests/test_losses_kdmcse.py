@@ -1,4 +1,8 @@
-"""KDMCSE losses against direct loop transcriptions of paper Eq. 8, 12–14."""
+"""KDMCSE losses against direct loop transcriptions of paper Eq. 8, 12–14.
+
+Each test runs on every device of the ``device`` fixture: the references read the CPU
+inputs, the losses their copies on ``device`` (see :func:`tests.test_losses.on`).
+"""
 
 import math
 
@@ -6,6 +10,7 @@ import pytest
 import torch
 
 from mmcse.losses import adapacse_loss, info_nce, kdmcse_objective, kdmcse_term, threshold_keep_mask
+from tests.test_losses import assert_on, on
 
 
 def _cos(a, b):
@@ -41,64 +46,72 @@ def _data(seed, n=6, d=5):
 
 
 @pytest.mark.parametrize(("margin", "threshold"), [(0.0, None), (0.125, None), (0.2, 0.3), (0.125, -0.2)])
-def test_adapacse_matches_eq13(margin, threshold):
+def test_adapacse_matches_eq13(margin, threshold, device):
     s, m, alpha = _data(0)
-    keep = threshold_keep_mask(alpha, threshold)
-    got = adapacse_loss(s, m, 0.05, margin, alpha, keep)
-    assert float(got) == pytest.approx(eq13_loop(s, m, 0.05, margin, alpha, alpha, threshold), abs=1e-6)
+    s_d, m_d, alpha_d = on(device, s, m, alpha)
+    keep = threshold_keep_mask(alpha_d, threshold)
+    assert_on(device, keep)
+    got = adapacse_loss(s_d, m_d, 0.05, margin, alpha_d, keep)
+    assert_on(device, got)
+    assert float(got.cpu()) == pytest.approx(eq13_loop(s, m, 0.05, margin, alpha, alpha, threshold), abs=1e-6)
 
 
-def test_threshold_filter_removes_negatives_above_threshold_and_keeps_positive():
-    alpha = torch.tensor([[1.0, 0.95, 0.2], [0.95, 1.0, 0.91], [0.2, 0.91, 1.0]])
+def test_threshold_filter_removes_negatives_above_threshold_and_keeps_positive(device):
+    alpha = torch.tensor([[1.0, 0.95, 0.2], [0.95, 1.0, 0.91], [0.2, 0.91, 1.0]], device=device)
     keep = threshold_keep_mask(alpha, 0.9)
-    assert keep.tolist() == [[True, False, True], [False, True, False], [True, False, True]]
+    assert_on(device, keep)
+    assert keep.cpu().tolist() == [[True, False, True], [False, True, False], [True, False, True]]
     assert threshold_keep_mask(alpha, None).all()
 
 
-def test_threshold_above_every_similarity_equals_unfiltered():
-    s, m, alpha = _data(1)
+def test_threshold_above_every_similarity_equals_unfiltered(device):
+    s, m, alpha = on(device, *_data(1))
     filtered = adapacse_loss(s, m, 0.05, 0.1, alpha, threshold_keep_mask(alpha, 1.01))
     assert float(filtered) == pytest.approx(float(adapacse_loss(s, m, 0.05, 0.1, alpha)), abs=1e-12)
 
 
-def test_zero_margin_is_infonce():
-    s, m, alpha = _data(2)
+def test_zero_margin_is_infonce(device):
+    s, m, alpha = on(device, *_data(2))
     assert float(adapacse_loss(s, m, 0.05, 0.0, alpha)) == pytest.approx(float(info_nce(s, m, 0.05)), abs=1e-6)
 
 
-def test_margin_raises_the_loss_for_dissimilar_negatives():
-    s, m, alpha = _data(3)
+def test_margin_raises_the_loss_for_dissimilar_negatives(device):
+    s, m, alpha = on(device, *_data(3))
     assert float(adapacse_loss(s, m, 0.05, 0.2, alpha)) > float(adapacse_loss(s, m, 0.05, 0.0, alpha))
 
 
-def test_finite_gradients_at_theta_zero_and_pi():
-    base = torch.randn(4, 3, dtype=torch.float64)
+def test_finite_gradients_at_theta_zero_and_pi(device):
+    base = torch.randn(4, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(8)).to(device)
     for targets in (base.clone(), -base.clone()):  # θ = 0 and θ = π everywhere on the diagonal
         s = base.clone().requires_grad_(True)
-        alpha = torch.eye(4, dtype=torch.float64)
+        alpha = torch.eye(4, dtype=torch.float64, device=device)
         adapacse_loss(s, targets, 0.05, 0.125, alpha).backward()
+        assert_on(device, s.grad)
         assert torch.isfinite(s.grad).all()
 
 
-def test_gradcheck_away_from_the_clamp():
-    s, m, alpha = _data(4, n=4, d=3)
+def test_gradcheck_away_from_the_clamp(device):
+    s, m, alpha = on(device, *_data(4, n=4, d=3))
     s.requires_grad_(True)
     m.requires_grad_(True)
     assert torch.autograd.gradcheck(lambda a, b: adapacse_loss(a, b, 0.1, 0.125, alpha), (s, m))
 
 
-def test_kdmcse_term_sums_views_and_eq14_averages_modalities():
+def test_kdmcse_term_sums_views_and_eq14_averages_modalities(device):
     s1, v, alpha = _data(5)
     s2, t, _ = _data(6)
-    keep = threshold_keep_mask(alpha, 0.5)
-    image = kdmcse_term(s1, s2, v, 0.05, 0.125, alpha, keep)
+    s1_d, s2_d, v_d, t_d, alpha_d = on(device, s1, s2, v, t, alpha)
+    keep = threshold_keep_mask(alpha_d, 0.5)
+    image = kdmcse_term(s1_d, s2_d, v_d, 0.05, 0.125, alpha_d, keep)
+    assert_on(device, image)
     expected = eq13_loop(s1, v, 0.05, 0.125, alpha, alpha, 0.5) + eq13_loop(s2, v, 0.05, 0.125, alpha, alpha, 0.5)
-    assert float(image) == pytest.approx(expected, abs=1e-6)
-    text = kdmcse_term(s1, s2, t, 0.05, 0.0, None, None)
+    assert float(image.cpu()) == pytest.approx(expected, abs=1e-6)
+    text = kdmcse_term(s1_d, s2_d, t_d, 0.05, 0.0, None, None)
+    assert_on(device, kdmcse_objective(image, text))
     assert float(kdmcse_objective(image, text)) == pytest.approx((float(image) + float(text)) / 2, abs=1e-12)
 
 
-def test_margin_without_teacher_similarities_is_an_error():
-    s, m, _ = _data(7)
+def test_margin_without_teacher_similarities_is_an_error(device):
+    s, m, _ = on(device, *_data(7))
     with pytest.raises(ValueError, match="margin_sim"):
         adapacse_loss(s, m, 0.05, 0.1)

@@ -1,5 +1,10 @@
-"""How each method adds its terms up: weights, switches, combinations, text batches."""
+"""How each method adds its terms up: weights, switches, combinations, text batches.
 
+Each test runs on every device of the ``device`` fixture: the embeddings are drawn on the
+CPU (the references read those), the objective runs on copies on ``device`` (:func:`_step`).
+"""
+
+import dataclasses
 import math
 
 import pytest
@@ -35,28 +40,44 @@ def _cfg(**overrides) -> Config:
     return with_overrides(Config(), overrides)
 
 
-def test_mcse_is_simcse_plus_lambda_times_eq3():
+def _on(e: StepEmbeddings, device: torch.device) -> StepEmbeddings:
+    """``e`` with every tensor field copied to ``device``."""
+    moved = {f.name: getattr(e, f.name).to(device) for f in dataclasses.fields(e)
+             if isinstance(getattr(e, f.name), torch.Tensor)}
+    return dataclasses.replace(e, **moved)
+
+
+def _step(device: torch.device, cfg: Config, e: StepEmbeddings, seed: int = 0) -> dict[str, torch.Tensor]:
+    """:func:`step_objective` on ``e``'s copy on ``device``; every term (diagnostics too) must
+    come back on that device. Returns the terms on the CPU, to compare with the references."""
+    terms = step_objective(cfg, _on(e, device), seed)
+    for name, t in terms.items():
+        assert t.device.type == device.type, f"term {name} on {t.device}, embeddings on {device}"
+    return {name: t.cpu() for name, t in terms.items()}
+
+
+def test_mcse_is_simcse_plus_lambda_times_eq3(device):
     e = _embeddings()
     cfg = _cfg(**{"train.method": "mcse", "loss.lambda_img": 0.3, "loss.temperature_img": 0.1})
-    terms = step_objective(cfg, e)
+    terms = _step(device, cfg, e)
     assert set(terms) == {"simcse", "image", "loss"}
     expected = eq1_loop(e.z1, e.z2, 0.05) + 0.3 * eq3_loop(e.s1, e.s2, e.image, 0.1)
     assert float(terms["loss"]) == pytest.approx(expected, abs=1e-6)
     # text-only batches: SimCSE alone
-    text = step_objective(cfg, _embeddings(pair_batch=False))
+    text = _step(device, cfg, _embeddings(pair_batch=False))
     assert set(text) == {"simcse", "loss"}
 
 
-def test_simcse_method_has_no_image_term():
-    terms = step_objective(_cfg(**{"train.method": "simcse"}), _embeddings())
+def test_simcse_method_has_no_image_term(device):
+    terms = _step(device, _cfg(**{"train.method": "simcse"}), _embeddings())
     assert set(terms) == {"simcse", "loss"}
 
 
-def test_kdmcse_term_is_eq14_of_eq13_per_view():
+def test_kdmcse_term_is_eq14_of_eq13_per_view(device):
     e = _embeddings(1)
     cfg = _cfg(**{"train.method": "kdmcse", "loss.lambda_img": 0.5, "loss.kdmcse.threshold": 0.3,
                   "loss.kdmcse.margin": 0.1})
-    terms = step_objective(cfg, e)
+    terms = _step(device, cfg, e)
     cos = torch.nn.functional.cosine_similarity
     t, v = e.joint_text, e.joint_image
     a_tv = cos(t.unsqueeze(1), v.unsqueeze(0), dim=-1)
@@ -68,22 +89,22 @@ def test_kdmcse_term_is_eq14_of_eq13_per_view():
     assert float(terms["kdmcse_text"]) == pytest.approx(text, abs=1e-6)
     assert float(terms["loss"]) == pytest.approx(eq1_loop(e.z1, e.z2, 0.05) + 0.5 * (image + text) / 2, abs=1e-6)
     # cross: Δ of the image term from α^{t,v}
-    cross = step_objective(with_overrides(cfg, {"loss.kdmcse.margin_similarity": "cross"}), e)
+    cross = _step(device, with_overrides(cfg, {"loss.kdmcse.margin_similarity": "cross"}), e)
     image_cross = sum(eq13_loop(s, e.teacher_image, 0.05, 0.1, a_tv, a_tv, 0.3) for s in (e.s1, e.s2))
     assert float(cross["kdmcse_image"]) == pytest.approx(image_cross, abs=1e-6)
 
 
-def test_kdmcse_threshold_above_every_similarity_equals_no_filtering():
+def test_kdmcse_threshold_above_every_similarity_equals_no_filtering(device):
     e = _embeddings(2)
     base = {"train.method": "kdmcse"}
-    above = step_objective(_cfg(**base, **{"loss.kdmcse.threshold": 1.0}), e)
-    off = step_objective(_cfg(**base, **{"loss.kdmcse.threshold": "off"}), e)
+    above = _step(device, _cfg(**base, **{"loss.kdmcse.threshold": 1.0}), e)
+    off = _step(device, _cfg(**base, **{"loss.kdmcse.threshold": "off"}), e)
     assert float(above["loss"]) == pytest.approx(float(off["loss"]), abs=1e-12)
-    low = step_objective(_cfg(**base, **{"loss.kdmcse.threshold": -1.0}), e)  # every negative removed
+    low = _step(device, _cfg(**base, **{"loss.kdmcse.threshold": -1.0}), e)  # every negative removed
     assert float(low["kdmcse"]) == pytest.approx(0.0, abs=1e-9)
     assert float(low["stat/kdmcse_filtered_image"]) == 1.0 and float(above["stat/kdmcse_filtered_text"]) == 0.0
     mid_cfg = _cfg(**base, **{"loss.kdmcse.threshold": 0.2})
-    mid = step_objective(mid_cfg, e)
+    mid = _step(device, mid_cfg, e)
     t = torch.nn.functional.normalize(e.joint_text, dim=1)
     above_02 = ((t @ t.T > 0.2) & ~torch.eye(N, dtype=torch.bool)).sum() / (N * (N - 1))
     assert float(mid["stat/kdmcse_filtered_text"]) == pytest.approx(float(above_02))
@@ -92,16 +113,16 @@ def test_kdmcse_threshold_above_every_similarity_equals_no_filtering():
     assert float(mid["loss"]) == pytest.approx(float(mid["simcse"]) + lam * float(mid["kdmcse"]), abs=1e-12)
 
 
-def test_kdmcse_angular_margin_on_text_batches():
+def test_kdmcse_angular_margin_on_text_batches(device):
     e = _embeddings(3, pair_batch=False)
     cfg = _cfg(**{"train.method": "kdmcse", "loss.kdmcse.text_batches": "angular_margin",
                   "loss.kdmcse.text_margin": 0.2})
-    terms = step_objective(cfg, e)
+    terms = _step(device, cfg, e)
     zeros = torch.zeros(N, N, dtype=torch.float64)  # Δ = |1 − 0| = 1: the same margin on every negative
     assert float(terms["simcse"]) == pytest.approx(eq13_loop(e.z1, e.z2, 0.05, 0.2, zeros, zeros, None), abs=1e-6)
     assert float(terms["simcse"]) > float(simcse_loss(e.z1, e.z2, 0.05))  # the margin makes negatives harder
     # pair batches keep plain SimCSE
-    pair = step_objective(cfg, _embeddings(3))
+    pair = _step(device, cfg, _embeddings(3))
     assert float(pair["simcse"]) == pytest.approx(eq1_loop(e.z1, e.z2, 0.05), abs=1e-6)
 
 
@@ -112,49 +133,72 @@ SWITCH = {"info": "loss.dalr.info", "consistency": "loss.dalr.consistency", "cma
           "rank": "loss.dalr.rank", "ima": "loss.dalr.ima"}
 
 
-def test_dalr_is_eq14_and_each_switch_removes_exactly_its_term():
+def test_dalr_is_eq14_and_each_switch_removes_exactly_its_term(device):
     e = _embeddings(4)
     cfg = _cfg(**DALR, **{"loss.dalr.lambda_cml": 0.3, "loss.dalr.mu_iml": 0.7, "loss.dalr.info_weight": 0.9})
-    full = step_objective(cfg, e)
+    full = _step(device, cfg, e)
     assert set(full) == {"simcse", "info", "consistency", "cma", "rank", "ima", "loss"}
     expected = float(full["simcse"]) + 0.9 * float(full["info"]) + 0.3 * (
         float(full["consistency"]) + float(full["cma"])) + 0.7 * (float(full["rank"]) + float(full["ima"]))
     assert float(full["loss"]) == pytest.approx(expected, abs=1e-9)
     for term, switch in SWITCH.items():
-        off = step_objective(with_overrides(cfg, {switch: False}), e)
+        off = _step(device, with_overrides(cfg, {switch: False}), e)
         assert term not in off
         weight = {"info": 0.9, "consistency": 0.3, "cma": 0.3, "rank": 0.7, "ima": 0.7}[term]
         assert float(full["loss"] - off["loss"]) == pytest.approx(weight * float(full[term]), abs=1e-9), term
         for other in set(off) - {"loss"}:  # the other terms' numbers do not move
             assert float(off[other]) == pytest.approx(float(full[other]), abs=1e-12), (term, other)
     # the group switches
-    no_cml = step_objective(with_overrides(cfg, {"loss.dalr.cml": False}), e)
-    no_iml = step_objective(with_overrides(cfg, {"loss.dalr.iml": False}), e)
+    no_cml = _step(device, with_overrides(cfg, {"loss.dalr.cml": False}), e)
+    no_iml = _step(device, with_overrides(cfg, {"loss.dalr.iml": False}), e)
     assert set(no_cml) == {"simcse", "info", "rank", "ima", "loss"}
     assert set(no_iml) == {"simcse", "info", "consistency", "cma", "loss"}
 
 
-def test_dalr_with_lambda_mu_zero_is_info_plus_simcse():
+@pytest.mark.parametrize("include_diagonal", [True, False])
+@pytest.mark.parametrize("mismatch", ["derangement", "roll"])
+def test_dalr_draws_do_not_depend_on_the_device(include_diagonal, mismatch, device):
+    """The mismatched pairs and ranking ties come from CPU generators seeded by ``seed``: the
+    terms on ``device`` equal the CPU terms for the same seed, and the seed changes the draws."""
+    e = _embeddings(11)
+    # tied teacher scores (two values off the diagonal), so the tie order is the seed's
+    tied = (e.text_teacher_sim > e.text_teacher_sim.median()).to(torch.float64) * 0.5
+    e = dataclasses.replace(e, text_teacher_sim=tied.fill_diagonal_(1.0))
+    cfg = _cfg(**DALR, **{"loss.dalr.rank_include_diagonal": include_diagonal, "loss.dalr.mismatch": mismatch})
+    per_seed = []
+    for seed in (0, 1, 2, 3):
+        cpu = step_objective(cfg, e, seed)
+        got = _step(device, cfg, e, seed)
+        assert set(got) == set(cpu)
+        for name in cpu:
+            assert float(got[name]) == pytest.approx(float(cpu[name]), abs=1e-9), (seed, name)
+        per_seed.append((float(cpu["consistency"]), float(cpu["rank"])))
+    assert len({rank for _, rank in per_seed}) > 1  # the ties do follow the seed
+    if mismatch == "derangement":
+        assert len({cons for cons, _ in per_seed}) > 1
+
+
+def test_dalr_with_lambda_mu_zero_is_info_plus_simcse(device):
     e = _embeddings(5)
-    terms = step_objective(_cfg(**DALR, **{"loss.dalr.lambda_cml": 0.0, "loss.dalr.mu_iml": 0.0}), e)
+    terms = _step(device, _cfg(**DALR, **{"loss.dalr.lambda_cml": 0.0, "loss.dalr.mu_iml": 0.0}), e)
     info = info_nce(e.s1, e.teacher_image, 0.05) + info_nce(e.s2, e.teacher_image, 0.05)  # Eq. 4 per view
     assert float(terms["info"]) == pytest.approx(eq3_loop(e.s1, e.s2, e.teacher_image, 0.05), abs=1e-6)
     assert float(terms["loss"]) == pytest.approx(eq1_loop(e.z1, e.z2, 0.05) + float(info), abs=1e-6)
 
 
-def test_dalr_info_margin_option_uses_the_adaptive_margin():
+def test_dalr_info_margin_option_uses_the_adaptive_margin(device):
     e = _embeddings(6)
-    terms = step_objective(_cfg(**DALR, **{"loss.dalr.info_margin": True, "loss.kdmcse.margin": 0.2}), e)
+    terms = _step(device, _cfg(**DALR, **{"loss.dalr.info_margin": True, "loss.kdmcse.margin": 0.2}), e)
     v = torch.nn.functional.normalize(e.joint_image, dim=1)
     a_vv = v @ v.T
     expected = sum(eq13_loop(s, e.teacher_image, 0.05, 0.2, a_vv, a_vv, None) for s in (e.s1, e.s2))
     assert float(terms["info"]) == pytest.approx(expected, abs=1e-6)
 
 
-def test_dalr_iml_on_text_batches_only_when_asked():
+def test_dalr_iml_on_text_batches_only_when_asked(device):
     e = _embeddings(7, pair_batch=False)
-    assert set(step_objective(_cfg(**DALR), e)) == {"simcse", "loss"}
-    terms = step_objective(_cfg(**DALR, **{"loss.dalr.text_batches": True}), e)
+    assert set(_step(device, _cfg(**DALR), e)) == {"simcse", "loss"}
+    terms = _step(device, _cfg(**DALR, **{"loss.dalr.text_batches": True}), e)
     assert set(terms) == {"simcse", "rank", "ima", "loss"}
     assert needed_features(_cfg(**DALR, **{"loss.dalr.text_batches": True}), pair_batch=False) == {"text_teachers"}
     assert needed_features(_cfg(**DALR), pair_batch=False) == set()
@@ -162,20 +206,20 @@ def test_dalr_iml_on_text_batches_only_when_asked():
 
 @pytest.mark.parametrize(("extra", "added"), [({"loss.dalr.cml": True}, {"consistency", "cma"}),
                                                 ({"loss.dalr.iml": True}, {"rank", "ima"})])
-def test_kdmcse_combines_with_cml_and_iml(extra, added):
+def test_kdmcse_combines_with_cml_and_iml(extra, added, device):
     e = _embeddings(8)
-    plain = step_objective(_cfg(**{"train.method": "kdmcse"}), e)
-    combo = step_objective(_cfg(**{"train.method": "kdmcse"}, **extra), e)
+    plain = _step(device, _cfg(**{"train.method": "kdmcse"}), e)
+    combo = _step(device, _cfg(**{"train.method": "kdmcse"}, **extra), e)
     assert set(combo) - set(plain) == added
     weight = 0.1 if "cma" in added else 0.2
     assert float(combo["loss"] - plain["loss"]) == pytest.approx(weight * sum(float(combo[t]) for t in added),
                                                                   abs=1e-9)
 
 
-def test_mcseo_adds_beta_times_object_phrase_term():
+def test_mcseo_adds_beta_times_object_phrase_term(device):
     e = _embeddings(9)
     cfg = _cfg(**{"train.method": "mcseo", "loss.lambda_img": 0.01, "loss.mcseo.beta": 0.5})
-    terms = step_objective(cfg, e)
+    terms = _step(device, cfg, e)
     assert set(terms) == {"simcse", "image", "object", "loss"}
     # Eq. 7 by hand: each phrase against the objects of its own pair, summed per pair, mean over pairs
     per_pair: dict[int, float] = {}
@@ -187,7 +231,7 @@ def test_mcseo_adds_beta_times_object_phrase_term():
         per_pair[int(e.object_pair[t])] = per_pair.get(int(e.object_pair[t]), 0.0) - math.log(num / den)
     object_term = sum(per_pair.values()) / len(per_pair)
     assert float(terms["object"]) == pytest.approx(object_term, abs=1e-6)
-    off = step_objective(with_overrides(cfg, {"loss.mcseo.object_phrase": False}), e)
+    off = _step(device, with_overrides(cfg, {"loss.mcseo.object_phrase": False}), e)
     assert float(terms["loss"] - off["loss"]) == pytest.approx(0.5 * object_term, abs=1e-6)
 
 
@@ -222,10 +266,10 @@ def test_yaml_off_disables_the_threshold():
     assert parse_config({"loss": {"kdmcse": {"threshold": 0}}}).loss.kdmcse.threshold_value == 0.0
 
 
-def test_adapacse_zero_margin_is_infonce_inside_the_objective():
+def test_adapacse_zero_margin_is_infonce_inside_the_objective(device):
     e = _embeddings(10)
     cfg = _cfg(**{"train.method": "kdmcse", "loss.kdmcse.margin": 0.0, "loss.kdmcse.threshold": "off"})
-    terms = step_objective(cfg, e)
+    terms = _step(device, cfg, e)
     image = info_nce(e.s1, e.teacher_image, 0.05) + info_nce(e.s2, e.teacher_image, 0.05)
     assert float(terms["kdmcse_image"]) == pytest.approx(float(image), abs=1e-9)
     assert float(adapacse_loss(e.s1, e.teacher_image, 0.05)) == pytest.approx(

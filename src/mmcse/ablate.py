@@ -75,22 +75,43 @@ def finished_result(folder: Path, config_hash: str) -> dict[str, Any] | None:
     return None
 
 
-def run_job(cfg: Config, job: Job, root: Path, parent_run_id: str | None = None) -> dict[str, Any]:
-    """Train + evaluate one job (skipped when already finished); returns its result."""
+def run_job(
+    cfg: Config,
+    job: Job,
+    root: Path,
+    parent_run_id: str | None = None,
+    tags: dict[str, str] | None = None,
+    expected_hash: str | None = None,
+) -> dict[str, Any]:
+    """Train + evaluate one job (skipped when already finished); returns its result.
+
+    The job's MLflow run is tagged with the device ``base.device`` resolves to in this process
+    (`mmcse.device.device_tags`: device, cuda_visible_devices, host) and ``tags`` (e.g. the
+    Prefect flow run). ``expected_hash``, from the process that submitted the job, guards a
+    worker whose params.yaml differs from the submitter's."""
+    from mmcse import tracking
+    from mmcse.device import device_tags
     from mmcse.pipeline import Paths, run_evaluate, run_train
     from mmcse.train import release_resume_point
 
     job_cfg = job_config(cfg, job)
     folder = job.folder(root)
     config_hash = job_hash(job_cfg)
+    if expected_hash is not None and expected_hash != config_hash:
+        raise ValueError(
+            f"params.yaml: job {job.variant!r} seed {job.seed} resolves to config hash {config_hash[:12]} here but "
+            f"{expected_hash[:12]} where it was submitted: the worker's checkout differs (sync params.yaml)"
+        )
     done = finished_result(folder, config_hash)
     if done is not None:
         return done | {"skipped": True}
     paths = Paths.of(job_cfg)
-    summary = run_train(
-        job_cfg, paths, out_dir=folder, experiment_name="ablate",
-        run_name=f"{job.variant} seed={job.seed}", parent_run_id=parent_run_id, progress=False,
-    )
+    where = device_tags(job_cfg.base.device)
+    with tracking.tagged({**where, **(tags or {})}):
+        summary = run_train(
+            job_cfg, paths, out_dir=folder, experiment_name="ablate",
+            run_name=f"{job.variant} seed={job.seed}", parent_run_id=parent_run_id, progress=False,
+        )
     scores = run_evaluate(job_cfg, paths, folder / "best", run_id=summary["run_id"], experiment_name="ablate",
                           transfer=job_cfg.ablate.transfer)
     result = {
@@ -99,12 +120,23 @@ def run_job(cfg: Config, job: Job, root: Path, parent_run_id: str | None = None)
         "status": "ok",
         "config_hash": config_hash,
         "run_id": summary["run_id"],
+        "device": where["device"],
         "best_dev_sts": summary["best_dev_sts"],
         "scores": scores,
     }
     write_json(folder / "result.json", result)
     release_resume_point(folder)  # the result is recorded: a rerun skips this job
     return result
+
+
+def record_result(root: Path, job: Job, result: dict[str, Any]) -> None:
+    """Keep a finished job's result that was computed elsewhere (another worker's checkout)
+    under ``root`` too, so a rerun here skips the job and the table's folder is complete."""
+    if result.get("status") != "ok":
+        return
+    folder = job.folder(root)
+    if finished_result(folder, result["config_hash"]) is None:
+        write_json(folder / "result.json", {k: v for k, v in result.items() if k != "skipped"})
 
 
 def failed_result(job: Job, error: BaseException | str) -> dict[str, Any]:

@@ -32,12 +32,14 @@ def quiet_libraries() -> None:
 def run_entry(fn: Callable[[], object]) -> None:
     """Run a stage/CLI body; turn expected input errors into one clear line and exit 2."""
     from mmcse.data.fetch import DownloadError
+    from mmcse.errors import PrecisionError, TrainingOutOfMemory
     from mmcse.hub import ModelUnavailableError
 
     quiet_libraries()
     try:
         fn()
-    except (ConfigError, ModelUnavailableError, DownloadError, FileNotFoundError, ValueError, KeyError) as err:
+    except (ConfigError, ModelUnavailableError, DownloadError, FileNotFoundError, ValueError, KeyError,
+            PrecisionError, TrainingOutOfMemory) as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
 
@@ -69,7 +71,8 @@ def _cmd_eval(args: argparse.Namespace) -> None:
                                     f"{', '.join(missing) or 'any'} (present: {', '.join(present) or 'none'})")
         probe = TransferConfig(kfold=args.kfold)
         probe.validate("--kfold")
-    encoder = TextEncoder(args.model, args.pooler, args.device, args.max_seq_len)  # fails fast if offline
+    encoder = TextEncoder(args.model, args.pooler, args.device, args.max_seq_len,  # fails fast if offline
+                          precision=args.precision)
     scores: dict[str, float] = {}
     if not transfer or available_sts_tasks(args.senteval_dir):
         scores |= evaluate_sts(encoder, read_sts_tasks(args.senteval_dir), args.batch_size).scores
@@ -121,6 +124,8 @@ def main(argv: list[str] | None = None) -> None:
     ev.add_argument("--batch-size", type=int, default=128)
     ev.add_argument("--max-seq-len", type=int, default=512)
     ev.add_argument("--device", default="cpu")
+    ev.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
+                    help="autocast dtype of the encoder (vectors are compared in fp32)")
     ev.add_argument("--transfer", nargs="*", metavar="TASK", default=None,
                     help="also SentEval transfer tasks (MR CR SUBJ MPQA SST2 TREC MRPC; none named: all present)")
     ev.add_argument("--kfold", type=int, default=10, help="folds of the transfer-task probe (SimCSE: 10)")

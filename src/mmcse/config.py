@@ -355,6 +355,10 @@ class TrainConfig:
     eval_steps: int = 125
     checkpoint_steps: int = 125
     dropout: float = 0.1
+    # Autocast precision of the student's forward pass (fp16 adds a gradient scaler); similarity
+    # and logsumexp terms stay fp32 whatever this says (τ = 0.05 would amplify bf16 rounding).
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    compile: bool = False  # torch.compile the backbone (CUDA; dynamic shapes: one graph per padded length)
 
     def validate(self, where: str) -> None:
         _check(self.batch_size >= 2, where, "train.batch_size", "must be >= 2 (in-batch negatives)")

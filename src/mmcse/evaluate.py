@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -85,13 +86,19 @@ def group_by_task(pairs: Sequence[SentencePair]) -> dict[str, list[SentencePair]
 class TextEncoder:
     """Wraps an HF model folder / id, or an mmcse student checkpoint, as an ``EncodeFn``."""
 
-    def __init__(self, model_name_or_path: str, pooler: str, device: str = "cpu", max_length: int = 512):
+    def __init__(
+        self, model_name_or_path: str, pooler: str, device: str = "cpu", max_length: int = 512,
+        precision: str = "fp32",
+    ):
         from transformers import AutoModel, AutoTokenizer
 
         from mmcse.hub import resolve_model
         from mmcse.models import load_student
+        from mmcse.precision import check_precision
 
         self.pooler, self.device, self.max_length = pooler, torch.device(device), max_length
+        check_precision(precision, self.device)
+        self.precision = precision
         location = Path(resolve_model(model_name_or_path))
         self.student = None
         if (location / "heads.json").is_file():
@@ -105,11 +112,17 @@ class TextEncoder:
 
     @torch.inference_mode()
     def __call__(self, sentences: list[str]) -> np.ndarray:
-        from mmcse.models import pool
+        from mmcse.precision import autocast
 
         batch = self.tokenizer(
             sentences, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
         ).to(self.device)
+        with autocast(self.precision, self.device):
+            return self._pooled(batch).float().cpu().numpy()
+
+    def _pooled(self, batch) -> torch.Tensor:
+        from mmcse.models import pool
+
         out = self.model(**batch, output_hidden_states=True)
         if self.pooler == "cls" and self.student is None:
             pooled = getattr(out, "pooler_output", None)
@@ -117,16 +130,37 @@ class TextEncoder:
                 raise ValueError("pooler 'cls' needs a model with a pooler output; use cls_before_pooler or avg")
         else:
             pooled = pool(self.pooler, out.hidden_states, batch["attention_mask"], self.student and self.student.mlp)
-        return pooled.float().cpu().numpy()
+        return pooled
 
 
-def student_encoder(student, tokenizer, pooler: str, max_length: int, device: torch.device) -> EncodeFn:
-    """An ``EncodeFn`` over a student being trained (eval mode is the caller's job)."""
+def student_encoder(
+    student, tokenizer, pooler: str, max_length: int, device: torch.device, precision: str = "fp32",
+    keep_tokens: bool = False,
+) -> EncodeFn:
+    """An ``EncodeFn`` over a student being trained (eval mode is the caller's job), under
+    inference mode and the training precision's autocast; pooled vectors come back as fp32.
+    ``keep_tokens`` keeps each batch's token ids on the device for the next call with the
+    same sentences: training's dev evaluations encode the same batches every time, and
+    re-tokenizing them would cost the GPU an idle gap per evaluation."""
+    from mmcse.precision import autocast
+
+    kept: dict[tuple[str, ...], Any] = {}
+
+    def tokenized(sentences: list[str]) -> Any:
+        key = tuple(sentences)
+        batch = kept.get(key)
+        if batch is None:
+            batch = tokenizer(sentences, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+            batch = batch.to(device, non_blocking=True)
+            if keep_tokens:
+                kept[key] = batch
+        return batch
 
     @torch.inference_mode()
     def encode(sentences: list[str]) -> np.ndarray:
-        batch = tokenizer(sentences, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
-        batch = batch.to(device)
-        return student.encode(batch["input_ids"], batch["attention_mask"], pooler).float().cpu().numpy()
+        batch = tokenized(sentences)
+        with autocast(precision, device):
+            pooled = student.encode(batch["input_ids"], batch["attention_mask"], pooler)
+        return pooled.float().cpu().numpy()
 
     return encode

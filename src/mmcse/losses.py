@@ -9,10 +9,18 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from mmcse.precision import full_precision
+
 
 def cosine_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Pairwise cosine similarities ``(N, M)`` of rows of ``a (N, d)`` and ``b (M, d)``."""
-    return F.normalize(a, dim=-1) @ F.normalize(b, dim=-1).T
+    """Pairwise cosine similarities ``(N, M)`` of rows of ``a (N, d)`` and ``b (M, d)``.
+
+    Always at least fp32, outside autocast and TF32: every loss divides these by a
+    temperature as small as 0.05, which would turn bf16's rounding (~4e-3) into ~0.08 of
+    logit noise. The matrices are (B, B), so full precision costs next to nothing."""
+    dtype = torch.promote_types(torch.promote_types(a.dtype, b.dtype), torch.float32)
+    with full_precision(a.device):
+        return F.normalize(a.to(dtype), dim=-1) @ F.normalize(b.to(dtype), dim=-1).T
 
 
 def info_nce(anchors: torch.Tensor, candidates: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -118,8 +126,8 @@ def kdmcse_objective(image_term: torch.Tensor, text_term: torch.Tensor) -> torch
 def mismatch_permutation(n: int, mode: str = "derangement", generator: torch.Generator | None = None) -> torch.Tensor:
     """Image index paired with each text to build DALR's mismatched pairs D' (§3.2).
 
-    ``derangement``: a uniformly random permutation with no fixed point (rejection
-    sampling); ``roll``: the authors' code's cyclic shift by one. ``(n,)`` long tensor.
+    ``generator`` must be a CPU generator. ``derangement``: a uniformly random permutation
+    with no fixed point (rejection sampling); ``roll``: the authors' code's cyclic shift by one. ``(n,)`` long tensor.
     """
     if n < 2:
         raise ValueError("mismatched pairs need a batch of at least 2")
@@ -127,8 +135,10 @@ def mismatch_permutation(n: int, mode: str = "derangement", generator: torch.Gen
         return torch.roll(torch.arange(n), 1)
     if mode != "derangement":
         raise ValueError(f"unknown mismatch mode {mode!r}; modes: derangement, roll")
+    # Drawn on the host (a CPU generator): the same seed gives the same pairs whatever device
+    # trains, and the rejection test is no device sync. The caller moves it (non-blocking).
     while True:
-        perm = torch.randperm(n, generator=generator)
+        perm = torch.randperm(n, generator=generator, device="cpu")
         if not (perm == torch.arange(n)).any():
             return perm
 
@@ -195,14 +205,22 @@ def teacher_rankings(
 ) -> torch.Tensor:
     """π^T per row: column indices by descending teacher score, ties in a seeded random order.
 
-    Returns ``(N, M)`` (``(N, M-1)`` without the diagonal, RankCSE includes it).
+    ``generator`` must be a CPU generator (the draw is device-independent). Returns ``(N, M)``
+    (``(N, M-1)`` without the diagonal, RankCSE includes it).
     """
     n, m = teacher_sim.shape
-    shuffle = torch.randperm(m, generator=generator)  # ties fall in this random order
+    device = teacher_sim.device
+    # Ties fall in this random order, drawn on the host from a CPU generator so that the same
+    # seed ranks alike on every device; only the (M,) permutation is copied over.
+    shuffle = torch.randperm(m, generator=generator, device="cpu").to(device, non_blocking=True)  # (M,)
     order = shuffle[torch.argsort(teacher_sim[:, shuffle], dim=1, descending=True, stable=True)]  # (N, M)
     if include_diagonal:
         return order
-    return order[order != torch.arange(n).unsqueeze(1)].view(n, m - 1)
+    # Drop each row's own index without boolean indexing (a host sync): a stable sort moves the
+    # one diagonal entry per row to the end, keeping the others in ranking order.
+    is_self = (order == torch.arange(n, device=device).unsqueeze(1)).to(torch.uint8)  # (N, M)
+    keep = torch.argsort(is_self, dim=1, stable=True)[:, : m - 1]  # (N, M-1)
+    return order.gather(1, keep)
 
 
 def listmle_loss(student_scores: torch.Tensor, ranking: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -240,18 +258,20 @@ def object_phrase_loss(
     same_pair = pair_index.unsqueeze(0) == pair_index.unsqueeze(1)  # (T, T)
     logits = logits.masked_fill(~same_pair, float("-inf"))
     per_phrase = torch.logsumexp(logits, 1) - logits.diagonal()  # (T,)
-    pairs = torch.unique(pair_index)
-    per_pair = torch.zeros(len(pairs), dtype=per_phrase.dtype, device=per_phrase.device)
-    per_pair = per_pair.index_add(0, torch.searchsorted(pairs, pair_index), per_phrase)
-    return per_pair.mean()
+    # mean over pairs of each pair's sum = Σ_t loss_t / #pairs, and #pairs = Σ_t 1/|pair(t)|:
+    # no torch.unique, whose output size would need a host sync.
+    n_pairs = (1.0 / same_pair.sum(1).to(per_phrase.dtype)).sum()  # scalar
+    return per_phrase.sum() / n_pairs
 
 
 def span_mean(hidden: torch.Tensor, row: torch.Tensor, start: torch.Tensor, end: torch.Tensor) -> torch.Tensor:
     """MCSEO phrase embedding: mean of ``hidden (B, L, H)`` over tokens [start, end) of sentence
     ``row`` — the full-sentence forward pass, no re-encoding. Returns ``(T, H)``."""
-    positions = torch.arange(hidden.shape[1], device=hidden.device)  # (L,)
-    mask = (positions >= start.unsqueeze(1)) & (positions < end.unsqueeze(1))  # (T, L)
-    if not mask.any(1).all():
+    length = hidden.shape[1]
+    if start.device.type == "cpu" and not bool(((start < end) & (start < length)).all()):
+        # checked where the spans live on the host; training checks them when it loads objects.jsonl
         raise ValueError("every phrase span needs at least one token")
+    positions = torch.arange(length, device=hidden.device)  # (L,)
+    mask = (positions >= start.unsqueeze(1)) & (positions < end.unsqueeze(1))  # (T, L)
     tokens = hidden[row]  # (T, L, H)
     return (tokens * mask.unsqueeze(-1)).sum(1) / mask.sum(1, keepdim=True)

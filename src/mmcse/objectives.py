@@ -38,6 +38,7 @@ _STREAMS = {"mismatch": 1, "rank": 2}
 
 
 def term_generator(seed: int, term: str) -> torch.Generator:
+    """A CPU generator for one term's draws: the same numbers on every training device."""
     return torch.Generator().manual_seed(seed * 16 + _STREAMS[term])
 
 
@@ -124,16 +125,20 @@ def dalr_info(cfg: Config, e: StepEmbeddings) -> torch.Tensor:
     return adapacse_loss(s1, h_v, tau, m, alpha_vv) + adapacse_loss(s2, h_v, tau, m, alpha_vv)
 
 
-def step_objective(cfg: Config, e: StepEmbeddings, seed: int = 0) -> dict[str, torch.Tensor]:
+def step_objective(
+    cfg: Config, e: StepEmbeddings, seed: int = 0, on: dict[str, bool] | None = None
+) -> dict[str, torch.Tensor]:
     """All active terms of one batch and their weighted sum ``loss`` (plus ``stat/…``
     diagnostics, never summed):
 
     SimCSE + [pair batches] λ_img·MCSE image term (mcse; α·l_img-cap for mcseo)
     + λ_img·KDMCSE Eq. 14 (kdmcse) + w_info·L_info (dalr) + λ·(L_cons + L_CMA)
     + μ·(L_rank + L_IMA) + β·l_obj-phra (mcseo); μ·L_IML also on text batches with
-    ``loss.dalr.text_batches``. ``seed`` seeds the mismatched pairs and ranking ties.
+    ``loss.dalr.text_batches``. ``seed`` seeds the mismatched pairs and ranking ties;
+    ``on`` is :func:`mmcse.config.active_terms` of ``cfg``, worked out once per run by callers
+    that step many times.
     """
-    on = active_terms(cfg)
+    on = on if on is not None else active_terms(cfg)
     loss_cfg, d = cfg.loss, cfg.loss.dalr
     terms: dict[str, torch.Tensor] = {"simcse": text_term(cfg, e)}
     loss = terms["simcse"]
@@ -151,7 +156,8 @@ def step_objective(cfg: Config, e: StepEmbeddings, seed: int = 0) -> dict[str, t
             loss = loss + d.info_weight * terms["info"]
         if on["consistency"]:
             n = e.z1.shape[0]
-            mismatch = mismatch_permutation(n, d.mismatch, term_generator(seed, "mismatch")).to(e.z1.device)
+            mismatch = mismatch_permutation(n, d.mismatch, term_generator(seed, "mismatch")).to(
+                e.z1.device, non_blocking=True)
             terms["consistency"] = consistency_loss(
                 _need(e.shared_text, "shared_text", "consistency"),
                 _need(e.shared_image, "shared_image", "consistency"), mismatch, d.consistency_margin,

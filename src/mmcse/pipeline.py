@@ -210,16 +210,17 @@ def run_train(
     from mmcse import tracking
     from mmcse.device import resolve_device
     from mmcse.plots import save_figure, training_curves
+    from mmcse.precision import check_precision
     from mmcse.train import check_inputs, train
 
     out_dir = out_dir or paths.student
     check_inputs(paths.raw, paths.teachers)
-    resolve_device(cfg.base.device)
+    check_precision(cfg.train.precision, resolve_device(cfg.base.device))  # before a run is started
     with tracking.run(
         cfg, experiment_name or cfg.train.method, run_name=run_name, parent_run_id=parent_run_id
     ) as active:
         tracking.log_config(cfg)
-        result = train(cfg, paths.raw, paths.teachers, out_dir, tracking.log_metrics, on_eval, progress)
+        result = train(cfg, paths.raw, paths.teachers, out_dir, tracking.log_metric_steps, on_eval, progress)
         fig = training_curves(result.history, f"{cfg.train.method} (seed {cfg.base.seed})")
         figure = save_figure(fig, out_dir / "training_curves.png")
         mlflow.log_artifact(str(figure), "figures")
@@ -258,7 +259,7 @@ def run_evaluate(
     from mmcse.transfer import evaluate_transfer
 
     device = resolve_device(cfg.base.device)
-    encoder = TextEncoder(str(model_dir), cfg.evaluate.pooler, str(device))
+    encoder = TextEncoder(str(model_dir), cfg.evaluate.pooler, str(device), precision=cfg.train.precision)
     tasks = group_by_task([SentencePair.from_row(r) for r in read_jsonl(paths.raw / "sts" / "test.jsonl")])
     transfer_files = [paths.raw / "transfer" / f"{t}.jsonl" for t in TRANSFER_TASKS] if transfer else []
     transfer_tasks = {

@@ -3,7 +3,9 @@
 The study lives in ``sweep.storage`` (SQLite under ``mlruns/`` by default, PostgreSQL
 for many machines) and is resumed by name: any number of worker processes may run
 ``run_sweep`` on the same storage; together they stop at ``n_trials`` finished trials.
-Each trial is an MLflow run nested under its worker's sweep run, with its params.
+Each trial is an MLflow run nested under its worker's sweep run, with its params; both
+carry the device ``base.device`` resolved to in the worker (`mmcse.device.device_tags`), so
+with one worker per GPU (``CUDA_VISIBLE_DEVICES=<i>``) every trial says which GPU ran it.
 """
 
 from __future__ import annotations
@@ -42,8 +44,10 @@ def run_sweep(
     n_trials: int | None = None,
     study_name: str | None = None,
     storage: str | None = None,
+    tags: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Run trials until the study holds ``n_trials`` finished (complete or pruned) ones."""
+    """Run trials until the study holds ``n_trials`` finished (complete or pruned) ones; the
+    worker's sweep run and its trial runs are tagged with the device and ``tags``."""
     import mlflow
     import optuna
     from filelock import FileLock
@@ -51,6 +55,7 @@ def run_sweep(
     from optuna.trial import TrialState
 
     from mmcse import tracking
+    from mmcse.device import device_tags
     from mmcse.pipeline import run_train
 
     n_trials = n_trials or cfg.sweep.n_trials
@@ -72,7 +77,10 @@ def run_sweep(
         tracking.experiment(cfg, "sweep")
     out_root = Path("sweeps") / study_name
 
-    with tracking.run(cfg, "sweep", run_name=f"sweep {study_name}", tags={"study": study_name}) as parent:
+    with (
+        tracking.tagged({**device_tags(cfg.base.device), **(tags or {})}),
+        tracking.run(cfg, "sweep", run_name=f"sweep {study_name}", tags={"study": study_name}) as parent,
+    ):
 
         def objective(trial: optuna.Trial) -> float:
             overrides = suggest(trial, cfg.sweep.space)

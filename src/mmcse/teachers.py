@@ -249,11 +249,19 @@ class FeatureStore:
         return int(self.features.shape[1])
 
     def rows(self, ids: Sequence[str]) -> np.ndarray:
+        return self.take(self.row_indices(ids))
+
+    def row_indices(self, ids: Sequence[str]) -> np.ndarray:
+        """Row numbers ``(n,)`` of ``ids``: looked up once per run, so a batch is one gather."""
         lookup = self._lookup
         try:
-            return np.asarray(self.features[[lookup[i] for i in ids]])
+            return np.fromiter((lookup[i] for i in ids), dtype=np.int64, count=len(ids))
         except KeyError as err:
             raise KeyError(f"{self.folder}: no cached features for id {err.args[0]!r}") from None
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        """Features ``(n, dim)`` of row numbers ``rows`` (a copy out of the memory map)."""
+        return np.asarray(self.features[rows])
 
     @property
     def _lookup(self) -> dict[str, int]:

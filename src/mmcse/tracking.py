@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,6 +11,10 @@ from typing import Any
 
 from mmcse.config import Config, to_dict
 from mmcse.io import ensure_sqlite_parent
+
+# Tags added to every run started (not resumed) inside `tagged(...)`: where a job ran
+# (device, CUDA_VISIBLE_DEVICES, Prefect flow run) reaches the runs that library code starts.
+_EXTRA_TAGS: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("mmcse_extra_tags", default=None)
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -64,6 +69,16 @@ def log_config(cfg: Config) -> None:
 
 
 @contextlib.contextmanager
+def tagged(tags: dict[str, str]) -> Iterator[None]:
+    """Add ``tags`` to every MLflow run started by `run` inside this block (nested blocks merge)."""
+    token = _EXTRA_TAGS.set({**(_EXTRA_TAGS.get() or {}), **{k: str(v) for k, v in tags.items()}})
+    try:
+        yield
+    finally:
+        _EXTRA_TAGS.reset(token)
+
+
+@contextlib.contextmanager
 def run(
     cfg: Config,
     experiment_name: str,
@@ -75,6 +90,9 @@ def run(
     import mlflow
 
     exp_id = experiment(cfg, experiment_name)
+    extra = _EXTRA_TAGS.get()
+    if run_id is None and extra:  # a resumed run keeps the tags it was started with
+        tags = {**extra, **(tags or {})}
     with mlflow.start_run(
         run_id=run_id,
         experiment_id=None if run_id else exp_id,
@@ -90,3 +108,35 @@ def log_metrics(metrics: dict[str, float], step: int | None = None) -> None:
     import mlflow
 
     mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
+
+
+def prefect_tags() -> dict[str, str]:
+    """The Prefect flow run this process works for and the worker that started it (tags
+    ``prefect.flow_run_id``, ``prefect.flow_run``, ``prefect.worker``); empty outside Prefect."""
+    from prefect.runtime import flow_run
+
+    tags: dict[str, str] = {}
+    if flow_run.id:
+        tags["prefect.flow_run_id"] = str(flow_run.id)
+        tags["prefect.flow_run"] = str(flow_run.name)
+    if os.environ.get("PREFECT__WORKER_NAME"):  # set by a Prefect worker for the flow runs it starts
+        tags["prefect.worker"] = os.environ["PREFECT__WORKER_NAME"]
+    return tags
+
+
+def log_metric_steps(entries: list[tuple[dict[str, float], int]]) -> None:
+    """Log many steps' metrics into the active run in one request per 1000 values (MLflow's
+    batch limit) instead of one per step: training hands over its buffered values this way."""
+    import time
+
+    import mlflow
+    from mlflow.entities import Metric
+
+    active = mlflow.active_run()
+    if active is None:
+        raise RuntimeError("log_metric_steps needs an active MLflow run")
+    now = int(time.time() * 1000)
+    metrics = [Metric(key, float(value), now, step) for values, step in entries for key, value in values.items()]
+    client = mlflow.MlflowClient()
+    for start in range(0, len(metrics), 1000):
+        client.log_batch(active.info.run_id, metrics=metrics[start : start + 1000])

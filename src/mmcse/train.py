@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
@@ -25,16 +26,22 @@ from transformers import get_linear_schedule_with_warmup
 from mmcse.config import Config, active_terms
 from mmcse.data.senteval import SentencePair
 from mmcse.device import resolve_device
+from mmcse.errors import TrainingOutOfMemory
 from mmcse.evaluate import evaluate_sts, group_by_task, student_encoder
 from mmcse.io import read_json, read_jsonl, write_json
 from mmcse.losses import span_mean, weighted_teacher_similarity
 from mmcse.models import Student, load_backbone, load_tokenizer, save_student
 from mmcse.objectives import STAT, StepEmbeddings, needed_features, step_objective
+from mmcse.precision import autocast, check_precision, configure_kernels, fused_adamw_supported, grad_scaler
 from mmcse.teachers import FeatureStore
+from mmcse.tokens import TokenTable, cached_tokens, to_device
 
 TEXT, PAIR = "text", "pair"
 LOG_EVERY = 5  # steps between logged loss values
-StepLogger = Callable[[dict[str, float], int], None]
+# Steps between reading logged values back from the device: each read waits for the GPU to
+# finish (a host sync), so values are kept on the device and read in one go this often.
+FLUSH_EVERY = 50
+StepLogger = Callable[[list[tuple[dict[str, float], int]]], None]  # a batch of (metrics, step)
 EvalCallback = Callable[[int, float], None]
 
 
@@ -123,7 +130,8 @@ class TrainData:
 
     def check_objects(self, min_objects: int, max_seq_len: int, objects_dir: Path) -> None:
         """MCSEO's exclusions must already hold (detect_objects applies them): every kept pair
-        has >= ``min_objects`` objects and no phrase span runs past the maximum length."""
+        has >= ``min_objects`` objects and every phrase span is non-empty and ends before the
+        maximum length (checked here, on the host, so the training step needs no check)."""
         if not self.objects:
             raise ValueError(f"{objects_dir / 'objects.jsonl'}: no object–phrase pairs; run detect_objects")
         for pair_id, objects in self.objects.items():
@@ -133,42 +141,81 @@ class TrainData:
             if any(o["token_end"] > max_seq_len - 1 for o in objects):  # the last position is [SEP]
                 raise ValueError(f"{objects_dir / 'objects.jsonl'}: pair {pair_id} has a phrase past "
                                  f"model.max_seq_len={max_seq_len}; rerun detect_objects with this model")
+            if any(not 0 <= o["token_start"] < o["token_end"] for o in objects):
+                raise ValueError(f"{objects_dir / 'objects.jsonl'}: pair {pair_id} has an empty phrase span; "
+                                 "rerun detect_objects")
+
+    def _rows(self, group: str) -> Any:
+        """Feature-store row numbers of every pair / corpus sentence for one feature group,
+        looked up once per run (a batch is then one gather per store)."""
+        memo = self.__dict__.setdefault("_row_memo", {})
+        if group not in memo:
+            if group == "image":
+                memo[group] = self.image_features.row_indices(self.image_ids)
+            elif group == "joint":
+                memo[group] = (self.joint_text.row_indices(self.pair_ids), self.joint_image.row_indices(self.image_ids))
+            elif group == "captions":
+                memo[group] = [s.row_indices(self.pair_ids) for s in self.text_captions]
+            elif group == "corpus":
+                corpus_ids = [f"corpus-{i}" for i in range(len(self.corpus))]
+                memo[group] = [s.row_indices(corpus_ids) for s in self.text_corpus]
+            elif group == "objects":
+                spans = [self.objects.get(p, []) for p in self.pair_ids]
+                flat = [o for pair in spans for o in pair]
+                memo[group] = {
+                    "bounds": np.cumsum([0] + [len(pair) for pair in spans]),  # pair i: [b[i], b[i+1])
+                    "crop": self.object_features.row_indices([o["crop"] for o in flat]),
+                    "start": np.array([o["token_start"] for o in flat], dtype=np.int64),
+                    "end": np.array([o["token_end"] for o in flat], dtype=np.int64),
+                }
+            else:
+                raise KeyError(group)
+        return memo[group]
 
     def pair_features(self, idx: Sequence[int], need: set[str], device: torch.device) -> BatchFeatures:
-        """Cached features of pair rows ``idx`` for the groups in ``need``."""
+        """Cached features of pair rows ``idx`` for the groups in ``need`` (on ``device``;
+        the host-side gathers overlap the device's work on the previous step)."""
         feats = BatchFeatures()
-        pair_ids = [self.pair_ids[i] for i in idx]
-        image_ids = [self.image_ids[i] for i in idx]
+        idx = np.asarray(idx, dtype=np.int64)
         if "image" in need:
-            feats.image = _tensor(self.image_features.rows(image_ids), device)
+            feats.image = _tensor(self.image_features.take(self._rows("image")[idx]), device)
         if "joint" in need:
-            feats.joint_text = _tensor(self.joint_text.rows(pair_ids), device)
-            feats.joint_image = _tensor(self.joint_image.rows(image_ids), device)
+            text_rows, image_rows = self._rows("joint")
+            feats.joint_text = _tensor(self.joint_text.take(text_rows[idx]), device)
+            feats.joint_image = _tensor(self.joint_image.take(image_rows[idx]), device)
         if "text_teachers" in need:
-            feats.text_teachers = [_tensor(s.rows(pair_ids), device) for s in self.text_captions]
+            feats.text_teachers = [_tensor(s.take(r[idx]), device)
+                                   for s, r in zip(self.text_captions, self._rows("captions"), strict=True)]
             feats.text_weights = self.text_weights
         if "objects" in need:
             # one row per object–phrase pair: (sentence in batch, token start, token end), its crop
-            spans = [(row, o["token_start"], o["token_end"], o["crop"])
-                     for row, pair_id in enumerate(pair_ids) for o in self.objects.get(pair_id, [])]
-            if spans:
-                rows, starts, ends, crops = zip(*spans, strict=True)
-                feats.object_row = torch.tensor(rows, dtype=torch.long, device=device)
-                feats.object_start = torch.tensor(starts, dtype=torch.long, device=device)
-                feats.object_end = torch.tensor(ends, dtype=torch.long, device=device)
-                feats.objects = _tensor(self.object_features.rows(list(crops)), device)
+            objects = self._rows("objects")
+            bounds = objects["bounds"]
+            counts = bounds[idx + 1] - bounds[idx]  # (B,) objects of each pair
+            if counts.sum():
+                flat = np.concatenate([np.arange(bounds[i], bounds[i + 1]) for i in idx])  # (T,)
+                feats.object_row = _tensor(np.repeat(np.arange(len(idx)), counts), device)
+                feats.object_start = _tensor(objects["start"][flat], device)
+                feats.object_end = _tensor(objects["end"][flat], device)
+                feats.objects = _tensor(self.object_features.take(objects["crop"][flat]), device)
         return feats
 
     def text_features(self, idx: Sequence[int], need: set[str], device: torch.device) -> BatchFeatures | None:
         if "text_teachers" not in need:
             return None
-        ids = [f"corpus-{i}" for i in idx]
-        return BatchFeatures(text_teachers=[_tensor(s.rows(ids), device) for s in self.text_corpus],
+        idx = np.asarray(idx, dtype=np.int64)
+        return BatchFeatures(text_teachers=[_tensor(s.take(r[idx]), device)
+                                            for s, r in zip(self.text_corpus, self._rows("corpus"), strict=True)],
                              text_weights=self.text_weights)
 
+    def token_tables(self, tokenizer: Any, max_len: int, cache_dir: Path) -> dict[str, TokenTable]:
+        """Corpus and captions tokenized once (cached under ``cache_dir``), by batch kind."""
+        return {TEXT: cached_tokens(cache_dir, "corpus", tokenizer, self.corpus, max_len),
+                PAIR: cached_tokens(cache_dir, "captions", tokenizer, self.captions, max_len)}
 
-def _tensor(rows: Any, device: torch.device) -> torch.Tensor:
-    return torch.from_numpy(rows).to(device)
+
+def _tensor(rows: np.ndarray, device: torch.device) -> torch.Tensor:
+    return to_device(torch.from_numpy(np.ascontiguousarray(rows)), device)
 
 
 @dataclass
@@ -246,15 +293,19 @@ def _swap_in(tmp: Path, final: Path) -> None:
 
 
 def _save_resume_point(
-    folder: Path, student: Student, optimizer, scheduler, state: TrainState, config_hash: str
+    folder: Path, student: Student, optimizer, scheduler, scaler, state: TrainState, config_hash: str
 ) -> None:
     tmp = folder.with_name(folder.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     save_file({k: v.detach().contiguous() for k, v in student.state_dict().items()}, str(tmp / "student.safetensors"))
+    rng = {"rng": torch.get_rng_state()}
+    if torch.cuda.is_initialized():  # dropout on the GPU draws from the CUDA generators
+        rng["cuda_rng"] = torch.cuda.get_rng_state_all()
     torch.save(
-        {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state()},
+        {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
+         **rng},
         tmp / "trainer.pt",
     )
     (tmp / "state.json").write_text(
@@ -283,7 +334,9 @@ def release_resume_point(out_dir: Path) -> int:
     return freed
 
 
-def _load_resume_point(folder: Path, student: Student, optimizer, scheduler, config_hash: str) -> TrainState | None:
+def _load_resume_point(
+    folder: Path, student: Student, optimizer, scheduler, scaler, config_hash: str
+) -> TrainState | None:
     if not (folder / "state.json").is_file():
         old = folder.with_name(folder.name + ".old")
         if (old / "state.json").is_file():  # killed between the two renames of _swap_in
@@ -299,23 +352,31 @@ def _load_resume_point(folder: Path, student: Student, optimizer, scheduler, con
     trainer = torch.load(folder / "trainer.pt", weights_only=True)
     optimizer.load_state_dict(trainer["optimizer"])
     scheduler.load_state_dict(trainer["scheduler"])
+    if trainer.get("scaler"):
+        scaler.load_state_dict(trainer["scaler"])
     torch.set_rng_state(trainer["rng"])
+    if "cuda_rng" in trainer and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(trainer["cuda_rng"])
     return TrainState(meta["step"], meta["best_score"], meta["best_step"], meta["history"])
 
 
 def tokenize_batch(tokenizer, sentences: Sequence[str], max_len: int, device: torch.device) -> dict[str, torch.Tensor]:
+    """Tokenize one batch on the fly (training reads pre-tokenized tables: :mod:`mmcse.tokens`)."""
     batch = tokenizer(list(sentences), padding=True, truncation=True, max_length=max_len, return_tensors="pt")
-    return {"input_ids": batch["input_ids"].to(device), "attention_mask": batch["attention_mask"].to(device)}
+    return {"input_ids": to_device(batch["input_ids"], device),
+            "attention_mask": to_device(batch["attention_mask"], device)}
 
 
-def build_optimizer(student: torch.nn.Module, cfg: Config, total_steps: int):
-    """AdamW (no weight decay on biases and LayerNorm) with linear warmup and decay to 0."""
+def build_optimizer(student: torch.nn.Module, cfg: Config, total_steps: int, device: torch.device | None = None):
+    """AdamW (no weight decay on biases and LayerNorm) with linear warmup and decay to 0;
+    fused (one kernel for all parameters) on CUDA."""
     decay, no_decay = [], []
     for name, p in student.named_parameters():
         (no_decay if p.ndim < 2 or "LayerNorm" in name else decay).append(p)
+    fused = device is not None and fused_adamw_supported(device)
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.train.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.train.learning_rate,
+        lr=cfg.train.learning_rate, fused=fused or None,
     )
     scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.train.warmup_ratio * total_steps), total_steps)
     return optimizer, scheduler
@@ -328,20 +389,22 @@ def training_step_loss(
     feats: BatchFeatures | None,
     pair_batch: bool,
     seed: int = 0,
+    on: dict[str, bool] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Loss terms of one batch: two dropout passes (as one doubled batch) through the
     student, then every active term of the method on those embeddings and the cached
     teacher features ``feats`` (no teacher runs here). ``seed`` seeds the step's random
-    draws (DALR mismatched pairs, ranking ties)."""
+    draws (DALR mismatched pairs, ranking ties); ``on`` is ``active_terms(cfg)``, worked
+    out once per run by the training loop."""
     ids, mask = batch["input_ids"], batch["attention_mask"]
     n = ids.shape[0]
     tokens = student.token_states(ids.repeat(2, 1), mask.repeat(2, 1))  # (2B, L, H): two dropout masks
     cls = tokens[:, 0]  # (2B, H)
     z = student.mlp(cls)  # (2B, H)
     e = StepEmbeddings(z1=z[:n], z2=z[n:], pair_batch=pair_batch)
-    on = active_terms(cfg)
+    on = on if on is not None else active_terms(cfg)
     feats = feats or BatchFeatures()
-    if pair_batch and any(on[k] for k in ("image", "kdmcse", "info", "cma", "object")):
+    if pair_batch and (on["image"] or on["kdmcse"] or on["info"] or on["cma"] or on["object"]):
         s = student.text_proj(cls)  # (2B, p): g_φ1 on [CLS] (MCSE Eq. 2)
         e.s1, e.s2 = s[:n], s[n:]
     if feats.image is not None:
@@ -362,7 +425,49 @@ def training_step_loss(
         e.phrases = student.text_proj(phrase_states)  # (T, p)
         e.objects = student.image_proj(feats.objects)  # (T, p)
         e.object_pair = feats.object_row
-    return step_objective(cfg, e, seed)
+    return step_objective(cfg, e, seed, on)
+
+
+def optimizer_step(
+    student: Student,
+    cfg: Config,
+    batch: dict[str, torch.Tensor],
+    feats: BatchFeatures | None,
+    pair_batch: bool,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    device: torch.device,
+    seed: int = 0,
+    on: dict[str, bool] | None = None,
+) -> dict[str, torch.Tensor]:
+    """One training step: the forward pass under ``train.precision``'s autocast, backward
+    (through the fp16 loss scaler when enabled) and the optimizer update. Returns the loss
+    terms, still on the device (reading them is a host sync the caller defers)."""
+    with autocast(cfg.train.precision, device):
+        terms = training_step_loss(student, cfg, batch, feats, pair_batch, seed, on)
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(terms["loss"]).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    return terms
+
+
+def out_of_memory_message(cfg: Config, step: int, resume_step: int | None) -> str:
+    resume = (f"the resume point (step {resume_step}) is intact: rerun to continue from it"
+              if resume_step is not None else "no resume point was written yet")
+    smaller = max(cfg.train.batch_size // 2, 2)
+    advice = [f"a smaller train.batch_size (e.g. {smaller})"]
+    if cfg.train.precision == "fp32":
+        advice.append("train.precision: bf16 (or fp16 on GPUs without bf16)")
+    advice.append(f"a shorter model.max_seq_len (now {cfg.model.max_seq_len})")
+    return (f"out of device memory at training step {step} with train.batch_size={cfg.train.batch_size}, "
+            f"train.precision={cfg.train.precision}, model.max_seq_len={cfg.model.max_seq_len}; try "
+            f"{' or '.join(advice)}; {resume}")
+
+
+def _is_out_of_memory(err: BaseException) -> bool:
+    oom = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
+    return isinstance(err, oom) or (isinstance(err, RuntimeError) and "out of memory" in str(err).lower())
 
 
 def train(
@@ -376,29 +481,41 @@ def train(
 ) -> TrainResult:
     """Train a student; keep the best dev checkpoint in ``out_dir/best`` (HF folder,
     safetensors) and a resume point in ``out_dir/last``. ``on_eval(step, score)`` may
-    raise to stop early (Optuna pruning)."""
+    raise to stop early (Optuna pruning). ``log_metrics`` receives batches of
+    ``(metrics, step)``: logged values are read back from the device every
+    ``FLUSH_EVERY`` steps and at every dev evaluation, not per step."""
     from mmcse.config import to_dict
     from mmcse.io import sha256_json
 
     data_dir, teachers_dir, out_dir = Path(data_dir), Path(teachers_dir), Path(out_dir)
     check_inputs(data_dir, teachers_dir)
     device = resolve_device(cfg.base.device)
+    check_precision(cfg.train.precision, device)
     data = TrainData.load(data_dir, teachers_dir)
-    if active_terms(cfg)["object"]:
+    on = active_terms(cfg)  # per run, not per step
+    if on["object"]:
         data.check_objects(cfg.detect.min_objects, cfg.model.max_seq_len, data_dir.parent / "objects")
     need = {kind: needed_features(cfg, pair_batch=kind == PAIR) for kind in (TEXT, PAIR)}
+    if device.type == "cuda":  # deterministic cuBLAS (bit-identical resume); read when cuBLAS starts
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    configure_kernels(device)
     torch.manual_seed(cfg.base.seed)
     torch.use_deterministic_algorithms(True, warn_only=True)
 
     tokenizer = load_tokenizer(cfg.model.name_or_path)
+    tokens = data.token_tables(tokenizer, cfg.model.max_seq_len, data_dir.parent / "tokens")
     backbone = load_backbone(cfg.model, dropout=cfg.train.dropout)
     student = Student(backbone, data.image_features.dim, cfg.model.proj_dim, data.joint_image.dim).to(device)
+    if cfg.train.compile:
+        # in place, so parameter names (checkpoints, resume points) do not change
+        student.backbone.compile(dynamic=True)
 
     batches = _Batches(len(data.corpus), len(data.captions), cfg.train.batch_size, cfg.base.seed)
     total = len(batches) * cfg.train.epochs
     if cfg.train.max_steps:
         total = min(total, cfg.train.max_steps)
-    optimizer, scheduler = build_optimizer(student, cfg, total)
+    optimizer, scheduler = build_optimizer(student, cfg, total, device)
+    scaler = grad_scaler(cfg.train.precision, device)
 
     # What defines the run: everything but bookkeeping that cannot change the numbers.
     run_def = to_dict(cfg)
@@ -407,78 +524,127 @@ def train(
     run_def["dev_pooler"] = cfg.evaluate.pooler  # it picks the best checkpoint
     config_hash = sha256_json(run_def)
     last_dir, best_dir = out_dir / "last", out_dir / "best"
-    state = _load_resume_point(last_dir, student, optimizer, scheduler, config_hash) or TrainState()
+    state = _load_resume_point(last_dir, student, optimizer, scheduler, scaler, config_hash) or TrainState()
     if state.step >= total and best_dir.is_dir():
         return TrainResult(state.best_score, state.best_step, state.step, best_dir, state.history)
+    resumed_from = state.step if state.step else None
+
+    # The best weights are held in (device) memory and written with the next resume point:
+    # writing a BERT-base folder at every improvement would cost seconds per dev evaluation,
+    # and on disk the best checkpoint and the resume point's best_score must agree after a kill.
+    best_weights: dict[str, torch.Tensor] | None = None
+
+    # one encoder for the run: it keeps the dev batches' token ids on the device
+    dev_encode = student_encoder(student, tokenizer, cfg.evaluate.pooler, cfg.model.max_seq_len, device,
+                                 cfg.train.precision, keep_tokens=True)
 
     def dev_score() -> float:
         """Dev STS (primary metric); every task's score is logged as ``dev_<task>``."""
         student.eval()
-        encode = student_encoder(student, tokenizer, cfg.evaluate.pooler, cfg.model.max_seq_len, device)
-        result = evaluate_sts(encode, data.dev, cfg.evaluate.batch_size)
+        result = evaluate_sts(dev_encode, data.dev, cfg.evaluate.batch_size)
         student.train()
-        if log_metrics:
-            log_metrics({f"dev_{task}": v for task, v in result.scores.items()}, state.step)
+        pending.append(({f"dev_{task}": v for task, v in result.scores.items()}, state.step))
         return result.primary
 
     def checkpoint_best(score: float) -> None:
+        nonlocal best_weights
         if score > state.best_score:
             state.best_score, state.best_step = score, state.step
-            tmp = best_dir.with_name(best_dir.name + ".tmp")
-            if tmp.exists():
-                shutil.rmtree(tmp)
-            save_student(student, tokenizer, tmp)
-            write_json(tmp / "train_state.json", {"step": state.step, "dev": score})
-            _swap_in(tmp, best_dir)
+            best_weights = {k: v.detach().clone() for k, v in student.state_dict().items()}
 
-    if state.step == 0:
+    def write_best() -> None:
+        nonlocal best_weights
+        if best_weights is None:
+            return
+        current = {k: v.detach().clone() for k, v in student.state_dict().items()}
+        student.load_state_dict(best_weights)
+        tmp = best_dir.with_name(best_dir.name + ".tmp")
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        save_student(student, tokenizer, tmp)
+        write_json(tmp / "train_state.json", {"step": state.best_step, "dev": state.best_score})
+        _swap_in(tmp, best_dir)
+        student.load_state_dict(current)
+        best_weights = None
+
+    # Logged values stay on the device until a flush reads them all back at once.
+    pending: list[tuple[dict[str, Any], int]] = []
+    shown: dict[str, float] = {}
+
+    def flush() -> None:
+        tensors = [v for metrics, _ in pending for v in metrics.values() if isinstance(v, torch.Tensor)]
+        values = iter(torch.stack([t.detach().float() for t in tensors]).tolist() if tensors else [])
+        entries = [({k: next(values) if isinstance(v, torch.Tensor) else float(v) for k, v in metrics.items()}, step)
+                   for metrics, step in pending]
+        pending.clear()
+        for metrics, step in entries:
+            if "loss/loss" in metrics and step % LOG_EVERY == 0:
+                state.history.append({"step": step, "loss": metrics["loss/loss"]})
+            if "loss/loss" in metrics:
+                shown["loss"] = metrics["loss/loss"]
+        if log_metrics and entries:
+            log_metrics(entries)
+
+    def evaluate_now() -> float:
         score = dev_score()
-        state.history.append({"step": 0, "dev": score})
+        flush()  # the losses logged before this evaluation go first in the history
+        state.history.append({"step": state.step, "dev": score})
         checkpoint_best(score)
         if log_metrics:
-            log_metrics({"dev_sts": score}, 0)
+            log_metrics([({"dev_sts": score}, state.step)])
+        return score
+
+    if state.step == 0:
+        evaluate_now()
+        if best_weights is not None:
+            write_best()
 
     student.train()
     bar = tqdm(total=total, initial=state.step, desc=f"train {cfg.train.method}", unit="step", disable=not progress)
-    last_dev = state.history[-1]["dev"] if state.history else float("nan")
+    last_dev = state.history[-1]["dev"] if state.history and "dev" in state.history[-1] else float("nan")
     order_epoch, order = -1, []
-    while state.step < total:
-        epoch, offset = divmod(state.step, len(batches))
-        if epoch != order_epoch:
-            order_epoch, order = epoch, batches.epoch(epoch)
-        kind, idx = order[offset]
-        if kind == TEXT:
-            sentences = [data.corpus[i] for i in idx]
-            feats = data.text_features(idx, need[TEXT], device)
-        else:
-            sentences = [data.captions[i] for i in idx]
-            feats = data.pair_features(idx, need[PAIR], device)
-        batch = tokenize_batch(tokenizer, sentences, cfg.model.max_seq_len, device)
-        step_seed = cfg.base.seed * 1_000_003 + state.step  # the step's own random draws: resumable
-        terms = training_step_loss(student, cfg, batch, feats, kind == PAIR, seed=step_seed)
-        optimizer.zero_grad(set_to_none=True)
-        terms["loss"].backward()
-        optimizer.step()
-        scheduler.step()
-        state.step += 1
-        values = {k if k.startswith(STAT) else f"loss/{k}": float(v.detach()) for k, v in terms.items()}
-        if state.step % LOG_EVERY == 0:
-            state.history.append({"step": state.step, "loss": values["loss/loss"]})
-        if log_metrics and (state.step % LOG_EVERY == 0 or kind == PAIR):  # every image term is logged
-            log_metrics(values | {"lr": scheduler.get_last_lr()[0]}, state.step)
-        if state.step % cfg.train.eval_steps == 0 or state.step == total:
-            last_dev = dev_score()
-            state.history.append({"step": state.step, "dev": last_dev})
-            checkpoint_best(last_dev)
-            if log_metrics:
-                log_metrics({"dev_sts": last_dev}, state.step)
-            if on_eval:
-                on_eval(state.step, last_dev)
-        if state.step % cfg.train.checkpoint_steps == 0 or state.step == total:
-            _save_resume_point(last_dir, student, optimizer, scheduler, state, config_hash)
-        bar.set_postfix(loss=f"{values['loss/loss']:.3f}", dev=f"{last_dev:.1f}")
-        bar.update(1)
-    bar.close()
+    try:
+        while state.step < total:
+            epoch, offset = divmod(state.step, len(batches))
+            if epoch != order_epoch:
+                order_epoch, order = epoch, batches.epoch(epoch)
+            kind, idx = order[offset]
+            if kind == TEXT:
+                feats = data.text_features(idx, need[TEXT], device)
+            else:
+                feats = data.pair_features(idx, need[PAIR], device)
+            batch = tokens[kind].batch(idx, device)
+            step_seed = cfg.base.seed * 1_000_003 + state.step  # the step's own random draws: resumable
+            try:
+                terms = optimizer_step(student, cfg, batch, feats, kind == PAIR, optimizer, scaler, device,
+                                       seed=step_seed, on=on)
+            except Exception as err:
+                if _is_out_of_memory(err):
+                    raise TrainingOutOfMemory(out_of_memory_message(cfg, state.step + 1, resumed_from)) from None
+                raise
+            scheduler.step()
+            state.step += 1
+            if state.step % LOG_EVERY == 0 or kind == PAIR:  # every image term is logged
+                metrics: dict[str, Any] = {k if k.startswith(STAT) else f"loss/{k}": v.detach()
+                                           for k, v in terms.items()}
+                pending.append((metrics | {"lr": scheduler.get_last_lr()[0]}, state.step))
+            evaluating = state.step % cfg.train.eval_steps == 0 or state.step == total
+            checkpointing = state.step % cfg.train.checkpoint_steps == 0 or state.step == total
+            if evaluating:
+                last_dev = evaluate_now()
+                if on_eval:
+                    on_eval(state.step, last_dev)
+            if state.step % FLUSH_EVERY == 0 or checkpointing:
+                flush()
+            if checkpointing:
+                write_best()
+                _save_resume_point(last_dir, student, optimizer, scheduler, scaler, state, config_hash)
+                resumed_from = state.step
+            if evaluating or state.step % FLUSH_EVERY == 0:
+                bar.set_postfix(loss=f"{shown.get('loss', float('nan')):.3f}", dev=f"{last_dev:.1f}")
+            bar.update(1)
+    finally:
+        bar.close()
     return TrainResult(state.best_score, state.best_step, state.step, best_dir, state.history)
 
 
