@@ -1,87 +1,513 @@
-"""Step time of every method relative to a SimCSE step on the same student and batch.
+"""Training-step time and memory of every method relative to a SimCSE step (same student, same batch).
 
-    python benchmarks/step_time.py [--params params.yaml] [--repeats 9] [--batch-size N]
+    python benchmarks/step_time.py --device cuda --precision bf16 --student bert-base --batch-size 64 128
+    python benchmarks/step_time.py --device cpu --student tiny --batch-size 32 --repeats 20
+    python benchmarks/step_time.py --params params.yaml --teachers data/teachers   # the project's model and cache
 
-Needs the teacher cache (``dvc repro cache_teachers``): every step reads its teacher
-features from it, as training does; a step that ran a teacher model would raise here.
-Each step is forward (two dropout views), loss, backward and an AdamW update on the
-student named in params.yaml, on one fixed image–caption batch. Methods are timed in
-turn within each repeat, so a change in machine speed hits them alike; prints the
-median step time of each and its ratio to SimCSE (target for the extra terms: <= 1.10).
+A step is :func:`mmcse.train.optimizer_step` — the forward pass (two dropout views as one
+doubled batch) under ``train.precision``'s autocast, the method's loss terms on cached
+teacher features, backward through the fp16 loss scaler when enabled, and the AdamW update
+(fused on CUDA, :func:`mmcse.train.build_optimizer`) — exactly what ``train`` runs per
+batch, with the same deterministic-algorithm and TF32 settings. Data loading is not timed:
+the batch and its features are on the device before the clock starts.
+
+Students: ``bert-base`` (``BertModel(BertConfig())``), ``roberta-base`` (``RobertaModel(
+RobertaConfig())``), ``tiny`` (2 layers, 64 wide: quick CPU runs) — random weights, nothing
+downloaded — or ``--params FILE``: the project's ``model.*`` (:func:`mmcse.models.load_backbone`).
+Every method starts from the same initial weights. Features are random with the papers'
+shapes (2048-d ResNet-50 image and object features, 512-d CLIP ViT-B/32 joint space, two
+768-d text teachers, 3 object–phrase pairs per caption), or with ``--teachers DIR`` read
+from a teacher cache (its ``../raw`` and ``../objects`` beside it) for real captions.
+
+Methods are interleaved within each repeat (the order rotates), so a change in machine
+speed hits them alike; warm-up rounds are not counted; on CUDA the device is synchronized
+before each clock read. Prints the median step time, its ratio to SimCSE in the same run,
+and peak memory, then a markdown table; ``--json FILE`` writes the numbers.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
+import json
+import os
+import platform
+import resource
 import statistics
+import sys
 import time
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
 
 import torch
 
-import mmcse.teachers
-from mmcse.cli import quiet_libraries
-from mmcse.config import load_config, with_overrides
-from mmcse.models import Student, load_backbone, load_tokenizer
-from mmcse.objectives import needed_features
-from mmcse.pipeline import Paths
-from mmcse.train import PAIR, TrainData, tokenize_batch, training_step_loss
-
+REPO = Path(__file__).resolve().parents[1]
 METHODS = ("simcse", "mcse", "kdmcse", "dalr", "mcseo")
+STUDENTS = ("tiny", "bert-base", "roberta-base")
+# The papers' cached-feature shapes: ResNet-50 pooled features (MCSE / MCSEO images and
+# object crops), CLIP ViT-B/32's 512-d projection space (KDMCSE / DALR, the profiles'
+# teachers.joint.model), SimCSE + DiffCSE BERT-base text teachers weighted 0.33 / 0.67 (DALR).
+PAPER_IMAGE_DIM = 2048
+PAPER_JOINT_DIM = 512
+PAPER_TEXT_TEACHERS = ((768, 0.33), (768, 0.67))
+OBJECTS_PER_CAPTION = 3
+MIB = 2**20
 
 
-def _no_teacher(*args, **kwargs):
-    raise RuntimeError("a training step ran a teacher model: features must come from the cache")
+def fail(message: str) -> NoReturn:
+    """One clear line on stderr, exit status 2 (no traceback for bad input)."""
+    raise SystemExit(f"{Path(sys.argv[0]).name}: {message}")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--params", default="params.yaml")
-    parser.add_argument("--repeats", type=int, default=9)
-    parser.add_argument("--batch-size", type=int, default=None)
-    args = parser.parse_args()
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        fail("--device cuda but no CUDA device is available to this process (torch.cuda.is_available() is False)")
+    return torch.device(name)
+
+
+def default_precision(device: torch.device) -> str:
+    return "bf16" if device.type == "cuda" else "fp32"
+
+
+def checked_precision(precision: str, device: torch.device) -> None:
+    """:func:`mmcse.precision.check_precision` as one line (e.g. bf16 on a GPU without it)."""
+    from mmcse.errors import PrecisionError
+    from mmcse.precision import check_precision
+
+    try:
+        check_precision(precision, device)
+    except PrecisionError as err:
+        fail(str(err))
+
+
+def setup_like_train(device: torch.device) -> None:
+    """The kernel settings :func:`mmcse.train.train` runs its steps under."""
+    from mmcse.cli import quiet_libraries
+    from mmcse.precision import configure_kernels
+
     quiet_libraries()
-    cfg = load_config(args.params)
-    paths = Paths.of(cfg)
-    if not (paths.teachers / "manifest.json").is_file():
-        raise SystemExit(f"{paths.teachers / 'manifest.json'} not found: run `dvc repro cache_teachers` first")
-    mmcse.teachers.text_teacher_features = _no_teacher
-    mmcse.teachers.colour_edge_grid_features = _no_teacher
+    if device.type == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    configure_kernels(device)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    warnings.filterwarnings("ignore", message=".*deterministic.*")
 
-    data = TrainData.load(paths.raw, paths.teachers, paths.objects)
-    batch_size = args.batch_size or cfg.train.batch_size
-    # the first pairs that have object–phrase pairs, so the MCSEO step has its full term
-    idx = [i for i, p in enumerate(data.pair_ids) if p in data.objects][:batch_size]
-    device = torch.device("cpu")
-    tokenizer = load_tokenizer(cfg.model.name_or_path)
-    batch = tokenize_batch(tokenizer, [data.captions[i] for i in idx], cfg.model.max_seq_len, device)
 
-    runs = {}
-    for method in METHODS:
-        torch.manual_seed(0)
-        method_cfg = with_overrides(cfg, {"train.method": method})
-        student = Student(load_backbone(cfg.model, cfg.train.dropout), data.image_features.dim,
-                          cfg.model.proj_dim, data.joint_image.dim).train()
-        optimizer = torch.optim.AdamW(student.parameters(), lr=cfg.train.learning_rate)
-        runs[method] = (method_cfg, student, optimizer, needed_features(method_cfg, pair_batch=True))
+def device_description(device: torch.device) -> str:
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        major, minor = torch.cuda.get_device_capability(index)
+        return f"{torch.cuda.get_device_name(index)} (sm_{major}{minor})"
+    model = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads (no GPU used)"
 
-    times: dict[str, list[float]] = {m: [] for m in METHODS}
-    for repeat in range(args.repeats + 1):
-        for method, (method_cfg, student, optimizer, need) in runs.items():
-            start = time.perf_counter()
-            feats = data.pair_features(idx, need, device)  # cached features: part of the step
-            loss = training_step_loss(student, method_cfg, batch, feats, pair_batch=True, seed=repeat)["loss"]
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            if repeat:  # the first round warms up allocators and kernels
-                times[method].append(time.perf_counter() - start)
 
-    medians = {m: statistics.median(t) for m, t in times.items()}
-    print(f"student: {cfg.model.name_or_path} ({cfg.model.init}), {PAIR} batch {len(idx)} x "
-          f"{batch['input_ids'].shape[1]} tokens, {torch.get_num_threads()} threads, median of {args.repeats}")
-    for method in METHODS:
-        ratio = medians[method] / medians["simcse"]
-        print(f"{method:>7} step: {medians[method] * 1000:8.1f} ms   ratio to simcse: {ratio:.3f}")
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def build_backbone(student: str, dropout: float = 0.1) -> Any:
+    """A random-weight encoder of the named size (no download)."""
+    from transformers import BertConfig, BertModel, RobertaConfig, RobertaModel
+
+    drop = {"hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}
+    if student == "bert-base":
+        return BertModel(BertConfig(**drop), add_pooling_layer=False)
+    if student == "roberta-base":
+        return RobertaModel(RobertaConfig(**drop), add_pooling_layer=False)
+    if student == "tiny":  # the tests' TINY_MODEL sizes
+        return BertModel(BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                    intermediate_size=128, **drop), add_pooling_layer=False)
+    fail(f"--student {student!r}: choose one of {', '.join(STUDENTS)}")
+
+
+def parameter_count(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def synthetic_lengths(batch_size: int, seq_len: int, g: torch.Generator) -> list[int]:
+    """Real tokens per sentence ([CLS] … [SEP]): uniform in [seq_len/2, seq_len], the first
+    at seq_len, so the padded width is ``seq_len`` as in a batch with one full-length sentence."""
+    low = max(seq_len // 2, 5)
+    lengths = torch.randint(low, seq_len + 1, (batch_size,), generator=g).tolist()
+    lengths[0] = seq_len
+    return lengths
+
+
+def synthetic_batch(lengths: Sequence[int], vocab_size: int, pad_id: int,
+                    g: torch.Generator) -> dict[str, torch.Tensor]:
+    """``input_ids, attention_mask (B, L)`` on the CPU: random ids, then padding."""
+    width = max(lengths)
+    ids = torch.randint(5, vocab_size, (len(lengths), width), generator=g)
+    ids[ids == pad_id] = pad_id + 1
+    mask = torch.zeros(len(lengths), width, dtype=torch.long)
+    for i, n in enumerate(lengths):
+        ids[i, n:] = pad_id
+        mask[i, :n] = 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def object_spans(lengths: Sequence[int], g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``OBJECTS_PER_CAPTION`` phrase spans per sentence, ``(row, start, end)`` each ``(T,)``:
+    non-empty, inside the real tokens, after [CLS] and before [SEP]."""
+    rows, starts, ends = [], [], []
+    for i, n in enumerate(lengths):
+        inner = n - 2  # tokens between [CLS] and [SEP]
+        cuts = [1 + (k * inner) // OBJECTS_PER_CAPTION for k in range(OBJECTS_PER_CAPTION + 1)]
+        for k in range(OBJECTS_PER_CAPTION):
+            lo, hi = cuts[k], max(cuts[k + 1], cuts[k] + 1)
+            rows.append(i)
+            starts.append(lo)
+            ends.append(lo + int(torch.randint(1, hi - lo + 1, (1,), generator=g)))
+    return (torch.tensor(rows), torch.tensor(starts), torch.tensor(ends))
+
+
+def synthetic_features(need: set[str], lengths: Sequence[int], g: torch.Generator,
+                       image_dim: int = PAPER_IMAGE_DIM, joint_dim: int = PAPER_JOINT_DIM) -> Any:
+    """Random cached features (float32, as the feature stores hold them) of the groups in
+    ``need`` (:func:`mmcse.objectives.needed_features`) for a batch of ``len(lengths)``."""
+    from mmcse.train import BatchFeatures
+
+    n = len(lengths)
+    feats = BatchFeatures()
+    if "image" in need:
+        feats.image = torch.randn(n, image_dim, generator=g).relu()  # (B, 2048): pooled ResNet features are >= 0
+    if "joint" in need:
+        unit = torch.nn.functional.normalize
+        feats.joint_text = unit(torch.randn(n, joint_dim, generator=g), dim=1)  # (B, 512) t̂
+        feats.joint_image = unit(torch.randn(n, joint_dim, generator=g), dim=1)  # (B, 512) v̂
+    if "text_teachers" in need:  # text teachers' features are L2-normalised
+        feats.text_teachers = [torch.nn.functional.normalize(torch.randn(n, d, generator=g), dim=1)
+                               for d, _ in PAPER_TEXT_TEACHERS]
+        feats.text_weights = [w for _, w in PAPER_TEXT_TEACHERS]
+    if "objects" in need:
+        feats.object_row, feats.object_start, feats.object_end = object_spans(lengths, g)  # (T,) each
+        feats.objects = torch.randn(len(feats.object_row), image_dim, generator=g).relu()  # (T, 2048)
+    return feats
+
+
+def features_to(feats: Any, device: torch.device) -> Any:
+    moved: dict[str, Any] = {}
+    for f in dataclasses.fields(feats):
+        value = getattr(feats, f.name)
+        if isinstance(value, torch.Tensor):
+            moved[f.name] = value.to(device)
+        elif f.name == "text_teachers" and value is not None:
+            moved[f.name] = [t.to(device) for t in value]
+    return dataclasses.replace(feats, **moved)
+
+
+def tensors_bytes(*groups: Any) -> int:
+    """Bytes of the distinct tensors in ``groups`` (modules' parameters and gradients,
+    optimizers' state, dicts / lists / BatchFeatures of tensors)."""
+    seen: dict[int, int] = {}
+
+    def add(t: Any) -> None:
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            seen.setdefault(t.data_ptr(), t.numel() * t.element_size())
+
+    for group in groups:
+        if isinstance(group, torch.nn.Module):
+            for p in group.parameters():
+                add(p)
+                add(p.grad)
+        elif isinstance(group, torch.optim.Optimizer):
+            for state in group.state.values():
+                for v in state.values():
+                    add(v)
+        elif dataclasses.is_dataclass(group):
+            for f in dataclasses.fields(group):
+                value = getattr(group, f.name)
+                for v in value if isinstance(value, list) else [value]:
+                    add(v)
+        elif isinstance(group, dict):
+            for v in group.values():
+                add(v)
+    return sum(seen.values())
+
+
+def reset_peak_rss() -> None:
+    """Restart the kernel's peak-RSS counter (VmHWM) of this process (Linux)."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass
+
+
+def peak_rss_mib() -> float:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+@dataclasses.dataclass
+class Run:
+    """One method's student, optimizer, scaler and inputs for one batch size."""
+
+    cfg: Any
+    on: dict[str, bool]
+    student: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scaler: Any
+    batch: dict[str, torch.Tensor]
+    feats: Any
+    pair_batch: bool = True
+
+
+def make_run(cfg: Any, base: torch.nn.Module, batch: dict[str, torch.Tensor], feats: Any, device: torch.device,
+             total_steps: int, compile_backbone: bool, pair_batch: bool = True) -> Run:
+    """A copy of ``base`` (the same initial weights for every method) with train's optimizer."""
+    from mmcse.config import active_terms
+    from mmcse.precision import grad_scaler
+    from mmcse.train import build_optimizer
+
+    student = copy.deepcopy(base).to(device).train()
+    if compile_backbone:
+        student.backbone.compile(dynamic=True)  # as train does with train.compile (in place)
+    optimizer, _ = build_optimizer(student, cfg, total_steps, device)
+    return Run(cfg, active_terms(cfg), student, optimizer, grad_scaler(cfg.train.precision, device),
+               batch, feats, pair_batch)
+
+
+def timed_step(run: Run, device: torch.device, seed: int) -> tuple[float, int]:
+    """One :func:`mmcse.train.optimizer_step`: (seconds, peak device bytes the method alone
+    would need — its weights, gradients, AdamW state and inputs plus the step's transient
+    peak on top; 0 on the CPU)."""
+    from mmcse.train import optimizer_step
+
+    resident = 0
+    synchronize(device)
+    if device.type == "cuda":
+        resident = tensors_bytes(run.student, run.optimizer, run.batch, run.feats)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter()
+    optimizer_step(run.student, run.cfg, run.batch, run.feats, run.pair_batch, run.optimizer, run.scaler, device,
+                   seed=seed, on=run.on)
+    synchronize(device)
+    seconds = time.perf_counter() - start
+    peak = resident + torch.cuda.max_memory_allocated(device) - before if device.type == "cuda" else 0
+    return seconds, peak
+
+
+def time_runs(runs: dict[str, Run], device: torch.device, repeats: int, warmup: int) -> dict[str, dict[str, Any]]:
+    """Interleaved steps of every run: ``warmup`` uncounted rounds, then ``repeats`` rounds;
+    the order of the runs rotates each round."""
+    names = list(runs)
+    times: dict[str, list[float]] = {m: [] for m in names}
+    peaks = dict.fromkeys(names, 0)
+    for round_ in range(warmup + repeats):
+        shift = round_ % len(names)
+        for name in names[shift:] + names[:shift]:
+            seconds, peak = timed_step(runs[name], device, seed=round_)
+            if round_ >= warmup:
+                times[name].append(seconds)
+                peaks[name] = max(peaks[name], peak)
+    return {m: {"median_ms": statistics.median(times[m]) * 1000, "times_ms": [t * 1000 for t in times[m]],
+                "peak_mib": peaks[m] / MIB if device.type == "cuda" else None} for m in names}
+
+
+def guard_teachers() -> None:
+    """A step that ran a teacher model raises: features must come from the cache."""
+    import mmcse.teachers
+
+    def no_teacher(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("a training step ran a teacher model: features must come from the cache")
+
+    for name in ("text_teacher_features", "colour_edge_grid_features", "pretrained_joint_teacher"):
+        if hasattr(mmcse.teachers, name):
+            setattr(mmcse.teachers, name, no_teacher)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    parser.add_argument("--precision", default=None, choices=("fp32", "bf16", "fp16"),
+                        help="train.precision (default: bf16 on CUDA, fp32 on the CPU)")
+    parser.add_argument("--student", default=None, choices=STUDENTS,
+                        help="random-weight student (default: bert-base on CUDA, tiny on the CPU)")
+    parser.add_argument("--params", default=None, metavar="FILE",
+                        help="use this params file's model.* as the student (load_backbone) instead of --student")
+    parser.add_argument("--teachers", default=None, metavar="DIR",
+                        help="read captions and features from this teacher cache (DIR/../raw, DIR/../objects)")
+    parser.add_argument("--batch-size", type=int, nargs="+", default=[64])
+    parser.add_argument("--seq-len", type=int, default=32, help="padded tokens per sentence (synthetic batches)")
+    parser.add_argument("--repeats", type=int, default=40, help="timed rounds (each runs every method once)")
+    parser.add_argument("--warmup", type=int, default=3, help="uncounted rounds first")
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+    parser.add_argument("--compile", action="store_true", help="torch.compile the backbone (train.compile)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", default=None, metavar="FILE", help="write the numbers here")
+    args = parser.parse_args(argv)
+    if args.params and args.student:
+        parser.error("--params and --student both name the student: give one")
+    if args.repeats < 1 or args.warmup < 0:
+        parser.error("--repeats must be >= 1 and --warmup >= 0")
+    if min(args.batch_size) < 2:
+        parser.error("--batch-size must be >= 2 (in-batch negatives)")
+    if not 8 <= args.seq_len <= 512:
+        parser.error("--seq-len must be in [8, 512]")
+    return args
+
+
+def load_base_config(params: str | None, precision: str, compile_backbone: bool) -> Any:
+    """The loss and optimizer settings: ``params`` or the repo's params.yaml, with the
+    benchmark's precision and compile switch."""
+    from mmcse.config import ConfigError, load_config
+
+    file = Path(params) if params else REPO / "params.yaml"
+    try:
+        return load_config(file, overrides={"train.precision": precision, "train.compile": compile_backbone,
+                                            "ablate.preset": "none"})
+    except ConfigError as err:
+        fail(str(err))
+
+
+def markdown_tables(results: list[dict[str, Any]], methods: Sequence[str], precision: str,
+                    device: torch.device) -> str:
+    head = "| B | tokens | precision | " + " | ".join(
+        f"{m} ms" if m == "simcse" or "simcse" not in methods else m for m in methods) + " |"
+    lines = [head, "|" + "---|" * (len(methods) + 3)]
+    for r in results:
+        cells = []
+        for m in methods:
+            ms = r["methods"][m]["median_ms"]
+            ratio = r["methods"][m].get("ratio")
+            cells.append(f"{ms:.1f}" if m == "simcse" or ratio is None else f"{ms:.1f} ({ratio:.2f}×)")
+        lines.append(f"| {r['batch_size']} | {r['tokens']} | {precision} | " + " | ".join(cells) + " |")
+    lines.append("")
+    if device.type == "cuda":
+        lines.append("| B | " + " | ".join(f"{m} peak MiB" for m in methods) + " |")
+        lines.append("|" + "---|" * (len(methods) + 1))
+        for r in results:
+            lines.append(f"| {r['batch_size']} | "
+                         + " | ".join(f"{r['methods'][m]['peak_mib']:.0f}" for m in methods) + " |")
+    else:
+        lines.append("| B | peak RSS MiB (process, all students resident) |")
+        lines.append("|---|---|")
+        for r in results:
+            lines.append(f"| {r['batch_size']} | {r['peak_rss_mib']:.0f} |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    device = pick_device(args.device)
+    precision = args.precision or default_precision(device)
+    checked_precision(precision, device)  # before any compute
+    setup_like_train(device)
+
+    from mmcse.config import with_overrides
+    from mmcse.models import Student, load_backbone, load_tokenizer
+    from mmcse.objectives import needed_features
+    from mmcse.train import TrainData, tokenize_batch
+
+    guard_teachers()
+    base_cfg = load_base_config(args.params, precision, args.compile)
+    cfgs = {m: with_overrides(base_cfg, {"train.method": m}) for m in args.methods}
+
+    data = None
+    if args.teachers:
+        teachers = Path(args.teachers)
+        if not (teachers / "manifest.json").is_file():
+            fail(f"{teachers / 'manifest.json'} not found: --teachers must name a teacher cache "
+                 "(dvc repro cache_teachers)")
+        data = TrainData.load(teachers.parent / "raw", teachers, teachers.parent / "objects")
+        image_dim, joint_dim = data.image_features.dim, data.joint_image.dim
+    else:
+        image_dim, joint_dim = PAPER_IMAGE_DIM, PAPER_JOINT_DIM
+
+    torch.manual_seed(args.seed)
+    if args.params:
+        backbone = load_backbone(base_cfg.model, dropout=base_cfg.train.dropout)
+        student_name = f"{base_cfg.model.name_or_path} ({base_cfg.model.init}, from {args.params})"
+    else:
+        student_name = args.student or ("bert-base" if device.type == "cuda" else "tiny")
+        backbone = build_backbone(student_name, dropout=base_cfg.train.dropout)
+    base = Student(backbone, image_dim, base_cfg.model.proj_dim, joint_dim)
+    vocab_size, pad_id = backbone.config.vocab_size, backbone.config.pad_token_id or 0
+
+    print(f"device: {device_description(device)}")
+    print(f"torch {torch.__version__}, precision {precision}, student {student_name} "
+          f"({parameter_count(base) / 1e6:.1f}M parameters with heads), compile {args.compile}")
+    print(f"features: {'teacher cache ' + str(args.teachers) if data else 'synthetic'} (image {image_dim}-d, "
+          f"joint {joint_dim}-d); median of {args.repeats} rounds after {args.warmup} warm-up rounds")
+
+    results = []
+    for batch_size in args.batch_size:
+        g = torch.Generator().manual_seed(args.seed * 1000 + batch_size)
+        if data is not None:
+            # the first pairs with object–phrase pairs, so the MCSEO step has its full term
+            idx = [i for i, p in enumerate(data.pair_ids) if p in data.objects][:batch_size]
+            if len(idx) < batch_size:
+                fail(f"--batch-size {batch_size}: the cache has only {len(idx)} pairs with objects")
+            tokenizer = load_tokenizer(base_cfg.model.name_or_path)
+            batch = tokenize_batch(tokenizer, [data.captions[i] for i in idx], base_cfg.model.max_seq_len, device)
+            feats = {m: data.pair_features(idx, needed_features(cfgs[m], pair_batch=True), device)
+                     for m in args.methods}
+        else:
+            lengths = synthetic_lengths(batch_size, args.seq_len, g)
+            batch = {k: v.to(device) for k, v in synthetic_batch(lengths, vocab_size, pad_id, g).items()}
+            # one draw of every group, so each method reads the same numbers for a group
+            every = synthetic_features({"image", "joint", "text_teachers", "objects"}, lengths, g, image_dim, joint_dim)
+            feats = {}
+            for m in args.methods:
+                need = needed_features(cfgs[m], pair_batch=True)
+                keep = {f.name: getattr(every, f.name) for f in dataclasses.fields(every)}
+                for group, names in {"image": ["image"], "joint": ["joint_text", "joint_image"],
+                                     "text_teachers": ["text_teachers", "text_weights"],
+                                     "objects": ["objects", "object_row", "object_start", "object_end"]}.items():
+                    if group not in need:
+                        keep.update(dict.fromkeys(names))
+                feats[m] = features_to(type(every)(**keep), device)
+        tokens = batch["input_ids"].shape[1]
+        print(f"\nbatch {batch_size} × {tokens} tokens (pair batch: every image term on)")
+        reset_peak_rss()
+        runs = {m: make_run(cfgs[m], base, batch, feats[m], device, args.warmup + args.repeats, args.compile)
+                for m in args.methods}
+        stats = time_runs(runs, device, args.repeats, args.warmup)
+        simcse = stats.get("simcse", {}).get("median_ms")
+        for m in args.methods:
+            stats[m]["ratio"] = stats[m]["median_ms"] / simcse if simcse else None
+            ratio = f"   ratio to simcse: {stats[m]['ratio']:.3f}" if simcse else ""
+            peak = f"   peak {stats[m]['peak_mib']:8.0f} MiB" if device.type == "cuda" else ""
+            print(f"{m:>7} step: {stats[m]['median_ms']:9.1f} ms{ratio}{peak}")
+        result = {"batch_size": batch_size, "tokens": tokens, "methods": stats}
+        if device.type == "cpu":
+            result["peak_rss_mib"] = peak_rss_mib()
+            print(f"peak RSS (process, {len(runs)} students resident): {result['peak_rss_mib']:.0f} MiB")
+        results.append(result)
+        del runs
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    print()
+    print(markdown_tables(results, args.methods, precision, device))
+    if args.json:
+        out = {"device": device_description(device), "torch": torch.__version__, "precision": precision,
+               "student": student_name, "compile": args.compile, "repeats": args.repeats, "warmup": args.warmup,
+               "features": str(args.teachers) if data else "synthetic", "image_dim": image_dim,
+               "joint_dim": joint_dim, "results": results}
+        Path(args.json).write_text(json.dumps(out, indent=2))
+        print(f"\nwrote {args.json}")
 
 
 if __name__ == "__main__":
