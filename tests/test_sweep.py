@@ -58,5 +58,12 @@ def test_two_workers_share_one_study(project):
     assert sorted(visible[p] for p in set(parent_of.values())) == ["0", "1"]  # each worker's sweep run
     assert parent_of and all(visible[run] == visible[p] for run, p in parent_of.items())  # trials: their worker's
     assert devices == {"cpu"}  # base.device cpu, resolved in each worker
+    with sqlite3.connect(project / "mlruns/mlflow.db") as db:
+        status = dict(db.execute("select name, status from runs").fetchall())
+        pruned_runs = {r[0] for r in db.execute(
+            "select r.name from runs r join tags t on t.run_uuid = r.run_uuid where t.key = 'optuna.state'")}
+    pruned = {f"t trial {t.number}" for t in finished if t.state == optuna.trial.TrialState.PRUNED}
+    assert pruned_runs == pruned  # tagged PRUNED, and ended as planned, not as a failure
+    assert set(status.values()) == {"FINISHED"}, status
     complete = [t for t in finished if t.state == optuna.trial.TrialState.COMPLETE]
     assert all(t.user_attrs["mlflow_run_id"] for t in complete)

@@ -89,8 +89,10 @@ def run_sweep(
             def report(step: int, score: float) -> None:
                 trial.report(score, step)
                 if trial.should_prune():
-                    mlflow.set_tag("optuna.pruned", f"step {step}")  # the trial's run ends as FAILED
-                    raise optuna.TrialPruned(f"pruned at step {step} (dev {score:.2f})")
+                    mlflow.set_tags({"optuna.pruned": f"step {step}", "optuna.state": "PRUNED"})
+                    pruned = optuna.TrialPruned(f"pruned at step {step} (dev {score:.2f})")
+                    pruned.mlflow_status = "FINISHED"  # stopped as planned: not a failure (tracking.run)
+                    raise pruned
 
             summary = run_train(
                 trial_cfg, paths, out_dir=out_root / f"trial-{trial.number}", experiment_name="sweep",

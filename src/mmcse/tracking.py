@@ -93,15 +93,23 @@ def run(
     extra = _EXTRA_TAGS.get()
     if run_id is None and extra:  # a resumed run keeps the tags it was started with
         tags = {**extra, **(tags or {})}
-    with mlflow.start_run(
+    active = mlflow.start_run(
         run_id=run_id,
         experiment_id=None if run_id else exp_id,
         run_name=run_name,
         parent_run_id=parent_run_id,
         nested=parent_run_id is not None or mlflow.active_run() is not None,
         tags=tags,
-    ) as active:
+    )
+    try:
         yield active
+    except BaseException as err:
+        # An exception may say how the run ended (`mlflow_status`): a pruned sweep trial
+        # stopped as planned and is FINISHED, not FAILED; Ctrl-C is KILLED.
+        default = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
+        mlflow.end_run(getattr(err, "mlflow_status", default))
+        raise
+    mlflow.end_run("FINISHED")
 
 
 def log_metrics(metrics: dict[str, float], step: int | None = None) -> None:
