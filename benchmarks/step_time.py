@@ -199,17 +199,6 @@ def synthetic_features(need: set[str], lengths: Sequence[int], g: torch.Generato
     return feats
 
 
-def features_to(feats: Any, device: torch.device) -> Any:
-    moved: dict[str, Any] = {}
-    for f in dataclasses.fields(feats):
-        value = getattr(feats, f.name)
-        if isinstance(value, torch.Tensor):
-            moved[f.name] = value.to(device)
-        elif f.name == "text_teachers" and value is not None:
-            moved[f.name] = [t.to(device) for t in value]
-    return dataclasses.replace(feats, **moved)
-
-
 def tensors_bytes(*groups: Any) -> int:
     """Bytes of the distinct tensors in ``groups`` (modules' parameters and gradients,
     optimizers' state, dicts / lists / BatchFeatures of tensors)."""
@@ -332,8 +321,7 @@ def guard_teachers() -> None:
         raise RuntimeError("a training step ran a teacher model: features must come from the cache")
 
     for name in ("text_teacher_features", "colour_edge_grid_features", "pretrained_joint_teacher"):
-        if hasattr(mmcse.teachers, name):
-            setattr(mmcse.teachers, name, no_teacher)
+        setattr(mmcse.teachers, name, no_teacher)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -418,7 +406,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     from mmcse.config import with_overrides
     from mmcse.models import Student, load_backbone, load_tokenizer
     from mmcse.objectives import needed_features
-    from mmcse.train import TrainData, tokenize_batch
+    from mmcse.tokens import tokenize_texts
+    from mmcse.train import TrainData
 
     guard_teachers()
     base_cfg = load_base_config(args.params, precision, args.compile)
@@ -460,7 +449,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             if len(idx) < batch_size:
                 fail(f"--batch-size {batch_size}: the cache has only {len(idx)} pairs with objects")
             tokenizer = load_tokenizer(base_cfg.model.name_or_path)
-            batch = tokenize_batch(tokenizer, [data.captions[i] for i in idx], base_cfg.model.max_seq_len, device)
+            batch = tokenize_texts(tokenizer, [data.captions[i] for i in idx], base_cfg.model.max_seq_len).batch(
+                range(len(idx)), device)
             feats = {m: data.pair_features(idx, needed_features(cfgs[m], pair_batch=True), device)
                      for m in args.methods}
         else:
@@ -477,7 +467,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                                      "objects": ["objects", "object_row", "object_start", "object_end"]}.items():
                     if group not in need:
                         keep.update(dict.fromkeys(names))
-                feats[m] = features_to(type(every)(**keep), device)
+                feats[m] = type(every)(**keep).to(device)
         tokens = batch["input_ids"].shape[1]
         print(f"\nbatch {batch_size} × {tokens} tokens (pair batch: every image term on)")
         reset_peak_rss()

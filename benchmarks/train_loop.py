@@ -320,7 +320,7 @@ def time_profiles(names: Sequence[str], student: str, device: torch.device, prec
             lengths = st.synthetic_lengths(batch_size, seq_len, g)
             batch = {k: v.to(device) for k, v in st.synthetic_batch(lengths, vocab, pad, g).items()}
             need = needed_features(cfg, pair_batch=pair_batch)
-            kinds[kind] = (batch, st.features_to(st.synthetic_features(need, lengths, g), device), pair_batch)
+            kinds[kind] = (batch, st.synthetic_features(need, lengths, g).to(device), pair_batch)
         pair = st.make_run(cfg, base, *kinds["pair"][:2], device, warmup + repeats, compile_backbone)
         runs[f"{method}|{batch_size}|{arch}|pair"] = pair
         runs[f"{method}|{batch_size}|{arch}|text"] = dataclasses.replace(

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 from collections.abc import Iterator
 
 import pytest
@@ -89,17 +88,6 @@ def random_features(need: set[str], seed: int = 0) -> BatchFeatures:
     return feats
 
 
-def features_to(feats: BatchFeatures, device: torch.device) -> BatchFeatures:
-    moved = {}
-    for f in dataclasses.fields(feats):
-        value = getattr(feats, f.name)
-        if isinstance(value, torch.Tensor):
-            moved[f.name] = value.to(device)
-        elif f.name == "text_teachers" and value is not None:
-            moved[f.name] = [t.to(device) for t in value]
-    return dataclasses.replace(feats, **moved)
-
-
 def step_inputs(cfg: Config, vocab_size: int, seed: int = 0) -> tuple[dict[str, torch.Tensor], BatchFeatures]:
     """A pair batch and exactly the feature groups the method loads for one (CPU)."""
     return random_batch(vocab_size, seed), random_features(needed_features(cfg, pair_batch=True), seed)
@@ -109,7 +97,7 @@ def run_step(student: Student, cfg: Config, batch: dict[str, torch.Tensor], feat
              device: torch.device, seed: int = 3) -> dict[str, torch.Tensor]:
     """:func:`training_step_loss` with the batch and features moved to ``device``."""
     batch = {k: v.to(device) for k, v in batch.items()}
-    return training_step_loss(student, cfg, batch, features_to(feats, device), pair_batch=True, seed=seed)
+    return training_step_loss(student, cfg, batch, feats.to(device), pair_batch=True, seed=seed)
 
 
 def head_grads(student: Student) -> dict[str, torch.Tensor]:

@@ -99,7 +99,8 @@ def test_each_method_steps_on_cached_features_only(project, method, monkeypatch)
     import mmcse.teachers
     from mmcse.models import Student, load_backbone, load_tokenizer
     from mmcse.objectives import needed_features
-    from mmcse.train import TrainData, tokenize_batch, training_step_loss
+    from mmcse.tokens import tokenize_texts
+    from mmcse.train import TrainData, training_step_loss
 
     def no_teacher(*args, **kwargs):
         raise AssertionError("a training step ran a teacher")
@@ -114,7 +115,7 @@ def test_each_method_steps_on_cached_features_only(project, method, monkeypatch)
     student = Student(load_backbone(cfg.model), data.image_features.dim, cfg.model.proj_dim, data.joint_image.dim)
     idx = list(range(8))
     feats = data.pair_features(idx, needed_features(cfg, pair_batch=True), torch.device("cpu"))
-    batch = tokenize_batch(tok, [data.captions[i] for i in idx], cfg.model.max_seq_len, torch.device("cpu"))
+    batch = tokenize_texts(tok, data.captions, cfg.model.max_seq_len).batch(idx, torch.device("cpu"))
     terms = training_step_loss(student, cfg, batch, feats, pair_batch=True, seed=3)
     assert {k for k in terms if not k.startswith("stat/")} - {"loss"} == METHOD_TERMS[method]
     terms["loss"].backward()
@@ -134,15 +135,17 @@ def test_mcseo_phrase_spans_match_the_training_tokenisation(project):
     from pathlib import Path
 
     from mmcse.models import load_tokenizer
-    from mmcse.train import TrainData, tokenize_batch
+    from mmcse.tokens import tokenize_texts
+    from mmcse.train import TrainData
 
     cfg = load_config("params.yaml")
     data = TrainData.load(Path("data/raw"), Path("data/teachers"))
     data.check_objects(cfg.detect.min_objects, cfg.model.max_seq_len, Path("data/objects"))
     tok = load_tokenizer(cfg.model.name_or_path)
+    table = tokenize_texts(tok, data.captions, cfg.model.max_seq_len)  # what training reads
     checked = 0
     for i, pair_id in enumerate(data.pair_ids[:20]):
-        ids = tokenize_batch(tok, [data.captions[i]], cfg.model.max_seq_len, torch.device("cpu"))["input_ids"][0]
+        ids = table.batch([i], torch.device("cpu"))["input_ids"][0]
         for o in data.objects.get(pair_id, []):
             decoded = tok.decode(ids[o["token_start"] : o["token_end"]])
             assert decoded.replace(" ", "") == o["phrase"].lower().replace(" ", "")

@@ -8,6 +8,7 @@ replays exactly the batches an uninterrupted run would have seen.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -232,6 +233,18 @@ class BatchFeatures:
     object_start: torch.Tensor | None = None  # (T,) phrase token span [start, end)
     object_end: torch.Tensor | None = None
 
+    def to(self, device: torch.device) -> BatchFeatures:
+        """The same features on ``device`` (training gathers them there directly; tests and
+        benchmarks build them on the CPU)."""
+        moved: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                moved[f.name] = to_device(value, device)
+            elif f.name == "text_teachers" and value is not None:
+                moved[f.name] = [to_device(t, device) for t in value]
+        return dataclasses.replace(self, **moved)
+
 
 @dataclass
 class TrainState:
@@ -358,13 +371,6 @@ def _load_resume_point(
     if "cuda_rng" in trainer and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(trainer["cuda_rng"])
     return TrainState(meta["step"], meta["best_score"], meta["best_step"], meta["history"])
-
-
-def tokenize_batch(tokenizer, sentences: Sequence[str], max_len: int, device: torch.device) -> dict[str, torch.Tensor]:
-    """Tokenize one batch on the fly (training reads pre-tokenized tables: :mod:`mmcse.tokens`)."""
-    batch = tokenizer(list(sentences), padding=True, truncation=True, max_length=max_len, return_tensors="pt")
-    return {"input_ids": to_device(batch["input_ids"], device),
-            "attention_mask": to_device(batch["attention_mask"], device)}
 
 
 def build_optimizer(student: torch.nn.Module, cfg: Config, total_steps: int, device: torch.device | None = None):
