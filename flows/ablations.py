@@ -26,13 +26,16 @@ from prefect import flow, task
 
 from mmcse.ablate import (
     Job,
+    ablation_hash,
     aggregate,
     expand,
     failed_result,
     finished_result,
     job_config,
     job_hash,
+    previous_parent,
     record_result,
+    remember_parent,
     run_job,
     write_table,
 )
@@ -96,7 +99,7 @@ def _job_result(cfg: Config, job: Job, flow_run: Any) -> dict[str, Any]:
         return flow_run.state.result()
     except Exception as err:
         print(f"{job.variant} seed={job.seed}: result of flow run {flow_run.name!r} unreadable here ({err})")
-        done = finished_result(job.folder(Paths.of(cfg).ablations), job_hash(job_config(cfg, job)))
+        done = finished_result(job.folder(Paths.of(cfg).ablations), job_hash(job_config(cfg, job), cfg.base.seed))
         if done is not None:
             return done
         return failed_result(job, f"flow run {flow_run.name!r} completed but its result is unreadable here ({err}); "
@@ -118,7 +121,7 @@ def fan_out_jobs(
     hashes: dict[int, str] = {}
     for i, job in enumerate(jobs):
         try:
-            hashes[i] = job_hash(job_config(cfg, job))
+            hashes[i] = job_hash(job_config(cfg, job), cfg.base.seed)
         except Exception as err:  # a bad override: no worker would do better
             results[i] = failed_result(job, err)
             continue
@@ -190,8 +193,16 @@ def ablations(
         raise ValueError(f"flow ablations: fan_out={mode!r}; choose one of {list(FAN_OUT)}")
     paths = Paths.of(cfg)
     jobs: list[Job] = expand(cfg)
-    with tracking.run(cfg, "ablate", run_name=f"ablation {Path(params_path).resolve().parent.name}",
-                      tags={"fan_out": mode}) as parent:
+    # An interrupted ablation, rerun, continues its parent run: one record listing every job.
+    ablation = ablation_hash(cfg, jobs)
+    tracking.configure(cfg)
+    previous = tracking.existing_run(previous_parent(paths.ablations, ablation))
+    name = cfg.ablate.preset if cfg.ablate.preset != "none" else Path(params_path).resolve().parent.name
+    with tracking.run(cfg, "ablate", run_name=f"ablation {name}", run_id=previous, tags={"fan_out": mode},
+                      job=str(paths.ablations.resolve())) as parent:
+        remember_parent(paths.ablations, ablation, parent.info.run_id)
+        if previous is None:
+            tracking.log_config(cfg)
         if mode == "deployment":
             results = fan_out_jobs(params_path, cfg, jobs, parent.info.run_id, job_deployment, poll_seconds)
         else:
@@ -205,7 +216,7 @@ def ablations(
                     results.append(failed_result(job, err))
         rows = aggregate(cfg, results)
         files = write_table(rows, paths.ablations, cfg.ablate.metric, cfg.ablate.reference, cfg.ablate.title)
-        log_ablation(cfg, rows, files, paths)
+        log_ablation(cfg, rows, files, paths, results)
     print(files["md"].read_text())
     return rows
 

@@ -60,6 +60,9 @@ PRESET_ROWS = {
     "kdmcse-table3": ["KDMCSE", "w/o AdapACSE", "w/o threshold filtering"],
     "mcseo": ["MCSE", "MCSEO"],
     "kdmcse-margin": [f"m={round(0.025 * i, 3)}" for i in range(1, 10)],
+    "dalr-table9": [f"{image} + {text}" for image in ("CLIP", "ResNet")
+                    for text in ("SimCSE", "DiffCSE", "SimCSE+DiffCSE", "SimCSE+RankCSE")],
+    "kdmcse-table5": ["MCSE + CLIP text", "KDMCSE"],
 }
 DALR_TERMS = {"info", "consistency", "cma", "rank", "ima"}
 DALR_REMOVED = {"DALR": set(), "w/o L_info": {"info"}, "w/o L_CML": {"consistency", "cma"},
@@ -74,7 +77,8 @@ def test_every_preset_loads_in_the_papers_row_order(preset):
 
     cfg = load_config(REPO / "params.yaml", {"ablate.preset": preset})
     assert list(cfg.ablate.variants) == PRESET_ROWS[preset]
-    assert cfg.ablate.title and cfg.ablate.reference == PRESET_ROWS[preset][{"kdmcse-margin": 4}.get(preset, 0)]
+    assert cfg.ablate.title and cfg.ablate.reference == PRESET_ROWS[preset][
+        {"kdmcse-margin": 4, "dalr-table9": 2}.get(preset, 0)]
     jobs = expand(cfg)
     assert len(jobs) == len(PRESET_ROWS[preset]) * len(cfg.ablate.seeds)
     terms = {j.variant: active_terms(job_config(cfg, j)) for j in jobs}
@@ -88,6 +92,16 @@ def test_every_preset_loads_in_the_papers_row_order(preset):
     if preset == "mcseo":
         assert terms["MCSEO"]["object"] and not terms["MCSE"]["object"]
         assert {job_config(cfg, j).loss.lambda_img for j in jobs} == {0.01}
+    if preset in ("dalr-table9", "kdmcse-table5"):  # teacher comparisons: only the teachers' key moves
+        from mmcse.upstream import artifact_keys
+
+        keys = [artifact_keys(job_config(cfg, j), cfg.base.seed) for j in jobs[::len(cfg.ablate.seeds)]]
+        assert {(k["data"], k["objects"]) for k in keys} == {tuple(artifact_keys(cfg).values())[:2]}
+        assert len({k["teachers"] for k in keys}) == (8 if preset == "dalr-table9" else 1)
+    if preset == "kdmcse-table5":
+        kd = {j.variant: job_config(cfg, j).loss.kdmcse for j in jobs}
+        assert kd["MCSE + CLIP text"].threshold_value is None and kd["MCSE + CLIP text"].margin == 0
+        assert kd["KDMCSE"].threshold_value == 0.9 and kd["KDMCSE"].margin == 0.125
     if preset == "kdmcse-margin":
         assert cfg.ablate.plot_x == "loss.kdmcse.margin"
         assert [job_config(cfg, j).loss.kdmcse.margin for j in jobs[::len(cfg.ablate.seeds)]] == pytest.approx(
@@ -97,7 +111,8 @@ def test_every_preset_loads_in_the_papers_row_order(preset):
 def test_unknown_preset_lists_the_available_ones():
     from mmcse.config import ConfigError, load_config
 
-    with pytest.raises(ConfigError, match="ablate.preset.*dalr-table3, kdmcse-margin, kdmcse-table3, mcseo"):
+    presets = "dalr-table3, dalr-table9, kdmcse-margin, kdmcse-table3, kdmcse-table5, mcseo"
+    with pytest.raises(ConfigError, match=f"ablate.preset.*{presets}"):
         load_config(REPO / "params.yaml", {"ablate.preset": "dalr-table4"})
 
 

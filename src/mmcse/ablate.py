@@ -53,13 +53,17 @@ def job_config(cfg: Config, job: Job) -> Config:
     return with_overrides(cfg, job.overrides, where=f"params.yaml (ablate.variants.{job.variant})")
 
 
-def job_hash(job_cfg: Config) -> str:
+def job_hash(job_cfg: Config, data_seed: int | None = None) -> str:
     """What makes a job's result: the whole configuration but the ablation's bookkeeping and
-    the sweep; ``ablate.transfer`` counts (a result without transfer scores is not finished
-    when they are asked for). Absent when off, so results from before the switch still count."""
+    the sweep, and the keys of the upstream artifacts it trains on (``data_seed``: the
+    pipeline's seed the data is made with, `mmcse.upstream`); ``ablate.transfer`` counts (a
+    result without transfer scores is not finished when they are asked for)."""
+    from mmcse.upstream import artifact_keys
+
     tree = to_dict(job_cfg)
     ablate = tree.pop("ablate")
     tree.pop("sweep")
+    tree["artifacts"] = artifact_keys(job_cfg, data_seed)
     if ablate["transfer"]:
         tree["ablate.transfer"] = True
     return sha256_json(tree)
@@ -88,7 +92,9 @@ def run_job(
     The job's MLflow run is tagged with the device ``base.device`` resolves to in this process
     (`mmcse.device.device_tags`: device, cuda_visible_devices, host) and ``tags`` (e.g. the
     Prefect flow run). ``expected_hash``, from the process that submitted the job, guards a
-    worker whose params.yaml differs from the submitter's."""
+    worker whose params.yaml differs from the submitter's. The job trains and evaluates on the
+    upstream artifacts of its own configuration (`mmcse.upstream.resolve`: computed here when
+    no job made them yet); their keys are in its result and tagged on its MLflow run."""
     from mmcse import tracking
     from mmcse.device import device_tags
     from mmcse.pipeline import Paths, run_evaluate, run_train
@@ -96,7 +102,7 @@ def run_job(
 
     job_cfg = job_config(cfg, job)
     folder = job.folder(root)
-    config_hash = job_hash(job_cfg)
+    config_hash = job_hash(job_cfg, cfg.base.seed)
     if expected_hash is not None and expected_hash != config_hash:
         raise ValueError(
             f"params.yaml: job {job.variant!r} seed {job.seed} resolves to config hash {config_hash[:12]} here but "
@@ -111,9 +117,10 @@ def run_job(
         summary = run_train(
             job_cfg, paths, out_dir=folder, experiment_name="ablate",
             run_name=f"{job.variant} seed={job.seed}", parent_run_id=parent_run_id, progress=False,
+            data_seed=cfg.base.seed,
         )
     scores = run_evaluate(job_cfg, paths, folder / "best", run_id=summary["run_id"], experiment_name="ablate",
-                          transfer=job_cfg.ablate.transfer)
+                          transfer=job_cfg.ablate.transfer, data_dir=Path(summary["data_dir"]))
     result = {
         "variant": job.variant,
         "seed": job.seed,
@@ -122,11 +129,55 @@ def run_job(
         "run_id": summary["run_id"],
         "device": where["device"],
         "best_dev_sts": summary["best_dev_sts"],
+        "artifacts": summary["artifacts"],
         "scores": scores,
     }
     write_json(folder / "result.json", result)
     release_resume_point(folder)  # the result is recorded: a rerun skips this job
     return result
+
+
+def ablation_hash(cfg: Config, jobs: Sequence[Job]) -> str:
+    """What one ablation is: its jobs (each job's hash, or its config error) and how the table is
+    made. A rerun with the same hash continues the same MLflow parent run."""
+    hashes = []
+    for job in jobs:
+        try:
+            hashes.append(job_hash(job_config(cfg, job), cfg.base.seed))
+        except ValueError as err:  # a bad override fails as a job; it still names the ablation
+            hashes.append(f"invalid: {err}")
+    a = cfg.ablate
+    return sha256_json({"jobs": [[j.variant, j.seed, h] for j, h in zip(jobs, hashes, strict=True)],
+                        "table": [a.reference, a.metric, a.plot_x, a.title, a.preset]})
+
+
+def previous_parent(root: Path, ablation: str) -> str | None:
+    """The MLflow parent run an interrupted (or finished) run of this same ablation started."""
+    path = root / "parent.json"
+    if not path.is_file():
+        return None
+    try:
+        record = read_json(path)
+    except ValueError:
+        return None
+    return record.get("run_id") if record.get("ablation") == ablation else None
+
+
+def remember_parent(root: Path, ablation: str, run_id: str) -> None:
+    write_json(root / "parent.json", {"ablation": ablation, "run_id": run_id})
+
+
+def aggregate_metrics(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """The table as MLflow metrics of the parent run: ``<variant>/<metric>_mean|_std`` (variant
+    names made metric-safe) and ``<variant>/seeds``; NaN cells are left out."""
+    out: dict[str, float] = {}
+    for row in rows:
+        name = re.sub(r"[^A-Za-z0-9_. -]+", "_", row["variant"]).strip() or "variant"  # MLflow's name rules
+        for key, value in row.items():
+            if (key.endswith("_mean") or key.endswith("_std")) and math.isfinite(value):
+                out[f"{name}/{key}"] = float(value)
+        out[f"{name}/seeds"] = float(row["seeds"])
+    return out
 
 
 def record_result(root: Path, job: Job, result: dict[str, Any]) -> None:

@@ -45,36 +45,52 @@ class Paths:
 
 
 def run_download(cfg: Config, paths: Paths) -> dict[str, Any]:
+    """Write ``paths.raw`` for ``cfg.data`` and ``base.seed``; its manifest records the artifact key
+    (`mmcse.upstream`), so training can tell which configuration made it."""
     from mmcse.data.prepare import prepare_data
+    from mmcse.upstream import artifact_keys
 
-    return prepare_data(cfg.data, cfg.base.seed, paths.raw, paths.downloads)
+    manifest = prepare_data(cfg.data, cfg.base.seed, paths.raw, paths.downloads)
+    manifest["artifact_key"] = artifact_keys(cfg)["data"]
+    write_json(paths.raw / "manifest.json", manifest)
+    return manifest
 
 
 # --------------------------------------------------------------------------- detect_objects
 
 
-def run_detect(cfg: Config, paths: Paths) -> dict[str, Any]:
+def run_detect(cfg: Config, paths: Paths, write_metrics: bool = True) -> dict[str, Any]:
+    """Object–phrase pairs of ``paths.raw`` into ``paths.objects``; ``artifact.json`` (its key and
+    counts) is written last, so an interrupted run is not taken for a finished one."""
     from mmcse.detect import detect_objects
     from mmcse.models import load_tokenizer
+    from mmcse.upstream import artifact_keys, record_key
 
     tokenizer = load_tokenizer(cfg.model.name_or_path)
+    (paths.objects / "artifact.json").unlink(missing_ok=True)
     stats = detect_objects(paths.raw, paths.objects, cfg.detect, tokenizer, cfg.model.max_seq_len, cfg.base.device)
-    write_json(paths.metrics / "detect.json", stats)
+    if write_metrics:
+        write_json(paths.metrics / "detect.json", stats)
+    keys = artifact_keys(cfg)
+    record_key(paths.objects / "artifact.json", keys["objects"], {"data_key": keys["data"], "counts": stats})
     return stats
 
 
 # --------------------------------------------------------------------------- cache_teachers
 
 
-def run_cache_teachers(cfg: Config, paths: Paths) -> dict[str, Any]:
+def run_cache_teachers(
+    cfg: Config, paths: Paths, manifest_path: Path | None = None, read_only: tuple[Path, ...] = ()
+) -> dict[str, Any]:
     """Cache every frozen feature set training reads, so no step runs a teacher:
 
     ``image`` / ``object``: the image encoder on every image and object crop; ``text``: each
     text teacher (and pooler) on every caption and corpus sentence, one forward pass per
     model; ``joint_text`` / ``joint_image``: captions and images in the joint text–image
     teacher space (CLIP / open_clip, or a CCA fitted on the training pairs). Every model is
-    resolved before any compute; a set already cached runs no model. Returns ``{"sets",
-    "hits"}``, also written to ``<teachers>/manifest.json``.
+    resolved before any compute; a set already cached (in ``paths.teachers`` or one of the
+    ``read_only`` caches) runs no model. Returns ``{"sets", "hits", "artifact_key"}``, also
+    written to ``manifest_path`` (default ``<teachers>/manifest.json``).
     """
     import numpy as np
 
@@ -88,6 +104,7 @@ def run_cache_teachers(cfg: Config, paths: Paths) -> dict[str, Any]:
         text_teacher_features,
         text_teacher_key,
     )
+    from mmcse.upstream import artifact_keys
 
     t = cfg.teachers
     device = resolve_device(cfg.base.device)
@@ -116,7 +133,7 @@ def run_cache_teachers(cfg: Config, paths: Paths) -> dict[str, Any]:
 
     def store(name: str, teacher: dict[str, Any], fingerprint: str, ids: list[str],
               compute: Callable[[], np.ndarray], role: str | None = None) -> FeatureStore:
-        features, hit = cached_features(paths.teachers, name, teacher, fingerprint, ids, compute)
+        features, hit = cached_features(paths.teachers, name, teacher, fingerprint, ids, compute, read_only)
         result["hits"][role or name] = hit
         return features
 
@@ -175,7 +192,8 @@ def run_cache_teachers(cfg: Config, paths: Paths) -> dict[str, Any]:
     joint_image = store("joint_image", joint_teacher, fingerprint, [r["image_id"] for r in images],
                         lambda: joint_sides()[1])
     result["sets"] |= {"joint_text": joint_text.folder.name, "joint_image": joint_image.folder.name}
-    write_json(paths.teachers / "manifest.json", result)
+    result["artifact_key"] = artifact_keys(cfg)["teachers"]  # written last: the manifest names complete sets
+    write_json(manifest_path or paths.teachers / "manifest.json", result)
     return result
 
 
@@ -203,24 +221,50 @@ def run_train(
     parent_run_id: str | None = None,
     on_eval: Callable[[int, float], None] | None = None,
     progress: bool = True,
+    data_seed: int | None = None,
 ) -> dict[str, Any]:
-    """Train with MLflow tracking; returns the summary written to ``<out>/summary.json``."""
+    """Train with MLflow tracking; returns the summary written to ``<out>/summary.json``.
+
+    Without ``data_seed`` (the train stage) it trains on the top-level artifacts, refused unless
+    they were made from ``cfg``. With it (an ablation job, a sweep trial: ``data_seed`` is the
+    pipeline's seed) on the upstream artifacts of ``cfg``, found or computed inside the run
+    (`mmcse.upstream.resolve`, so a failure there is on the record). The run is tagged with
+    the artifacts' keys (``artifact.data|objects|teachers``), also in the summary with the data
+    folder (``data_dir``). A training resumed from ``<out>/last`` continues the MLflow run its
+    resume point names: a killed and resumed training is one run with one contiguous history."""
     import mlflow
 
     from mmcse import tracking
     from mmcse.device import resolve_device
     from mmcse.plots import save_figure, training_curves
     from mmcse.precision import check_precision
-    from mmcse.train import check_inputs, train
+    from mmcse.train import check_inputs, resume_point_run, train
+    from mmcse.upstream import artifact_keys, require_top_level, resolve
 
     out_dir = out_dir or paths.student
-    check_inputs(paths.raw, paths.teachers)
+    keys = artifact_keys(cfg, data_seed)
+    up = require_top_level(cfg, paths) if data_seed is None else None
+    if up is not None:
+        check_inputs(up.raw, up.teachers, up.teacher_manifest)
     check_precision(cfg.train.precision, resolve_device(cfg.base.device))  # before a run is started
+    tracking.configure(cfg)
+    resumed_run, resumed_step = resume_point_run(out_dir, cfg)
+    resumed_run = tracking.existing_run(resumed_run)
     with tracking.run(
-        cfg, experiment_name or cfg.train.method, run_name=run_name, parent_run_id=parent_run_id
+        cfg, experiment_name or cfg.train.method, run_name=run_name, run_id=resumed_run,
+        parent_run_id=parent_run_id, tags={f"artifact.{kind}": key for kind, key in keys.items()},
+        job=str(out_dir.resolve()),
     ) as active:
-        tracking.log_config(cfg)
-        result = train(cfg, paths.raw, paths.teachers, out_dir, tracking.log_metric_steps, on_eval, progress)
+        if up is None:
+            up = resolve(cfg, paths, data_seed)
+            check_inputs(up.raw, up.teachers, up.teacher_manifest)
+        if resumed_run is None:
+            tracking.log_config(cfg)
+        else:
+            mlflow.set_tag("mmcse.resumed_from_step", str(resumed_step))
+        result = train(cfg, up.raw, up.teachers, out_dir, tracking.log_metric_steps, on_eval, progress,
+                       objects_dir=up.objects, teacher_manifest=up.teacher_manifest, teacher_dirs=up.teacher_dirs,
+                       run_id=active.info.run_id)
         fig = training_curves(result.history, f"{cfg.train.method} (seed {cfg.base.seed})")
         figure = save_figure(fig, out_dir / "training_curves.png")
         mlflow.log_artifact(str(figure), "figures")
@@ -231,6 +275,8 @@ def run_train(
             "best_step": result.best_step,
             "steps": result.steps,
             "checkpoint": str(result.best_dir),
+            "artifacts": up.keys,
+            "data_dir": str(up.raw),
         }
     write_json(out_dir / "summary.json", summary)
     return summary
@@ -244,11 +290,14 @@ def run_evaluate(
     plots_dir: Path | None = None,
     experiment_name: str | None = None,
     transfer: bool = True,
+    data_dir: Path | None = None,
 ) -> dict[str, float]:
     """Test-set STS of the checkpoint at ``model_dir`` and, with ``transfer``, SentEval's transfer
     tasks found in ``data/raw/transfer`` (``data.transfer_tasks``: accuracy per task and
     ``transfer_avg``); logged into the training run ``run_id`` (metrics ``test_<name>``, STS
-    scatter figure), the scatter also saved to ``plots_dir``."""
+    scatter figure), the scatter also saved to ``plots_dir``. ``data_dir``: the data folder the
+    model was trained with (default ``paths.raw``; a job's test sets are the same by construction:
+    `mmcse.upstream.FIXED_KEYS`)."""
     import mlflow
 
     from mmcse import tracking
@@ -260,8 +309,9 @@ def run_evaluate(
 
     device = resolve_device(cfg.base.device)
     encoder = TextEncoder(str(model_dir), cfg.evaluate.pooler, str(device), precision=cfg.train.precision)
-    tasks = group_by_task([SentencePair.from_row(r) for r in read_jsonl(paths.raw / "sts" / "test.jsonl")])
-    transfer_files = [paths.raw / "transfer" / f"{t}.jsonl" for t in TRANSFER_TASKS] if transfer else []
+    raw = data_dir or paths.raw
+    tasks = group_by_task([SentencePair.from_row(r) for r in read_jsonl(raw / "sts" / "test.jsonl")])
+    transfer_files = [raw / "transfer" / f"{t}.jsonl" for t in TRANSFER_TASKS] if transfer else []
     transfer_tasks = {
         f.stem: [TransferExample.from_row(r) for r in read_jsonl(f)] for f in transfer_files if f.is_file()
     }
@@ -281,18 +331,27 @@ def run_evaluate(
     return scores
 
 
-def log_ablation(cfg: Config, rows: list[dict[str, Any]], files: dict[str, Path], paths: Paths) -> None:
-    """Table (``mlflow.log_table``), CSV/Markdown and figure into the active MLflow run: bars
-    per variant, or a line over ``ablate.plot_x`` for a parameter sweep; the figure also to
+def log_ablation(cfg: Config, rows: list[dict[str, Any]], files: dict[str, Path], paths: Paths,
+                 results: list[dict[str, Any]] | None = None) -> None:
+    """Table (``mlflow.log_table``), CSV/Markdown, figure, the aggregate metrics (mean and std
+    per variant, `mmcse.ablate.aggregate_metrics`) and the list of jobs (``jobs.json``: variant,
+    seed, status, MLflow run, artifact keys) into the active (parent) MLflow run: bars per
+    variant, or a line over ``ablate.plot_x`` for a parameter sweep; the figure also to
     ``plots/ablation.png`` and the per-variant primary metric to ``metrics/ablate.json``."""
     import math
 
     import mlflow
     import pandas as pd
 
+    from mmcse.ablate import aggregate_metrics
     from mmcse.plots import ablation_bars, ablation_line, save_figure
 
     metric = cfg.ablate.metric
+    mlflow.log_metrics(aggregate_metrics(rows))
+    if results is not None:
+        jobs = [{k: r.get(k) for k in ("variant", "seed", "status", "run_id", "artifacts", "error") if k in r}
+                for r in results]
+        mlflow.log_dict({"jobs": jobs}, "jobs.json")
     mlflow.log_table(pd.DataFrame(rows), artifact_file="ablation_table.json")
     mlflow.log_artifact(str(files["csv"]))
     mlflow.log_artifact(str(files["md"]))

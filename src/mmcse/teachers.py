@@ -283,11 +283,17 @@ def cached_features(
     fingerprint: str,
     ids: Sequence[str],
     compute: Callable[[], np.ndarray],
+    read_only: Sequence[str | Path] = (),
 ) -> tuple[FeatureStore, bool]:
     """Open the cached set for (teacher, fingerprint) or compute and store it.
 
-    Returns the store and whether it was a cache hit (``compute`` not called).
+    ``read_only``: other caches looked in first (an ablation variant reads the DVC-tracked
+    ``data/teachers`` but writes its own sets elsewhere). Returns the store and whether it was
+    a cache hit (``compute`` not called).
     """
+    for shared in read_only:
+        if (Path(shared) / f"{name}-{cache_key(teacher, fingerprint)}" / "index.json").is_file():
+            return FeatureStore.open(Path(shared) / f"{name}-{cache_key(teacher, fingerprint)}"), True
     folder = Path(cache_dir) / f"{name}-{cache_key(teacher, fingerprint)}"
     if (folder / "index.json").is_file():
         return FeatureStore.open(folder), True

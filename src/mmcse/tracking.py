@@ -78,6 +78,60 @@ def tagged(tags: dict[str, str]) -> Iterator[None]:
         _EXTRA_TAGS.reset(token)
 
 
+JOB_TAG = "mmcse.job"  # what a run computes into (its output folder): runs of one job share it
+
+
+def existing_run(run_id: str | None) -> str | None:
+    """``run_id`` if the tracking store holds it and it is not deleted (a resume point may name a
+    run of another store, or one a user deleted: then a new run starts)."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    if not run_id:
+        return None
+    try:
+        found = mlflow.MlflowClient().get_run(run_id)
+    except MlflowException:
+        return None
+    return run_id if found.info.lifecycle_stage == "active" else None
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def end_stale_runs(experiment_id: str, job: str, keep: str | None = None) -> list[str]:
+    """Mark KILLED the runs of ``job`` left RUNNING by a process that died without ending them
+    (kill -9, power loss): same host, process gone. Runs of a live process, or of another host
+    (whose processes cannot be checked from here), are left as they are. Returns the ids ended."""
+    import socket
+
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    host = socket.gethostname()
+    runs = client.search_runs(
+        [experiment_id], filter_string=f"tags.`{JOB_TAG}` = '{job}' and attributes.status = 'RUNNING'",
+        max_results=1000,
+    )
+    ended = []
+    for r in runs:
+        pid = r.data.tags.get("mmcse.pid", "")
+        if r.info.run_id == keep or r.data.tags.get("mmcse.host") != host or not pid.isdigit():
+            continue
+        if int(pid) != os.getpid() and not _process_alive(int(pid)):
+            client.set_tag(r.info.run_id, "mmcse.ended_by", f"next run of the job (process {pid} was gone)")
+            client.set_terminated(r.info.run_id, "KILLED")
+            ended.append(r.info.run_id)
+    return ended
+
+
 @contextlib.contextmanager
 def run(
     cfg: Config,
@@ -86,13 +140,25 @@ def run(
     run_id: str | None = None,
     parent_run_id: str | None = None,
     tags: dict[str, str] | None = None,
+    job: str | None = None,
 ) -> Iterator[Any]:
+    """An MLflow run in experiment ``<prefix>-<experiment_name>``, or run ``run_id`` continued.
+
+    ``job`` (e.g. the output folder) names what the run computes: the run is tagged with it,
+    the host and this process id, and runs of the same job left RUNNING by a dead process are
+    marked KILLED first (`end_stale_runs`). The run ends FINISHED, or with the status the
+    exception that leaves the block names (``mlflow_status``; Ctrl-C: KILLED; else FAILED)."""
+    import socket
+
     import mlflow
 
     exp_id = experiment(cfg, experiment_name)
     extra = _EXTRA_TAGS.get()
     if run_id is None and extra:  # a resumed run keeps the tags it was started with
         tags = {**extra, **(tags or {})}
+    if job is not None:
+        tags = {**(tags or {}), JOB_TAG: job, "mmcse.host": socket.gethostname(), "mmcse.pid": str(os.getpid())}
+        end_stale_runs(exp_id, job, keep=run_id)
     active = mlflow.start_run(
         run_id=run_id,
         experiment_id=None if run_id else exp_id,

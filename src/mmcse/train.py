@@ -67,10 +67,10 @@ def alternation_schedule(n_text: int, n_pair: int) -> list[str]:
     return schedule
 
 
-def check_inputs(data_dir: Path, teachers_dir: Path) -> None:
+def check_inputs(data_dir: Path, teachers_dir: Path, teacher_manifest: Path | None = None) -> None:
     """Fail before any run is started when an upstream stage's output is missing."""
     needed = [data_dir / "corpus.txt", data_dir / "pairs.jsonl", data_dir / "sts" / "dev.jsonl",
-              teachers_dir / "manifest.json"]
+              teacher_manifest or teachers_dir / "manifest.json"]
     missing = [str(p) for p in needed if not p.is_file()]
     if missing:
         raise FileNotFoundError(
@@ -98,23 +98,27 @@ class TrainData:
     dev: dict[str, list[SentencePair]]
 
     @classmethod
-    def load(cls, data_dir: Path, teachers_dir: Path, objects_dir: Path | None = None) -> TrainData:
+    def load(cls, data_dir: Path, teachers_dir: Path, objects_dir: Path | None = None,
+             manifest: Path | None = None, teacher_dirs: Sequence[Path] = ()) -> TrainData:
+        """``manifest`` (default ``<teachers_dir>/manifest.json``) names the feature sets, looked
+        up in ``teachers_dir`` and then ``teacher_dirs``."""
         corpus = [s for s in (data_dir / "corpus.txt").read_text().splitlines() if s.strip()]
         pairs = read_jsonl(data_dir / "pairs.jsonl")
         empty = [p["pair_id"] for p in pairs if not p["caption"].strip()]
         if empty:
             raise ValueError(f"{data_dir / 'pairs.jsonl'}: empty captions in pairs {empty[:5]}")
-        manifest = read_json(teachers_dir / "manifest.json")
-        sets = manifest["sets"]
+        manifest = manifest or teachers_dir / "manifest.json"
+        sets = read_json(manifest)["sets"]
         missing = [k for k in ("image", "object", "joint_text", "joint_image", "text") if k not in sets]
         if missing:
             raise ValueError(
-                f"{teachers_dir / 'manifest.json'}: no cached sets {missing} (written by an older version): "
+                f"{manifest}: no cached sets {missing} (written by an older version): "
                 "rerun the cache_teachers stage"
             )
 
         def open_set(name: str) -> FeatureStore:
-            return FeatureStore.open(teachers_dir / name)
+            found = [d / name for d in (teachers_dir, *teacher_dirs) if (d / name / "index.json").is_file()]
+            return FeatureStore.open(found[0] if found else teachers_dir / name)
 
         objects_dir = objects_dir or data_dir.parent / "objects"
         objects: dict[str, list[dict[str, Any]]] = {}
@@ -306,7 +310,8 @@ def _swap_in(tmp: Path, final: Path) -> None:
 
 
 def _save_resume_point(
-    folder: Path, student: Student, optimizer, scheduler, scaler, state: TrainState, config_hash: str
+    folder: Path, student: Student, optimizer, scheduler, scaler, state: TrainState, config_hash: str,
+    run_id: str | None = None,
 ) -> None:
     tmp = folder.with_name(folder.name + ".tmp")
     if tmp.exists():
@@ -323,7 +328,7 @@ def _save_resume_point(
     )
     (tmp / "state.json").write_text(
         json.dumps({"step": state.step, "best_score": state.best_score, "best_step": state.best_step,
-                    "history": state.history, "config_hash": config_hash})
+                    "history": state.history, "config_hash": config_hash, "run_id": run_id})
     )
     _swap_in(tmp, folder)
 
@@ -345,6 +350,34 @@ def release_resume_point(out_dir: Path) -> int:
             freed += path.stat().st_size
             path.unlink()
     return freed
+
+
+def run_definition_hash(cfg: Config) -> str:
+    """What defines a training run: everything but bookkeeping that cannot change the numbers
+    (a resume point of another definition is not resumed)."""
+    from mmcse.config import to_dict
+    from mmcse.io import sha256_json
+
+    run_def = to_dict(cfg)
+    for section in ("ablate", "sweep", "evaluate"):
+        run_def.pop(section)
+    run_def["dev_pooler"] = cfg.evaluate.pooler  # it picks the best checkpoint
+    return sha256_json(run_def)
+
+
+def resume_point_run(out_dir: Path, cfg: Config) -> tuple[str | None, int]:
+    """The MLflow run id and step of the resume point ``train`` would continue in ``out_dir``
+    (``(None, 0)`` when it would start afresh), so the caller continues that run's record."""
+    for folder in (out_dir / "last", out_dir / "last.old"):
+        if (folder / "state.json").is_file():
+            try:
+                meta = json.loads((folder / "state.json").read_text())
+            except ValueError:
+                return None, 0
+            if meta.get("config_hash") != run_definition_hash(cfg):
+                return None, 0
+            return meta.get("run_id"), int(meta.get("step", 0))
+    return None, 0
 
 
 def _load_resume_point(
@@ -484,23 +517,29 @@ def train(
     log_metrics: StepLogger | None = None,
     on_eval: EvalCallback | None = None,
     progress: bool = True,
+    objects_dir: str | Path | None = None,
+    teacher_manifest: str | Path | None = None,
+    teacher_dirs: Sequence[str | Path] = (),
+    run_id: str | None = None,
 ) -> TrainResult:
     """Train a student; keep the best dev checkpoint in ``out_dir/best`` (HF folder,
     safetensors) and a resume point in ``out_dir/last``. ``on_eval(step, score)`` may
     raise to stop early (Optuna pruning). ``log_metrics`` receives batches of
     ``(metrics, step)``: logged values are read back from the device every
-    ``FLUSH_EVERY`` steps and at every dev evaluation, not per step."""
-    from mmcse.config import to_dict
-    from mmcse.io import sha256_json
-
+    ``FLUSH_EVERY`` steps and at every dev evaluation, not per step. ``objects_dir`` (default
+    ``<data_dir>/../objects``), ``teacher_manifest`` and ``teacher_dirs``: where the job's
+    upstream artifacts are (`mmcse.upstream`); ``run_id``: the MLflow run logging this training,
+    kept in the resume point so a resumed run continues it (`resume_point_run`)."""
     data_dir, teachers_dir, out_dir = Path(data_dir), Path(teachers_dir), Path(out_dir)
-    check_inputs(data_dir, teachers_dir)
+    objects_dir = Path(objects_dir) if objects_dir is not None else data_dir.parent / "objects"
+    manifest = Path(teacher_manifest) if teacher_manifest is not None else None
+    check_inputs(data_dir, teachers_dir, manifest)
     device = resolve_device(cfg.base.device)
     check_precision(cfg.train.precision, device)
-    data = TrainData.load(data_dir, teachers_dir)
+    data = TrainData.load(data_dir, teachers_dir, objects_dir, manifest, [Path(d) for d in teacher_dirs])
     on = active_terms(cfg)  # per run, not per step
     if on["object"]:
-        data.check_objects(cfg.detect.min_objects, cfg.model.max_seq_len, data_dir.parent / "objects")
+        data.check_objects(cfg.detect.min_objects, cfg.model.max_seq_len, objects_dir)
     need = {kind: needed_features(cfg, pair_batch=kind == PAIR) for kind in (TEXT, PAIR)}
     if device.type == "cuda":  # deterministic cuBLAS (bit-identical resume); read when cuBLAS starts
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
@@ -523,12 +562,7 @@ def train(
     optimizer, scheduler = build_optimizer(student, cfg, total, device)
     scaler = grad_scaler(cfg.train.precision, device)
 
-    # What defines the run: everything but bookkeeping that cannot change the numbers.
-    run_def = to_dict(cfg)
-    for section in ("ablate", "sweep", "evaluate"):
-        run_def.pop(section)
-    run_def["dev_pooler"] = cfg.evaluate.pooler  # it picks the best checkpoint
-    config_hash = sha256_json(run_def)
+    config_hash = run_definition_hash(cfg)
     last_dir, best_dir = out_dir / "last", out_dir / "best"
     state = _load_resume_point(last_dir, student, optimizer, scheduler, scaler, config_hash) or TrainState()
     if state.step >= total and best_dir.is_dir():
@@ -644,7 +678,7 @@ def train(
                 flush()
             if checkpointing:
                 write_best()
-                _save_resume_point(last_dir, student, optimizer, scheduler, scaler, state, config_hash)
+                _save_resume_point(last_dir, student, optimizer, scheduler, scaler, state, config_hash, run_id)
                 resumed_from = state.step
             if evaluating or state.step % FLUSH_EVERY == 0:
                 bar.set_postfix(loss=f"{shown.get('loss', float('nan')):.3f}", dev=f"{last_dev:.1f}")

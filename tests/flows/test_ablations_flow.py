@@ -33,7 +33,7 @@ def test_flow_trains_every_variant_retries_failures_and_resumes(project, harness
 
     from mmcse import pipeline
 
-    calls = []
+    calls = []  # every job attempt: the job's model
     real_train = pipeline.run_train
     monkeypatch.setattr(pipeline, "run_train", lambda *a, **k: calls.append(a[0].model.name_or_path) or
                         real_train(*a, **k))
@@ -62,6 +62,28 @@ def test_flow_trains_every_variant_retries_failures_and_resumes(project, harness
     again = {r["variant"]: r for r in ablations("params.yaml")}
     assert [c for c in calls if "no-such-model" not in c] == []  # finished variants are skipped
     assert again["mcse"]["avg_mean"] == pytest.approx(rows["mcse"]["avg_mean"])
+    # the rerun continued the same parent run: one record with every job, the aggregates and the table
+    import mlflow
+
+    from mmcse import tracking
+    from mmcse.config import load_config
+
+    tracking.configure(load_config("params.yaml"))
+    parents = mlflow.search_runs(experiment_names=["mmcse-ablate"], filter_string="tags.fan_out = 'local'",
+                                 output_format="list")
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    parent = parents[0]
+    assert parent.data.metrics["mcse/avg_mean"] == pytest.approx(rows["mcse"]["avg_mean"])
+    assert parent.data.metrics["simcse/avg_std"] == pytest.approx(rows["simcse"]["avg_std"])
+    assert parent.data.metrics["missing model/seeds"] == 0
+    assert parent.data.params["ablate.reference"] == "mcse"
+    jobs = mlflow.artifacts.load_dict(f"{parent.info.artifact_uri}/jobs.json")["jobs"]
+    assert [(j["variant"], j["seed"], j["status"]) for j in jobs] == [
+        (v, s, "failed" if v == "missing model" else "ok") for v in ("mcse", "simcse", "missing model") for s in (1, 2)]
+    children = {r.info.run_id for r in mlflow.search_runs(
+        experiment_names=["mmcse-ablate"], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
+        output_format="list")}
+    assert {j["run_id"] for j in jobs if j["status"] == "ok"} <= children
 
 
 def test_preset_sweep_gives_the_table_in_order_and_a_line_plot(project, harness):

@@ -48,4 +48,4 @@ def test_train_stage_without_upstream_outputs_says_what_to_run(tmp_path):
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     out = _stage("train", tmp_path)
-    assert out.returncode == 2 and "corpus.txt" in out.stderr
+    assert out.returncode == 2 and "data/raw (data: missing)" in out.stderr and "dvc repro" in out.stderr
