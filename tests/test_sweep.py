@@ -1,28 +1,47 @@
-"""Optuna sweep: two worker processes on one storage, every trial recorded once."""
+"""Optuna sweep: worker processes on one storage finish exactly n_trials trials, every trial
+recorded once; running trials count towards n_trials, stale ones (killed workers) do not."""
 
 import os
+import re
 import sqlite3
 import subprocess
 import sys
+import threading
 
 import optuna
 import yaml
+from optuna.trial import TrialState
+
+from mmcse import sweep
+from mmcse.config import load_config
+from mmcse.pipeline import Paths
+
+N_TRIALS = 4
+# a worker's progress line for a finished trial: "[sweep t] trial 3 PRUNED value 0.41 | best ..."
+PROGRESS = re.compile(
+    r"^\[sweep \S+\] trial (\d+) (COMPLETE|PRUNED|FAIL) value \S+ \| best .* \| (\d+)/(\d+) finished$", re.MULTILINE)
 
 
-def run_sweep_workers(project, study_name: str, storage: str | None = None, tracking: str | None = None,
-                      workers: int = 2) -> list:
-    """Start ``workers`` `mmcse sweep` processes on one study (as on separate machines or GPUs:
-    worker i with CUDA_VISIBLE_DEVICES=i), wait
-    for them, and return the study's finished trials, checked: 4 trials asked, every one
-    complete or pruned (both workers may start the last one together)."""
+def write_params(project, study_name: str, n_trials: int, storage: str | None = None,
+                 tracking: str | None = None) -> None:
+    """The project's params.yaml with a sweep of ``n_trials`` short (4-step) trials."""
     raw = yaml.safe_load((project / "params.yaml").read_text())
-    raw["sweep"].update(n_trials=4, study_name=study_name, pruner_startup_trials=1)
+    raw["sweep"].update(n_trials=n_trials, study_name=study_name, pruner_startup_trials=1)
     if storage:
         raw["sweep"]["storage"] = storage
     if tracking:
         raw["base"]["mlflow_tracking_uri"] = tracking
     raw["train"].update(max_steps=4, eval_steps=2)
     (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+
+
+def run_sweep_workers(project, study_name: str, storage: str | None = None, tracking: str | None = None,
+                      workers: int = 2) -> list:
+    """Start ``workers`` `mmcse sweep` processes on one study (as on separate machines or GPUs:
+    worker i with CUDA_VISIBLE_DEVICES=i), wait for them, and return the study's finished
+    trials, checked: exactly N_TRIALS trials in the study, every one complete or pruned (none
+    failed, none left running), each reported once by the worker that ran it."""
+    write_params(project, study_name, N_TRIALS, storage, tracking)
     cmd = [sys.executable, "-m", "mmcse.cli", "sweep", "--params", "params.yaml"]
     # one GPU per worker, as `CUDA_VISIBLE_DEVICES=<i> prefect worker start` gives each (CPU here)
     procs = [subprocess.Popen(cmd, cwd=project, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -32,9 +51,15 @@ def run_sweep_workers(project, study_name: str, storage: str | None = None, trac
     for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-3000:]
     study = optuna.load_study(study_name=study_name, storage=storage or f"sqlite:///{project}/mlruns/optuna.db")
+    assert len(study.trials) == N_TRIALS, [(t.number, t.state.name) for t in study.trials]
     finished = [t for t in study.trials if t.state.is_finished()]
-    assert 4 <= len(finished) <= 5
-    assert all(t.state in (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED) for t in finished)
+    assert all(t.state in (TrialState.COMPLETE, TrialState.PRUNED) for t in finished)
+    assert len(finished) == N_TRIALS
+    reported = [m.groups() for _, err in outs for m in PROGRESS.finditer(err)]
+    assert sorted(int(number) for number, *_ in reported) == [t.number for t in finished]
+    assert {state for _, state, *_ in reported} <= {"COMPLETE", "PRUNED"}
+    assert {total for *_, total in reported} == {str(N_TRIALS)}
+    assert max(int(done) for _, _, done, _ in reported) == N_TRIALS
     return finished
 
 
@@ -62,8 +87,79 @@ def test_two_workers_share_one_study(project):
         status = dict(db.execute("select name, status from runs").fetchall())
         pruned_runs = {r[0] for r in db.execute(
             "select r.name from runs r join tags t on t.run_uuid = r.run_uuid where t.key = 'optuna.state'")}
-    pruned = {f"t trial {t.number}" for t in finished if t.state == optuna.trial.TrialState.PRUNED}
+    pruned = {f"t trial {t.number}" for t in finished if t.state == TrialState.PRUNED}
     assert pruned_runs == pruned  # tagged PRUNED, and ended as planned, not as a failure
     assert set(status.values()) == {"FINISHED"}, status
-    complete = [t for t in finished if t.state == optuna.trial.TrialState.COMPLETE]
+    complete = [t for t in finished if t.state == TrialState.COMPLETE]
     assert all(t.user_attrs["mlflow_run_id"] for t in complete)
+
+
+def _in_process_sweep(project, monkeypatch, study_name: str, n_trials: int):
+    """params.yaml for an in-process sweep with 1 s heartbeats and grace period, a short poll,
+    and the study created beforehand (as another worker would have); returns (cfg, storage URL, study)."""
+    monkeypatch.setattr(sweep, "HEARTBEAT_INTERVAL", 1)
+    monkeypatch.setattr(sweep, "GRACE_PERIOD", 1)
+    monkeypatch.setattr(sweep, "POLL_SECONDS", 0.2)
+    write_params(project, study_name, n_trials)
+    cfg = load_config("params.yaml")
+    url = f"sqlite:///{project}/mlruns/optuna.db"
+    (project / "mlruns").mkdir(exist_ok=True)
+    return cfg, url, optuna.create_study(study_name=study_name, storage=url, direction=cfg.sweep.direction)
+
+
+def test_stale_running_trials_are_failed_and_their_slots_run_again(project, monkeypatch, capsys):
+    cfg, url, study = _in_process_sweep(project, monkeypatch, "stale", n_trials=2)
+    # two workers killed with kill -9 mid-trial: one after a heartbeat, one before its first
+    # (or an mmcse without heartbeats); both RUNNING forever and, at first, filling the budget
+    killed = study.ask()
+    optuna.storages.RDBStorage(url).record_heartbeat(killed._trial_id)
+    orphan = study.ask()
+
+    summary = sweep.run_sweep(cfg, Paths.of(cfg))
+
+    states = {t.number: t.state for t in optuna.load_study(study_name="stale", storage=url).trials}
+    assert states[killed.number] == TrialState.FAIL and states[orphan.number] == TrialState.FAIL
+    assert sorted(n for n, s in states.items() if s in (TrialState.COMPLETE, TrialState.PRUNED)) == [2, 3]
+    assert len(states) == 4  # no trial beyond the two replacements
+    assert summary["trials"] == 2 and summary["complete"] + summary["pruned"] == 2
+    reported = PROGRESS.findall(capsys.readouterr().err)
+    assert [(number, done) for number, _, done, _ in reported] == [("2", "1"), ("3", "2")]
+
+
+def test_a_running_trial_of_another_worker_counts_towards_n_trials(project, monkeypatch):
+    cfg, url, study = _in_process_sweep(project, monkeypatch, "shared", n_trials=2)
+    other = study.ask()  # another worker's trial, alive: it beats until this worker has finished one
+    storage = optuna.storages.RDBStorage(url)
+    first_done = threading.Event()
+
+    def other_worker() -> None:
+        watcher = optuna.load_study(study_name="shared", storage=url)
+        while not first_done.is_set():
+            storage.record_heartbeat(other._trial_id)
+            if watcher.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)):
+                first_done.set()
+            else:
+                first_done.wait(0.2)
+        watcher.tell(other.number, 0.5)
+
+    thread = threading.Thread(target=other_worker, daemon=True)
+    thread.start()
+    summary = sweep.run_sweep(cfg, Paths.of(cfg))
+    thread.join(timeout=60)
+
+    trials = optuna.load_study(study_name="shared", storage=url).trials
+    # this worker ran one trial and then waited for the other's, rather than starting a second
+    assert [(t.number, t.state.is_finished()) for t in trials] == [(0, True), (1, True)]
+    assert trials[0].state == TrialState.COMPLETE and trials[0].value == 0.5
+    assert summary["trials"] == 2
+
+
+def test_the_trial_lock_of_a_sqlite_study_is_a_file_lock_next_to_its_database(tmp_path):
+    from filelock import FileLock
+
+    lock = sweep.trial_lock(f"sqlite:///{tmp_path}/db/optuna.db", "s")
+    assert isinstance(lock, FileLock) and lock.lock_file == f"{tmp_path}/db/optuna.db.lock"
+    with lock:  # held by this process: another process's attempt times out
+        other = subprocess.run([sys.executable, "-c", "import filelock, sys; filelock.FileLock(sys.argv[1]).acquire("
+                                "timeout=0.2)", lock.lock_file], capture_output=True, text=True)
+    assert other.returncode != 0 and "Timeout" in other.stderr

@@ -2,7 +2,10 @@
 
 The study lives in ``sweep.storage`` (SQLite under ``mlruns/`` by default, PostgreSQL
 for many machines) and is resumed by name: any number of worker processes may run
-``run_sweep`` on the same storage; together they stop at ``n_trials`` finished trials.
+``run_sweep`` on the same storage; together they finish exactly ``n_trials`` trials (complete
+or pruned): under a lock shared by the workers (`trial_lock`) a worker starts a trial only while
+finished + running trials are fewer. Running trials send heartbeats; one whose worker was
+killed goes stale after ``GRACE_PERIOD`` s, is failed, and its slot is run again.
 Each trial is an MLflow run nested under its worker's sweep run, with its params; both
 carry the device ``base.device`` resolved to in the worker (`mmcse.device.device_tags`), so
 with one worker per GPU (``CUDA_VISIBLE_DEVICES=<i>``) every trial says which GPU ran it.
@@ -10,12 +13,31 @@ with one worker per GPU (``CUDA_VISIBLE_DEVICES=<i>``) every trial says which GP
 
 from __future__ import annotations
 
+import hashlib
+import sys
+import threading
+import time
+import warnings
 from collections.abc import Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 from mmcse.config import Config, with_overrides
 from mmcse.io import ensure_sqlite_parent
+
+# A running trial records a heartbeat every HEARTBEAT_INTERVAL s (Optuna wants whole seconds);
+# one silent for GRACE_PERIOD s is failed by the next worker that looks (its worker was killed),
+# and no longer counts towards n_trials. POLL_SECONDS: how often a worker whose budget is taken
+# by other workers' running trials looks again (one of them may fail or go stale).
+HEARTBEAT_INTERVAL = 30
+GRACE_PERIOD = 120
+POLL_SECONDS = 5.0
+HEARTBEAT_ATTR = "mmcse.heartbeat"  # user attr: this trial's heartbeats are kept (see _next_trial)
+# Towards n_trials count finished trials and running ones (another worker's trial will finish).
+# Not WAITING (enqueued) ones: `study.ask` hands those out first, so they are run, not skipped.
+COUNTED_STATES = ("COMPLETE", "PRUNED", "RUNNING")  # names: optuna is imported lazily
+WAIT = object()  # _next_trial: no trial for now, look again
 
 
 def suggest(trial: Any, space: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
@@ -46,12 +68,12 @@ def run_sweep(
     storage: str | None = None,
     tags: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Run trials until the study holds ``n_trials`` finished (complete or pruned) ones; the
-    worker's sweep run and its trial runs are tagged with the device and ``tags``."""
+    """Run trials until the study holds ``n_trials`` finished (complete or pruned) ones, counted
+    over every worker on the storage; the worker's sweep run and its trial runs are tagged with
+    the device and ``tags``."""
     import mlflow
     import optuna
     from filelock import FileLock
-    from optuna.study import MaxTrialsCallback
     from optuna.trial import TrialState
 
     from mmcse import tracking
@@ -63,8 +85,12 @@ def run_sweep(
     storage_url = ensure_sqlite_parent(storage or cfg.sweep.storage)
     # Workers started together would race to create the SQLite schemas: serialise the setup.
     Path("mlruns").mkdir(exist_ok=True)
-    with FileLock(str(Path("mlruns") / ".sweep-setup.lock")):
-        rdb = optuna.storages.RDBStorage(storage_url, engine_kwargs={"pool_pre_ping": True})
+    with FileLock(str(Path("mlruns") / ".sweep-setup.lock")), warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeat_interval
+        rdb = optuna.storages.RDBStorage(
+            storage_url, engine_kwargs={"pool_pre_ping": True},
+            heartbeat_interval=HEARTBEAT_INTERVAL, grace_period=GRACE_PERIOD,
+        )
         study = optuna.create_study(
             study_name=study_name,
             storage=rdb,
@@ -75,6 +101,7 @@ def run_sweep(
             ),
         )
         tracking.experiment(cfg, "sweep")
+    lock = trial_lock(storage_url, study_name)
     out_root = Path("sweeps") / study_name
 
     with (
@@ -102,12 +129,20 @@ def run_sweep(
             trial.set_user_attr("mlflow_run_id", summary["run_id"])
             return summary["best_dev_sts"]
 
-        study.optimize(
-            objective,
-            n_trials=n_trials,
-            callbacks=[MaxTrialsCallback(n_trials, states=(TrialState.COMPLETE, TrialState.PRUNED))],
-            catch=(),
-        )
+        waiting = False
+        while True:
+            trial = _next_trial(study, rdb, lock, n_trials)
+            if trial is None:
+                break
+            if trial is WAIT:
+                if not waiting:  # once per wait, not once per poll
+                    _progress(study_name, "waiting: the other trials of the budget are running in other workers")
+                waiting = True
+                time.sleep(POLL_SECONDS)
+                continue
+            waiting = False
+            _run_trial(study, rdb, trial, objective, study_name, n_trials)
+
     finished = [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     complete = [t for t in finished if t.state == TrialState.COMPLETE]
     best = study.best_trial if complete else None
@@ -119,3 +154,164 @@ def run_sweep(
         "best_value": best.value if best else None,
         "best_params": best.params if best else None,
     }
+
+
+def _next_trial(study: Any, rdb: Any, lock: AbstractContextManager[Any], n_trials: int) -> Any:
+    """Under the study's lock: fail stale trials, then a new RUNNING trial with its first
+    heartbeat if finished + running trials are below ``n_trials``; ``WAIT`` if running trials of
+    other workers fill the budget (one may still fail); ``None`` when ``n_trials`` are finished."""
+    import optuna
+    from optuna.trial import TrialState
+
+    with lock, warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # fail_stale_trials
+        # ask() warns that heartbeats are meant for optimize(): this loop records them itself
+        warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+        for orphan in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            if HEARTBEAT_ATTR not in orphan.user_attrs:
+                # RUNNING with no heartbeat ever (its worker died between ask and first beat, or an
+                # older mmcse, or another tool): Optuna never fails such a trial, so give it one beat;
+                # it goes stale GRACE_PERIOD s later unless its worker beats (a live older mmcse
+                # worker does not: its trial is failed then, and its tell is skipped or errors).
+                try:
+                    rdb.set_trial_user_attr(orphan._trial_id, HEARTBEAT_ATTR, "adopted")
+                except optuna.exceptions.UpdateFinishedTrialError:
+                    continue  # finished meanwhile by a worker that does not take the lock
+                rdb.record_heartbeat(orphan._trial_id)
+        optuna.storages.fail_stale_trials(study)
+        counted = study.get_trials(deepcopy=False, states=tuple(TrialState[name] for name in COUNTED_STATES))
+        finished = sum(t.state != TrialState.RUNNING for t in counted)
+        if finished >= n_trials:
+            return None
+        if len(counted) >= n_trials:
+            return WAIT
+        trial = study.ask()  # takes an enqueued (WAITING) trial first, if any
+        # first beat before the lock is released: no other worker sees this trial without one
+        rdb.record_heartbeat(trial._trial_id)  # no public trial id; Optuna's _optimize uses it too
+        trial.set_user_attr(HEARTBEAT_ATTR, "worker")
+        return trial
+
+
+def _run_trial(study: Any, rdb: Any, trial: Any, objective: Any, study_name: str, n_trials: int) -> None:
+    """``objective(trial)`` with heartbeats, told as Optuna's ``optimize`` tells it: PRUNED on
+    ``TrialPruned``; FAIL and re-raised on any other exception or Ctrl-C."""
+    import optuna
+    from optuna.trial import TrialState
+
+    state: TrialState | None = None
+    value: float | None = None
+    error: BaseException | None = None
+    with _Heartbeat(rdb, trial._trial_id, HEARTBEAT_INTERVAL):
+        try:
+            value = objective(trial)
+        except optuna.TrialPruned:
+            state = TrialState.PRUNED
+        except (Exception, KeyboardInterrupt) as err:
+            state, error = TrialState.FAIL, err
+    # state None: COMPLETE, or FAIL if the value is None/NaN (as optimize); a trial another worker
+    # failed as stale meanwhile (its heartbeats stopped) stays FAIL instead of raising here
+    frozen = study.tell(trial, value if state is None else None, state=state, skip_if_finished=True)
+    finished = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED)))
+    try:
+        best = study.best_trial
+        best_text = f"best {best.value:.4g} (trial {best.number})"
+    except ValueError:  # no complete trial yet
+        best_text = "best -"
+    shown = "-" if frozen.value is None else f"{frozen.value:.4g}"
+    _progress(study_name, f"trial {frozen.number} {frozen.state.name} value {shown} | {best_text} | "
+                          f"{finished}/{n_trials} finished")
+    if error is not None:
+        raise error
+
+
+def _progress(study_name: str, message: str) -> None:
+    # stderr: `mmcse sweep` prints its JSON summary on stdout; Prefect logs both (log_prints)
+    print(f"[sweep {study_name}] {message}", file=sys.stderr, flush=True)
+
+
+class _Heartbeat:
+    """A daemon thread recording the trial's heartbeat every ``interval`` s while the block
+    runs (as Optuna's ``optimize`` does); a failed beat is reported and retried, not fatal."""
+
+    def __init__(self, rdb: Any, trial_id: int, interval: float) -> None:
+        self._rdb, self._trial_id, self._interval = rdb, trial_id, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name=f"heartbeat-{trial_id}", daemon=True)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self._rdb.record_heartbeat(self._trial_id)
+            except Exception as err:  # a DB hiccup; GRACE_PERIOD covers a few missed beats
+                print(f"heartbeat of trial id {self._trial_id} failed: {err!r}", file=sys.stderr, flush=True)
+
+    def __enter__(self) -> _Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class _AdvisoryLock:
+    """A PostgreSQL session-level advisory lock, taken on a connection of its own (released by
+    the server when that connection closes, so a killed worker never leaves it held)."""
+
+    def __init__(self, url: str, key: int) -> None:
+        import sqlalchemy
+        from sqlalchemy.pool import NullPool
+
+        self._engine = sqlalchemy.create_engine(url, poolclass=NullPool)  # close() really disconnects
+        self._key = key
+        self._conn: Any = None
+
+    def __enter__(self) -> _AdvisoryLock:
+        import sqlalchemy
+
+        conn = self._engine.connect()
+        try:
+            conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), {"key": self._key})
+            conn.commit()
+        except BaseException:
+            conn.close()
+            raise
+        self._conn = conn
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import sqlalchemy
+
+        conn, self._conn = self._conn, None
+        try:
+            conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), {"key": self._key})
+            conn.commit()
+        finally:
+            conn.close()
+
+
+def trial_lock(storage_url: str, study_name: str) -> AbstractContextManager[Any]:
+    """The cross-process lock under which a worker counts the study's trials and creates one:
+    SQLite: a file lock next to the database file; PostgreSQL: an advisory lock keyed by the
+    study name; other databases: a file lock under ``mlruns/``, race-free among the workers of
+    one host only (with a warning)."""
+    import sqlalchemy
+    from filelock import FileLock
+
+    url = sqlalchemy.engine.make_url(storage_url)
+    backend = url.get_backend_name()
+    if backend == "sqlite":
+        if not url.database or url.database == ":memory:":
+            return threading.Lock()  # an in-memory database lives in this process only
+        return FileLock(f"{Path(url.database).resolve()}.lock")
+    key = int.from_bytes(hashlib.blake2b(f"mmcse-sweep:{study_name}".encode(), digest_size=8).digest(), "big",
+                         signed=True)  # pg_advisory_lock takes a bigint
+    if backend == "postgresql":
+        return _AdvisoryLock(storage_url, key)
+    warnings.warn(
+        f"sweep.storage {url.drivername}://...: no cross-host lock for this database; workers on "
+        "different hosts may together run a few trials more than n_trials (use SQLite or PostgreSQL)",
+        stacklevel=2,
+    )
+    Path("mlruns").mkdir(exist_ok=True)
+    return FileLock(str(Path("mlruns") / f".sweep-{key & 0xFFFFFFFF:08x}.lock"))
