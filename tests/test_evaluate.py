@@ -143,3 +143,39 @@ def test_cli_offline_model_id_fails_fast(tmp_path, monkeypatch, senteval_dir):
     )
     assert out.returncode == 2
     assert "princeton-nlp/unsup-simcse-bert-base-uncased" in out.stderr and "HF_HUB_OFFLINE" in out.stderr
+
+
+@pytest.fixture
+def damaged_student_dir(tmp_path):
+    """An mmcse student checkpoint (HF folder + heads) whose model.safetensors lost its tail."""
+    from mmcse.config import ModelConfig
+    from mmcse.models import Student, load_backbone, load_tokenizer, save_student
+
+    cfg = ModelConfig(**{k: v for k, v in TINY_MODEL.items() if k != "proj_dim"})
+    folder = tmp_path / "best"
+    save_student(Student(load_backbone(cfg), 8, 4), load_tokenizer(cfg.name_or_path), folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1000])
+    return folder
+
+
+def test_damaged_checkpoint_is_one_line_naming_the_file(damaged_student_dir):
+    from mmcse.errors import CorruptArtifact
+
+    with pytest.raises(CorruptArtifact) as err:
+        TextEncoder(str(damaged_student_dir), "cls_before_pooler")
+    text = str(err.value)
+    assert text.startswith(f"{damaged_student_dir / 'model.safetensors'}: truncated: ")
+    assert text.endswith("; retrain it (dvc repro train)") and "\n" not in text
+
+
+def test_cli_damaged_checkpoint_exits_2_with_one_line(tmp_path, damaged_student_dir):
+    out = subprocess.run(
+        [sys.executable, "-m", "mmcse.cli", "eval", "--model", str(damaged_student_dir), "--senteval-dir",
+         str(tmp_path)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip().splitlines()[-1].startswith(
+        f"error: {damaged_student_dir / 'model.safetensors'}: truncated: ")
+    assert out.stderr.strip().endswith("; retrain it (dvc repro train)")

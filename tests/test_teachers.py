@@ -1,6 +1,10 @@
+import json
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from mmcse.errors import CorruptArtifact
 from mmcse.teachers import FeatureStore, cached_features, colour_edge_grid_features, read_rgba
 
 
@@ -129,3 +133,121 @@ def test_text_teacher_pooler_needing_our_mlp_is_rejected_at_load(raw):
 
     with pytest.raises(ConfigError, match="pooler"):
         parse_config({"teachers": raw})
+
+
+REBUILD = "rerun the cache_teachers stage to rebuild it (dvc repro cache_teachers)"
+
+
+def _truncate(path, by=4):
+    data = path.read_bytes()
+    path.write_bytes(data[:-by])
+
+
+def test_truncated_store_is_named_in_one_line_on_open(tmp_path):
+    store, _ = cached_features(tmp_path, "t", {"n": 1}, "fp", ["a", "b"], lambda: np.ones((2, 3)))
+    file = store.folder / "features.npy"
+    _truncate(file)
+    with pytest.raises(CorruptArtifact) as err:
+        FeatureStore.open(store.folder)
+    assert str(err.value).startswith(f"{file}: truncated: ") and str(err.value).endswith(f"; {REBUILD}")
+    assert "\n" not in str(err.value)
+
+
+def test_store_rows_must_match_its_index(tmp_path):
+    store, _ = cached_features(tmp_path, "t", {"n": 1}, "fp", ["a", "b"], lambda: np.ones((2, 3)))
+    index = json.loads((store.folder / "index.json").read_text())
+    assert index["shape"] == [2, 3] and index["bytes"] == (store.folder / "features.npy").stat().st_size
+    (store.folder / "index.json").write_text(json.dumps({**index, "ids": ["a", "b", "c"], "shape": [2, 3]}))
+    with pytest.raises(CorruptArtifact, match=r"features.npy: holds shape \(2, 3\), index.json lists 3 ids"):
+        FeatureStore.open(store.folder)
+    (store.folder / "index.json").write_text("{")
+    with pytest.raises(CorruptArtifact, match=r"index.json: corrupt JSON"):
+        FeatureStore.open(store.folder)
+
+
+def test_old_index_without_a_digest_is_still_read(tmp_path):
+    store, _ = cached_features(tmp_path, "t", {"n": 1}, "fp", ["a"], lambda: np.full((1, 2), 7.0))
+    index = json.loads((store.folder / "index.json").read_text())
+    del index["sha256"], index["bytes"]
+    (store.folder / "index.json").write_text(json.dumps(index))
+    np.testing.assert_array_equal(FeatureStore.open(store.folder).rows(["a"]), [[7, 7]])
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped byte"])
+def test_damaged_cached_set_is_deleted_and_recomputed(tmp_path, damage, caplog, monkeypatch):
+    from mmcse import integrity
+
+    values = np.arange(8, dtype=np.float32).reshape(4, 2)
+    store, _ = cached_features(tmp_path, "t", {"n": 1}, "fp", list("abcd"), lambda: values)
+    file = store.folder / "features.npy"
+    if damage == "truncated":
+        _truncate(file, 8)
+    else:
+        data = bytearray(file.read_bytes())
+        data[-3] ^= 0x40  # same size: only the recorded digest tells
+        file.write_bytes(bytes(data))
+        monkeypatch.setattr(integrity, "_DIGESTS", {})  # as in the next process (the digest is memoised)
+    calls = []
+    again, hit = cached_features(tmp_path, "t", {"n": 1}, "fp", list("abcd"),
+                                 lambda: calls.append(1) or values)
+    assert not hit and calls == [1] and again.folder == store.folder
+    np.testing.assert_array_equal(again.rows(["d", "a"]), [[6, 7], [0, 1]])
+    assert f"{file}: " in caplog.text and "computing it again" in caplog.text
+    _, hit = cached_features(tmp_path, "t", {"n": 1}, "fp", list("abcd"), lambda: calls.append(1) or values)
+    assert hit and calls == [1]  # healed: the next run hits
+
+
+def _rerecord_image(project, image_id, pixels):
+    """Replace one image and record it as the download stage does (images.jsonl row + manifest)."""
+    from PIL import Image
+
+    from mmcse.io import read_json, read_jsonl, sha256_file, write_json, write_jsonl
+
+    raw = project / "data/raw"
+    rows = read_jsonl(raw / "images.jsonl")
+    row = next(r for r in rows if r["image_id"] == image_id)
+    with Image.open(raw / row["file"]) as img:
+        changed = np.asarray(img.convert("RGB")).copy()
+    changed[pixels] = 255 - changed[pixels]
+    Image.fromarray(changed).save(raw / row["file"], format="PNG")
+    row |= {"sha256": sha256_file(raw / row["file"]), "bytes": (raw / row["file"]).stat().st_size}
+    write_jsonl(raw / "images.jsonl", rows)
+    manifest = read_json(raw / "manifest.json")
+    manifest["sha256"]["images.jsonl"] = sha256_file(raw / "images.jsonl")
+    write_json(raw / "manifest.json", manifest)
+
+
+def test_changed_image_bytes_change_the_image_feature_key(project):
+    from mmcse.config import load_config
+    from mmcse.io import read_json, read_jsonl
+    from mmcse.pipeline import Paths, run_cache_teachers
+
+    cfg = load_config("params.yaml")
+    before = read_json(project / "data/teachers/manifest.json")["sets"]
+    rows = read_jsonl(project / "data/raw/images.jsonl")
+    assert all(len(r["sha256"]) == 64 and r["bytes"] > 0 for r in rows)  # recorded at download
+    old_image = FeatureStore.open(project / "data/teachers" / before["image"])
+
+    _rerecord_image(project, "img00003", np.s_[:, :])
+    result = run_cache_teachers(cfg, Paths.of(cfg))
+    assert not result["hits"]["image"] and not result["hits"]["object"] and not result["hits"]["joint_image"]
+    assert all(hit for role, hit in result["hits"].items() if role.startswith("text_"))
+    assert result["sets"]["image"] != before["image"]
+    new_image = FeatureStore.open(project / "data/teachers" / result["sets"]["image"])
+    others = [r["image_id"] for r in rows if r["image_id"] != "img00003"]
+    np.testing.assert_array_equal(new_image.rows(others), old_image.rows(others))
+    assert not np.allclose(new_image.rows(["img00003"]), old_image.rows(["img00003"]))
+
+
+def test_image_changed_after_download_is_named_with_the_stage_to_rerun(project):
+    from mmcse.config import load_config
+    from mmcse.pipeline import Paths, run_cache_teachers
+
+    cfg = load_config("params.yaml")
+    image = project / "data/raw/images/img00002.png"
+    image.write_bytes(image.read_bytes()[:-10])
+    with pytest.raises(CorruptArtifact) as err:
+        run_cache_teachers(cfg, Paths.of(cfg))
+    assert str(err.value) == (f"{Path('data/raw/images/img00002.png')}: {image.stat().st_size} bytes, images.jsonl "
+                              f"records {image.stat().st_size + 10} (changed or damaged since the download stage); "
+                              "rerun the download stage (dvc repro download)")

@@ -151,3 +151,77 @@ def test_mcseo_phrase_spans_match_the_training_tokenisation(project):
             assert decoded.replace(" ", "") == o["phrase"].lower().replace(" ", "")
             checked += 1
     assert checked > 10
+
+
+def _cut(path, by=16):
+    path.write_bytes(path.read_bytes()[:-by])
+
+
+def test_damaged_resume_point_falls_back_to_the_old_copy_then_starts_afresh(project, caplog):
+    import shutil
+
+    cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 8, "train.eval_steps": 4,
+                                                        "train.checkpoint_steps": 4})
+    out = project / "m"
+    evals = []
+
+    def kill_at_8(step, score):
+        if step == 8:
+            raise Killed
+
+    with pytest.raises(Killed):
+        train(cfg, "data/raw", "data/teachers", out, on_eval=kill_at_8, progress=False)
+    # as if killed between _swap_in's renames, then last/trainer.pt damaged: the whole .old copy resumes
+    shutil.copytree(out / "last", out / "last.old")
+    _cut(out / "last/trainer.pt", 100)
+    resumed = train(cfg, "data/raw", "data/teachers", out, on_eval=lambda s, v: evals.append(s), progress=False)
+    assert evals == [8] and resumed.steps == 8  # resumed at step 4
+    assert f"{out / 'last/trainer.pt'}: unreadable (" in caplog.text
+
+    # a truncated finished resume point and no other copy: trained again from step 0, to the same end
+    caplog.clear()
+    evals.clear()
+    _cut(out / "last/student.safetensors")
+    again = train(cfg, "data/raw", "data/teachers", out, on_eval=lambda s, v: evals.append(s), progress=False)
+    assert evals == [4, 8] and again.steps == 8 and again.history == resumed.history
+    assert f"{out / 'last/student.safetensors'}: truncated: " in caplog.text
+    assert "training starts afresh from step 0" in caplog.text
+    assert load_file(str(out / "last/student.safetensors")).keys() == _weights(out).keys()
+
+
+def test_damaged_best_checkpoint_is_retrained_not_returned(project, caplog):
+    from transformers import AutoModel
+
+    from mmcse.integrity import check_safetensors
+
+    cfg = load_config("params.yaml")
+    out = project / "m"
+    first = train(cfg, "data/raw", "data/teachers", out, progress=False)
+    heads = load_file(str(out / "best/heads.safetensors"))
+    _cut(out / "best/model.safetensors")
+    evals = []
+    second = train(cfg, "data/raw", "data/teachers", out, on_eval=lambda s, v: evals.append(s), progress=False)
+    assert evals == [4, 8] and second.history == first.history and second.best_step == first.best_step
+    assert f"{out / 'best/model.safetensors'}: truncated: " in caplog.text
+    check_safetensors(out / "best/model.safetensors", "")
+    AutoModel.from_pretrained(out / "best")
+    again = load_file(str(out / "best/heads.safetensors"))
+    for k in heads:
+        torch.testing.assert_close(heads[k], again[k], rtol=0, atol=1e-6, msg=k)
+
+    evals.clear()  # a whole best checkpoint and a finished run: nothing to do
+    train(cfg, "data/raw", "data/teachers", out, on_eval=lambda s, v: evals.append(s), progress=False)
+    assert evals == []
+
+
+def test_training_names_a_damaged_teacher_set_and_the_stage_to_rerun(project):
+    from mmcse.errors import CorruptArtifact
+    from mmcse.io import read_json
+
+    sets = read_json(project / "data/teachers/manifest.json")["sets"]
+    file = project / "data/teachers" / sets["joint_image"] / "features.npy"
+    _cut(file)
+    with pytest.raises(CorruptArtifact) as err:
+        train(load_config("params.yaml"), "data/raw", "data/teachers", project / "m", progress=False)
+    assert str(err.value).startswith(f"{file.relative_to(project)}: truncated: ")
+    assert str(err.value).endswith("; rerun the cache_teachers stage to rebuild it (dvc repro cache_teachers)")

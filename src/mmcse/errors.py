@@ -7,3 +7,15 @@ class PrecisionError(RuntimeError):
 
 class TrainingOutOfMemory(RuntimeError):
     """The device ran out of memory during a training step (the resume point is untouched)."""
+
+
+class CorruptArtifact(ValueError):
+    """A stored artifact (feature store, checkpoint, image) that does not match its own header or
+    the digest / size recorded for it; the message is one line: ``<path>: <problem>; <fix>``."""
+
+    def __init__(self, path: object, problem: str, fix: str) -> None:
+        super().__init__(path, problem, fix)  # all three in args: the error pickles (Prefect tasks)
+        self.path, self.problem, self.fix = str(path), problem, fix
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.problem}; {self.fix}"

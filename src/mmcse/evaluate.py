@@ -101,6 +101,12 @@ class TextEncoder:
         self.precision = precision
         location = Path(resolve_model(model_name_or_path))
         self.student = None
+        if location.is_dir():  # checked before a loader reads it: a damaged file is one line naming it
+            from mmcse.integrity import check_model_folder
+
+            fix = ("retrain it (dvc repro train)" if (location / "heads.json").is_file()
+                   else "download or save the model again")
+            check_model_folder(location, fix)
         if (location / "heads.json").is_file():
             self.student, self.tokenizer = load_student(location)
             self.model = self.student.backbone

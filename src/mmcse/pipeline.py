@@ -95,6 +95,8 @@ def run_cache_teachers(
     import numpy as np
 
     from mmcse.device import resolve_device
+    from mmcse.errors import CorruptArtifact
+    from mmcse.integrity import image_size_mismatch
     from mmcse.teachers import (
         FeatureStore,
         cached_features,
@@ -117,6 +119,11 @@ def run_cache_teachers(
     texts = {"caption": (captions, [p["pair_id"] for p in pairs], manifest["sha256"]["pairs.jsonl"]),
              "corpus": (corpus, [f"corpus-{i}" for i in range(len(corpus))], manifest["sha256"]["corpus.txt"])}
     image_files = [paths.raw / r["file"] for r in images]
+    # Image bytes are in the fingerprints (images.jsonl records each image's SHA-256); a file
+    # changed since the download stage is caught by its size here (a stat, not a rehash).
+    for row, file in zip(images, image_files, strict=True):
+        if problem := image_size_mismatch(file, row.get("bytes")):
+            raise CorruptArtifact(file, problem, "rerun the download stage (dvc repro download)")
     # Resolve every model first: an offline id fails here, before anything is computed.
     image_teacher, encode_images = image_encoder(t, device)
     wanted = [(x.teacher, x.pooler) for x in t.text]
@@ -140,7 +147,8 @@ def run_cache_teachers(
     image_store = store("image", image_teacher, manifest["sha256"]["images.jsonl"], [r["image_id"] for r in images],
                         lambda: encode_images(image_files, "images"))
     crop_files = sorted({o["crop"] for row in objects for o in row["objects"]})
-    object_store = store("object", image_teacher, sha256_file(paths.objects / "objects.jsonl"), crop_files,
+    crops_from = sha256_file(paths.objects / "objects.jsonl") + manifest["sha256"]["images.jsonl"]  # boxes + pixels
+    object_store = store("object", image_teacher, crops_from, crop_files,
                          lambda: encode_images([paths.objects / c for c in crop_files], "object crops"))
     result["sets"] |= {"image": image_store.folder.name, "object": object_store.folder.name}
 
@@ -245,7 +253,7 @@ def run_train(
     keys = artifact_keys(cfg, data_seed)
     up = require_top_level(cfg, paths) if data_seed is None else None
     if up is not None:
-        check_inputs(up.raw, up.teachers, up.teacher_manifest)
+        check_inputs(up.raw, up.teachers, up.teacher_manifest, up.teacher_dirs)
     check_precision(cfg.train.precision, resolve_device(cfg.base.device))  # before a run is started
     tracking.configure(cfg)
     resumed_run, resumed_step = resume_point_run(out_dir, cfg)
@@ -257,7 +265,7 @@ def run_train(
     ) as active:
         if up is None:
             up = resolve(cfg, paths, data_seed)
-            check_inputs(up.raw, up.teachers, up.teacher_manifest)
+            check_inputs(up.raw, up.teachers, up.teacher_manifest, up.teacher_dirs)
         if resumed_run is None:
             tracking.log_config(cfg)
         else:

@@ -124,7 +124,7 @@ def run_sweep(
             summary = run_train(
                 trial_cfg, paths, out_dir=out_root / f"trial-{trial.number}", experiment_name="sweep",
                 run_name=f"{study_name} trial {trial.number}", parent_run_id=parent.info.run_id,
-                on_eval=report, progress=False,
+                on_eval=report, progress=False, data_seed=cfg.base.seed,  # a trial's own upstream artifacts
             )
             trial.set_user_attr("mlflow_run_id", summary["run_id"])
             return summary["best_dev_sts"]

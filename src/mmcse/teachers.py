@@ -4,11 +4,14 @@ Each cached set lives in ``<cache_dir>/<name>-<key>/`` with ``features.npy`` (fl
 ``(N, d)``) and ``index.json`` (row ids, teacher config, data fingerprint). The key
 is a hash of (teacher config, data fingerprint), so a rerun, an ablation or a sweep
 trial that needs the same features finds them and runs no model at all.
-``index.json`` is written last: a set without it is incomplete and is recomputed.
+``index.json`` is written last: a set without it is incomplete and is recomputed. It records
+the shape and SHA-256 of ``features.npy``; a set that does not match them (truncated, damaged)
+is deleted and recomputed by ``cached_features``, and named in one line by ``FeatureStore.open``.
 """
 
 from __future__ import annotations
 
+import logging
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -21,7 +24,12 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from mmcse.config import TeachersConfig
-from mmcse.io import atomic_path, open_image, read_json, sha256_json, write_json
+from mmcse.errors import CorruptArtifact
+from mmcse.integrity import HashingWriter, check_npy, read_json_artifact, remember_sha256
+from mmcse.io import atomic_path, open_image, sha256_json, write_json
+
+log = logging.getLogger(__name__)
+REBUILD = "rerun the cache_teachers stage to rebuild it (dvc repro cache_teachers)"
 
 # --------------------------------------------------------------------------- image encoder
 
@@ -237,12 +245,21 @@ class FeatureStore:
 
     @classmethod
     def open(cls, folder: str | Path) -> FeatureStore:
+        """Open a set, checked first: ``features.npy``'s header against its size, its shape
+        against ``index.json`` (``shape``, one row per id) and, when the index records one, its
+        SHA-256 (hashed once per process per unchanged file). A bad set raises
+        :class:`CorruptArtifact` naming the file and the stage that rebuilds it."""
         folder = Path(folder)
-        index = read_json(folder / "index.json")
-        features = np.load(folder / "features.npy", mmap_mode="r")
-        if features.shape[0] != len(index["ids"]):
-            raise ValueError(f"{folder}: {features.shape[0]} rows but {len(index['ids'])} ids (corrupt cache)")
-        return cls(folder, tuple(index["ids"]), features, index)
+        index = read_json_artifact(folder / "index.json", REBUILD)
+        ids = index.get("ids") if isinstance(index, dict) else None
+        if not isinstance(ids, list):
+            raise CorruptArtifact(folder / "index.json", "no list of row ids", REBUILD)
+        file = folder / "features.npy"
+        header = check_npy(file, REBUILD, shape=index.get("shape"), sha256=index.get("sha256"))
+        if len(header.shape) != 2 or header.shape[0] != len(ids):
+            raise CorruptArtifact(file, f"holds shape {header.shape}, index.json lists {len(ids)} ids", REBUILD)
+        features = np.load(file, mmap_mode="r")
+        return cls(folder, tuple(ids), features, index)
 
     @property
     def dim(self) -> int:
@@ -292,22 +309,32 @@ def cached_features(
     a cache hit (``compute`` not called).
     """
     for shared in read_only:
-        if (Path(shared) / f"{name}-{cache_key(teacher, fingerprint)}" / "index.json").is_file():
-            return FeatureStore.open(Path(shared) / f"{name}-{cache_key(teacher, fingerprint)}"), True
+        found = Path(shared) / f"{name}-{cache_key(teacher, fingerprint)}"
+        if (found / "index.json").is_file():
+            try:
+                return FeatureStore.open(found), True
+            except CorruptArtifact as err:  # not ours to delete: computed into cache_dir instead
+                log.warning("%s: %s; computing the set into %s instead", err.path, err.problem, cache_dir)
     folder = Path(cache_dir) / f"{name}-{cache_key(teacher, fingerprint)}"
     if (folder / "index.json").is_file():
-        return FeatureStore.open(folder), True
+        try:
+            return FeatureStore.open(folder), True
+        except CorruptArtifact as err:  # truncated, bit-flipped or foreign: computed again below
+            log.warning("%s: %s; deleting the cached set and computing it again", err.path, err.problem)
     if folder.exists():
-        shutil.rmtree(folder)  # an interrupted earlier write
+        shutil.rmtree(folder)  # an interrupted earlier write, or the damaged set above
     features = np.ascontiguousarray(compute(), dtype=np.float32)
     if features.shape[0] != len(ids):
         raise ValueError(f"teacher {name}: computed {features.shape[0]} rows for {len(ids)} ids")
     folder.mkdir(parents=True)
     with atomic_path(folder / "features.npy") as tmp:
         with open(tmp, "wb") as handle:
-            np.save(handle, features)
+            writer = HashingWriter(handle)  # the digest is taken while writing: no second read
+            np.save(writer, features)
+    remember_sha256(folder / "features.npy", writer.hexdigest())
     write_json(
         folder / "index.json",
-        {"ids": list(ids), "teacher": teacher, "fingerprint": fingerprint, "shape": list(features.shape)},
+        {"ids": list(ids), "teacher": teacher, "fingerprint": fingerprint, "shape": list(features.shape),
+         "sha256": writer.hexdigest(), "bytes": writer.bytes},
     )
     return FeatureStore.open(folder), False

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import os
 import shutil
@@ -27,16 +28,18 @@ from transformers import get_linear_schedule_with_warmup
 from mmcse.config import Config, active_terms
 from mmcse.data.senteval import SentencePair
 from mmcse.device import resolve_device
-from mmcse.errors import TrainingOutOfMemory
+from mmcse.errors import CorruptArtifact, TrainingOutOfMemory
 from mmcse.evaluate import evaluate_sts, group_by_task, student_encoder
+from mmcse.integrity import check_model_folder, check_safetensors, load_torch, read_json_artifact
 from mmcse.io import read_json, read_jsonl, write_json
 from mmcse.losses import span_mean, weighted_teacher_similarity
-from mmcse.models import Student, load_backbone, load_tokenizer, save_student
+from mmcse.models import HEADS_FILE, HEADS_META, Student, load_backbone, load_tokenizer, save_student
 from mmcse.objectives import STAT, StepEmbeddings, needed_features, step_objective
 from mmcse.precision import autocast, check_precision, configure_kernels, fused_adamw_supported, grad_scaler
 from mmcse.teachers import FeatureStore
 from mmcse.tokens import TokenTable, cached_tokens, to_device
 
+log = logging.getLogger(__name__)
 TEXT, PAIR = "text", "pair"
 LOG_EVERY = 5  # steps between logged loss values
 # Steps between reading logged values back from the device: each read waits for the GPU to
@@ -67,16 +70,30 @@ def alternation_schedule(n_text: int, n_pair: int) -> list[str]:
     return schedule
 
 
-def check_inputs(data_dir: Path, teachers_dir: Path, teacher_manifest: Path | None = None) -> None:
-    """Fail before any run is started when an upstream stage's output is missing."""
-    needed = [data_dir / "corpus.txt", data_dir / "pairs.jsonl", data_dir / "sts" / "dev.jsonl",
-              teacher_manifest or teachers_dir / "manifest.json"]
+def teacher_set_folder(name: str, teachers_dir: Path, teacher_dirs: Sequence[Path] = ()) -> Path:
+    """Where the cached set ``name`` a manifest names is: ``teachers_dir``, else the first of
+    ``teacher_dirs`` holding it (a variant's manifest names sets of the top-level cache too)."""
+    found = [d / name for d in (teachers_dir, *teacher_dirs) if (d / name / "index.json").is_file()]
+    return found[0] if found else teachers_dir / name
+
+
+def check_inputs(data_dir: Path, teachers_dir: Path, teacher_manifest: Path | None = None,
+                 teacher_dirs: Sequence[Path] = ()) -> None:
+    """Fail before any run is started when an upstream stage's output is missing, or a cached
+    teacher set is damaged (one line naming the file; its digest is then remembered, so the
+    training that follows does not hash it again)."""
+    manifest = teacher_manifest or teachers_dir / "manifest.json"
+    needed = [data_dir / "corpus.txt", data_dir / "pairs.jsonl", data_dir / "sts" / "dev.jsonl", manifest]
     missing = [str(p) for p in needed if not p.is_file()]
     if missing:
         raise FileNotFoundError(
             f"missing inputs {', '.join(missing)}: run the download, detect_objects and cache_teachers stages "
             "first (dvc repro train)"
         )
+    sets = read_json(manifest).get("sets", {})
+    for value in sets.values():
+        for name in [value] if isinstance(value, str) else [t[k] for t in value for k in ("caption", "corpus")]:
+            FeatureStore.open(teacher_set_folder(name, teachers_dir, teacher_dirs))
 
 
 @dataclass
@@ -117,8 +134,7 @@ class TrainData:
             )
 
         def open_set(name: str) -> FeatureStore:
-            found = [d / name for d in (teachers_dir, *teacher_dirs) if (d / name / "index.json").is_file()]
-            return FeatureStore.open(found[0] if found else teachers_dir / name)
+            return FeatureStore.open(teacher_set_folder(name, teachers_dir, teacher_dirs))
 
         objects_dir = objects_dir or data_dir.parent / "objects"
         objects: dict[str, list[dict[str, Any]]] = {}
@@ -383,27 +399,82 @@ def resume_point_run(out_dir: Path, cfg: Config) -> tuple[str | None, int]:
 def _load_resume_point(
     folder: Path, student: Student, optimizer, scheduler, scaler, config_hash: str
 ) -> TrainState | None:
-    if not (folder / "state.json").is_file():
-        old = folder.with_name(folder.name + ".old")
-        if (old / "state.json").is_file():  # killed between the two renames of _swap_in
-            folder = old
-        else:
+    """Restore the resume point in ``folder`` (or the ``.old`` copy a kill between the renames
+    of ``_swap_in`` left). Every file is checked before anything is restored: a damaged one is
+    named in a warning and the next copy tried, else training starts afresh. A damaged best
+    checkpoint beside it is deleted and training starts afresh too: the best weights can only
+    be had again by replaying the run (the resume point holds the latest weights, not the best)."""
+    if _best_is_damaged(folder.parent / "best"):
+        return None
+    damaged = False
+    for candidate in (folder, folder.with_name(folder.name + ".old")):
+        if not (candidate / "state.json").is_file():
+            continue
+        try:
+            loaded = _read_resume_point(candidate, student, config_hash)
+        except CorruptArtifact as err:
+            log.warning("%s", err)
+            damaged = True
+            continue
+        if loaded is None:
             return None
-    meta = json.loads((folder / "state.json").read_text())
+        meta, weights, trainer = loaded
+        student.load_state_dict(weights)
+        optimizer.load_state_dict(trainer["optimizer"])
+        scheduler.load_state_dict(trainer["scheduler"])
+        if trainer.get("scaler"):
+            scaler.load_state_dict(trainer["scaler"])
+        torch.set_rng_state(trainer["rng"])
+        if "cuda_rng" in trainer and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(trainer["cuda_rng"])
+        return TrainState(meta["step"], meta["best_score"], meta["best_step"], meta["history"])
+    if damaged:
+        log.warning("%s: no whole resume point; training starts afresh from step 0", folder)
+    return None
+
+
+_IGNORED = "resume point ignored"
+
+
+def _read_resume_point(
+    folder: Path, student: Student, config_hash: str
+) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, Any]] | None:
+    """``(state, student weights, trainer state)`` of a resume point, checked against the model
+    being trained; None for another configuration's point or released weights."""
+    meta = read_json_artifact(folder / "state.json", _IGNORED)
+    if not isinstance(meta, dict) or not {"step", "best_score", "best_step", "history", "config_hash"} <= meta.keys():
+        raise CorruptArtifact(folder / "state.json", "fields missing", _IGNORED)
     if meta["config_hash"] != config_hash:
         return None  # a different configuration: start afresh rather than mix runs
     if not all((folder / name).is_file() for name in RESUME_WEIGHTS):
         return None  # weights released by release_resume_point: only the history is left
-    student.load_state_dict(load_file(str(folder / "student.safetensors")))
-    trainer = torch.load(folder / "trainer.pt", weights_only=True)
-    optimizer.load_state_dict(trainer["optimizer"])
-    scheduler.load_state_dict(trainer["scheduler"])
-    if trainer.get("scaler"):
-        scaler.load_state_dict(trainer["scaler"])
-    torch.set_rng_state(trainer["rng"])
-    if "cuda_rng" in trainer and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(trainer["cuda_rng"])
-    return TrainState(meta["step"], meta["best_score"], meta["best_step"], meta["history"])
+    weights_file = folder / "student.safetensors"
+    check_safetensors(weights_file, _IGNORED)
+    weights = load_file(str(weights_file))
+    expected = student.state_dict()
+    if weights.keys() != expected.keys() or any(weights[k].shape != v.shape for k, v in expected.items()):
+        raise CorruptArtifact(weights_file, "its tensors do not match the model being trained", _IGNORED)
+    trainer = load_torch(folder / "trainer.pt", _IGNORED, weights_only=True)
+    if not isinstance(trainer, dict) or not {"optimizer", "scheduler", "rng"} <= trainer.keys():
+        raise CorruptArtifact(folder / "trainer.pt", "optimizer, scheduler or RNG state missing", _IGNORED)
+    return meta, weights, trainer
+
+
+BEST_REQUIRED = ("config.json", "model.safetensors", HEADS_FILE, HEADS_META)
+
+
+def _best_is_damaged(best_dir: Path) -> bool:
+    """Check a best checkpoint folder (HF safetensors headers, JSON files, required files);
+    a damaged one is named in a warning and deleted (True)."""
+    if not best_dir.is_dir():
+        return False
+    try:
+        check_model_folder(best_dir, "retraining from step 0 to rebuild it", required=BEST_REQUIRED)
+    except CorruptArtifact as err:
+        log.warning("%s", err)
+        shutil.rmtree(best_dir)
+        return True
+    return False
 
 
 def build_optimizer(student: torch.nn.Module, cfg: Config, total_steps: int, device: torch.device | None = None):
@@ -533,7 +604,7 @@ def train(
     data_dir, teachers_dir, out_dir = Path(data_dir), Path(teachers_dir), Path(out_dir)
     objects_dir = Path(objects_dir) if objects_dir is not None else data_dir.parent / "objects"
     manifest = Path(teacher_manifest) if teacher_manifest is not None else None
-    check_inputs(data_dir, teachers_dir, manifest)
+    check_inputs(data_dir, teachers_dir, manifest, [Path(d) for d in teacher_dirs])
     device = resolve_device(cfg.base.device)
     check_precision(cfg.train.precision, device)
     data = TrainData.load(data_dir, teachers_dir, objects_dir, manifest, [Path(d) for d in teacher_dirs])

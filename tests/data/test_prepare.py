@@ -43,6 +43,24 @@ def test_download_writes_only_the_chosen_captions(tmp_path):
     assert everything["counts"]["pairs"] == 18 and longest["counts"]["pairs"] == 6
 
 
+def test_demo_images_record_their_digest_and_size(tmp_path):
+    import hashlib
+
+    from mmcse.config import DataConfig, DemoDataConfig
+    from mmcse.data.prepare import prepare_data
+    from mmcse.io import read_jsonl
+
+    demo = DemoDataConfig(num_images=3, captions_per_image=1, corpus_sentences=5, sts_dev_pairs=10,
+                          sts_test_pairs=10)
+    prepare_data(DataConfig(demo=demo), 3, tmp_path / "raw")
+    rows = read_jsonl(tmp_path / "raw/images.jsonl")
+    assert len(rows) == 3
+    for row in rows:
+        data = (tmp_path / "raw" / row["file"]).read_bytes()
+        assert row["sha256"] == hashlib.sha256(data).hexdigest() and row["bytes"] == len(data)
+    assert len({r["sha256"] for r in rows}) == 3
+
+
 def test_corpus_from_a_text_file_and_from_the_hub_cache(tmp_path, monkeypatch):
     from mmcse.config import ConfigError, DataConfig, parse_config
     from mmcse.data.prepare import load_corpus

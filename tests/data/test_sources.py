@@ -127,6 +127,10 @@ def test_flickr30k_pairs_images_and_manifest(archives, tmp_path, monkeypatch):
     assert all(p["phrases"] == [] for p in pairs) and manifest["counts"]["pairs_with_phrases"] == 0
     with Image.open(raw / images[1]["file"]) as img:
         assert img.size == (32, 48) and images[1]["split"] == "train"
+    # each image's digest and size (the teacher-cache fingerprints see image bytes through them)
+    for row in images:
+        data = (raw / row["file"]).read_bytes()
+        assert row["sha256"] == hashlib.sha256(data).hexdigest() and row["bytes"] == len(data)
     # the manifest records each archive's origin and digest, and digests of the tables
     assert manifest["sources"]["karpathy_splits"]["sha256"] == digests["caption_datasets.zip"]
     assert manifest["sources"]["flickr30k_images"]["sha256"] == digests["flickr30k-images.zip"]
@@ -139,6 +143,7 @@ def test_flickr30k_pairs_images_and_manifest(archives, tmp_path, monkeypatch):
     RangeHandler.requests.clear()
     with monkeypatch.context() as patch:
         patch.setattr(sources, "_readable", lambda path: pytest.fail(f"{path} decoded again"))
+        patch.setattr(sources, "_file_record", lambda path: pytest.fail(f"{path} hashed again"))
         again = prepare_data(_config(url, pairs="flickr30k"), 0, tmp_path / "raw", tmp_path / "dl")
     assert RangeHandler.requests == [] and again == manifest
 
@@ -310,5 +315,7 @@ def test_verify_images_off_keeps_what_the_archive_lists_and_downloads_dir_moves_
     manifest = prepare_data(_config(url, pairs="flickr30k", verify_images=False), 0, tmp_path / "raw",
                             tmp_path / "dl")
     assert manifest["counts"]["images"] == 3 and manifest["counts"]["images_unreadable"] == 0  # 1003 kept
+    for row in read_jsonl(tmp_path / "raw/images.jsonl"):  # hashed though not decoded
+        assert row["sha256"] == hashlib.sha256((tmp_path / "raw" / row["file"]).read_bytes()).hexdigest()
     paths = Paths.of(Config(data=parse_config({"data": {"downloads_dir": "archives"}}).data), tmp_path)
     assert paths.downloads == tmp_path / "data" / "archives"

@@ -49,3 +49,32 @@ def test_train_stage_without_upstream_outputs_says_what_to_run(tmp_path):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
     out = _stage("train", tmp_path)
     assert out.returncode == 2 and "data/raw (data: missing)" in out.stderr and "dvc repro" in out.stderr
+
+
+def _truncated_teacher_set(project, role="image"):
+    import json
+
+    sets = json.loads((project / "data/teachers/manifest.json").read_text())["sets"]
+    file = project / "data/teachers" / sets[role] / "features.npy"
+    data = file.read_bytes()
+    file.write_bytes(data[: len(data) // 2])
+    return file.relative_to(project), data
+
+
+def test_train_stage_names_a_truncated_teacher_set_in_one_line(project):
+    file, _ = _truncated_teacher_set(project)
+    out = _stage("train", project)
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: {file}: truncated: ")
+    assert last.endswith("; rerun the cache_teachers stage to rebuild it (dvc repro cache_teachers)")
+    assert not (project / "mlruns").exists()  # caught before a (failed) MLflow run was started
+
+
+def test_cache_teachers_stage_rebuilds_a_truncated_set(project):
+    file, whole = _truncated_teacher_set(project)
+    out = _stage("cache_teachers", project)
+    assert out.returncode == 0, out.stderr
+    assert f"{file}: truncated: " in out.stderr and "computing it again" in out.stderr
+    assert (project / file).read_bytes() == whole  # the same features, recomputed
+    assert yaml.safe_load((project / "metrics/teachers.json").read_text())["cache_hit_image"] is False

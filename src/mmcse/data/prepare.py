@@ -8,7 +8,8 @@ Layout written (all paths relative to the data folder)::
 
     images/<image_id>.png        demo: RGB scene | images/<dataset>/...: real images (hard links)
     masks/<image_id>.png         demo: label mask (0 background, k = object k-1)
-    images.jsonl                 image_id, file (+ split; demo: mask; objects [{box, ...}] where annotated)
+    images.jsonl                 image_id, file, sha256, bytes (+ split; demo: mask; objects [{box, ...}] where
+                                 annotated); the digests put image bytes into the teacher-cache fingerprints
     pairs.jsonl                  pair_id, image_id, caption, phrases [{object, start, end}] (empty: none)
     corpus.txt                   text-only sentences (one per line)
     sts/dev.jsonl, sts/test.jsonl  task, subset, s1, s2, score
@@ -17,6 +18,8 @@ Layout written (all paths relative to the data folder)::
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 import random
 import shutil
@@ -30,7 +33,7 @@ from mmcse.config import DataConfig, SourceConfig
 from mmcse.data import demo
 from mmcse.data.senteval import available_transfer_tasks, read_sts_task, read_sts_tasks, read_transfer_task
 from mmcse.data.sources import Fetched, fetch_source, real_pairs, senteval_folder
-from mmcse.io import atomic_path, sha256_file, write_json, write_jsonl, write_text
+from mmcse.io import atomic_path, sha256_file, write_bytes, write_json, write_jsonl, write_text
 
 
 def _generate_pairs(cfg: DataConfig, seed: int, out: Path) -> tuple[list[dict], list[dict]]:
@@ -41,14 +44,17 @@ def _generate_pairs(cfg: DataConfig, seed: int, out: Path) -> tuple[list[dict], 
         image_id = f"img{i:05d}"
         scene = demo.sample_scene(rng, d.min_objects, d.max_objects)
         picture, labels, boxes = demo.render_scene(scene, d.image_size, rng)
-        with atomic_path(out / "images" / f"{image_id}.png") as tmp:
-            picture.save(tmp, format="PNG")
+        encoded = io.BytesIO()
+        picture.save(encoded, format="PNG")
+        write_bytes(out / "images" / f"{image_id}.png", encoded.getvalue())
         with atomic_path(out / "masks" / f"{image_id}.png") as tmp:
             demo.Image.fromarray(labels, "L").save(tmp, format="PNG")
         images.append(
             {
                 "image_id": image_id,
                 "file": f"images/{image_id}.png",
+                "sha256": hashlib.sha256(encoded.getvalue()).hexdigest(),  # in the teacher-cache fingerprints
+                "bytes": len(encoded.getvalue()),
                 "mask": f"masks/{image_id}.png",
                 "background": scene.background,
                 "objects": [

@@ -207,21 +207,34 @@ def _readable(path: Path) -> bool:
         return False
 
 
+def _file_record(path: Path) -> dict[str, Any]:
+    """SHA-256 and size of an image file (recorded in images.jsonl: the teacher-cache fingerprints)."""
+    return {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+
+
 class _Verdicts:
-    """Remembered decode results of the images of one extracted folder (``.mmcse-verified.json``)."""
+    """Remembered digests and decode results of the images of one extracted folder
+    (``.mmcse-verified.json``: file name -> ``{sha256, bytes[, readable]}``)."""
 
     def __init__(self, folder: Path, remember: bool):
         # only folders this stage extracted are remembered: a user's own folder may change
         self.file = folder / ".mmcse-verified.json"
         self.remember = remember
-        self.seen: dict[str, bool] = json.loads(self.file.read_text()) if remember and self.file.is_file() else {}
+        self.seen: dict[str, Any] = json.loads(self.file.read_text()) if remember and self.file.is_file() else {}
         self.changed = False
 
-    def readable(self, path: Path) -> bool:
-        if path.name not in self.seen:
-            self.seen[path.name] = _readable(path)
+    def inspect(self, path: Path, decode: bool) -> dict[str, Any]:
+        """``{sha256, bytes}`` of ``path`` and, with ``decode``, ``readable``; each computed once
+        per file (older verdict files hold a bare bool: the digest is computed then)."""
+        entry = self.seen.get(path.name)
+        if not isinstance(entry, dict) or entry.get("bytes") != path.stat().st_size:
+            entry = _file_record(path)
+        if decode and "readable" not in entry:
+            entry = {**entry, "readable": _readable(path)}
+        if entry is not self.seen.get(path.name):
+            self.seen[path.name] = entry
             self.changed = True
-        return self.seen[path.name]
+        return entry
 
     def save(self) -> None:
         if self.remember and self.changed:
@@ -276,7 +289,7 @@ def real_pairs(cfg: DataConfig, out: Path, downloads: Path) -> tuple[list[dict],
     report: dict[str, Any] = {"sources": sources, "images_missing": 0, "images_unreadable": 0,
                               "images_without_entities": 0}
     # An extracted folder never changes (it is redone when its archive does), so each image is
-    # decoded once: a rerun over 120k COCO images reads the verdicts instead.
+    # hashed and decoded once: a rerun over 120k COCO images reads the verdicts instead.
     verdicts = {folder: _Verdicts(root, Path(downloads).resolve() in root.resolve().parents)
                 for folder, root in roots.items()}
     for entry in tqdm(entries, desc=f"download: {dataset} images", unit="img"):
@@ -285,12 +298,14 @@ def real_pairs(cfg: DataConfig, out: Path, downloads: Path) -> tuple[list[dict],
             log.warning("%s: listed in the Karpathy split but not in the image archive; skipped", src)
             report["images_missing"] += 1
             continue
-        if cfg.verify_images and not verdicts[entry.folder].readable(src):
+        record = verdicts[entry.folder].inspect(src, decode=cfg.verify_images)
+        if cfg.verify_images and not record["readable"]:
             log.warning("%s: unreadable or truncated image; skipped", src)
             report["images_unreadable"] += 1
             continue
         rel = f"images/{dataset}/{entry.folder + '/' if entry.folder else ''}{entry.filename}"
-        row: dict[str, Any] = {"image_id": entry.image_id, "file": rel, "split": entry.split}
+        row: dict[str, Any] = {"image_id": entry.image_id, "file": rel, "split": entry.split,
+                               "sha256": record["sha256"], "bytes": record["bytes"]}
         captions = [(text, []) for text in entry.captions]
         if entities is not None:
             found = entities_for(entities, Path(entry.filename).stem)

@@ -1,0 +1,236 @@
+"""Checks that a stored artifact is whole before anything reads it.
+
+A truncated ``features.npy`` otherwise surfaces as numpy's "mmap length is greater than file
+size" and a truncated ``model.safetensors`` as a long traceback from deep inside a loader, and
+neither names the file. Each check here compares a file against its own header (``.npy``:
+shape × itemsize + header length; safetensors: the tensors' data offsets) and, where one was
+recorded, against a SHA-256 digest, and raises :class:`~mmcse.errors.CorruptArtifact` with one
+line: ``<path>: <what is wrong>; <what to run>``.
+
+Hashing a GB-size feature file on every open would cost seconds per run, so a file's digest
+is computed once per process and remembered against its (path, inode, size, mtime, ctime):
+any write to the file or a replacement of it changes that key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mmcse.errors import CorruptArtifact
+
+# --------------------------------------------------------------------------- digests (memoised)
+
+_DIGESTS: dict[tuple[str, int, int, int, int], str] = {}
+
+
+def _stat_key(path: Path) -> tuple[str, int, int, int, int]:
+    st = path.stat()
+    return str(path.resolve()), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns
+
+
+def file_sha256(path: str | Path, chunk: int = 1 << 22) -> str:
+    """SHA-256 of ``path``, hashed at most once per process while the file is unchanged."""
+    path = Path(path)
+    key = _stat_key(path)
+    digest = _DIGESTS.get(key)
+    if digest is None:
+        h = hashlib.sha256()
+        with open(path, "rb") as handle:
+            while block := handle.read(chunk):
+                h.update(block)
+        digest = _DIGESTS[key] = h.hexdigest()
+    return digest
+
+
+def remember_sha256(path: str | Path, digest: str) -> None:
+    """Record the digest of a file this process has just written (hashed while writing)."""
+    _DIGESTS[_stat_key(Path(path))] = digest
+
+
+class HashingWriter:
+    """A binary file wrapper that hashes what is written through it (``np.save`` target)."""
+
+    def __init__(self, handle: Any) -> None:
+        self._handle = handle
+        self._sha = hashlib.sha256()
+        self.bytes = 0
+
+    def write(self, data: bytes | memoryview) -> int:
+        self._sha.update(data)
+        self.bytes += len(data)
+        return self._handle.write(data)
+
+    def hexdigest(self) -> str:
+        return self._sha.hexdigest()
+
+
+def _size(path: Path, fix: str) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        raise CorruptArtifact(path, "missing", fix) from None
+
+
+# --------------------------------------------------------------------------- .npy
+
+
+@dataclass(frozen=True)
+class NpyHeader:
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    fortran_order: bool
+    offset: int  # bytes before the data
+
+    @property
+    def data_bytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
+
+def npy_header(path: str | Path, fix: str) -> NpyHeader:
+    """The header of a ``.npy`` file, checked against the file's size (a truncated or padded
+    file is an error, before numpy would memory-map past its end)."""
+    from numpy.lib import format as npy
+
+    path = Path(path)
+    size = _size(path, fix)
+    try:
+        with open(path, "rb") as handle:
+            version = npy.read_magic(handle)
+            if version == (1, 0):
+                shape, fortran, dtype = npy.read_array_header_1_0(handle)
+            elif version == (2, 0):
+                shape, fortran, dtype = npy.read_array_header_2_0(handle)
+            else:  # (3, 0): utf-8 field names, only through the private reader
+                shape, fortran, dtype = npy._read_array_header(handle, version)
+            offset = handle.tell()
+    except (ValueError, OSError, SyntaxError) as err:
+        raise CorruptArtifact(path, f"not a readable .npy file ({str(err).splitlines()[0]})", fix) from None
+    header = NpyHeader(tuple(int(n) for n in shape), np.dtype(dtype), bool(fortran), offset)
+    if header.dtype.hasobject:
+        raise CorruptArtifact(path, "holds Python objects, not numbers", fix)
+    expected = header.offset + header.data_bytes
+    if size != expected:
+        state = "truncated" if size < expected else "longer than its header says"
+        problem = f"{state}: {size} bytes, its header ({header.shape} {header.dtype}) needs {expected}"
+        raise CorruptArtifact(path, problem, fix)
+    return header
+
+
+def check_npy(
+    path: str | Path, fix: str, shape: Iterable[int] | None = None, sha256: str | None = None
+) -> NpyHeader:
+    """Check a ``.npy`` file: header vs size always, ``shape`` when given, and the content's
+    SHA-256 when one was recorded (hashed once per process per unchanged file)."""
+    path = Path(path)
+    header = npy_header(path, fix)
+    if shape is not None and tuple(shape) != header.shape:
+        raise CorruptArtifact(path, f"holds shape {header.shape}, its index records {tuple(shape)}", fix)
+    if sha256 and file_sha256(path) != sha256:
+        raise CorruptArtifact(path, "content does not match the SHA-256 recorded when it was written", fix)
+    return header
+
+
+# --------------------------------------------------------------------------- safetensors / torch
+
+_SAFETENSORS_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "U16": 2, "I16": 2, "F16": 2,
+                      "BF16": 2, "U32": 4, "I32": 4, "F32": 4, "U64": 8, "I64": 8, "F64": 8, "C64": 8}
+
+
+def check_safetensors(path: str | Path, fix: str) -> dict[str, Any]:
+    """Check a safetensors file against its header: an 8-byte little-endian header length, a
+    JSON header whose tensors' ``data_offsets`` lie within the data (and match each tensor's
+    shape × dtype size), and a file exactly as long as header + data. Returns the header."""
+    path = Path(path)
+    size = _size(path, fix)
+    if size < 8:
+        raise CorruptArtifact(path, f"truncated: {size} bytes, shorter than the 8-byte header length", fix)
+    with open(path, "rb") as handle:
+        n = int.from_bytes(handle.read(8), "little")
+        if 8 + n > size:
+            raise CorruptArtifact(path, f"truncated: {size} bytes, its header alone claims {8 + n}", fix)
+        raw = handle.read(n)
+    try:
+        header = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CorruptArtifact(path, f"unreadable safetensors header ({err})", fix) from None
+    if not isinstance(header, dict):
+        raise CorruptArtifact(path, "unreadable safetensors header (not a JSON object)", fix)
+    end = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            start, stop = (int(x) for x in info["data_offsets"])
+            shape, dtype = [int(d) for d in info["shape"]], str(info["dtype"])
+        except (KeyError, TypeError, ValueError):
+            raise CorruptArtifact(path, f"tensor {name!r} has a malformed header entry", fix) from None
+        if not 0 <= start <= stop:
+            raise CorruptArtifact(path, f"tensor {name!r} has data offsets [{start}, {stop})", fix)
+        if dtype in _SAFETENSORS_BYTES and stop - start != math.prod(shape) * _SAFETENSORS_BYTES[dtype]:
+            raise CorruptArtifact(path, f"tensor {name!r} ({dtype} {shape}) spans {stop - start} bytes", fix)
+        end = max(end, stop)
+    expected = 8 + n + end
+    if size != expected:
+        state = "truncated" if size < expected else "longer than its header says"
+        raise CorruptArtifact(path, f"{state}: {size} bytes, its header describes {expected}", fix)
+    return header
+
+
+def load_torch(path: str | Path, fix: str, **kwargs: Any) -> Any:
+    """``torch.load(path)``; any failure (truncated zip, bad pickle) is one line naming the file."""
+    import torch
+
+    path = Path(path)
+    _size(path, fix)
+    try:
+        return torch.load(path, **kwargs)
+    except Exception as err:  # zipfile, pickle and torch errors all mean "unreadable"
+        first = str(err).splitlines()[0] if str(err) else ""
+        raise CorruptArtifact(path, f"unreadable ({type(err).__name__}: {first[:200]})", fix) from None
+
+
+def read_json_artifact(path: str | Path, fix: str) -> Any:
+    """A JSON file that must be present and parse; otherwise one line naming it."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CorruptArtifact(path, "missing", fix) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise CorruptArtifact(path, f"corrupt JSON ({err})", fix) from None
+
+
+def check_model_folder(folder: str | Path, fix: str, required: Iterable[str] = ()) -> None:
+    """Check a model folder before a loader reads it: every ``*.safetensors`` file against its
+    header, every top-level ``*.json`` (config, tokenizer, heads) parses, ``required`` files exist."""
+    folder = Path(folder)
+    for name in required:
+        if not (folder / name).is_file():
+            raise CorruptArtifact(folder / name, "missing", fix)
+    for path in sorted(folder.glob("*.safetensors")):
+        check_safetensors(path, fix)
+    for path in sorted(folder.glob("*.json")):
+        read_json_artifact(path, fix)
+
+
+def image_size_mismatch(path: Path, recorded: int | None) -> str | None:
+    """What is wrong with an image file against the byte size the download stage recorded in
+    images.jsonl (``None``: it matches, or no size was recorded); a stat, no read."""
+    if recorded is None:
+        return None
+    try:
+        size = os.path.getsize(path)
+    except FileNotFoundError:
+        return "missing (images.jsonl lists it)"
+    if size != recorded:
+        return f"{size} bytes, images.jsonl records {recorded} (changed or damaged since the download stage)"
+    return None
