@@ -104,3 +104,22 @@ def test_sweep_space_can_name_every_method_knob():
     assert set(parse_config({"sweep": {"space": space}}).sweep.space) == set(keys)
     with pytest.raises(ConfigError, match="loss.kdmcse.margn"):
         parse_config({"sweep": {"space": {"loss.kdmcse.margn": {"type": "float", "low": 0, "high": 1}}}})
+
+
+def test_params_yaml_survives_the_rewrite_of_dvc_exp_run_set_param(tmp_path):
+    """`dvc exp run -S key=value` rewrites params.yaml with DVC's round-trip YAML dumper; the
+    file must still parse, to the same values but the one that was set."""
+    import shutil
+
+    import yaml
+    from dvc.utils.serialize import modify_yaml
+
+    from tests.conftest import REPO
+
+    params = tmp_path / "params.yaml"
+    shutil.copy(REPO / "params.yaml", params)
+    with modify_yaml(str(params)) as tree:
+        tree["ablate"]["preset"] = "dalr-table9"
+    expected = yaml.safe_load((REPO / "params.yaml").read_text())
+    expected["ablate"]["preset"] = "dalr-table9"
+    assert yaml.safe_load(params.read_text()) == expected
