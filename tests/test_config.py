@@ -112,7 +112,7 @@ def test_params_yaml_survives_the_rewrite_of_dvc_exp_run_set_param(tmp_path):
     import shutil
 
     import yaml
-    from dvc.utils.serialize import modify_yaml
+    from dvc.utils.serialize import load_yaml, modify_yaml
 
     from tests.conftest import REPO
 
@@ -122,4 +122,5 @@ def test_params_yaml_survives_the_rewrite_of_dvc_exp_run_set_param(tmp_path):
         tree["ablate"]["preset"] = "dalr-table9"
     expected = yaml.safe_load((REPO / "params.yaml").read_text())
     expected["ablate"]["preset"] = "dalr-table9"
+    assert load_yaml(str(params)) == expected  # DVC's own reader, as the stages' params check uses
     assert yaml.safe_load(params.read_text()) == expected
