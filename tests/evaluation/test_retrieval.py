@@ -1,0 +1,99 @@
+"""Recall@K against a direct transcription of the VSE++ protocol, and hand-checked cases."""
+
+import numpy as np
+import pytest
+
+from mmcse.evaluation.retrieval import coco_1k_folds, fold_mean, retrieval_metrics
+
+
+def transcribed(image_emb, text_emb, text_image):
+    """VSE++'s i2t / t2i loops written out: sort by score, ties put the ground truth last."""
+    def unit(v):
+        return [x / np.linalg.norm(x) for x in v]
+
+    images, texts = unit(image_emb), unit(text_emb)
+    i2t_ranks, t2i_ranks = [], []
+    for i, img in enumerate(images):
+        order = sorted(range(len(texts)), key=lambda j: (-float(img @ texts[j]), text_image[j] == i))
+        i2t_ranks.append(min(pos for pos, j in enumerate(order) if text_image[j] == i))
+    for j, txt in enumerate(texts):
+        order = sorted(range(len(images)), key=lambda i: (-float(images[i] @ txt), i == text_image[j]))
+        t2i_ranks.append(order.index(text_image[j]))
+    out = {}
+    for name, ranks in (("i2t", i2t_ranks), ("t2i", t2i_ranks)):
+        for k in (1, 5, 10):
+            out[f"{name}_R@{k}"] = 100.0 * sum(r < k for r in ranks) / len(ranks)
+    out["rsum"] = sum(out.values())
+    return out
+
+
+def test_matches_the_transcription_on_random_embeddings_with_five_captions_per_image():
+    rng = np.random.default_rng(0)
+    images = rng.normal(size=(20, 8))
+    owner = np.repeat(np.arange(20), 5)
+    texts = images[owner] + rng.normal(scale=1.5, size=(100, 8))  # noisy captions of their image
+    got = retrieval_metrics(images, texts, owner)
+    want = transcribed(images, texts, owner.tolist())
+    assert got.keys() == want.keys()
+    for k in want:
+        assert got[k] == pytest.approx(want[k]), k
+    assert 0 < got["i2t_R@1"] < 100 and 0 < got["t2i_R@1"] < 100  # the case is not trivial
+
+
+def test_perfect_embeddings_score_600():
+    images = np.eye(4)
+    owner = [0, 0, 1, 2, 3, 3]
+    assert retrieval_metrics(images, images[owner], owner) == {
+        "i2t_R@1": 100.0, "i2t_R@5": 100.0, "i2t_R@10": 100.0,
+        "t2i_R@1": 100.0, "t2i_R@5": 100.0, "t2i_R@10": 100.0, "rsum": 600.0}
+
+
+def test_ties_count_against_the_model_and_k_beyond_the_gallery():
+    # every embedding the same: each ground truth ties with everything
+    images, texts = np.ones((3, 4)), np.ones((6, 4))
+    owner = [0, 0, 1, 1, 2, 2]
+    got = retrieval_metrics(images, texts, owner)
+    # i2t: 4 other captions tie above the best own one (rank 4): R@1 0, R@5 100; t2i: 2 images above
+    assert (got["i2t_R@1"], got["i2t_R@5"], got["i2t_R@10"]) == (0.0, 100.0, 100.0)
+    assert (got["t2i_R@1"], got["t2i_R@5"], got["t2i_R@10"]) == (0.0, 100.0, 100.0)
+    assert got == transcribed(images, texts, owner)
+
+
+def test_a_caption_shared_by_two_images():
+    # the same caption (embedding) belongs to image 0 once and to image 1 once
+    images = np.array([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])
+    shared = np.array([1.0, 1.0])
+    texts = np.stack([shared, shared, [-1.0, 0.1]])
+    owner = [0, 1, 2]
+    got = retrieval_metrics(images, texts, owner)
+    # t2i: images 0 and 1 tie for the shared caption, so each copy ranks second; caption 2 is exact
+    assert got["t2i_R@1"] == pytest.approx(100 / 3) and got["t2i_R@5"] == 100.0
+    # i2t: image 0's own copy ties with image 1's copy: rank 1; same for image 1; image 2 rank 0
+    assert got["i2t_R@1"] == pytest.approx(100 / 3) and got["i2t_R@5"] == 100.0
+    assert got == pytest.approx(transcribed(images, texts, owner))
+
+
+def test_coco_1k_is_the_mean_over_folds_each_with_its_own_captions():
+    rng = np.random.default_rng(1)
+    images = rng.normal(size=(30, 6))
+    owner = np.repeat(np.arange(30), 2)
+    texts = images[owner] + rng.normal(scale=1.0, size=(60, 6))
+    folds = coco_1k_folds(30, fold=10)
+    assert [(f.start, f.stop) for f in folds] == [(0, 10), (10, 20), (20, 30)]
+    got = fold_mean(images, texts, owner, folds)
+    per = [transcribed(images[f.start:f.stop], texts[2 * f.start:2 * f.stop], (owner[2 * f.start:2 * f.stop]
+                                                                                 - f.start).tolist())
+           for f in folds]
+    for k in got:
+        assert got[k] == pytest.approx(np.mean([p[k] for p in per])), k
+    with pytest.raises(ValueError, match="folds of 10"):
+        coco_1k_folds(25, fold=10)
+
+
+def test_bad_inputs_are_named():
+    with pytest.raises(ValueError, match="3 entries for 2 captions"):
+        retrieval_metrics(np.eye(2), np.eye(2), [0, 1, 1])
+    with pytest.raises(ValueError, match="outside 0..1"):
+        retrieval_metrics(np.eye(2), np.eye(2), [0, 2])
+    with pytest.raises(ValueError, match=r"images without a caption: \[1\]"):
+        retrieval_metrics(np.eye(2), np.eye(2), [0, 0])
