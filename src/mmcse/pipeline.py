@@ -247,7 +247,7 @@ def run_train(
     from mmcse.plots import save_figure, training_curves
     from mmcse.precision import check_precision
     from mmcse.train import check_inputs, resume_point_run, train
-    from mmcse.upstream import artifact_keys, require_top_level, resolve
+    from mmcse.upstream import artifact_keys, artifact_tags, require_top_level, resolve
 
     out_dir = out_dir or paths.student
     keys = artifact_keys(cfg, data_seed)
@@ -260,7 +260,7 @@ def run_train(
     resumed_run = tracking.existing_run(resumed_run)
     with tracking.run(
         cfg, experiment_name or cfg.train.method, run_name=run_name, run_id=resumed_run,
-        parent_run_id=parent_run_id, tags={f"artifact.{kind}": key for kind, key in keys.items()},
+        parent_run_id=parent_run_id, tags=artifact_tags(keys),
         job=str(out_dir.resolve()),
     ) as active:
         if up is None:

@@ -308,14 +308,15 @@ def cached_features(
     ``data/teachers`` but writes its own sets elsewhere). Returns the store and whether it was
     a cache hit (``compute`` not called).
     """
+    set_name = f"{name}-{cache_key(teacher, fingerprint)}"
     for shared in read_only:
-        found = Path(shared) / f"{name}-{cache_key(teacher, fingerprint)}"
+        found = Path(shared) / set_name
         if (found / "index.json").is_file():
             try:
                 return FeatureStore.open(found), True
             except CorruptArtifact as err:  # not ours to delete: computed into cache_dir instead
                 log.warning("%s: %s; computing the set into %s instead", err.path, err.problem, cache_dir)
-    folder = Path(cache_dir) / f"{name}-{cache_key(teacher, fingerprint)}"
+    folder = Path(cache_dir) / set_name
     if (folder / "index.json").is_file():
         try:
             return FeatureStore.open(folder), True

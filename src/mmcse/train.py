@@ -604,10 +604,11 @@ def train(
     data_dir, teachers_dir, out_dir = Path(data_dir), Path(teachers_dir), Path(out_dir)
     objects_dir = Path(objects_dir) if objects_dir is not None else data_dir.parent / "objects"
     manifest = Path(teacher_manifest) if teacher_manifest is not None else None
-    check_inputs(data_dir, teachers_dir, manifest, [Path(d) for d in teacher_dirs])
+    shared_teachers = [Path(d) for d in teacher_dirs]
+    check_inputs(data_dir, teachers_dir, manifest, shared_teachers)
     device = resolve_device(cfg.base.device)
     check_precision(cfg.train.precision, device)
-    data = TrainData.load(data_dir, teachers_dir, objects_dir, manifest, [Path(d) for d in teacher_dirs])
+    data = TrainData.load(data_dir, teachers_dir, objects_dir, manifest, shared_teachers)
     on = active_terms(cfg)  # per run, not per step
     if on["object"]:
         data.check_objects(cfg.detect.min_objects, cfg.model.max_seq_len, objects_dir)

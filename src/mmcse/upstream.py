@@ -58,9 +58,10 @@ class Upstream:
     teacher_dirs: tuple[Path, ...]  # where the manifest's sets are looked up, in order
     keys: dict[str, str]
 
-    def tags(self) -> dict[str, str]:
-        """MLflow tags naming the artifacts a run trained on."""
-        return {f"artifact.{kind}": key for kind, key in self.keys.items()}
+
+def artifact_tags(keys: dict[str, str]) -> dict[str, str]:
+    """MLflow tags naming the artifacts a run trains on (``artifact.data|objects|teachers``)."""
+    return {f"artifact.{kind}": key for kind, key in keys.items()}
 
 
 def recorded_key(kind: str, folder: Path) -> str | None:
@@ -105,7 +106,7 @@ def require_top_level(cfg: Config, paths: Any) -> Upstream:
     return up
 
 
-def resolve(cfg: Config, paths: Any, data_seed: int, progress: bool = False) -> Upstream:
+def resolve(cfg: Config, paths: Any, data_seed: int) -> Upstream:
     """The upstream artifacts of job configuration ``cfg``: the top-level ones where their keys
     match, else the keyed ones under ``<data_dir>/upstream``, computed when absent (under a
     file lock: concurrent jobs with the same key compute once)."""
@@ -113,9 +114,9 @@ def resolve(cfg: Config, paths: Any, data_seed: int, progress: bool = False) -> 
 
     from mmcse.pipeline import run_cache_teachers, run_detect, run_download
 
-    keys = artifact_keys(cfg, data_seed)
-    root = paths.raw.parent / "upstream"
     top = top_level(cfg, paths, data_seed)
+    keys = top.keys
+    root = paths.raw.parent / "upstream"
     lock_dir = root / "locks"
     lock_dir.mkdir(parents=True, exist_ok=True)
 
