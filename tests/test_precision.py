@@ -132,7 +132,7 @@ def test_bf16_encoding_scores_track_fp32(project):
     (A random tiny student is no use here: its cosines all sit near 1, so bf16 rounding
     reorders them.)"""
     from mmcse.config import ModelConfig
-    from mmcse.evaluate import TextEncoder, evaluate_sts, student_encoder
+    from mmcse.evaluation.sts import TextEncoder, evaluate_sts, student_encoder
     from mmcse.models import Student, load_backbone, load_tokenizer
     from mmcse.train import TrainData
 

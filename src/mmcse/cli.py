@@ -53,8 +53,8 @@ def _cmd_eval(args: argparse.Namespace) -> None:
         read_sts_tasks,
         read_transfer_task,
     )
-    from mmcse.evaluate import TextEncoder, evaluate_sts
-    from mmcse.transfer import evaluate_transfer
+    from mmcse.evaluation.sts import TextEncoder, evaluate_sts
+    from mmcse.evaluation.transfer import evaluate_transfer
 
     if not args.senteval_dir.is_dir():
         raise FileNotFoundError(f"{args.senteval_dir}: SentEval folder not found")

@@ -468,7 +468,7 @@ POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
 
 @dataclass(frozen=True)
 class TransferConfig:
-    # SentEval's logistic-regression probe (mmcse.transfer); defaults are SimCSE's "test" mode,
+    # SentEval's logistic-regression probe (mmcse.evaluation.transfer); defaults are SimCSE's "test" mode,
     # its "fasttest" mode is kfold 5, rmsprop, batch_size 128, tenacity 3, epoch_size 2.
     kfold: int = 10
     optim: Literal["adam", "rmsprop"] = "adam"

@@ -311,9 +311,9 @@ def run_evaluate(
     from mmcse import tracking
     from mmcse.data.senteval import TRANSFER_TASKS, SentencePair, TransferExample
     from mmcse.device import resolve_device
-    from mmcse.evaluate import TextEncoder, evaluate_sts, group_by_task
+    from mmcse.evaluation.sts import TextEncoder, evaluate_sts, group_by_task
+    from mmcse.evaluation.transfer import evaluate_transfer
     from mmcse.plots import save_figure, sts_scatter
-    from mmcse.transfer import evaluate_transfer
 
     device = resolve_device(cfg.base.device)
     encoder = TextEncoder(str(model_dir), cfg.evaluate.pooler, str(device), precision=cfg.train.precision)

@@ -29,7 +29,7 @@ from mmcse.config import Config, active_terms
 from mmcse.data.senteval import SentencePair
 from mmcse.device import resolve_device
 from mmcse.errors import CorruptArtifact, TrainingOutOfMemory
-from mmcse.evaluate import evaluate_sts, group_by_task, student_encoder
+from mmcse.evaluation.sts import evaluate_sts, group_by_task, student_encoder
 from mmcse.integrity import check_model_folder, check_safetensors, load_torch, read_json_artifact
 from mmcse.io import read_json, read_jsonl, write_json
 from mmcse.losses import span_mean, weighted_teacher_similarity

@@ -10,7 +10,7 @@ import torch
 from scipy.stats import spearmanr
 
 from mmcse.data.senteval import SentencePair, read_sts_tasks
-from mmcse.evaluate import TextEncoder, evaluate_sts, spearman_x100
+from mmcse.evaluation.sts import TextEncoder, evaluate_sts, spearman_x100
 from tests.conftest import TINY_MODEL
 
 

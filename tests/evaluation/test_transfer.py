@@ -13,7 +13,7 @@ import torch
 
 from mmcse.config import TransferConfig
 from mmcse.data.senteval import TransferExample, read_transfer_task
-from mmcse.transfer import L2_PENALTIES, LogisticProbe, evaluate_transfer, probe_task, task_features
+from mmcse.evaluation.transfer import L2_PENALTIES, LogisticProbe, evaluate_transfer, probe_task, task_features
 
 FAST = TransferConfig(kfold=3, batch_size=32, tenacity=2, epoch_size=2, max_epoch=40)
 

@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from mmcse.config import TransferConfig
 from mmcse.data.senteval import TREC_CLASSES, TransferExample
-from mmcse.evaluate import EncodeFn, encode_unique
+from mmcse.evaluation.sts import EncodeFn, encode_unique
 
 TRANSFER_PRIMARY = "transfer_avg"
 L2_PENALTIES = (1e-5, 1e-4, 1e-3, 1e-2)  # SentEval's grid for its PyTorch classifier
