@@ -334,6 +334,10 @@ def run_evaluate(
         with tracking.run(cfg, experiment_name or cfg.train.method, run_id=run_id):
             mlflow.log_metrics({f"test_{k}": v for k, v in scores.items()})
             mlflow.log_figure(fig, "figures/sts_scatter.png")
+            # per-pair predictions, so figures comparing runs (`mmcse figures`) need no re-encoding
+            mlflow.log_dict({task: {"cos": cos.tolist(), "gold": gold.tolist()}
+                             for task, (cos, gold) in result.predictions.items()},
+                            "evaluation/sts_predictions.json")
     if plots_dir is not None:
         save_figure(fig, plots_dir / "sts_scatter.png")
     return scores
