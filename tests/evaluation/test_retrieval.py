@@ -97,3 +97,20 @@ def test_bad_inputs_are_named():
         retrieval_metrics(np.eye(2), np.eye(2), [0, 2])
     with pytest.raises(ValueError, match=r"images without a caption: \[1\]"):
         retrieval_metrics(np.eye(2), np.eye(2), [0, 0])
+    with pytest.raises(ValueError, match=r"1 caption embeddings hold NaN or inf \(first rows: \[1\]\)"):
+        retrieval_metrics(np.eye(2), np.array([[1.0, 0.0], [np.nan, 1.0]]), [0, 1])
+    with pytest.raises(ValueError, match=r"\(N_img, d\) and \(N_txt, d\)"):
+        retrieval_metrics(np.eye(2), np.ones((2, 3)), [0, 1])
+
+
+@pytest.mark.parametrize("block", [1, 3, 7, 1000])
+def test_any_block_size_gives_the_same_ranks_as_one_block(block):
+    rng = np.random.default_rng(5)
+    images = rng.normal(size=(17, 6))
+    owner = np.repeat(np.arange(17), 3)
+    texts = images[owner] + rng.normal(scale=1.2, size=(51, 6))
+    texts[4] = texts[3]  # an exact duplicate caption: ties must survive the blocking
+    got = retrieval_metrics(images, texts, owner, block=block)
+    assert got == pytest.approx(transcribed(images, texts, owner.tolist()))
+    ties = retrieval_metrics(np.ones((3, 4)), np.ones((6, 4)), [0, 0, 1, 1, 2, 2], block=block)
+    assert (ties["i2t_R@1"], ties["t2i_R@1"], ties["i2t_R@5"]) == (0.0, 0.0, 100.0)
