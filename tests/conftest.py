@@ -40,7 +40,8 @@ def shrink(raw: dict) -> dict:
     """The repo's params with data, model and training sizes cut to a few seconds."""
     raw = copy.deepcopy(raw)
     raw["data"]["demo"].update(
-        num_images=24, captions_per_image=2, corpus_sentences=160, sts_dev_pairs=30, sts_test_pairs=40
+        num_images=24, captions_per_image=2, corpus_sentences=160, sts_dev_pairs=30, sts_test_pairs=40,
+        retrieval_images=20,
     )
     raw["model"] = copy.deepcopy(TINY_MODEL)
     raw["train"].update(batch_size=8, max_steps=8, eval_steps=4, checkpoint_steps=4, learning_rate=1e-3)

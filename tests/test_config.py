@@ -124,3 +124,14 @@ def test_params_yaml_survives_the_rewrite_of_dvc_exp_run_set_param(tmp_path):
     expected["ablate"]["preset"] = "dalr-table9"
     assert load_yaml(str(params)) == expected  # DVC's own reader, as the stages' params check uses
     assert yaml.safe_load(params.read_text()) == expected
+
+
+def test_training_on_the_retrieval_test_split_is_refused(tmp_path):
+    import pytest
+
+    from mmcse.config import ConfigError, load_config
+
+    params = tmp_path / "params.yaml"
+    params.write_text("data: {pairs: flickr30k, splits: [train, test]}\n")
+    with pytest.raises(ConfigError, match="data.splits.*retrieval test set"):
+        load_config(params)

@@ -50,7 +50,12 @@ def test_dvc_repro_produces_every_artifact(repo_copy):
                  "plots/sts_scatter.png", "plots/ablation.png", "dvc.lock"):
         assert (root / path).is_file(), path
     scores = json.loads((root / "metrics/eval.json").read_text())
-    assert set(scores) == {"DemoSTS", "avg"} and -100 <= scores["avg"] <= 100
+    retrieval = {f"demo_{d}_R@{k}" for d in ("i2t", "t2i") for k in (1, 5, 10)} | {"demo_rsum"}
+    assert set(scores) == {"DemoSTS", "avg"} | retrieval and -100 <= scores["avg"] <= 100
+    assert 0 <= scores["demo_rsum"] <= 600
+    assert scores["demo_rsum"] == pytest.approx(sum(scores[k] for k in retrieval - {"demo_rsum"}), abs=1e-3)
+    table = (root / "plots/sentence_retrieval.md").read_text()
+    assert table.count("| 1 |") == 5 and table.count("| 3 |") == 5  # 5 queries × 3 neighbours
 
 
 def test_mlflow_has_runs_params_curves_table_and_figures(repo_copy):
@@ -67,7 +72,8 @@ def test_mlflow_has_runs_params_curves_table_and_figures(repo_copy):
         assert db.execute("select value from params where run_uuid=? and key='loss.lambda_img'",
                           (run_id,)).fetchone()[0] == "0.1"
         test_metrics = {r[0] for r in db.execute("select key from metrics where run_uuid=?", (run_id,))}
-        assert {"test_avg", "test_DemoSTS", "loss/simcse", "loss/image"} <= test_metrics
+        assert {"test_avg", "test_DemoSTS", "loss/simcse", "loss/image", "test_demo_i2t_R1",
+                "test_demo_rsum"} <= test_metrics
     artifacts = {p.name for p in (root / "mlruns/artifacts").rglob("*") if p.is_file()}
     assert {"ablation_table.json", "ablation.png", "sts_scatter.png", "training_curves.png"} <= artifacts
 

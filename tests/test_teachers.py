@@ -64,7 +64,8 @@ def test_prepared_project_caches_every_set(prepared_project):
 
     teachers = prepared_project / "data/teachers"
     manifest = read_json(teachers / "manifest.json")
-    assert set(manifest["sets"]) == {"image", "object", "text", "joint_text", "joint_image"}
+    assert set(manifest["sets"]) == {"image", "object", "text", "joint_text", "joint_image", "retrieval_image",
+                                     "retrieval_joint_image"}
     assert [(t["pooler"], t["weight"]) for t in manifest["sets"]["text"]] == [("avg_first_last", 0.33), ("avg", 0.67)]
     text = FeatureStore.open(teachers / manifest["sets"]["text"][1]["caption"])
     assert text.dim == 384  # all-MiniLM-L6-v2
@@ -72,7 +73,7 @@ def test_prepared_project_caches_every_set(prepared_project):
     # the joint teacher's text side reuses the avg set (same teacher + pooler: one cache entry)
     assert len({t["caption"] for t in manifest["sets"]["text"]}) == 2
     assert sorted(manifest["hits"]) == sorted(
-        ["image", "object", "joint_text", "joint_image"]
+        ["image", "object", "joint_text", "joint_image", "retrieval_image", "retrieval_joint_image"]
         + [f"text_{k}:packaged:all-MiniLM-L6-v2:{p}" for k in ("caption", "corpus") for p in ("avg_first_last", "avg")])
     joint_text = FeatureStore.open(teachers / manifest["sets"]["joint_text"])
     joint_image = FeatureStore.open(teachers / manifest["sets"]["joint_image"])
@@ -86,6 +87,21 @@ def test_prepared_project_caches_every_set(prepared_project):
     own = np.array([joint_image.ids.index(p["image_id"]) for p in pairs])
     ranks = (sims > sims[np.arange(len(pairs)), own][:, None]).sum(1)
     assert np.mean(ranks == 0) > 0.5  # own image first for most captions (chance: 1/24)
+
+    # the retrieval test images: the image encoder's features, and v̂ from the CCA fitted on the training pairs
+    from mmcse.config import load_config
+    from mmcse.teachers import fit_cca
+
+    cfg = load_config(prepared_project / "params.yaml").teachers
+    test_ids = [r["image_id"] for r in read_jsonl(prepared_project / "data/raw/retrieval/images.jsonl")]
+    test_image = FeatureStore.open(teachers / manifest["sets"]["retrieval_image"])
+    assert list(test_image.ids) == test_ids and test_image.dim == FeatureStore.open(
+        teachers / manifest["sets"]["image"]).dim
+    image = FeatureStore.open(teachers / manifest["sets"]["image"])
+    cca = fit_cca(np.asarray(text.rows([p["pair_id"] for p in pairs])), image.rows([p["image_id"] for p in pairs]),
+                  cfg.joint.dim, cfg.joint.regularization)
+    test_joint = FeatureStore.open(teachers / manifest["sets"]["retrieval_joint_image"])
+    np.testing.assert_allclose(test_joint.features, cca.image(np.asarray(test_image.features)), rtol=1e-4, atol=1e-5)
 
 
 def test_cca_recovers_a_shared_latent_and_whitens():

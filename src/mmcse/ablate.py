@@ -120,7 +120,9 @@ def run_job(
             data_seed=cfg.base.seed,
         )
     scores = run_evaluate(job_cfg, paths, folder / "best", run_id=summary["run_id"], experiment_name="ablate",
-                          transfer=job_cfg.ablate.transfer, data_dir=Path(summary["data_dir"]))
+                          transfer=job_cfg.ablate.transfer, data_dir=Path(summary["data_dir"]),
+                          teacher_manifest=Path(summary["teacher_manifest"]),
+                          teacher_dirs=tuple(Path(d) for d in summary["teacher_dirs"]))
     result = {
         "variant": job.variant,
         "seed": job.seed,

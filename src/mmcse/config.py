@@ -68,6 +68,7 @@ class DemoDataConfig:
     corpus_sentences: int = 6000
     sts_dev_pairs: int = 400
     sts_test_pairs: int = 800
+    retrieval_images: int = 100  # the retrieval test set: scenes drawn apart from training's
 
     def validate(self, where: str) -> None:
         p = "data.demo."
@@ -84,6 +85,7 @@ class DemoDataConfig:
         _check(self.corpus_sentences >= 1, where, p + "corpus_sentences", "must be >= 1")
         _check(self.sts_dev_pairs >= 10, where, p + "sts_dev_pairs", "must be >= 10")
         _check(self.sts_test_pairs >= 10, where, p + "sts_test_pairs", "must be >= 10")
+        _check(self.retrieval_images >= 10, where, p + "retrieval_images", "must be >= 10")
 
 
 _SHA256_HEX = set("0123456789abcdef")
@@ -178,6 +180,8 @@ class DataConfig:
         for split in self.splits:
             _check(split in KARPATHY_SPLITS, where, "data.splits",
                    f"unknown split {split!r}; valid: {', '.join(KARPATHY_SPLITS)}")
+        _check("test" not in self.splits or self.pairs == "demo", where, "data.splits",
+               "must not include test: Karpathy's test split is the retrieval test set (evaluate.retrieval)")
         _check(self.annotations == "none" or self.pairs == "flickr30k", where, "data.annotations",
                "flickr30k_entities annotates Flickr30k images: needs data.pairs: flickr30k")
         _check(bool(self.downloads_dir.strip()), where, "data.downloads_dir", "must not be empty")
@@ -488,16 +492,34 @@ class TransferConfig:
 
 
 @dataclass(frozen=True)
+class RetrievalConfig:
+    # Image–text retrieval on the test split of data.pairs (mmcse.evaluation.retrieval) with the
+    # student's trained heads; methods without an image head (simcse) report none.
+    enabled: bool = True
+    block_size: int = 1024  # rows of the similarity matrix held at once
+    examples: int = 5  # DALR Table 10: query captions whose nearest test captions are listed
+    examples_k: int = 3  # neighbours listed per query
+
+    def validate(self, where: str) -> None:
+        p = "evaluate.retrieval."
+        _check(self.block_size >= 1, where, p + "block_size", "must be >= 1")
+        _check(self.examples >= 0, where, p + "examples", "must be >= 0")
+        _check(self.examples_k >= 1, where, p + "examples_k", "must be >= 1")
+
+
+@dataclass(frozen=True)
 class EvaluateConfig:
     pooler: Literal["cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2"] = (
         "cls_before_pooler"
     )
     batch_size: int = 128
     transfer: TransferConfig = field(default_factory=TransferConfig)  # for data.transfer_tasks
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
 
     def validate(self, where: str) -> None:
         _check(self.batch_size >= 1, where, "evaluate.batch_size", "must be >= 1")
         self.transfer.validate(where)
+        self.retrieval.validate(where)
 
 
 @dataclass(frozen=True)
@@ -639,6 +661,7 @@ FIXED_KEYS = (
     "base.experiment_prefix",
     "data.source", "data.senteval_dir", "data.transfer_tasks", "data.downloads_dir", "data.sources",
     "data.demo.min_objects", "data.demo.max_objects", "data.demo.sts_dev_pairs", "data.demo.sts_test_pairs",
+    "data.demo.retrieval_images",
     "teachers.cache_dir",
     "ablate", "sweep",
 )

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from mmcse.config import Config
-from mmcse.io import read_json, read_jsonl, sha256_file, write_json
+from mmcse.io import read_json, read_jsonl, sha256_file, write_json, write_text
 
 
 @dataclass(frozen=True)
@@ -151,6 +151,19 @@ def run_cache_teachers(
     object_store = store("object", image_teacher, crops_from, crop_files,
                          lambda: encode_images([paths.objects / c for c in crop_files], "object crops"))
     result["sets"] |= {"image": image_store.folder.name, "object": object_store.folder.name}
+    # The retrieval test images (evaluate: R@K through the trained image heads), when the data has them.
+    test_table = paths.raw / "retrieval" / "images.jsonl"
+    test_images = read_jsonl(test_table) if test_table.is_file() else []
+    test_files = [paths.raw / r["file"] for r in test_images]
+    for row, file in zip(test_images, test_files, strict=True):
+        if problem := image_size_mismatch(file, row.get("bytes")):
+            raise CorruptArtifact(file, problem, "rerun the download stage (dvc repro download)")
+    test_ids = [r["image_id"] for r in test_images]
+    test_fingerprint = manifest["sha256"].get("retrieval/images.jsonl", "")
+    test_image_store = (store("retrieval_image", image_teacher, test_fingerprint, test_ids,
+                              lambda: encode_images(test_files, "retrieval test images")) if test_images else None)
+    if test_image_store is not None:
+        result["sets"]["retrieval_image"] = test_image_store.folder.name
 
     # Text teachers: every (model, pooler) the config names, one forward per model and text set.
     poolers_of: dict[str, list[str]] = {}
@@ -191,15 +204,27 @@ def run_cache_teachers(
                 pair_images = image_store.rows([p["image_id"] for p in pairs])  # (n_pairs, d_v)
                 cca = fit_cca(source, pair_images, t.joint.dim, t.joint.regularization)
                 joint["sides"] = cca.text(source), cca.image(np.asarray(image_store.features))
+                joint["cca"] = cca
             else:
                 joint["sides"] = joint_features(captions, image_files)
         return joint["sides"]
+
+    def joint_test_images() -> np.ndarray:
+        if t.joint.kind == "cca":  # the CCA fitted on the training pairs, applied to the test images
+            joint_sides()
+            return joint["cca"].image(np.asarray(test_image_store.features))
+        # images only: one caption keeps the text side's batch non-empty (its output is dropped)
+        return joint_features(captions[:1], test_files)[1]
 
     joint_text = store("joint_text", joint_teacher, fingerprint, [p["pair_id"] for p in pairs],
                        lambda: joint_sides()[0])
     joint_image = store("joint_image", joint_teacher, fingerprint, [r["image_id"] for r in images],
                         lambda: joint_sides()[1])
     result["sets"] |= {"joint_text": joint_text.folder.name, "joint_image": joint_image.folder.name}
+    if test_image_store is not None:  # v̂ of the test images: the CCA is fitted on the training pairs above
+        joint_test = store("retrieval_joint_image", joint_teacher, fingerprint + test_fingerprint, test_ids,
+                           joint_test_images)
+        result["sets"]["retrieval_joint_image"] = joint_test.folder.name
     result["artifact_key"] = artifact_keys(cfg)["teachers"]  # written last: the manifest names complete sets
     write_json(manifest_path or paths.teachers / "manifest.json", result)
     return result
@@ -285,6 +310,8 @@ def run_train(
             "checkpoint": str(result.best_dir),
             "artifacts": up.keys,
             "data_dir": str(up.raw),
+            "teacher_manifest": str(up.teacher_manifest),
+            "teacher_dirs": [str(d) for d in up.teacher_dirs],
         }
     write_json(out_dir / "summary.json", summary)
     return summary
@@ -299,21 +326,31 @@ def run_evaluate(
     experiment_name: str | None = None,
     transfer: bool = True,
     data_dir: Path | None = None,
+    teacher_manifest: Path | None = None,
+    teacher_dirs: tuple[Path, ...] = (),
 ) -> dict[str, float]:
     """Test-set STS of the checkpoint at ``model_dir`` and, with ``transfer``, SentEval's transfer
     tasks found in ``data/raw/transfer`` (``data.transfer_tasks``: accuracy per task and
     ``transfer_avg``); logged into the training run ``run_id`` (metrics ``test_<name>``, STS
     scatter figure), the scatter also saved to ``plots_dir``. ``data_dir``: the data folder the
     model was trained with (default ``paths.raw``; a job's test sets are the same by construction:
-    `mmcse.upstream.FIXED_KEYS`)."""
+    `mmcse.upstream.FIXED_KEYS`).
+
+    With ``evaluate.retrieval.enabled`` and a retrieval test set in the data: image–text R@K
+    through the method's trained heads (`mmcse.evaluation.retrieval.image_head`; image features
+    from the sets ``teacher_manifest`` names, default ``<teachers>/manifest.json``, looked up in
+    ``paths.teachers`` then ``teacher_dirs``), keys ``<set>_i2t_R@1`` … ``<set>_rsum``, and DALR
+    Table 10's nearest test captions (``sentence_retrieval.md`` in ``plots_dir`` and the run)."""
     import mlflow
 
     from mmcse import tracking
     from mmcse.data.senteval import TRANSFER_TASKS, SentencePair, TransferExample
     from mmcse.device import resolve_device
+    from mmcse.evaluation.retrieval import evaluate_test_set, neighbours_markdown
     from mmcse.evaluation.sts import TextEncoder, evaluate_sts, group_by_task
     from mmcse.evaluation.transfer import evaluate_transfer
     from mmcse.plots import save_figure, sts_scatter
+    from mmcse.train import teacher_set_folder
 
     device = resolve_device(cfg.base.device)
     encoder = TextEncoder(str(model_dir), cfg.evaluate.pooler, str(device), precision=cfg.train.precision)
@@ -329,10 +366,22 @@ def run_evaluate(
         scores |= evaluate_transfer(
             encoder, transfer_tasks, cfg.evaluate.transfer, cfg.evaluate.batch_size, device
         ).scores
+    test_set = None
+    manifest = read_json(raw / "manifest.json") if (raw / "manifest.json").is_file() else {}
+    if cfg.evaluate.retrieval.enabled and manifest.get("retrieval_set"):
+        sets = read_json(teacher_manifest or paths.teachers / "manifest.json")["sets"]
+        folders = {name: teacher_set_folder(sets[name], paths.teachers, teacher_dirs)
+                   for name in ("retrieval_image", "retrieval_joint_image") if name in sets}
+        test_set = evaluate_test_set(cfg, encoder, raw, folders, manifest["retrieval_set"])
+        scores |= test_set.scores
+    examples = (neighbours_markdown(test_set.examples, f"Nearest test captions ({test_set.set_name}, "
+                                    f"{cfg.evaluate.pooler} embeddings)") if test_set and test_set.examples else None)
     fig = sts_scatter(result.predictions, result.scores)
     if run_id:
         with tracking.run(cfg, experiment_name or cfg.train.method, run_id=run_id):
-            mlflow.log_metrics({f"test_{k}": v for k, v in scores.items()})
+            mlflow.log_metrics({tracking.metric_name(f"test_{k}"): v for k, v in scores.items()})
+            if examples:
+                mlflow.log_text(examples, "evaluation/sentence_retrieval.md")
             mlflow.log_figure(fig, "figures/sts_scatter.png")
             # per-pair predictions, so figures comparing runs (`mmcse figures`) need no re-encoding
             mlflow.log_dict({task: {"cos": cos.tolist(), "gold": gold.tolist()}
@@ -340,6 +389,8 @@ def run_evaluate(
                             "evaluation/sts_predictions.json")
     if plots_dir is not None:
         save_figure(fig, plots_dir / "sts_scatter.png")
+        if examples:
+            write_text(plots_dir / "sentence_retrieval.md", examples)
     return scores
 
 

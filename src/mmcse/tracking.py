@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -176,6 +177,12 @@ def run(
         mlflow.end_run(getattr(err, "mlflow_status", default))
         raise
     mlflow.end_run("FINISHED")
+
+
+def metric_name(key: str) -> str:
+    """An mmcse score name as MLflow accepts it (alphanumerics, ``_ - . / :`` and spaces):
+    ``i2t_R@1`` → ``i2t_R1``, ``NDCG@25`` → ``NDCG25``; metrics/eval.json keeps the exact names."""
+    return re.sub(r"[^A-Za-z0-9_\-./: ]", "", key.replace("@", ""))
 
 
 def log_metrics(metrics: dict[str, float], step: int | None = None) -> None:

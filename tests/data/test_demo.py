@@ -9,7 +9,7 @@ from mmcse.data.prepare import prepare_data
 from mmcse.io import read_jsonl
 
 SMALL = DataConfig(demo=DemoDataConfig(num_images=12, captions_per_image=3, corpus_sentences=50,
-                                       sts_dev_pairs=20, sts_test_pairs=20))
+                                       sts_dev_pairs=20, sts_test_pairs=20, retrieval_images=10))
 
 
 def test_same_seed_same_bytes_other_seed_other_data(tmp_path):
@@ -20,7 +20,24 @@ def test_same_seed_same_bytes_other_seed_other_data(tmp_path):
     assert a["sha256"]["pairs.jsonl"] != c["sha256"]["pairs.jsonl"]
     assert (tmp_path / "a/images/img00003.png").read_bytes() == (tmp_path / "b/images/img00003.png").read_bytes()
     assert a["counts"] == {"images": 12, "pairs": 36, "corpus_sentences": 50, "sts_dev_pairs": 20,
-                           "sts_test_pairs": 20, "pairs_with_phrases": 36}
+                           "sts_test_pairs": 20, "pairs_with_phrases": 36, "retrieval_images": 10,
+                           "retrieval_captions": 30}
+    assert a["retrieval_set"] == "demo"
+
+
+def test_the_retrieval_test_set_is_drawn_apart_from_training(tmp_path):
+    manifest = prepare_data(SMALL, 7, tmp_path)
+    train = read_jsonl(tmp_path / "images.jsonl")
+    test = read_jsonl(tmp_path / "retrieval/images.jsonl")
+    captions = read_jsonl(tmp_path / "retrieval/captions.jsonl")
+    assert [r["image_id"] for r in test] == [f"test{i:05d}" for i in range(10)]
+    assert not {r["sha256"] for r in test} & {r["sha256"] for r in train}  # no training picture is a test picture
+    for row in test:
+        assert (tmp_path / row["file"]).stat().st_size == row["bytes"]
+    # every caption of every test image (data.captions picks training captions only)
+    assert [c["image_id"] for c in captions] == [r["image_id"] for r in test for _ in range(3)]
+    assert all(c["caption"].strip() for c in captions)
+    assert manifest["sha256"]["retrieval/captions.jsonl"]
 
 
 def test_phrase_spans_name_their_objects_and_masks_match_boxes(tmp_path):

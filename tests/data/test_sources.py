@@ -123,6 +123,10 @@ def test_flickr30k_pairs_images_and_manifest(archives, tmp_path, monkeypatch):
     assert [r["image_id"] for r in images] == ["flickr30k-1000", "flickr30k-1001"]
     assert manifest["counts"]["images_unreadable"] == 1 and manifest["counts"]["images_missing"] == 1
     assert manifest["counts"]["images"] == 2 and manifest["counts"]["pairs"] == 5
+    # Karpathy's test split is the retrieval test set, every caption of it, whatever trains
+    assert [r["image_id"] for r in read_jsonl(raw / "retrieval/images.jsonl")] == ["flickr30k-1005"]
+    assert read_jsonl(raw / "retrieval/captions.jsonl") == [{"image_id": "flickr30k-1005", "caption": "A test image ."}]
+    assert manifest["retrieval_set"] == "flickr30k_1k"
     assert [p["caption"] for p in pairs][:2] == ["A man in a red hat walks a dog .", "Man walking."]
     assert all(p["phrases"] == [] for p in pairs) and manifest["counts"]["pairs_with_phrases"] == 0
     with Image.open(raw / images[1]["file"]) as img:
@@ -152,10 +156,10 @@ def test_flickr30k_pairs_images_and_manifest(archives, tmp_path, monkeypatch):
     assert [p["caption"] for p in read_jsonl(tmp_path / "l/pairs.jsonl")] == [
         "A man in a red hat walks a dog .", "Children playing in a park with a ball ."]
     assert longest["counts"]["pairs"] == 2
-    some = prepare_data(_config(url, pairs="flickr30k", splits=["val", "test"], image_limit=1), 0,
+    some = prepare_data(_config(url, pairs="flickr30k", splits=["val"], image_limit=1), 0,
                         tmp_path / "v", tmp_path / "dl")
     assert [r["image_id"] for r in read_jsonl(tmp_path / "v/images.jsonl")] == ["flickr30k-1002"]
-    assert some["splits"] == ["val", "test"]
+    assert some["splits"] == ["val"]
 
 
 def test_coco_train_and_restval_come_from_both_archives(archives, tmp_path):
@@ -169,6 +173,8 @@ def test_coco_train_and_restval_come_from_both_archives(archives, tmp_path):
     assert manifest["sources"]["coco_train2014"]["sha256"] == digests["train2014.zip"]
     assert manifest["sources"]["coco_val2014"]["sha256"] == digests["val2014.zip"]
     assert "flickr30k_images" not in manifest["sources"]
+    assert [r["image_id"] for r in read_jsonl(tmp_path / "raw/retrieval/images.jsonl")] == ["coco-73"]
+    assert manifest["retrieval_set"] == "coco_5k"
 
 
 def test_flickr30k_entities_give_phrase_spans_and_boxes(archives, tmp_path):

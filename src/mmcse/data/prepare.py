@@ -11,6 +11,8 @@ Layout written (all paths relative to the data folder)::
     images.jsonl                 image_id, file, sha256, bytes (+ split; demo: mask; objects [{box, ...}] where
                                  annotated); the digests put image bytes into the teacher-cache fingerprints
     pairs.jsonl                  pair_id, image_id, caption, phrases [{object, start, end}] (empty: none)
+    retrieval/images.jsonl       the retrieval test set (Karpathy test split; demo: test scenes): image rows
+    retrieval/captions.jsonl     image_id, caption: every caption of those images
     corpus.txt                   text-only sentences (one per line)
     sts/dev.jsonl, sts/test.jsonl  task, subset, s1, s2, score
     manifest.json                counts, sources (origin, SHA-256, bytes), SHA-256 of every table
@@ -18,6 +20,7 @@ Layout written (all paths relative to the data folder)::
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import os
@@ -36,12 +39,15 @@ from mmcse.data.sources import Fetched, fetch_source, real_pairs, senteval_folde
 from mmcse.io import atomic_path, sha256_file, write_bytes, write_json, write_jsonl, write_text
 
 
-def _generate_pairs(cfg: DataConfig, seed: int, out: Path) -> tuple[list[dict], list[dict]]:
+def _generate_pairs(cfg: DataConfig, seed: int, out: Path, test: bool = False) -> tuple[list[dict], list[dict]]:
+    """The demo world's training scenes, or (``test``) the retrieval test scenes: another random
+    stream and other ids (``test00000``), so no test image is a training image."""
     d = cfg.demo
-    rng = random.Random(f"{seed}-images")
+    rng = random.Random(f"{seed}-{'retrieval' if test else 'images'}")
+    prefix, count = ("test", d.retrieval_images) if test else ("img", d.num_images)
     images, pairs = [], []
-    for i in tqdm(range(d.num_images), desc="download: drawing scenes", unit="img"):
-        image_id = f"img{i:05d}"
+    for i in tqdm(range(count), desc=f"download: drawing {'test ' if test else ''}scenes", unit="img"):
+        image_id = f"{prefix}{i:05d}"
         scene = demo.sample_scene(rng, d.min_objects, d.max_objects)
         picture, labels, boxes = demo.render_scene(scene, d.image_size, rng)
         encoded = io.BytesIO()
@@ -92,6 +98,30 @@ def select_captions(pairs: list[dict], mode: str, seed: int) -> list[dict]:
     if mode == "longest":
         return [max(group, key=lambda p: len(p["caption"])) for group in by_image.values()]
     raise ValueError(f"unknown caption choice {mode!r}; choices: all, random, longest")
+
+
+def retrieval_set_name(pairs: str) -> str:
+    """The retrieval test set of ``data.pairs``: Karpathy's test split (Flickr30k: 1,000 images;
+    COCO: 5,000, also scored as five 1K folds) or the demo world's test scenes."""
+    return {"flickr30k": "flickr30k_1k", "coco": "coco_5k"}.get(pairs, pairs)
+
+
+def _retrieval_test_set(cfg: DataConfig, seed: int, out: Path, downloads: Path,
+                        report: dict[str, Any]) -> tuple[list[dict], list[dict]]:
+    """Images and every caption of the retrieval test set (``retrieval/images.jsonl``: the
+    images.jsonl fields; ``retrieval/captions.jsonl``: image_id, caption), all captions per
+    image whatever ``data.captions`` picks for training."""
+    if cfg.pairs == "demo":
+        images, pairs = _generate_pairs(cfg, seed, out, test=True)
+    else:
+        # Karpathy's test split; data.splits cannot name it (config validation), so no test image trains
+        test_cfg = dataclasses.replace(cfg, splits=["test"], image_limit=0, annotations="none")
+        images, pairs, test_report = real_pairs(test_cfg, out, downloads, allow_empty=True)
+        report["sources"] |= test_report["sources"]
+        for key in ("images_missing", "images_unreadable"):
+            report[f"retrieval_{key}"] = test_report.get(key, 0)
+    return ([{k: v for k, v in row.items() if k not in ("mask", "objects", "background")} for row in images],
+            [{"image_id": p["image_id"], "caption": p["caption"]} for p in pairs])
 
 
 def corpus_source(cfg: DataConfig, downloads: str | Path) -> Fetched | None:
@@ -174,6 +204,7 @@ def _build(cfg: DataConfig, seed: int, out: Path, downloads: Path, senteval: Pat
     else:
         images, pairs, report = real_pairs(cfg, out, downloads)
     pairs = select_captions(pairs, cfg.captions, seed)
+    test_images, test_captions = _retrieval_test_set(cfg, seed, out, downloads, report)
     corpus_file = corpus_source(cfg, downloads)
     corpus = load_corpus(cfg, seed, source=corpus_file)
     if corpus_file is not None:
@@ -191,13 +222,16 @@ def _build(cfg: DataConfig, seed: int, out: Path, downloads: Path, senteval: Pat
 
     write_jsonl(out / "images.jsonl", images)
     write_jsonl(out / "pairs.jsonl", pairs)
+    write_jsonl(out / "retrieval" / "images.jsonl", test_images)
+    write_jsonl(out / "retrieval" / "captions.jsonl", test_captions)
     write_text(out / "corpus.txt", "\n".join(corpus) + "\n")
     write_jsonl(out / "sts" / "dev.jsonl", dev)
     write_jsonl(out / "sts" / "test.jsonl", test)
     for task, rows in transfer.items():  # the evaluate stage probes every task in this folder
         write_jsonl(out / "transfer" / f"{task}.jsonl", rows)
 
-    tables = ["images.jsonl", "pairs.jsonl", "corpus.txt", "sts/dev.jsonl", "sts/test.jsonl",
+    tables = ["images.jsonl", "pairs.jsonl", "retrieval/images.jsonl", "retrieval/captions.jsonl",
+              "corpus.txt", "sts/dev.jsonl", "sts/test.jsonl",
               *(f"transfer/{task}.jsonl" for task in transfer)]
     counts = {
         "images": len(images),
@@ -206,15 +240,19 @@ def _build(cfg: DataConfig, seed: int, out: Path, downloads: Path, senteval: Pat
         "sts_dev_pairs": len(dev),
         "sts_test_pairs": len(test),
         "pairs_with_phrases": sum(1 for p in pairs if p.get("phrases")),
+        "retrieval_images": len(test_images),
+        "retrieval_captions": len(test_captions),
         **{f"transfer_{task}": len(rows) for task, rows in transfer.items()},
     }
-    for key in ("images_missing", "images_unreadable", "images_without_entities"):
+    for key in ("images_missing", "images_unreadable", "images_without_entities", "retrieval_images_missing",
+                "retrieval_images_unreadable"):
         if key in report:
             counts[key] = report[key]
     manifest = {
         "source": cfg.source,
         "pairs": cfg.pairs,
         "splits": list(cfg.splits) if cfg.pairs != "demo" else [],
+        "retrieval_set": retrieval_set_name(cfg.pairs) if test_images else None,
         "seed": seed,
         "counts": counts,
         "sources": report["sources"],

@@ -250,11 +250,13 @@ def _place(src: Path, dest: Path) -> None:
         shutil.copy2(src, dest)
 
 
-def real_pairs(cfg: DataConfig, out: Path, downloads: Path) -> tuple[list[dict], list[dict], dict[str, Any]]:
+def real_pairs(cfg: DataConfig, out: Path, downloads: Path, allow_empty: bool = False
+               ) -> tuple[list[dict], list[dict], dict[str, Any]]:
     """Images (linked under ``out/images/<dataset>/``) and every caption pair of ``cfg.pairs``.
 
     Returns ``(images, pairs, report)``; the report holds the sources' manifest records and
-    the counts of images dropped as missing or unreadable (logged, never fatal)."""
+    the counts of images dropped as missing or unreadable (logged, never fatal). With
+    ``allow_empty`` splits without images return no images instead of an error."""
     dataset = cfg.pairs
     sources: dict[str, Any] = {}
     splits = extracted_source(cfg.sources.karpathy_splits, "karpathy_splits", downloads)
@@ -263,6 +265,8 @@ def real_pairs(cfg: DataConfig, out: Path, downloads: Path) -> tuple[list[dict],
     if cfg.image_limit:
         entries = entries[: cfg.image_limit]
     if not entries:
+        if allow_empty:
+            return [], [], {"sources": sources}
         raise ValueError(f"params.yaml: data.splits={cfg.splits} selects no {dataset} images")
 
     roots: dict[str, Path] = {}

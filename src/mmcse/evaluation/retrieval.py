@@ -9,9 +9,21 @@ truth ranks above it), so a constant embedding scores R@K = K/N at best, never 1
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+import torch
+
+from mmcse.config import Config, active_terms
+
+if TYPE_CHECKING:
+    from mmcse.evaluation.sts import TextEncoder
+
+log = logging.getLogger(__name__)
 
 PRIMARY = "rsum"
 KS = (1, 5, 10)
@@ -111,3 +123,150 @@ def fold_mean(image_emb: np.ndarray, text_emb: np.ndarray, text_image: Sequence[
         per_fold.append(retrieval_metrics(image_emb[images.start:images.stop], text_emb[keep],
                                           owner[keep] - images.start))
     return {k: float(np.mean([f[k] for f in per_fold])) for k in per_fold[0]}
+
+
+# --------------------------------------------------------------------------- the student's heads
+
+
+def image_head(cfg: Config) -> tuple[str, str] | None:
+    """The trained image head a method's retrieval uses, and the cached test features it reads:
+
+    - kdmcse (Eq. 14) and dalr (L_info, Eq. 4; L_CMA): ``teacher_image_proj`` g_φv on the joint
+      teacher's v̂ (``retrieval_joint_image``);
+    - mcse (Eq. 3) and mcseo (l_img-cap): ``image_proj`` g_φ2 on the image encoder's features
+      (``retrieval_image``);
+    - simcse, or any method trained without an image term: None (no retrieval reported).
+
+    The sentence side is always ``text_proj`` on [CLS] before the pooler, the g_φ1 every image
+    term is trained through (MCSE Eq. 2)."""
+    on = active_terms(cfg)
+    if on["kdmcse"] or on["info"]:
+        return "teacher_image_proj", "retrieval_joint_image"
+    if on["image"]:
+        return "image_proj", "retrieval_image"
+    return None
+
+
+@torch.inference_mode()
+def project(encoder: TextEncoder, captions: Sequence[str], image_features: np.ndarray, head: str,
+            batch_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Captions and images in the student's joint space: ``text_proj([CLS])`` ``(N_txt, p)`` and
+    ``<head>(features)`` ``(N_img, p)``, with the evaluation's precision; ``encoder`` must hold
+    an mmcse student (its heads beside the backbone)."""
+    from mmcse.precision import autocast
+
+    student = encoder.student
+    if student is None:
+        raise ValueError("retrieval needs an mmcse student checkpoint (heads.safetensors beside the model)")
+    texts = []
+    for start in range(0, len(captions), batch_size):
+        batch = encoder.tokenizer(list(captions[start:start + batch_size]), padding=True, truncation=True,
+                                  max_length=encoder.max_length, return_tensors="pt").to(encoder.device)
+        with autocast(encoder.precision, encoder.device):
+            cls = student.cls(batch["input_ids"], batch["attention_mask"])  # (b, H)
+            texts.append(student.text_proj(cls).float().cpu().numpy())  # (b, p)
+    features = torch.as_tensor(np.asarray(image_features, dtype=np.float32), device=encoder.device)
+    images = [getattr(student, head)(features[start:start + batch_size]).float().cpu().numpy()
+              for start in range(0, features.shape[0], batch_size)]
+    return np.concatenate(images), np.concatenate(texts)
+
+
+def test_set_metrics(set_name: str, image_emb: np.ndarray, text_emb: np.ndarray, text_image: Sequence[int],
+                     block: int = BLOCK) -> dict[str, float]:
+    """The scores a test set is reported with, keys prefixed by the set: Flickr30k 1K and the
+    demo set over all their images; COCO over all 5K images (``coco_5k_*``) and as the mean of
+    five 1K folds (``coco_1k_*``, when the split has its 5,000 images)."""
+    scores = {f"{set_name}_{k}": v for k, v in retrieval_metrics(image_emb, text_emb, text_image, block).items()}
+    if set_name == "coco_5k":
+        n = image_emb.shape[0]
+        if n % 1000 == 0:
+            folds = fold_mean(image_emb, text_emb, text_image, coco_1k_folds(n))
+            scores |= {f"coco_1k_{k}": v for k, v in folds.items()}
+        else:
+            log.warning("COCO 1K needs the 5,000 test images in folds of 1,000; %d are present: only 5K reported", n)
+    return scores
+
+
+def sentence_neighbours(captions: Sequence[str], embeddings: np.ndarray, text_image: Sequence[int],
+                        queries: int, k: int) -> list[dict[str, object]]:
+    """DALR Table 10: for ``queries`` captions spread evenly over the test set, the ``k`` most
+    similar other test captions (cosine of the evaluated sentence embeddings ``(N, d)``), each
+    with its similarity and whether it describes the query's image."""
+    if queries == 0 or len(captions) < 2:
+        return []
+    unit = _unit(embeddings)
+    picks = np.unique(np.linspace(0, len(captions) - 1, min(queries, len(captions))).round().astype(int))
+    owner = np.asarray(text_image)
+    rows = []
+    for q in picks:
+        sim = unit @ unit[q]  # (N,)
+        sim[q] = -np.inf  # not the query itself
+        top = np.argsort(-sim, kind="stable")[: min(k, len(captions) - 1)]
+        rows.append({"query": captions[q], "neighbours": [
+            {"caption": captions[j], "cosine": float(sim[j]), "same_image": bool(owner[j] == owner[q])} for j in top]})
+    return rows
+
+
+def neighbours_markdown(rows: list[dict[str, object]], title: str) -> str:
+    """The examples as a Markdown table: query, rank, retrieved caption, cosine, same image."""
+    lines = [f"# {title}", "", "| query | rank | retrieved | cosine | same image |", "|---|---|---|---|---|"]
+    for row in rows:
+        for rank, n in enumerate(row["neighbours"], 1):
+            query = str(row["query"]).replace("|", "\\|") if rank == 1 else ""
+            caption = str(n["caption"]).replace("|", "\\|")
+            lines.append(f"| {query} | {rank} | {caption} | {n['cosine']:.3f} | {'yes' if n['same_image'] else 'no'} |")
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class TestSetResult:
+    """What the evaluate stage reports on the retrieval test set: R@K (none without an image
+    head), the Table 10 examples, and the embeddings (NDCG ranks the same ones)."""
+
+    set_name: str
+    scores: dict[str, float]
+    examples: list[dict[str, object]]
+    captions: list[str]
+    text_image: np.ndarray  # (N_txt,) image index of each caption
+    image_emb: np.ndarray | None = None  # (N_img, p) projected, None without an image head
+    text_emb: np.ndarray | None = None  # (N_txt, p)
+
+
+def evaluate_test_set(cfg: Config, encoder: TextEncoder, data_dir: Path, feature_sets: dict[str, Path],
+                      set_name: str) -> TestSetResult:
+    """R@K of the student on ``<data_dir>/retrieval`` through the heads of `image_head` (image
+    features from ``feature_sets[<set>]``, the cache_teachers folders) and DALR Table 10's
+    sentence neighbours with the evaluated pooler. Every caption's image must be in the test
+    images and the cached features must cover them, or one error names the file first."""
+    from mmcse.evaluation.sts import encode_unique
+    from mmcse.io import read_jsonl
+    from mmcse.teachers import FeatureStore
+
+    r = cfg.evaluate.retrieval
+    images = read_jsonl(data_dir / "retrieval" / "images.jsonl")
+    rows = read_jsonl(data_dir / "retrieval" / "captions.jsonl")
+    index = {row["image_id"]: i for i, row in enumerate(images)}
+    unknown = sorted({row["image_id"] for row in rows} - index.keys())
+    if unknown:
+        raise ValueError(f"{data_dir / 'retrieval' / 'captions.jsonl'}: captions of images not in the test set "
+                         f"{unknown[:5]}; rerun the download stage (dvc repro download)")
+    captions = [row["caption"] for row in rows]
+    text_image = np.array([index[row["image_id"]] for row in rows], dtype=np.int64)
+    result = TestSetResult(set_name, {}, [], captions, text_image)
+    if r.examples:
+        vectors = encode_unique(encoder, captions, cfg.evaluate.batch_size, desc="encode test captions")
+        sentence_emb = np.stack([vectors[c] for c in captions])  # (N_txt, H) the evaluated pooler
+        result.examples = sentence_neighbours(captions, sentence_emb, text_image, r.examples, r.examples_k)
+    head = image_head(cfg)
+    if head is None:
+        log.info("%s trains no image head: no image–text retrieval", cfg.train.method)
+        return result
+    head_name, feature_set = head
+    if feature_set not in feature_sets:
+        raise FileNotFoundError(f"no cached {feature_set} features for the retrieval test set: rerun "
+                                "cache_teachers (dvc repro cache_teachers)")
+    store = FeatureStore.open(feature_sets[feature_set])
+    features = store.rows([row["image_id"] for row in images])  # (N_img, d_v); a missing id is named
+    result.image_emb, result.text_emb = project(encoder, captions, features, head_name, cfg.evaluate.batch_size)
+    result.scores = test_set_metrics(set_name, result.image_emb, result.text_emb, text_image, r.block_size)
+    return result

@@ -1,0 +1,102 @@
+"""The evaluate stage's retrieval on the demo world: each method's heads, checked against a
+direct recomputation from the saved checkpoint; no head, no retrieval; bad test data named."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from mmcse.config import load_config
+from mmcse.evaluation.retrieval import image_head
+from mmcse.io import read_json, read_jsonl, write_jsonl
+from mmcse.models import load_student
+from mmcse.pipeline import Paths, run_evaluate
+from mmcse.teachers import FeatureStore
+from mmcse.train import train
+from tests.evaluation.test_retrieval import transcribed
+
+
+def _config(method: str):
+    cfg = load_config("params.yaml")
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, method=method, max_steps=4, eval_steps=4))
+
+
+def _by_hand(folder, features, captions):
+    """text_proj on the last layer's [CLS] and the image head on the cached features, written
+    out without the library's batching or autocast."""
+    student, tokenizer = load_student(folder)
+    student.eval()
+    with torch.no_grad():
+        batch = tokenizer(captions, padding=True, truncation=True, max_length=512, return_tensors="pt")
+        hidden = student.backbone(**batch).last_hidden_state  # (N_txt, L, H)
+        texts = student.text_proj(hidden[:, 0]).numpy()
+        return student, texts
+
+
+@pytest.mark.parametrize("method, head, feature_set", [
+    ("mcse", "image_proj", "retrieval_image"),
+    ("dalr", "teacher_image_proj", "retrieval_joint_image"),
+])
+def test_recall_is_that_of_the_trained_heads_on_the_test_images(project, method, head, feature_set):
+    cfg = _config(method)
+    assert image_head(cfg) == (head, feature_set)
+    paths = Paths.of(cfg)
+    result = train(cfg, paths.raw, paths.teachers, project / method, progress=False)
+    scores = run_evaluate(cfg, paths, result.best_dir, plots_dir=project / "plots")
+
+    images = read_jsonl(paths.raw / "retrieval/images.jsonl")
+    rows = read_jsonl(paths.raw / "retrieval/captions.jsonl")
+    assert len(images) == 20 and len(rows) == 40  # shrunk demo: 20 test scenes × 2 captions
+    sets = read_json(paths.teachers / "manifest.json")["sets"]
+    features = FeatureStore.open(paths.teachers / sets[feature_set]).rows([r["image_id"] for r in images])
+    student, texts = _by_hand(result.best_dir, features, [r["caption"] for r in rows])
+    with torch.no_grad():
+        image_emb = getattr(student, head)(torch.as_tensor(features)).numpy()
+    owner = [[r["image_id"] for r in images].index(row["image_id"]) for row in rows]
+    want = transcribed(image_emb, texts, owner)
+    for key, value in want.items():
+        assert scores[f"demo_{key}"] == pytest.approx(value, abs=1e-6), key
+    assert 0 < scores["demo_rsum"] < 600
+
+    table = (project / "plots/sentence_retrieval.md").read_text()
+    assert table.count("| 1 |") == 5 and table.count("| 3 |") == 5
+
+
+def test_a_method_without_an_image_head_reports_no_retrieval_but_lists_neighbours(project):
+    cfg = _config("simcse")
+    assert image_head(cfg) is None
+    assert image_head(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, method="kdmcse"))) == (
+        "teacher_image_proj", "retrieval_joint_image")
+    no_term = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, method="mcse"),
+                                  loss=dataclasses.replace(cfg.loss, image_term=False))
+    assert image_head(no_term) is None
+    paths = Paths.of(cfg)
+    result = train(cfg, paths.raw, paths.teachers, project / "simcse", progress=False)
+    scores = run_evaluate(cfg, paths, result.best_dir, plots_dir=project / "plots")
+    assert set(scores) == {"DemoSTS", "avg"}
+    assert "| 1 |" in (project / "plots/sentence_retrieval.md").read_text()
+
+
+def test_a_caption_of_a_missing_test_image_is_named_before_scoring(project):
+    cfg = _config("mcse")
+    paths = Paths.of(cfg)
+    result = train(cfg, paths.raw, paths.teachers, project / "m", progress=False)
+    rows = read_jsonl(paths.raw / "retrieval/captions.jsonl")
+    write_jsonl(paths.raw / "retrieval/captions.jsonl", rows + [{"image_id": "test09999", "caption": "a red cube"}])
+    with pytest.raises(ValueError, match=r"retrieval/captions.jsonl: captions of images not in the test set "
+                                         r"\['test09999'\]"):
+        run_evaluate(cfg, paths, result.best_dir)
+
+
+def test_neighbours_exclude_the_query_and_mark_its_image():
+    from mmcse.evaluation.retrieval import neighbours_markdown, sentence_neighbours
+
+    emb = np.array([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [1.0, 0.0]])
+    rows = sentence_neighbours(["a", "b", "c", "d"], emb, [0, 0, 1, 1], queries=2, k=2)
+    assert [r["query"] for r in rows] == ["a", "d"]
+    assert [n["caption"] for n in rows[0]["neighbours"]] == ["d", "b"]  # d identical (cos 1), then b
+    assert [n["same_image"] for n in rows[0]["neighbours"]] == [False, True]
+    assert rows[0]["neighbours"][0]["cosine"] == pytest.approx(1.0)
+    md = neighbours_markdown(rows, "t")
+    assert "| a | 1 | d | 1.000 | no |" in md and "|  | 2 | b |" in md
