@@ -53,7 +53,7 @@ import re
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -247,14 +247,12 @@ def parse_spice_output(results: list[dict], n_items: int) -> np.ndarray:
     return f
 
 
-def _spice_relevance(captions: list[str],
-                     run: Callable[[list[str], Path], None] | None = None) -> np.ndarray:
+def _spice_relevance(captions: list[str]) -> np.ndarray:
     missing = _spice_missing()
     if missing:
         raise SpiceUnavailable(f"SPICE relevance cannot run: missing {'; '.join(missing)}. {SPICE_INSTALL}")
     spice_dir = _spice_dir()
     assert spice_dir is not None
-    run = run or (lambda cmd, cwd: subprocess.run(cmd, cwd=cwd, check=True))
     n = len(captions)
     rows, cols = np.triu_indices(n)  # each unordered pair once (SPICE's F of a pair is symmetric
     # up to its synonym matching); the row caption is the candidate, the column one the reference
@@ -269,8 +267,8 @@ def _spice_relevance(captions: list[str],
             in_path, out_path = work / "in.json", work / "out.json"
             in_path.write_text(json.dumps([{"image_id": i, "test": captions[a], "refs": [captions[b]]}
                                            for i, (a, b) in enumerate(zip(r.tolist(), c.tolist(), strict=True))]))
-            run(["java", "-jar", "-Xmx8G", str(spice_dir / SPICE_JARS[0]), str(in_path), "-cache", str(parse_cache),
-                 "-out", str(out_path), "-silent"], spice_dir)
+            subprocess.run(["java", "-jar", "-Xmx8G", str(spice_dir / SPICE_JARS[0]), str(in_path),
+                            "-cache", str(parse_cache), "-out", str(out_path), "-silent"], cwd=spice_dir, check=True)
             f = parse_spice_output(json.loads(out_path.read_text()), r.size).astype(np.float32)
             out[r, c] = f
             out[c, r] = f
