@@ -51,7 +51,10 @@ def test_dvc_repro_produces_every_artifact(repo_copy):
         assert (root / path).is_file(), path
     scores = json.loads((root / "metrics/eval.json").read_text())
     retrieval = {f"demo_{d}_R@{k}" for d in ("i2t", "t2i") for k in (1, 5, 10)} | {"demo_rsum"}
-    assert set(scores) == {"DemoSTS", "avg"} | retrieval and -100 <= scores["avg"] <= 100
+    ndcg = {f"demo_{d}NDCG@25_rouge_l" for d in ("i2t_", "t2i_", "")}
+    assert set(scores) == {"DemoSTS", "avg"} | retrieval | ndcg and -100 <= scores["avg"] <= 100
+    assert all(0 < scores[k] <= 1 for k in ndcg)
+    assert len(list((root / "data/relevance").glob("rouge_l-*.npy"))) == 1
     assert 0 <= scores["demo_rsum"] <= 600
     assert scores["demo_rsum"] == pytest.approx(sum(scores[k] for k in retrieval - {"demo_rsum"}), abs=1e-3)
     table = (root / "plots/sentence_retrieval.md").read_text()

@@ -508,6 +508,23 @@ class RetrievalConfig:
 
 
 @dataclass(frozen=True)
+class NdcgConfig:
+    # Graded NDCG@k of the retrieval (DUET, TERAN's protocol: mmcse.evaluation.ndcg) with caption
+    # relevance from ROUGE-L and/or SPICE (Java + CoreNLP jars: `pip install -e ".[spice]"`);
+    # the relevance matrices are the `relevance` stage's output. Empty: no NDCG.
+    relevance: list[str] = field(default_factory=lambda: ["rouge_l"])
+    k: int = 25
+
+    def validate(self, where: str) -> None:
+        p = "evaluate.ndcg."
+        for kind in self.relevance:
+            _check(kind in ("rouge_l", "spice"), where, p + "relevance",
+                   f"unknown kind {kind!r}; valid: rouge_l, spice")
+        _check(len(set(self.relevance)) == len(self.relevance), where, p + "relevance", "names a kind twice")
+        _check(self.k >= 1, where, p + "k", "must be >= 1")
+
+
+@dataclass(frozen=True)
 class EvaluateConfig:
     pooler: Literal["cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2"] = (
         "cls_before_pooler"
@@ -515,11 +532,13 @@ class EvaluateConfig:
     batch_size: int = 128
     transfer: TransferConfig = field(default_factory=TransferConfig)  # for data.transfer_tasks
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    ndcg: NdcgConfig = field(default_factory=NdcgConfig)
 
     def validate(self, where: str) -> None:
         _check(self.batch_size >= 1, where, "evaluate.batch_size", "must be >= 1")
         self.transfer.validate(where)
         self.retrieval.validate(where)
+        self.ndcg.validate(where)
 
 
 @dataclass(frozen=True)

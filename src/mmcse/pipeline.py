@@ -24,6 +24,7 @@ class Paths:
     metrics: Path
     plots: Path
     ablations: Path
+    relevance: Path  # caption relevance matrices of the retrieval test set (stage relevance)
 
     @classmethod
     def of(cls, cfg: Config, root: str | Path = ".") -> Paths:
@@ -38,6 +39,7 @@ class Paths:
             metrics=root / cfg.base.metrics_dir,
             plots=root / cfg.base.plots_dir,
             ablations=root / "ablation",
+            relevance=data / "relevance",
         )
 
 
@@ -230,6 +232,38 @@ def run_cache_teachers(
     return result
 
 
+# --------------------------------------------------------------------------- relevance
+
+
+def run_relevance(cfg: Config, paths: Paths) -> dict[str, Any]:
+    """Caption relevance of the retrieval test set for each ``evaluate.ndcg.relevance`` kind
+    (`mmcse.evaluation.ndcg.relevance_matrix`) into ``paths.relevance``, computed once per set of
+    captions; files of other caption sets are removed (the folder is this stage's DVC output)."""
+    from mmcse.evaluation.ndcg import relevance_key, relevance_matrix
+
+    paths.relevance.mkdir(parents=True, exist_ok=True)
+    table = paths.raw / "retrieval" / "captions.jsonl"
+    captions = [row["caption"] for row in read_jsonl(table)] if table.is_file() else []
+    kinds = list(cfg.evaluate.ndcg.relevance) if captions else []
+    keep = {f"{kind}-{relevance_key(captions, kind)}.npy" for kind in kinds}
+    for stale in paths.relevance.glob("*.npy"):
+        if stale.name not in keep:
+            stale.unlink()
+    for kind in kinds:
+        relevance_matrix(captions, kind, paths.relevance)
+    return {"captions": len(captions), "kinds": kinds}
+
+
+def relevance_for(paths: Paths, captions: list[str], kind: str) -> Any:
+    """The relevance matrix of ``captions``: the relevance stage's file when it has them, else
+    computed (once, cached) under ``<data>/upstream/relevance`` (an ablation job whose data differ)."""
+    from mmcse.evaluation.ndcg import relevance_key, relevance_matrix
+
+    top = paths.relevance / f"{kind}-{relevance_key(captions, kind)}.npy"
+    return relevance_matrix(captions, kind, paths.relevance if top.is_file() else
+                            paths.raw.parent / "upstream" / "relevance")
+
+
 # --------------------------------------------------------------------------- train + evaluate
 
 
@@ -339,13 +373,15 @@ def run_evaluate(
     With ``evaluate.retrieval.enabled`` and a retrieval test set in the data: image–text R@K
     through the method's trained heads (`mmcse.evaluation.retrieval.image_head`; image features
     from the sets ``teacher_manifest`` names, default ``<teachers>/manifest.json``, looked up in
-    ``paths.teachers`` then ``teacher_dirs``), keys ``<set>_i2t_R@1`` … ``<set>_rsum``, and DALR
+    ``paths.teachers`` then ``teacher_dirs``), keys ``<set>_i2t_R@1`` … ``<set>_rsum``, graded
+    ``<set>_{i2t,t2i}_NDCG@k_<kind>`` for ``evaluate.ndcg.relevance`` (`relevance_for`), and DALR
     Table 10's nearest test captions (``sentence_retrieval.md`` in ``plots_dir`` and the run)."""
     import mlflow
 
     from mmcse import tracking
     from mmcse.data.senteval import TRANSFER_TASKS, SentencePair, TransferExample
     from mmcse.device import resolve_device
+    from mmcse.evaluation.ndcg import test_set_ndcg
     from mmcse.evaluation.retrieval import evaluate_test_set, neighbours_markdown
     from mmcse.evaluation.sts import TextEncoder, evaluate_sts, group_by_task
     from mmcse.evaluation.transfer import evaluate_transfer
@@ -374,6 +410,10 @@ def run_evaluate(
                    for name in ("retrieval_image", "retrieval_joint_image") if name in sets}
         test_set = evaluate_test_set(cfg, encoder, raw, folders, manifest["retrieval_set"])
         scores |= test_set.scores
+        if test_set.image_emb is not None and cfg.evaluate.ndcg.relevance:
+            relevance = {kind: relevance_for(paths, test_set.captions, kind) for kind in cfg.evaluate.ndcg.relevance}
+            scores |= test_set_ndcg(test_set.set_name, test_set.image_emb, test_set.text_emb, test_set.text_image,
+                                    relevance, cfg.evaluate.ndcg.k, cfg.evaluate.retrieval.block_size)
     examples = (neighbours_markdown(test_set.examples, f"Nearest test captions ({test_set.set_name}, "
                                     f"{cfg.evaluate.pooler} embeddings)") if test_set and test_set.examples else None)
     fig = sts_scatter(result.predictions, result.scores)

@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from mmcse.config import load_config
+from mmcse.evaluation.ndcg import caption_relevance, ndcg_metrics
 from mmcse.evaluation.retrieval import image_head
 from mmcse.io import read_json, read_jsonl, write_jsonl
 from mmcse.models import load_student
-from mmcse.pipeline import Paths, run_evaluate
+from mmcse.pipeline import Paths, run_evaluate, run_relevance
 from mmcse.teachers import FeatureStore
 from mmcse.train import train
 from tests.evaluation.test_retrieval import transcribed
@@ -42,8 +43,11 @@ def test_recall_is_that_of_the_trained_heads_on_the_test_images(project, method,
     cfg = _config(method)
     assert image_head(cfg) == (head, feature_set)
     paths = Paths.of(cfg)
+    assert run_relevance(cfg, paths) == {"captions": 40, "kinds": ["rouge_l"]}
+    cached = list(paths.relevance.glob("rouge_l-*.npy"))
     result = train(cfg, paths.raw, paths.teachers, project / method, progress=False)
     scores = run_evaluate(cfg, paths, result.best_dir, plots_dir=project / "plots")
+    assert list(paths.relevance.glob("*.npy")) == cached and not (paths.raw.parent / "upstream").exists()
 
     images = read_jsonl(paths.raw / "retrieval/images.jsonl")
     rows = read_jsonl(paths.raw / "retrieval/captions.jsonl")
@@ -58,6 +62,11 @@ def test_recall_is_that_of_the_trained_heads_on_the_test_images(project, method,
     for key, value in want.items():
         assert scores[f"demo_{key}"] == pytest.approx(value, abs=1e-6), key
     assert 0 < scores["demo_rsum"] < 600
+    # graded NDCG@25 on the same embeddings, ROUGE-L relevance between the test captions
+    relevance = {"rouge_l": caption_relevance([r["caption"] for r in rows], "rouge_l")}
+    for key, value in ndcg_metrics(image_emb, texts, owner, relevance, k=25).items():
+        assert scores[f"demo_{key}"] == pytest.approx(value, abs=1e-6), key
+    assert 0 < scores["demo_NDCG@25_rouge_l"] <= 1
 
     table = (project / "plots/sentence_retrieval.md").read_text()
     assert table.count("| 1 |") == 5 and table.count("| 3 |") == 5
@@ -74,7 +83,7 @@ def test_a_method_without_an_image_head_reports_no_retrieval_but_lists_neighbour
     paths = Paths.of(cfg)
     result = train(cfg, paths.raw, paths.teachers, project / "simcse", progress=False)
     scores = run_evaluate(cfg, paths, result.best_dir, plots_dir=project / "plots")
-    assert set(scores) == {"DemoSTS", "avg"}
+    assert set(scores) == {"DemoSTS", "avg"}  # nor NDCG
     assert "| 1 |" in (project / "plots/sentence_retrieval.md").read_text()
 
 

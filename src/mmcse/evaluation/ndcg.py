@@ -468,3 +468,19 @@ def ndcg_fold_mean(image_emb: np.ndarray, text_emb: np.ndarray, text_image: Sequ
         per_fold.append(ndcg_metrics(np.asarray(image_emb)[images.start:images.stop], np.asarray(text_emb)[keep],
                                      owner[keep] - images.start, sub, k, block, exclude_zero=exclude_zero))
     return {key: float(np.mean([f[key] for f in per_fold])) for key in per_fold[0]}
+
+
+def test_set_ndcg(set_name: str, image_emb: np.ndarray, text_emb: np.ndarray, text_image: Sequence[int],
+                  relevance: dict[str, np.ndarray], k: int = K, block: int = 1024) -> dict[str, float]:
+    """`ndcg_metrics` with the keys the evaluate stage reports, prefixed by the test set as
+    `mmcse.evaluation.retrieval.test_set_metrics` does: COCO over all 5K images and as the mean
+    of five 1K folds (``coco_1k_*``, when the split has its 5,000 images)."""
+    from mmcse.evaluation.retrieval import coco_1k_folds
+
+    scores = {f"{set_name}_{key}": v
+              for key, v in ndcg_metrics(image_emb, text_emb, text_image, relevance, k, block).items()}
+    n = np.asarray(image_emb).shape[0]
+    if set_name == "coco_5k" and n % 1000 == 0:
+        folds = ndcg_fold_mean(image_emb, text_emb, text_image, relevance, coco_1k_folds(n), k, block)
+        scores |= {f"coco_1k_{key}": v for key, v in folds.items()}
+    return scores
