@@ -21,6 +21,7 @@ from scipy import stats
 
 from mmcse.config import Config, to_dict, with_overrides
 from mmcse.io import read_json, sha256_json, write_json, write_text
+from mmcse.tracking import metric_name
 
 
 @dataclass(frozen=True)
@@ -177,7 +178,7 @@ def aggregate_metrics(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
         name = re.sub(r"[^A-Za-z0-9_. -]+", "_", row["variant"]).strip() or "variant"  # MLflow's name rules
         for key, value in row.items():
             if (key.endswith("_mean") or key.endswith("_std")) and math.isfinite(value):
-                out[f"{name}/{key}"] = float(value)
+                out[metric_name(f"{name}/{key}")] = float(value)  # demo_i2t_R@1_mean -> demo_i2t_R1_mean
         out[f"{name}/seeds"] = float(row["seeds"])
     return out
 

@@ -404,7 +404,8 @@ def run_evaluate(
         ).scores
     test_set = None
     manifest = read_json(raw / "manifest.json") if (raw / "manifest.json").is_file() else {}
-    if cfg.evaluate.retrieval.enabled and manifest.get("retrieval_set"):
+    # retrieval goes through the student's heads: a plain HF model (mmcse eval of any encoder) has none
+    if cfg.evaluate.retrieval.enabled and manifest.get("retrieval_set") and encoder.student is not None:
         sets = read_json(teacher_manifest or paths.teachers / "manifest.json")["sets"]
         folders = {name: teacher_set_folder(sets[name], paths.teachers, teacher_dirs)
                    for name in ("retrieval_image", "retrieval_joint_image") if name in sets}
