@@ -315,3 +315,30 @@ def test_a_dev_set_without_positive_pairs_is_refused_before_training(project):
     with pytest.raises(ValueError, match=r"sts/dev.jsonl: no pair with gold score >= 4 \(highest 3.5 in"):
         train(load_config("params.yaml"), "data/raw", "data/teachers", project / "m", progress=False)
     assert not (project / "m").exists()
+
+
+def test_run_train_logs_the_dev_geometry_the_figure_and_the_best_values(project):
+    import mlflow
+
+    from mmcse import tracking
+    from mmcse.pipeline import Paths, run_train
+    from mmcse.train import load_history
+
+    cfg = load_config("params.yaml")
+    summary = run_train(cfg, Paths.of(cfg), out_dir=project / "m", progress=False)
+    evals = {h["step"]: h for h in load_history(project / "m") if "dev" in h}
+    assert sorted(evals) == [0, 4, 8]
+    tracking.configure(cfg)
+    client = mlflow.MlflowClient()
+    for name in ("dev_alignment", "dev_uniformity"):
+        logged = {m.step: m.value for m in client.get_metric_history(summary["run_id"], name)}
+        assert logged == {step: pytest.approx(h[name], rel=1e-6) for step, h in evals.items()}, name
+    best = evals[summary["best_step"]]
+    assert summary["best_dev_alignment"] == best["dev_alignment"]
+    assert summary["best_dev_uniformity"] == best["dev_uniformity"]
+    metrics = client.get_run(summary["run_id"]).data.metrics
+    assert metrics["best_dev_alignment"] == pytest.approx(best["dev_alignment"], rel=1e-6)
+    assert metrics["best_dev_uniformity"] == pytest.approx(best["dev_uniformity"], rel=1e-6)
+    figures = {a.path for a in client.list_artifacts(summary["run_id"], "figures")}
+    assert {"figures/training_curves.png", "figures/geometry_trajectory.png"} <= figures
+    assert (project / "m/geometry_trajectory.png").stat().st_size > 1000
