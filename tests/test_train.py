@@ -259,6 +259,8 @@ def test_dev_geometry_is_logged_at_every_dev_evaluation_from_that_checkpoint(pro
 
     import mmcse.train
     from mmcse.data.senteval import SentencePair
+    from mmcse.evaluation.geometry import sts_dev_geometry
+    from mmcse.evaluation.sts import TextEncoder
     from mmcse.io import read_json, read_jsonl
     from mmcse.pipeline import write_curves
 
@@ -297,6 +299,11 @@ def test_dev_geometry_is_logged_at_every_dev_evaluation_from_that_checkpoint(pro
     assert result.best_geometry == want
     assert read_json(result.best_dir / "train_state.json") == {"step": result.best_step, "dev": result.best_score,
                                                                **want}
+    # the evaluate stage's call: the saved best checkpoint, encoded afresh, gives the same numbers
+    encoder = TextEncoder(str(result.best_dir), cfg.evaluate.pooler, device.type, max_length=cfg.model.max_seq_len)
+    again = sts_dev_geometry(encoder, pairs, batch_size=cfg.evaluate.batch_size)
+    assert again == {"alignment": pytest.approx(want["dev_alignment"], rel=1e-4, abs=1e-10),
+                     "uniformity": pytest.approx(want["dev_uniformity"], rel=1e-4, abs=1e-10)}
 
     write_curves(result.history, project / "plots")
     with open(project / "plots/dev_geometry.csv", newline="") as handle:
