@@ -225,3 +225,127 @@ def test_training_names_a_damaged_teacher_set_and_the_stage_to_rerun(project):
         train(load_config("params.yaml"), "data/raw", "data/teachers", project / "m", progress=False)
     assert str(err.value).startswith(f"{file.relative_to(project)}: truncated: ")
     assert str(err.value).endswith("; rerun the cache_teachers stage to rebuild it (dvc repro cache_teachers)")
+
+
+def _direct_geometry(student, tokenizer, pooler, max_length, device, pairs):
+    """Dev alignment (gold >= 4) and uniformity (t = 2) transcribed from DALR Eq. 15–16: every
+    distinct sentence encoded alone (no batch, no padding), pair by pair in plain numpy."""
+    import itertools
+    import math
+
+    import numpy as np
+
+    sentences = sorted({s for p in pairs for s in (p.s1, p.s2)})
+    unit = {}
+    was_training = student.training
+    student.eval()
+    with torch.no_grad():
+        for s in sentences:
+            b = tokenizer([s], truncation=True, max_length=max_length, return_tensors="pt").to(device)
+            v = student.encode(b["input_ids"], b["attention_mask"], pooler)[0].double().cpu().numpy()
+            unit[s] = v / np.linalg.norm(v)
+    student.train(was_training)
+    positives = [p for p in pairs if p.score >= 4.0]
+    align = sum(float(np.sum((unit[p.s1] - unit[p.s2]) ** 2)) for p in positives) / len(positives)
+    pair_terms = [math.exp(-2.0 * float(np.sum((unit[a] - unit[b]) ** 2)))
+                  for a, b in itertools.combinations(sentences, 2)]
+    return align, math.log(sum(pair_terms) / len(pair_terms))
+
+
+def test_dev_geometry_is_logged_at_every_dev_evaluation_from_that_checkpoint(project, device, monkeypatch):
+    """dev_alignment / dev_uniformity at each dev evaluation equal a direct computation on the
+    weights of that step; the history, plots/dev_geometry.csv and the best checkpoint agree."""
+    import csv
+
+    import mmcse.train
+    from mmcse.data.senteval import SentencePair
+    from mmcse.evaluation.geometry import sts_dev_geometry
+    from mmcse.evaluation.sts import TextEncoder
+    from mmcse.io import read_json, read_jsonl
+    from mmcse.pipeline import write_curves
+
+    cfg = with_overrides(load_config("params.yaml"), {"base.device": device.type})
+    pairs = [SentencePair.from_row(r) for r in read_jsonl(project / "data/raw/sts/dev.jsonl")]
+    assert sum(p.score >= 4.0 for p in pairs) >= 3
+    held = {}
+    real_encoder = mmcse.train.student_encoder
+
+    def spy(student, tokenizer, pooler, max_length, dev, *args, **kwargs):  # the student being trained
+        held["args"] = (student, tokenizer, pooler, max_length, dev)
+        return real_encoder(student, tokenizer, pooler, max_length, dev, *args, **kwargs)
+
+    monkeypatch.setattr(mmcse.train, "student_encoder", spy)
+    logged, direct = {}, {}
+
+    def log_metrics(entries):
+        for metrics, step in entries:
+            if "dev_sts" in metrics:  # logged right after the evaluation, before the next step
+                logged[step] = metrics
+                direct[step] = _direct_geometry(*held["args"], pairs)
+
+    result = train(cfg, "data/raw", "data/teachers", project / "m", log_metrics=log_metrics, progress=False)
+    assert sorted(logged) == [0, 4, 8]
+    for step, (align, unif) in direct.items():
+        assert logged[step]["dev_alignment"] == pytest.approx(align, rel=1e-4, abs=1e-10), step
+        assert logged[step]["dev_uniformity"] == pytest.approx(unif, rel=1e-4, abs=1e-10), step
+    assert len({round(m["dev_uniformity"], 9) for m in logged.values()}) == 3  # the weights moved
+
+    evals = [h for h in result.history if "dev" in h]
+    assert [(h["step"], h["dev_alignment"], h["dev_uniformity"]) for h in evals] == [
+        (s, logged[s]["dev_alignment"], logged[s]["dev_uniformity"]) for s in (0, 4, 8)]
+
+    at_best = next(h for h in evals if h["step"] == result.best_step)
+    want = {"dev_alignment": at_best["dev_alignment"], "dev_uniformity": at_best["dev_uniformity"]}
+    assert result.best_geometry == want
+    assert read_json(result.best_dir / "train_state.json") == {"step": result.best_step, "dev": result.best_score,
+                                                               **want}
+    # the evaluate stage's call: the saved best checkpoint, encoded afresh, gives the same numbers
+    encoder = TextEncoder(str(result.best_dir), cfg.evaluate.pooler, device.type, max_length=cfg.model.max_seq_len)
+    again = sts_dev_geometry(encoder, pairs, batch_size=cfg.evaluate.batch_size)
+    assert again == {"alignment": pytest.approx(want["dev_alignment"], rel=1e-4, abs=1e-10),
+                     "uniformity": pytest.approx(want["dev_uniformity"], rel=1e-4, abs=1e-10)}
+
+    write_curves(result.history, project / "plots")
+    with open(project / "plots/dev_geometry.csv", newline="") as handle:
+        rows = list(csv.reader(handle))
+    assert rows[0] == ["step", "alignment", "uniformity"]
+    assert [[int(r[0]), float(r[1]), float(r[2])] for r in rows[1:]] == [
+        [h["step"], round(h["dev_alignment"], 6), round(h["dev_uniformity"], 6)] for h in evals]
+    assert (project / "plots/geometry_trajectory.png").stat().st_size > 1000
+
+
+def test_a_dev_set_without_positive_pairs_is_refused_before_training(project):
+    from mmcse.io import read_jsonl, write_jsonl
+
+    dev = project / "data/raw/sts/dev.jsonl"
+    write_jsonl(dev, [r | {"score": min(r["score"], 3.5)} for r in read_jsonl(dev)])
+    with pytest.raises(ValueError, match=r"sts/dev.jsonl: no pair with gold score >= 4 \(highest 3.5 in"):
+        train(load_config("params.yaml"), "data/raw", "data/teachers", project / "m", progress=False)
+    assert not (project / "m").exists()
+
+
+def test_run_train_logs_the_dev_geometry_the_figure_and_the_best_values(project):
+    import mlflow
+
+    from mmcse import tracking
+    from mmcse.pipeline import Paths, run_train
+    from mmcse.train import load_history
+
+    cfg = load_config("params.yaml")
+    summary = run_train(cfg, Paths.of(cfg), out_dir=project / "m", progress=False)
+    evals = {h["step"]: h for h in load_history(project / "m") if "dev" in h}
+    assert sorted(evals) == [0, 4, 8]
+    tracking.configure(cfg)
+    client = mlflow.MlflowClient()
+    for name in ("dev_alignment", "dev_uniformity"):
+        logged = {m.step: m.value for m in client.get_metric_history(summary["run_id"], name)}
+        assert logged == {step: pytest.approx(h[name], rel=1e-6) for step, h in evals.items()}, name
+    best = evals[summary["best_step"]]
+    assert summary["best_dev_alignment"] == best["dev_alignment"]
+    assert summary["best_dev_uniformity"] == best["dev_uniformity"]
+    metrics = client.get_run(summary["run_id"]).data.metrics
+    assert metrics["best_dev_alignment"] == pytest.approx(best["dev_alignment"], rel=1e-6)
+    assert metrics["best_dev_uniformity"] == pytest.approx(best["dev_uniformity"], rel=1e-6)
+    figures = {a.path for a in client.list_artifacts(summary["run_id"], "figures")}
+    assert {"figures/training_curves.png", "figures/geometry_trajectory.png"} <= figures
+    assert (project / "m/geometry_trajectory.png").stat().st_size > 1000

@@ -267,16 +267,23 @@ def relevance_for(paths: Paths, captions: list[str], kind: str) -> Any:
 # --------------------------------------------------------------------------- train + evaluate
 
 
-def write_curves(history: list[dict[str, float]], plots_dir: Path) -> None:
+def write_curves(history: list[dict[str, float]], plots_dir: Path, title: str = "dev geometry") -> None:
+    """The DVC plots of a training history: ``train_loss.csv`` (step, loss), ``dev_sts.csv``
+    (step, dev), ``dev_geometry.csv`` (step, alignment, uniformity: every dev evaluation that
+    logged them) and ``geometry_trajectory.png`` (`mmcse.plots.geometry_trajectory`)."""
     from mmcse.io import atomic_path
+    from mmcse.plots import geometry_trajectory, save_figure
 
     plots_dir.mkdir(parents=True, exist_ok=True)
-    for name, key in (("train_loss.csv", "loss"), ("dev_sts.csv", "dev")):
-        rows = [h for h in history if key in h]
+    tables = (("train_loss.csv", ["loss"], ["loss"]), ("dev_sts.csv", ["dev"], ["dev"]),
+              ("dev_geometry.csv", ["dev_alignment", "dev_uniformity"], ["alignment", "uniformity"]))
+    for name, keys, columns in tables:
+        rows = [h for h in history if all(k in h for k in keys)]
         with atomic_path(plots_dir / name) as tmp, open(tmp, "w", newline="") as handle:
             writer = csv.writer(handle)
-            writer.writerow(["step", key])
-            writer.writerows([[h["step"], round(h[key], 6)] for h in rows])
+            writer.writerow(["step", *columns])
+            writer.writerows([[h["step"], *(round(h[k], 6) for k in keys)] for h in rows])
+    save_figure(geometry_trajectory(history, title), plots_dir / "geometry_trajectory.png")
 
 
 def run_train(
@@ -303,7 +310,7 @@ def run_train(
 
     from mmcse import tracking
     from mmcse.device import resolve_device
-    from mmcse.plots import save_figure, training_curves
+    from mmcse.plots import geometry_trajectory, save_figure, training_curves
     from mmcse.precision import check_precision
     from mmcse.train import check_inputs, resume_point_run, train
     from mmcse.upstream import artifact_keys, artifact_tags, require_top_level, resolve
@@ -332,14 +339,17 @@ def run_train(
         result = train(cfg, up.raw, up.teachers, out_dir, tracking.log_metric_steps, on_eval, progress,
                        objects_dir=up.objects, teacher_manifest=up.teacher_manifest, teacher_dirs=up.teacher_dirs,
                        run_id=active.info.run_id)
-        fig = training_curves(result.history, f"{cfg.train.method} (seed {cfg.base.seed})")
-        figure = save_figure(fig, out_dir / "training_curves.png")
-        mlflow.log_artifact(str(figure), "figures")
-        mlflow.log_metrics({"best_dev_sts": result.best_score, "best_step": result.best_step})
+        title = f"{cfg.train.method} (seed {cfg.base.seed})"
+        for fig, name in ((training_curves(result.history, title), "training_curves.png"),
+                          (geometry_trajectory(result.history, title, result.best_step), "geometry_trajectory.png")):
+            mlflow.log_artifact(str(save_figure(fig, out_dir / name)), "figures")
+        best_geometry = {f"best_{k}": v for k, v in result.best_geometry.items()}  # best_dev_alignment, ...
+        mlflow.log_metrics({"best_dev_sts": result.best_score, "best_step": result.best_step, **best_geometry})
         summary = {
             "run_id": active.info.run_id,
             "best_dev_sts": result.best_score,
             "best_step": result.best_step,
+            **best_geometry,
             "steps": result.steps,
             "checkpoint": str(result.best_dir),
             "artifacts": up.keys,

@@ -1,4 +1,4 @@
-"""Figures a reader would rather look at: training curves, STS scatter, ablation bars."""
+"""Figures a reader would rather look at: training curves, dev geometry, STS scatter, ablation bars."""
 
 from __future__ import annotations
 
@@ -36,6 +36,40 @@ def training_curves(history: Sequence[Mapping[str, float]], title: str) -> plt.F
         ax2.plot(*zip(*dev, strict=True), "o-", color="tab:orange", label="dev STS")
     ax2.set_ylabel("dev Spearman × 100", color="tab:orange")
     ax.set_title(title)
+    return fig
+
+
+def geometry_trajectory(
+    history: Sequence[Mapping[str, float]], title: str, best_step: int | None = None
+) -> plt.Figure:
+    """Dev alignment (x) against dev uniformity (y) at each dev evaluation, joined in step order
+    (SimCSE's Fig. 2 view of the numbers DALR Table 6 reports; lower-left is better on both), the
+    first evaluation and the best checkpoint marked. ``best_step`` defaults to the first step of
+    the highest dev STS (the checkpoint training keeps); evaluations without geometry are left out."""
+    points = [(h["step"], h["dev_alignment"], h["dev_uniformity"])
+              for h in history if "dev_alignment" in h and "dev_uniformity" in h]
+    fig, ax = plt.subplots(figsize=(5.6, 4.4))
+    ax.set_xlabel("alignment (lower is better)")
+    ax.set_ylabel("uniformity (lower is better)")
+    ax.set_title(title)
+    if not points:
+        ax.text(0.5, 0.5, "no dev geometry logged", ha="center", va="center", transform=ax.transAxes)
+        return fig
+    steps, align, unif = (np.array(v) for v in zip(*sorted(points), strict=True))
+    ax.plot(align, unif, "-", color="0.6", linewidth=1, zorder=1)
+    dots = ax.scatter(align, unif, c=steps, cmap="viridis", s=28, zorder=2)
+    fig.colorbar(dots, ax=ax, label="step")
+    ax.scatter(align[0], unif[0], marker="s", s=90, facecolors="none", edgecolors="tab:blue", linewidths=1.8,
+               zorder=3, label=f"start (step {steps[0]})")
+    if best_step is None:
+        dev = [(h["dev"], -h["step"]) for h in history if "dev" in h]
+        best_step = -max(dev)[1] if dev else None
+    at_best = np.flatnonzero(steps == best_step) if best_step is not None else []
+    if len(at_best):
+        i = at_best[0]
+        ax.scatter(align[i], unif[i], marker="*", s=220, color="tab:red", edgecolors="black", linewidths=0.6,
+                   zorder=4, label=f"best (step {steps[i]})")
+    ax.legend(loc="best", fontsize=8)
     return fig
 
 

@@ -29,6 +29,7 @@ from mmcse.config import Config, active_terms
 from mmcse.data.senteval import SentencePair
 from mmcse.device import resolve_device
 from mmcse.errors import CorruptArtifact, TrainingOutOfMemory
+from mmcse.evaluation.geometry import POSITIVE_GOLD, check_sts_geometry, sts_geometry
 from mmcse.evaluation.sts import evaluate_sts, group_by_task, student_encoder
 from mmcse.integrity import check_model_folder, check_safetensors, load_torch, read_json_artifact
 from mmcse.io import read_json, read_jsonl, write_json
@@ -47,6 +48,9 @@ LOG_EVERY = 5  # steps between logged loss values
 FLUSH_EVERY = 50
 StepLogger = Callable[[list[tuple[dict[str, float], int]]], None]  # a batch of (metrics, step)
 EvalCallback = Callable[[int, float], None]
+# Dev geometry (Wang & Isola; DALR Table 6) logged at every dev evaluation: metric name -> key of
+# `mmcse.evaluation.geometry.sts_geometry`; the same names are the keys of a dev history entry.
+DEV_GEOMETRY = {"dev_alignment": "alignment", "dev_uniformity": "uniformity"}
 
 
 def alternation_schedule(n_text: int, n_pair: int) -> list[str]:
@@ -281,6 +285,20 @@ class TrainResult:
     steps: int
     best_dir: Path
     history: list[dict[str, float]]
+
+    @property
+    def best_geometry(self) -> dict[str, float]:
+        """``dev_alignment`` / ``dev_uniformity`` of the best checkpoint (see `best_geometry`)."""
+        return best_geometry(self.history, self.best_step)
+
+
+def best_geometry(history: Sequence[dict[str, Any]], best_step: int) -> dict[str, float]:
+    """The dev geometry logged at ``best_step``'s dev evaluation (``{}`` when that evaluation has
+    none: a history begun by a version that did not log it)."""
+    for entry in history:
+        if entry["step"] == best_step and "dev" in entry:
+            return {k: entry[k] for k in DEV_GEOMETRY if k in entry}
+    return {}
 
 
 class _Batches:
@@ -600,7 +618,9 @@ def train(
     ``FLUSH_EVERY`` steps and at every dev evaluation, not per step. ``objects_dir`` (default
     ``<data_dir>/../objects``), ``teacher_manifest`` and ``teacher_dirs``: where the job's
     upstream artifacts are (`mmcse.upstream`); ``run_id``: the MLflow run logging this training,
-    kept in the resume point so a resumed run continues it (`resume_point_run`)."""
+    kept in the resume point so a resumed run continues it (`resume_point_run`). Every dev
+    evaluation also logs the dev geometry (``dev_alignment``, ``dev_uniformity``: `DEV_GEOMETRY`)
+    into the history entry and ``log_metrics``; the best checkpoint's is ``TrainResult.best_geometry``."""
     data_dir, teachers_dir, out_dir = Path(data_dir), Path(teachers_dir), Path(out_dir)
     objects_dir = Path(objects_dir) if objects_dir is not None else data_dir.parent / "objects"
     manifest = Path(teacher_manifest) if teacher_manifest is not None else None
@@ -609,6 +629,8 @@ def train(
     device = resolve_device(cfg.base.device)
     check_precision(cfg.train.precision, device)
     data = TrainData.load(data_dir, teachers_dir, objects_dir, manifest, shared_teachers)
+    # the dev geometry needs positive pairs (gold >= 4) and two sentences: refused before any compute
+    check_sts_geometry(data.dev, POSITIVE_GOLD, str(data_dir / "sts" / "dev.jsonl"))
     on = active_terms(cfg)  # per run, not per step
     if on["object"]:
         data.check_objects(cfg.detect.min_objects, cfg.model.max_seq_len, objects_dir)
@@ -650,13 +672,16 @@ def train(
     dev_encode = student_encoder(student, tokenizer, cfg.evaluate.pooler, cfg.model.max_seq_len, device,
                                  cfg.train.precision, keep_tokens=True)
 
-    def dev_score() -> float:
-        """Dev STS (primary metric); every task's score is logged as ``dev_<task>``."""
+    def dev_score() -> tuple[float, dict[str, float]]:
+        """Dev STS (primary metric; every task's score is logged as ``dev_<task>``) and the dev
+        geometry (``DEV_GEOMETRY``: alignment of the pairs with gold >= 4, uniformity of every
+        distinct dev sentence) from the same embeddings, so the dev set is encoded once."""
         student.eval()
-        result = evaluate_sts(dev_encode, data.dev, cfg.evaluate.batch_size)
+        result = evaluate_sts(dev_encode, data.dev, cfg.evaluate.batch_size, keep_vectors=True)
         student.train()
+        geometry = sts_geometry(result.vectors, data.dev, POSITIVE_GOLD)
         pending.append(({f"dev_{task}": v for task, v in result.scores.items()}, state.step))
-        return result.primary
+        return result.primary, {name: geometry[key] for name, key in DEV_GEOMETRY.items()}
 
     def checkpoint_best(score: float) -> None:
         nonlocal best_weights
@@ -674,7 +699,8 @@ def train(
         if tmp.exists():
             shutil.rmtree(tmp)
         save_student(student, tokenizer, tmp)
-        write_json(tmp / "train_state.json", {"step": state.best_step, "dev": state.best_score})
+        write_json(tmp / "train_state.json", {"step": state.best_step, "dev": state.best_score,
+                                              **best_geometry(state.history, state.best_step)})
         _swap_in(tmp, best_dir)
         student.load_state_dict(current)
         best_weights = None
@@ -698,12 +724,12 @@ def train(
             log_metrics(entries)
 
     def evaluate_now() -> float:
-        score = dev_score()
+        score, geometry = dev_score()
         flush()  # the losses logged before this evaluation go first in the history
-        state.history.append({"step": state.step, "dev": score})
+        state.history.append({"step": state.step, "dev": score, **geometry})
         checkpoint_best(score)
         if log_metrics:
-            log_metrics([({"dev_sts": score}, state.step)])
+            log_metrics([({"dev_sts": score, **geometry}, state.step)])
         return score
 
     if state.step == 0:

@@ -51,6 +51,8 @@ def senteval_cosine(u: np.ndarray, v: np.ndarray) -> float:
 class STSResult:
     scores: dict[str, float]
     predictions: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # task -> (cos, gold)
+    # sentence -> its (d,) embedding, float64; filled only with ``evaluate_sts(..., keep_vectors=True)``
+    vectors: dict[str, np.ndarray] = field(default_factory=dict)
 
     @property
     def primary(self) -> float:
@@ -58,15 +60,18 @@ class STSResult:
 
 
 def evaluate_sts(
-    encode: EncodeFn, tasks: Mapping[str, Sequence[SentencePair]], batch_size: int = 128
+    encode: EncodeFn, tasks: Mapping[str, Sequence[SentencePair]], batch_size: int = 128,
+    keep_vectors: bool = False,
 ) -> STSResult:
-    """Spearman × 100 per task plus ``avg``; tasks with no pairs are omitted."""
+    """Spearman × 100 per task plus ``avg``; tasks with no pairs are omitted. ``keep_vectors``
+    keeps each distinct sentence's embedding in ``STSResult.vectors`` (training's dev geometry
+    reuses them instead of encoding the dev set twice)."""
     tasks = {name: list(pairs) for name, pairs in tasks.items() if pairs}
     if not tasks:
         raise ValueError("no STS pairs to evaluate")
     sentences = [s for pairs in tasks.values() for p in pairs for s in (p.s1, p.s2)]
     vectors = encode_unique(encode, sentences, batch_size)
-    result = STSResult(scores={})
+    result = STSResult(scores={}, vectors=vectors if keep_vectors else {})
     for name, pairs in tasks.items():
         cos = np.array([senteval_cosine(vectors[p.s1], vectors[p.s2]) for p in pairs])
         gold = np.array([p.score for p in pairs])
