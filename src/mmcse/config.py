@@ -152,8 +152,9 @@ class DataConfig:
     # any of MR, CR, SUBJ, MPQA, SST2, TREC, MRPC.
     transfer_tasks: list[str] = field(default_factory=list)
     # Image–caption pairs. demo: the generated scene world; flickr30k / coco: the real images
-    # with Karpathy's splits (sources.karpathy_splits + the image archives).
-    pairs: Literal["demo", "flickr30k", "coco"] = "demo"
+    # with Karpathy's splits (sources.karpathy_splits + the image archives); none: no pairs at
+    # all, the text corpus only (SimCSE's "wiki" setting: needs train.method simcse).
+    pairs: Literal["demo", "flickr30k", "coco", "none"] = "demo"
     splits: list[str] = field(default_factory=lambda: ["train"])  # coco papers: train + restval
     image_limit: int = 0  # first N images of the chosen splits (0: all)
     verify_images: bool = True  # decode every image once; unreadable ones are dropped and counted
@@ -694,6 +695,9 @@ def active_terms(cfg: Config) -> dict[str, bool]:
 
 
 def _validate_terms(cfg: Config, where: str) -> None:
+    if cfg.data.pairs == "none" and cfg.train.method != "simcse":
+        _fail(where, "data.pairs", f"none (text corpus only) trains SimCSE alone, but train.method is "
+              f"{cfg.train.method!r}: set train.method: simcse, or choose image–caption pairs (demo, flickr30k, coco)")
     if cfg.loss.dalr.text_batches and cfg.loss.dalr.iml is False:
         _fail(where, "loss.dalr.text_batches", "adds L_IML to text batches, but loss.dalr.iml is false")
 

@@ -169,7 +169,9 @@ def prepare_data(cfg: DataConfig, seed: int, out_dir: str | Path, downloads_dir:
 def _build(cfg: DataConfig, seed: int, out: Path, downloads: Path, senteval: Path | None,
            senteval_record: dict | None) -> dict[str, Any]:
     report: dict[str, Any] = {"sources": {}}
-    if cfg.pairs == "demo":
+    if cfg.pairs == "none":  # text corpus only (SimCSE "wiki"): empty tables, so every stage reads the same layout
+        images, pairs = [], []
+    elif cfg.pairs == "demo":
         images, pairs = _generate_pairs(cfg, seed, out)
     else:
         images, pairs, report = real_pairs(cfg, out, downloads)
@@ -214,7 +216,7 @@ def _build(cfg: DataConfig, seed: int, out: Path, downloads: Path, senteval: Pat
     manifest = {
         "source": cfg.source,
         "pairs": cfg.pairs,
-        "splits": list(cfg.splits) if cfg.pairs != "demo" else [],
+        "splits": list(cfg.splits) if cfg.pairs not in ("demo", "none") else [],
         "seed": seed,
         "counts": counts,
         "sources": report["sources"],
