@@ -511,7 +511,8 @@ class AblateConfig:
     # A numeric dotted key every variant sets: the table is also drawn as a line over it.
     plot_x: str = ""
     # none, or a file <presets_dir>/<preset>.yaml (next to params.yaml) that replaces
-    # variants, reference and plot_x (its `base` overrides go into every variant).
+    # variants, reference and plot_x (its `base` overrides go into every variant), and seeds /
+    # turns on transfer where it names them.
     preset: str = "none"
     presets_dir: str = "ablations"
     title: str = ""  # heading of the table (a preset sets its description)
@@ -867,12 +868,14 @@ def list_presets(folder: Path) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
 
 
-PRESET_KEYS = ("description", "base", "reference", "variants", "plot_x")
+PRESET_KEYS = ("description", "base", "reference", "variants", "plot_x", "seeds", "transfer")
 
 
 def expand_preset(raw: Mapping[str, Any], root: Path, where: str) -> dict[str, Any]:
     """Replace ``ablate.variants/reference/plot_x`` by those of ``ablate.preset`` (a YAML file
-    under ``root/<ablate.presets_dir>``); the preset's ``base`` overrides go into every variant."""
+    under ``root/<ablate.presets_dir>``); the preset's ``base`` overrides go into every variant.
+    A preset that names ``seeds`` replaces ``ablate.seeds``; ``transfer: true`` turns on
+    ``ablate.transfer`` (a table with a transfer column, e.g. DALR's TR (Avg.))."""
     raw = copy.deepcopy(dict(raw))
     ablate = raw.get("ablate")
     if not isinstance(ablate, Mapping) or ablate.get("preset", "none") == "none":
@@ -892,6 +895,12 @@ def expand_preset(raw: Mapping[str, Any], root: Path, where: str) -> dict[str, A
     ablate["reference"] = preset.get("reference", next(iter(variants)))
     ablate["plot_x"] = preset.get("plot_x", "")
     ablate["title"] = preset.get("description", name)
+    if "seeds" in preset:
+        ablate["seeds"] = preset["seeds"]
+    if "transfer" in preset:
+        if not isinstance(preset["transfer"], bool):
+            raise ConfigError(f"{file}: 'transfer' must be true or false, got {preset['transfer']!r}")
+        ablate["transfer"] = bool(ablate.get("transfer", False)) or preset["transfer"]
     raw["ablate"] = ablate
     return raw
 
