@@ -54,7 +54,7 @@ def test_aggregate_mean_std_paired_ttest_and_failed_rows():
     assert rows["broken"]["note"].startswith("n<2") and math.isnan(rows["broken"]["avg_p"])
     md = table_markdown(list(rows.values()), "avg", "full")
     assert "| broken | — | — | n<2 | 0 | failed |" in md
-    assert md.splitlines()[0] == "| variant | STS12 | STS avg | p (STS avg) vs full | seeds | status |"
+    assert md.splitlines()[0] == "| variant | STS12 | STS avg | p vs full (STS avg) | seeds | status |"
 
 
 PRESET_ROWS = {

@@ -93,7 +93,7 @@ def test_table_marks_significant_cells_and_notes_rows_with_too_few_seeds(tmp_pat
     assert rows["gap"]["paired_seeds"] == 2 and rows["gap"]["status"] == "partial (1 failed)"
     md = table_markdown(list(rows.values()), "avg", "ref", "T")
     lines = {line.split(" | ")[0].lstrip("| "): line for line in md.splitlines() if line.startswith("| ")}
-    assert lines["variant"] == "| variant | STS12 | STS13 | STS avg | p (STS avg) vs ref | seeds | status |"
+    assert lines["variant"] == "| variant | STS12 | STS13 | STS avg | p vs ref (STS avg) | seeds | status |"
     up = lines["up"].split(" | ")
     assert up[1] == f"{np.mean([72.0, 72.5, 74.0]):.2f}* ± {np.std([72.0, 72.5, 74.0], ddof=1):.2f}"
     assert "*" not in up[2]  # STS13: p > 0.05
@@ -116,7 +116,7 @@ def test_columns_follow_senteval_order_with_averages_after_their_tasks():
     cfg = parse_config({"ablate": {"variants": {"ref": {}, "up": {}}, "reference": "ref", "transfer": True}})
     md = table_markdown(aggregate(cfg, results), "avg", "ref")
     assert md.splitlines()[0] == ("| variant | " + " | ".join(TASKS) + " | STS avg | MR | TREC | TR avg | "
-                                  "p (STS avg) vs ref | seeds | status |")
+                                  "p vs ref (STS avg) | seeds | status |")
 
 
 def test_transfer_column_says_when_the_data_has_no_transfer_tasks():

@@ -336,7 +336,7 @@ def table_markdown(rows: Sequence[dict[str, Any]], primary: str, reference: str,
     ``n<2``) in its own column; a footnote says what the marker means and why an empty
     transfer column is empty."""
     metrics = metric_order([k[: -len("_mean")] for k in rows[0] if k.endswith("_mean")]) if rows else []
-    header = ["variant", *[LABELS.get(m, m) for m in metrics], f"p ({LABELS.get(primary, primary)}) vs {reference}",
+    header = ["variant", *[LABELS.get(m, m) for m in metrics], f"p vs {reference} ({LABELS.get(primary, primary)})",
               "seeds", "status"]
     lines = [f"### {title}", ""] if title else []
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
