@@ -25,12 +25,12 @@ def test_pairs_none_refuses_an_ablation_variant_that_adds_a_multimodal_method():
 
 def test_pairs_none_trains_and_evaluates_simcse_from_the_corpus_alone(tmp_path, monkeypatch):
     from mmcse.config import load_config
-    from mmcse.pipeline import Paths, run_evaluate, run_train
+    from mmcse.pipeline import Paths
     from mmcse.teachers import FeatureStore
 
     raw = shrink(repo_params())
     raw["data"]["pairs"] = "none"
-    raw["train"].update(method="simcse", max_steps=4, eval_steps=4, checkpoint_steps=4)
+    raw["train"].update(method="simcse", max_steps=2, eval_steps=2, checkpoint_steps=2)
     raw["ablate"].update(variants={"simcse": {}}, reference="simcse")
     root = prepare_project(tmp_path, raw)  # download, detect_objects, cache_teachers
     monkeypatch.chdir(root)
@@ -48,9 +48,23 @@ def test_pairs_none_trains_and_evaluates_simcse_from_the_corpus_alone(tmp_path, 
         assert corpus.shape[0] == raw["data"]["demo"]["corpus_sentences"] and np.isfinite(corpus).all()
         assert FeatureStore.open(root / "data/teachers" / text["caption"]).features.shape[0] == 0
 
-    cfg = load_config("params.yaml")
+    # Train + evaluate as ablation jobs (2 rows × 2 seeds), transfer asked for on data without it.
+    from mmcse.ablate import aggregate, expand, run_job, write_table
+    from mmcse.config import with_overrides
+
+    cfg = with_overrides(load_config("params.yaml"), {
+        "ablate.variants": {"simcse": {}, "lr 5e-4": {"train.learning_rate": 5e-4}}, "ablate.transfer": True})
     paths = Paths.of(cfg)
-    summary = run_train(cfg, paths, progress=False)
-    assert summary["steps"] == 4 and np.isfinite(summary["best_dev_sts"])
-    scores = run_evaluate(cfg, paths, paths.student / "best")
-    assert set(scores) == {"DemoSTS", "avg"} and -100 <= scores["avg"] <= 100
+    results = [run_job(cfg, job, paths.ablations) for job in expand(cfg)]
+    assert [r["status"] for r in results] == ["ok"] * 4
+    keys = json.loads((root / "data/raw/manifest.json").read_text())["artifact_key"]
+    assert {r["artifacts"]["data"] for r in results} == {keys}  # the pair-free data made above
+    for r in results:
+        history = json.loads((paths.ablations / r["variant"].replace(" ", "_") / f"seed{r['seed']}" /
+                              "last/state.json").read_text())
+        assert history["step"] == 2 and np.isfinite(r["best_dev_sts"])
+        assert set(r["scores"]) == {"DemoSTS", "avg"} and -100 <= r["scores"]["avg"] <= 100
+    rows = aggregate(cfg, results)
+    md = write_table(rows, paths.ablations, "avg", "simcse")["md"].read_text()
+    assert "| DemoSTS | STS avg | TR avg |" in md and md.count("n/a (no transfer tasks)") == 2
+    assert 0 <= rows[1]["avg_p"] <= 1 and rows[1]["paired_seeds"] == 2
