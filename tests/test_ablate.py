@@ -36,7 +36,7 @@ def test_job_hash_ignores_bookkeeping_but_not_what_the_result_holds():
     assert len({job_hash(c) for c in different} | {job_hash(job)}) == 4
 
 
-def test_aggregate_mean_std_ttest_and_failed_rows():
+def test_aggregate_mean_std_paired_ttest_and_failed_rows():
     full = [70.0, 71.0, 73.0]
     without = [65.0, 66.5, 66.0]
     results = [_ok("full", s, v, v - 1) for s, v in zip([1, 2, 3], full, strict=True)]
@@ -46,15 +46,19 @@ def test_aggregate_mean_std_ttest_and_failed_rows():
     assert list(rows) == ["full", "w/o image", "broken"]
     assert rows["full"]["avg_mean"] == pytest.approx(np.mean(full))
     assert rows["full"]["avg_std"] == pytest.approx(np.std(full, ddof=1))
-    assert rows["w/o image"]["p_value"] == pytest.approx(stats.ttest_ind(without, full, equal_var=False).pvalue)
-    assert math.isnan(rows["full"]["p_value"])
+    assert rows["w/o image"]["p_value"] == pytest.approx(stats.ttest_rel(without, full).pvalue)
+    assert rows["w/o image"]["STS12_p"] == rows["w/o image"]["avg_p"] == rows["w/o image"]["p_value"]
+    assert rows["w/o image"]["paired_seeds"] == 3 and rows["w/o image"]["note"] == ""
+    assert math.isnan(rows["full"]["p_value"]) and rows["full"]["note"] == "reference"
     assert rows["broken"]["status"] == "failed" and rows["broken"]["seeds"] == 0 and rows["broken"]["error"] == "boom"
+    assert rows["broken"]["note"].startswith("n<2") and math.isnan(rows["broken"]["avg_p"])
     md = table_markdown(list(rows.values()), "avg", "full")
-    assert "| broken | — | — | — | 0 | failed |" in md
-    assert md.splitlines()[0] == "| variant | STS12 | avg | p vs full | seeds | status |"
+    assert "| broken | — | — | n<2 | 0 | failed |" in md
+    assert md.splitlines()[0] == "| variant | STS12 | STS avg | p vs full (STS avg) | seeds | status |"
 
 
 PRESET_ROWS = {
+    "baselines": ["SimCSE", "MCSE", "KDMCSE", "DALR", "MCSEO"],
     "dalr-table3": ["DALR", "w/o L_info", "w/o L_CML", "w/o L_cons", "w/o L_CMA", "w/o L_IML", "w/o L_rank",
                     "w/o L_IMA", "w/o L_IML & L_CML"],
     "kdmcse-table3": ["KDMCSE", "w/o AdapACSE", "w/o threshold filtering"],
@@ -78,11 +82,17 @@ def test_every_preset_loads_in_the_papers_row_order(preset):
     cfg = load_config(REPO / "params.yaml", {"ablate.preset": preset})
     assert list(cfg.ablate.variants) == PRESET_ROWS[preset]
     assert cfg.ablate.title and cfg.ablate.reference == PRESET_ROWS[preset][
-        {"kdmcse-margin": 4, "dalr-table9": 2}.get(preset, 0)]
+        {"kdmcse-margin": 4, "dalr-table9": 2, "baselines": 1}.get(preset, 0)]
     jobs = expand(cfg)
     assert len(jobs) == len(PRESET_ROWS[preset]) * len(cfg.ablate.seeds)
     terms = {j.variant: active_terms(job_config(cfg, j)) for j in jobs}
+    if preset == "baselines":  # one method per row, five seeds, compared against MCSE
+        assert cfg.ablate.seeds == [1, 2, 3, 4, 5] and cfg.ablate.reference == "MCSE"
+        methods = {j.variant: job_config(cfg, j).train.method for j in jobs}
+        assert methods == {"SimCSE": "simcse", "MCSE": "mcse", "KDMCSE": "kdmcse", "DALR": "dalr", "MCSEO": "mcseo"}
+    assert cfg.ablate.transfer == (preset == "dalr-table3")  # DALR's TR (Avg.): the jobs probe transfer tasks
     if preset == "dalr-table3":
+        assert all(job_config(cfg, j).ablate.transfer for j in jobs)
         for name, removed in DALR_REMOVED.items():
             assert {t for t in DALR_TERMS if terms[name][t]} == DALR_TERMS - removed, name
     if preset == "kdmcse-table3":
@@ -111,7 +121,7 @@ def test_every_preset_loads_in_the_papers_row_order(preset):
 def test_unknown_preset_lists_the_available_ones():
     from mmcse.config import ConfigError, load_config
 
-    presets = "dalr-table3, dalr-table9, kdmcse-margin, kdmcse-table3, kdmcse-table5, mcseo"
+    presets = "baselines, dalr-table3, dalr-table9, kdmcse-margin, kdmcse-table3, kdmcse-table5, mcseo"
     with pytest.raises(ConfigError, match=f"ablate.preset.*{presets}"):
         load_config(REPO / "params.yaml", {"ablate.preset": "dalr-table4"})
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,13 +172,14 @@ def remember_parent(root: Path, ablation: str, run_id: str) -> None:
 
 
 def aggregate_metrics(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """The table as MLflow metrics of the parent run: ``<variant>/<metric>_mean|_std`` (variant
-    names made metric-safe) and ``<variant>/seeds``; NaN cells are left out."""
+    """The table as MLflow metrics of the parent run: ``<variant>/<metric>_mean|_std|_p`` (variant
+    names made metric-safe; ``_p``: the paired t-test against the reference) and
+    ``<variant>/seeds``; NaN cells are left out."""
     out: dict[str, float] = {}
     for row in rows:
         name = re.sub(r"[^A-Za-z0-9_. -]+", "_", row["variant"]).strip() or "variant"  # MLflow's name rules
         for key, value in row.items():
-            if (key.endswith("_mean") or key.endswith("_std")) and math.isfinite(value):
+            if key.endswith(("_mean", "_std", "_p")) and isinstance(value, int | float) and math.isfinite(value):
                 out[metric_name(f"{name}/{key}")] = float(value)  # demo_i2t_R@1_mean -> demo_i2t_R1_mean
         out[f"{name}/seeds"] = float(row["seeds"])
     return out
@@ -197,13 +199,89 @@ def failed_result(job: Job, error: BaseException | str) -> dict[str, Any]:
     return {"variant": job.variant, "seed": job.seed, "status": "failed", "error": str(error)[:500]}
 
 
-def _fmt(mean: float, std: float) -> str:
-    return "—" if not math.isfinite(mean) else f"{mean:.2f} ± {std:.2f}"
+# KDMCSE Table 1: "*: difference between MCSE and KDMCSE is significant at α = 0.05" (they used an
+# independent t-test; here runs are paired by seed, as every row trains on the same seeds).
+ALPHA = 0.05
+MARKER = "*"
+FEW_SEEDS = "n<2"  # fewer than two seeds paired with the reference: no test, no marker
+TRANSFER_AVG = "transfer_avg"
+
+
+def paired_significance(
+    results: Sequence[dict[str, Any]], reference: str, metrics: Sequence[str]
+) -> dict[str, dict[str, dict[str, Any]]]:
+    """Paired t-test of every variant against ``reference``, per metric.
+
+    Runs are paired by seed: a seed counts when both the variant's and the reference's job
+    finished (status ok) and both scored the metric. Returns ``{variant: {metric: {"t", "p",
+    "n", "mean_diff", "note"}}}`` for every variant but the reference (``scipy.stats.ttest_rel``,
+    two-sided; t = mean(d) / (sd(d)/√n), d = variant − reference, n − 1 degrees of freedom).
+    With n < 2 pairs, or identical scores on every pair, t and p are NaN and ``note`` says why
+    (``"n<2"``, ``"identical"``); otherwise ``note`` is ``""``.
+    """
+    by_seed: dict[str, dict[int, dict[str, float]]] = {}
+    for r in results:
+        if r.get("status") == "ok":
+            by_seed.setdefault(r["variant"], {})[r["seed"]] = r["scores"]
+    ref = by_seed.get(reference, {})
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for variant in dict.fromkeys(r["variant"] for r in results):
+        if variant == reference:
+            continue
+        runs = by_seed.get(variant, {})
+        out[variant] = {}
+        for m in metrics:
+            seeds = sorted(s for s in runs if s in ref and m in runs[s] and m in ref[s])
+            a = np.array([runs[s][m] for s in seeds], dtype=float)  # (n,) the variant, by seed
+            b = np.array([ref[s][m] for s in seeds], dtype=float)  # (n,) the reference, same seeds
+            cell: dict[str, Any] = {"t": math.nan, "p": math.nan, "n": len(seeds),
+                                    "mean_diff": float((a - b).mean()) if len(seeds) else math.nan, "note": ""}
+            if len(seeds) < 2:
+                cell["note"] = FEW_SEEDS
+            elif np.all(a == b):
+                cell["note"] = "identical"
+            else:
+                with np.errstate(all="ignore"), warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)  # constant differences: t = ±inf, p = 0
+                    test = stats.ttest_rel(a, b)
+                cell["t"], cell["p"] = float(test.statistic), float(test.pvalue)
+            out[variant][m] = cell
+    return out
+
+
+def metric_order(metrics: Sequence[str]) -> list[str]:
+    """Table columns: STS tasks (SentEval order, then others by name), their ``avg``, the
+    transfer tasks (SentEval order) and ``transfer_avg``."""
+    from mmcse.data.senteval import STS_TASKS, TRANSFER_TASKS
+
+    def key(m: str) -> tuple[int, int, str]:
+        if m in TRANSFER_TASKS:
+            return (2, TRANSFER_TASKS.index(m), m)
+        group = {"avg": 1, TRANSFER_AVG: 3}.get(m, 0)
+        return (group, STS_TASKS.index(m) if m in STS_TASKS else len(STS_TASKS), m)
+
+    return sorted(metrics, key=key)
+
+
+def no_transfer_note(cfg: Config) -> str:
+    """Why a table asked for transfer scores (``ablate.transfer``) has none."""
+    if not cfg.data.transfer_tasks:
+        return ("no transfer tasks: data.transfer_tasks is empty (the demo data has none; "
+                "set data.source: senteval and data.transfer_tasks)")
+    return "no transfer scores: no finished job's data held data.transfer_tasks"
+
+
+def _fmt(mean: float, std: float, marker: str = "") -> str:
+    return "—" if not math.isfinite(mean) else f"{mean:.2f}{marker} ± {std:.2f}"
 
 
 def aggregate(cfg: Config, results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per variant (params.yaml order): mean ± std per metric over seeds, the
-    Welch t-test p-value of the primary metric against the reference variant, status."""
+    """One row per variant (params.yaml order): mean ± std per metric over seeds, the paired
+    t-test p-value of each metric against the reference variant (``<metric>_p``, seeds paired:
+    `paired_significance`; ``p_value`` is the primary metric's), the number of seeds paired with
+    the reference (``paired_seeds``), a ``note`` (``reference``, or ``n<2`` where no test could
+    be made) and the status. With ``ablate.transfer`` but no transfer score in any result the
+    ``transfer_avg`` column is still there, empty, and ``transfer_note`` says why."""
     by_variant: dict[str, list[dict[str, Any]]] = {name: [] for name in cfg.ablate.variants}
     for r in results:
         by_variant[r["variant"]].append(r)
@@ -212,8 +290,13 @@ def aggregate(cfg: Config, results: Sequence[dict[str, Any]]) -> list[dict[str, 
     for rs in ok.values():
         for r in rs:
             metrics += [m for m in r["scores"] if m not in metrics]
-    primary = cfg.ablate.metric
-    ref = [r["scores"].get(primary, math.nan) for r in ok[cfg.ablate.reference]]
+    transfer_note = ""
+    if cfg.ablate.transfer and TRANSFER_AVG not in metrics:
+        transfer_note = no_transfer_note(cfg)
+        metrics.append(TRANSFER_AVG)
+    metrics = metric_order(metrics)
+    primary, reference = cfg.ablate.metric, cfg.ablate.reference
+    tests = paired_significance([r for rs in by_variant.values() for r in rs], reference, metrics)
     rows = []
     for name, rs in by_variant.items():
         good = ok[name]
@@ -228,28 +311,62 @@ def aggregate(cfg: Config, results: Sequence[dict[str, Any]]) -> list[dict[str, 
             mean = float(vals.mean()) if len(vals) else math.nan
             std = float(vals.std(ddof=1)) if len(vals) > 1 else 0.0 if len(vals) else math.nan
             row[f"{m}_mean"], row[f"{m}_std"] = mean, std
-        values = [r["scores"].get(primary, math.nan) for r in good]
-        if name == cfg.ablate.reference or len(values) < 2 or len(ref) < 2:
-            row["p_value"] = math.nan
+        for m in metrics:
+            row[f"{m}_p"] = tests[name][m]["p"] if name in tests else math.nan  # the reference: no test
+        row["p_value"] = row.get(f"{primary}_p", math.nan)
+        if name == reference:
+            row["paired_seeds"], row["note"] = len(good), "reference"
         else:
-            row["p_value"] = float(stats.ttest_ind(values, ref, equal_var=False).pvalue)
+            cells = tests.get(name, {})
+            cell = cells.get(primary) or next(iter(cells.values()), {"n": 0, "note": FEW_SEEDS})
+            row["paired_seeds"] = cell["n"]
+            row["note"] = f"{FEW_SEEDS}: {cell['n']} seed(s) paired with {reference}, no test" \
+                if cell["n"] < 2 else cell["note"]
+        if transfer_note:
+            row["transfer_note"] = transfer_note
         if failed:
             row["error"] = failed[0].get("error", "")
         rows.append(row)
     return rows
 
 
+LABELS = {"avg": "STS avg", TRANSFER_AVG: "TR avg"}  # DALR's STS (Avg.) / TR (Avg.)
+
+
 def table_markdown(rows: Sequence[dict[str, Any]], primary: str, reference: str, title: str = "") -> str:
-    metrics = [k[: -len("_mean")] for k in rows[0] if k.endswith("_mean")] if rows else []
-    metrics = sorted(metrics, key=lambda m: (m == primary, m))  # tasks first, the average last
-    header = ["variant", *metrics, f"p vs {reference}", "seeds", "status"]
+    """Every metric's mean ± std over seeds, marked ``*`` where the paired t-test against
+    ``reference`` gives p < 0.05 (KDMCSE Table 1's marker); the primary metric's p-value (or
+    ``n<2``) in its own column; a footnote says what the marker means and why an empty
+    transfer column is empty."""
+    metrics = metric_order([k[: -len("_mean")] for k in rows[0] if k.endswith("_mean")]) if rows else []
+    header = ["variant", *[LABELS.get(m, m) for m in metrics], f"p vs {reference} ({LABELS.get(primary, primary)})",
+              "seeds", "status"]
     lines = [f"### {title}", ""] if title else []
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    notes: list[str] = []
     for r in rows:
-        cells = [r["variant"], *[_fmt(r[f"{m}_mean"], r[f"{m}_std"]) for m in metrics]]
-        p = r["p_value"]
-        cells += ["—" if not math.isfinite(p) else f"{p:.3f}", str(r["seeds"]), r["status"]]
+        cells = [r["variant"]]
+        for m in metrics:
+            p = r.get(f"{m}_p", math.nan)
+            marker = MARKER if math.isfinite(p) and p < ALPHA else ""
+            if m == TRANSFER_AVG and r.get("transfer_note"):
+                cells.append("n/a (no transfer tasks)" if "no transfer tasks" in r["transfer_note"] else "n/a")
+                notes += [r["transfer_note"]] if r["transfer_note"] not in notes else []
+            else:
+                cells.append(_fmt(r[f"{m}_mean"], r[f"{m}_std"], marker))
+        p = r.get("p_value", math.nan)
+        note = r.get("note", "")
+        if note == "reference":
+            significance = "reference"
+        elif note.startswith(FEW_SEEDS):
+            significance = FEW_SEEDS
+        else:
+            significance = f"{p:.3f}" if math.isfinite(p) else (note or "—")
+        cells += [significance, str(r["seeds"]), r["status"]]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"{MARKER}: paired t-test against {reference} over the seeds both rows finished, p < {ALPHA} "
+                  f"(KDMCSE Table 1's α; {FEW_SEEDS}: fewer than 2 paired seeds, no test). Mean ± std over seeds."]
+    lines += [f"TR avg: {n}." for n in notes]
     return "\n".join(lines) + "\n"
 
 

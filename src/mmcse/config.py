@@ -154,8 +154,9 @@ class DataConfig:
     # any of MR, CR, SUBJ, MPQA, SST2, TREC, MRPC.
     transfer_tasks: list[str] = field(default_factory=list)
     # Image–caption pairs. demo: the generated scene world; flickr30k / coco: the real images
-    # with Karpathy's splits (sources.karpathy_splits + the image archives).
-    pairs: Literal["demo", "flickr30k", "coco"] = "demo"
+    # with Karpathy's splits (sources.karpathy_splits + the image archives); none: no pairs at
+    # all, the text corpus only (SimCSE's "wiki" setting: needs train.method simcse).
+    pairs: Literal["demo", "flickr30k", "coco", "none"] = "demo"
     splits: list[str] = field(default_factory=lambda: ["train"])  # coco papers: train + restval
     image_limit: int = 0  # first N images of the chosen splits (0: all)
     verify_images: bool = True  # decode every image once; unreadable ones are dropped and counted
@@ -551,7 +552,8 @@ class AblateConfig:
     # A numeric dotted key every variant sets: the table is also drawn as a line over it.
     plot_x: str = ""
     # none, or a file <presets_dir>/<preset>.yaml (next to params.yaml) that replaces
-    # variants, reference and plot_x (its `base` overrides go into every variant).
+    # variants, reference and plot_x (its `base` overrides go into every variant), and seeds /
+    # turns on transfer where it names them.
     preset: str = "none"
     presets_dir: str = "ablations"
     title: str = ""  # heading of the table (a preset sets its description)
@@ -736,6 +738,9 @@ def active_terms(cfg: Config) -> dict[str, bool]:
 
 
 def _validate_terms(cfg: Config, where: str) -> None:
+    if cfg.data.pairs == "none" and cfg.train.method != "simcse":
+        _fail(where, "data.pairs", f"none (text corpus only) trains SimCSE alone, but train.method is "
+              f"{cfg.train.method!r}: set train.method: simcse, or choose image–caption pairs (demo, flickr30k, coco)")
     if cfg.loss.dalr.text_batches and cfg.loss.dalr.iml is False:
         _fail(where, "loss.dalr.text_batches", "adds L_IML to text batches, but loss.dalr.iml is false")
 
@@ -905,12 +910,14 @@ def list_presets(folder: Path) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
 
 
-PRESET_KEYS = ("description", "base", "reference", "variants", "plot_x")
+PRESET_KEYS = ("description", "base", "reference", "variants", "plot_x", "seeds", "transfer")
 
 
 def expand_preset(raw: Mapping[str, Any], root: Path, where: str) -> dict[str, Any]:
     """Replace ``ablate.variants/reference/plot_x`` by those of ``ablate.preset`` (a YAML file
-    under ``root/<ablate.presets_dir>``); the preset's ``base`` overrides go into every variant."""
+    under ``root/<ablate.presets_dir>``); the preset's ``base`` overrides go into every variant.
+    A preset that names ``seeds`` replaces ``ablate.seeds``; ``transfer: true`` turns on
+    ``ablate.transfer`` (a table with a transfer column, e.g. DALR's TR (Avg.))."""
     raw = copy.deepcopy(dict(raw))
     ablate = raw.get("ablate")
     if not isinstance(ablate, Mapping) or ablate.get("preset", "none") == "none":
@@ -930,6 +937,12 @@ def expand_preset(raw: Mapping[str, Any], root: Path, where: str) -> dict[str, A
     ablate["reference"] = preset.get("reference", next(iter(variants)))
     ablate["plot_x"] = preset.get("plot_x", "")
     ablate["title"] = preset.get("description", name)
+    if "seeds" in preset:
+        ablate["seeds"] = preset["seeds"]
+    if "transfer" in preset:
+        if not isinstance(preset["transfer"], bool):
+            raise ConfigError(f"{file}: 'transfer' must be true or false, got {preset['transfer']!r}")
+        ablate["transfer"] = bool(ablate.get("transfer", False)) or preset["transfer"]
     raw["ablate"] = ablate
     return raw
 

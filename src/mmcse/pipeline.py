@@ -447,18 +447,24 @@ def run_evaluate(
 
 def log_ablation(cfg: Config, rows: list[dict[str, Any]], files: dict[str, Path], paths: Paths,
                  results: list[dict[str, Any]] | None = None) -> None:
-    """Table (``mlflow.log_table``), CSV/Markdown, figure, the aggregate metrics (mean and std
-    per variant, `mmcse.ablate.aggregate_metrics`) and the list of jobs (``jobs.json``: variant,
-    seed, status, MLflow run, artifact keys) into the active (parent) MLflow run: bars per
-    variant, or a line over ``ablate.plot_x`` for a parameter sweep; the figure also to
-    ``plots/ablation.png`` and the per-variant primary metric to ``metrics/ablate.json``."""
+    """Table (``mlflow.log_table``: every column, the paired t-test p-values ``<metric>_p``
+    included), CSV/Markdown, figure, the aggregate metrics (mean, std and p per variant,
+    `mmcse.ablate.aggregate_metrics`), the list of jobs (``jobs.json``: variant, seed, status,
+    MLflow run, artifact keys) and the paired t-tests in full (``significance.json``: t, p,
+    paired seeds, mean difference, note per variant and metric) into the active (parent) MLflow
+    run: bars per variant, or a line over ``ablate.plot_x`` for a parameter sweep; the figure
+    also to ``plots/ablation.png`` and the per-variant primary metric (with its p-value against
+    the reference) to ``metrics/ablate.json``."""
     import math
 
     import mlflow
     import pandas as pd
 
-    from mmcse.ablate import aggregate_metrics
+    from mmcse.ablate import ALPHA, aggregate_metrics, paired_significance
     from mmcse.plots import ablation_bars, ablation_line, save_figure
+
+    def finite(value: Any) -> Any:  # JSON has no NaN
+        return value if not isinstance(value, float) or math.isfinite(value) else None
 
     metric = cfg.ablate.metric
     mlflow.log_metrics(aggregate_metrics(rows))
@@ -466,6 +472,12 @@ def log_ablation(cfg: Config, rows: list[dict[str, Any]], files: dict[str, Path]
         jobs = [{k: r.get(k) for k in ("variant", "seed", "status", "run_id", "artifacts", "error") if k in r}
                 for r in results]
         mlflow.log_dict({"jobs": jobs}, "jobs.json")
+        metrics = [k[: -len("_mean")] for k in rows[0] if k.endswith("_mean")] if rows else []
+        tests = paired_significance(results, cfg.ablate.reference, metrics)
+        mlflow.log_dict({"reference": cfg.ablate.reference, "alpha": ALPHA,
+                         "test": "paired t-test (scipy.stats.ttest_rel), runs paired by seed, two-sided",
+                         "variants": {v: {m: {k: finite(x) for k, x in cell.items()} for m, cell in by_metric.items()}
+                                      for v, by_metric in tests.items()}}, "significance.json")
     mlflow.log_table(pd.DataFrame(rows), artifact_file="ablation_table.json")
     mlflow.log_artifact(str(files["csv"]))
     mlflow.log_artifact(str(files["md"]))
@@ -479,7 +491,8 @@ def log_ablation(cfg: Config, rows: list[dict[str, Any]], files: dict[str, Path]
     mlflow.log_figure(fig, "figures/ablation.png")
     save_figure(fig, paths.plots / "ablation.png")
     summary = {
-        r["variant"]: {"mean": r.get(f"{metric}_mean"), "std": r.get(f"{metric}_std"), "status": r["status"]}
+        r["variant"]: {"mean": r.get(f"{metric}_mean"), "std": r.get(f"{metric}_std"), "status": r["status"],
+                       "p": finite(r.get(f"{metric}_p", math.nan)), "note": r.get("note", "")}
         for r in rows
     }
     write_json(paths.metrics / "ablate.json", {"metric": metric, "preset": cfg.ablate.preset, "variants": summary})

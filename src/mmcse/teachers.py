@@ -324,7 +324,8 @@ def cached_features(
             log.warning("%s: %s; deleting the cached set and computing it again", err.path, err.problem)
     if folder.exists():
         shutil.rmtree(folder)  # an interrupted earlier write, or the damaged set above
-    features = np.ascontiguousarray(compute(), dtype=np.float32)
+    # No rows (data.pairs: none has no images or captions): an empty (0, 0) set, no model runs.
+    features = np.ascontiguousarray(compute() if len(ids) else np.zeros((0, 0)), dtype=np.float32)
     if features.shape[0] != len(ids):
         raise ValueError(f"teacher {name}: computed {features.shape[0]} rows for {len(ids)} ids")
     folder.mkdir(parents=True)

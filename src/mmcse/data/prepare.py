@@ -111,6 +111,8 @@ def _retrieval_test_set(cfg: DataConfig, seed: int, out: Path, downloads: Path,
     """Images and every caption of the retrieval test set (``retrieval/images.jsonl``: the
     images.jsonl fields; ``retrieval/captions.jsonl``: image_id, caption), all captions per
     image whatever ``data.captions`` picks for training."""
+    if cfg.pairs == "none":  # text only: no images to retrieve
+        return [], []
     if cfg.pairs == "demo":
         images, pairs = _generate_pairs(cfg, seed, out, test=True)
     else:
@@ -199,7 +201,9 @@ def prepare_data(cfg: DataConfig, seed: int, out_dir: str | Path, downloads_dir:
 def _build(cfg: DataConfig, seed: int, out: Path, downloads: Path, senteval: Path | None,
            senteval_record: dict | None) -> dict[str, Any]:
     report: dict[str, Any] = {"sources": {}}
-    if cfg.pairs == "demo":
+    if cfg.pairs == "none":  # text corpus only (SimCSE "wiki"): empty tables, so every stage reads the same layout
+        images, pairs = [], []
+    elif cfg.pairs == "demo":
         images, pairs = _generate_pairs(cfg, seed, out)
     else:
         images, pairs, report = real_pairs(cfg, out, downloads)
@@ -251,7 +255,7 @@ def _build(cfg: DataConfig, seed: int, out: Path, downloads: Path, senteval: Pat
     manifest = {
         "source": cfg.source,
         "pairs": cfg.pairs,
-        "splits": list(cfg.splits) if cfg.pairs != "demo" else [],
+        "splits": list(cfg.splits) if cfg.pairs not in ("demo", "none") else [],
         "retrieval_set": retrieval_set_name(cfg.pairs) if test_images else None,
         "seed": seed,
         "counts": counts,
