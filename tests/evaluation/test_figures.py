@@ -271,21 +271,49 @@ def test_threshold_statistics_reject_bad_owners():
         threshold_summary(T, V, [0, 1, 2], text_anchors=None)
 
 
-def test_threshold_cli_on_the_cached_teacher(project):
+def _teacher_cache(root, t, v, owner):
+    """A project folder as cache_teachers leaves it, as far as the statistics read it: the joint
+    teacher's two sets (written by the real cache code), their manifest and pairs.jsonl."""
+    from mmcse.io import write_json
+    from mmcse.teachers import cached_features
+
+    (root / "params.yaml").write_text((REPO / "params.yaml").read_text())
+    raw, cache = root / "data" / "raw", root / "data" / "teachers"
+    raw.mkdir(parents=True)
+    image_ids = [f"img{i}" for i in range(len(v))][::-1]  # store order differs from the caption order
+    pair_ids = [f"pair{j}" for j in range(len(t))]
+    lines = [json.dumps({"pair_id": p, "image_id": f"img{owner[j]}", "caption": "c"}) for j, p in enumerate(pair_ids)]
+    (raw / "pairs.jsonl").write_text("\n".join(lines) + "\n")
+    rows = [int(i[3:]) for i in image_ids]
+    text, _ = cached_features(cache, "joint_text", {"kind": "test"}, "fp", pair_ids, lambda: t)
+    image, _ = cached_features(cache, "joint_image", {"kind": "test"}, "fp", image_ids, lambda: v[rows])
+    write_json(cache / "manifest.json", {"sets": {"joint_text": text.folder.name, "joint_image": image.folder.name}})
+
+
+def test_threshold_cli_on_a_teacher_cache(tmp_path, monkeypatch):
     from mmcse.cli import main
 
+    rng = np.random.default_rng(5)
+    v = rng.normal(size=(8, 6)).astype(np.float32)
+    owner = np.repeat(np.arange(8), 2)
+    t = (v[owner] + rng.normal(scale=1.2, size=(16, 6))).astype(np.float32)
+    _teacher_cache(tmp_path, t, v, owner)
+    monkeypatch.chdir(tmp_path)
+    loaded_t, loaded_v, rows = cached_joint_teacher("data/teachers", "data/raw")
+    assert np.array_equal(loaded_t, t) and np.array_equal(loaded_v[rows], v[owner])  # caption -> its image row
+
     main(["figures", "thresholds", "--no-mlflow", "--text-anchors", "0"])
-    metrics = json.loads((project / "metrics/threshold.json").read_text())
-    assert (project / "plots/kdmcse_threshold.png").stat().st_size > 0
-    t, v, owner = cached_joint_teacher(project / "data/teachers", project / "data/raw")
-    pairs = [json.loads(line) for line in (project / "data/raw/pairs.jsonl").read_text().splitlines()]
-    images = [json.loads(line)["image_id"] for line in (project / "data/raw/images.jsonl").read_text().splitlines()]
-    assert t.shape[0] == len(pairs) and v.shape[0] == len(images)
-    assert [images[i] for i in owner] == [p["image_id"] for p in pairs]  # caption -> its image row
-    want, _ = direct_threshold_stats(t, v, owner.tolist(), (0.9,))
-    for key in ("tv_neg_above_0.9", "tt_neg_above_0.9", "rank_mean", "teacher_i2t_R@1", "worst_rank_mean"):
-        assert metrics[key] == pytest.approx(want[key], abs=1e-9), key
-    assert metrics["n_captions"] == len(pairs)
+    metrics = json.loads((tmp_path / "metrics/threshold.json").read_text())
+    assert _png_size(tmp_path / "plots/kdmcse_threshold.png")[0] > 0
+    want, _ = direct_threshold_stats(t.astype(np.float64), v.astype(np.float64), owner.tolist(), (0.7, 0.9))
+    for key in ("tv_neg_above_0.7", "tt_neg_above_0.9", "tv_pos_mean", "rank_mean", "teacher_i2t_R@1",
+                "worst_rank_mean"):
+        assert metrics[key] == pytest.approx(want[key], abs=1e-6), key
+    assert metrics["n_captions"] == 16 and "tv_neg_above_0.9" in metrics  # params.yaml's threshold is a candidate
+    (tmp_path / "data/teachers/manifest.json").unlink()
+    with pytest.raises(SystemExit) as err:
+        main(["figures", "thresholds", "--no-mlflow"])
+    assert err.value.code == 2
 
 
 # --------------------------------------------------------------------------- CLI: runs from MLflow

@@ -349,7 +349,7 @@ def threshold_figure(s: ThresholdSummary, threshold: float | None = None) -> plt
     ax.set_yscale("log")
     ax.set_xlabel("teacher α (caption–image)")
     ax.set_ylabel("density")
-    ax.set_title("α^{t,v}: true caption–image pairs vs negatives", fontsize=9)
+    ax.set_title(r"$\alpha^{t,v}$: true caption–image pairs vs negatives", fontsize=9)
 
     ax = axes[1]
     ax.plot(centres, density(s.text_negative_hist), color="tab:gray", label="captions of other images")
@@ -358,7 +358,7 @@ def threshold_figure(s: ThresholdSummary, threshold: float | None = None) -> plt
                 label="captions of the same image")
     ax.set_yscale("log")
     ax.set_xlabel("teacher α (caption–caption)")
-    ax.set_title(f"α^{{t,t}} ({s.text_anchors:,} anchor captions)", fontsize=9)
+    ax.set_title(rf"$\alpha^{{t,t}}$ ({s.text_anchors:,} anchor captions)", fontsize=9)
     for a in axes[:2]:
         for x in s.thresholds:
             a.axvline(x, color="tab:red", linestyle=":", linewidth=0.8)
@@ -368,11 +368,14 @@ def threshold_figure(s: ThresholdSummary, threshold: float | None = None) -> plt
 
     ax = axes[2]
     top = max(int(s.worst_rank.max()), 1)
-    rank_edges = np.unique(np.geomspace(1, top + 1, 40).round()).astype(float)
-    rank_edges = rank_edges if rank_edges.size > 1 else np.array([1.0, 2.0])
+    if top <= 50:  # one bar per rank
+        rank_edges = np.arange(1, top + 2) - 0.5
+    else:  # ranks spread over orders of magnitude (Flickr: 1 .. 150k): log bins
+        rank_edges = np.unique(np.geomspace(1, top + 1, 40).round()).astype(float)
     ax.hist([s.best_rank, s.worst_rank], bins=rank_edges, color=["tab:blue", "tab:orange"],
             label=["best true caption", "worst true caption"])
-    ax.set_xscale("log")
+    if top > 50:
+        ax.set_xscale("log")
     ax.set_xlabel(f"rank among {s.positive_alpha.size:,} captions (1 = top)")
     ax.set_ylabel("images")
     r1 = 100.0 * (s.best_rank <= 1).mean()
