@@ -257,7 +257,8 @@ def main(argv: list[str] | None = None) -> None:
     sc.add_argument("--parent", default=None, metavar="RUN_ID",
                     help="the ablation's parent run (default: the one ablation/parent.json records)")
     sc.add_argument("--seed", type=int, default=None, help="--ablation: the job seed (default: each variant's lowest)")
-    sc.add_argument("--task", default="STSBenchmark", help="STS task to plot (default STSBenchmark)")
+    sc.add_argument("--task", default=None,
+                    help="STS task to plot (default STSBenchmark, else the first task every run has)")
     sc.add_argument("--out", type=Path, default=Path("plots/sts_scatter_runs.png"))
     sc.set_defaults(func=_cmd_figures_sts)
     th = fsub.add_parser("thresholds", parents=[common],

@@ -11,6 +11,7 @@ from mmcse.evaluation.figures import (
     ablation_job_runs,
     cached_joint_teacher,
     cluster_purity,
+    default_task,
     load_sts_predictions,
     run_labels,
     sts_run_statistics,
@@ -153,6 +154,11 @@ def test_sts_scatter_runs_one_panel_per_run():
     assert len(three.axes) == 3  # the empty 4th slot is removed, not drawn
     with pytest.raises(KeyError, match="rough run.*SICKRelatedness"):
         sts_scatter_runs(preds, task="SICKRelatedness")
+    assert default_task(preds) == "STSBenchmark"
+    pair = ([0, 1], [0, 1])
+    assert default_task({"a": {"DemoSTS": pair, "X": pair}, "b": {"X": pair}}) == "X"  # the one both have
+    with pytest.raises(KeyError, match="share no STS task"):
+        default_task({"a": {"DemoSTS": ([0, 1], [0, 1])}, "b": {"X": ([0, 1], [1, 0])}})
 
 
 # --------------------------------------------------------------------------- KDMCSE threshold

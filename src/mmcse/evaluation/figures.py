@@ -136,12 +136,23 @@ def tsne_figure(
 Predictions = Mapping[str, tuple[Sequence[float], Sequence[float]]]  # task -> (cosine, gold)
 
 
-def sts_run_statistics(predictions_by_run: Mapping[str, Predictions], task: str = STSB) -> dict[str, float]:
-    """Per run (label): ``<label>/spearman`` (×100) of cosine vs gold on ``task``,
-    ``<label>/mean_cos_low_gold`` (mean cosine of pairs with gold ≤ 1, DALR Fig. 4's point:
-    lower is better) and ``<label>/mean_cos`` (all pairs)."""
+def default_task(predictions_by_run: Mapping[str, Predictions]) -> str:
+    """STS-B when every run has it (DALR Fig. 4), else the first task every run has."""
+    runs = list(predictions_by_run.values())
+    common = [t for t in runs[0] if all(t in r for r in runs[1:])] if runs else []
+    if not common:
+        raise KeyError("the runs share no STS task: " + "; ".join(
+            f"{label}: {', '.join(p) or 'none'}" for label, p in predictions_by_run.items()))
+    return STSB if STSB in common else common[0]
+
+
+def sts_run_statistics(predictions_by_run: Mapping[str, Predictions], task: str | None = None) -> dict[str, float]:
+    """Per run (label): ``<label>/spearman`` (×100) of cosine vs gold on ``task`` (default
+    `default_task`), ``<label>/mean_cos_low_gold`` (mean cosine of pairs with gold ≤ 1, DALR
+    Fig. 4's point: lower is better) and ``<label>/mean_cos`` (all pairs)."""
     from mmcse.evaluation.sts import spearman_x100
 
+    task = task or default_task(predictions_by_run)
     stats: dict[str, float] = {}
     for label, preds in predictions_by_run.items():
         cos, gold = _task_of(label, preds, task)
@@ -161,11 +172,12 @@ def _task_of(label: str, preds: Predictions, task: str) -> tuple[np.ndarray, np.
     return cos, gold
 
 
-def sts_scatter_runs(predictions_by_run: Mapping[str, Predictions], task: str = STSB) -> plt.Figure:
-    """DALR Figure 4: gold score (x) vs cosine (y) on ``task``, one panel per run (in the
-    mapping's order, titled with its label and Spearman), shared axes so runs compare."""
+def sts_scatter_runs(predictions_by_run: Mapping[str, Predictions], task: str | None = None) -> plt.Figure:
+    """DALR Figure 4: gold score (x) vs cosine (y) on ``task`` (default `default_task`), one
+    panel per run (in the mapping's order, titled with its label and Spearman), shared axes."""
     if not predictions_by_run:
         raise ValueError("sts_scatter_runs needs at least one run")
+    task = task or default_task(predictions_by_run)
     stats = sts_run_statistics(predictions_by_run, task)
     n = len(predictions_by_run)
     cols = min(4, n)
