@@ -14,6 +14,7 @@ from mmcse.evaluation.figures import (
     default_task,
     load_sts_predictions,
     run_labels,
+    sample_sentences,
     sts_run_statistics,
     sts_scatter_runs,
     threshold_figure,
@@ -109,6 +110,15 @@ def test_tsne_figure_points_and_title_and_subsampling(blobs):
     assert f"silhouette={m['silhouette']:.3f}" in ax.get_title() and "purity=1.000" in ax.get_title()
     with pytest.raises(ValueError, match="n_clusters"):
         tsne_clusters(x[:5], 5)
+
+
+def test_sample_sentences_is_distinct_seeded_and_order_free():
+    sentences = [f"s{i % 40}" for i in range(100)]  # 40 distinct, repeated
+    a = sample_sentences(sentences, 10, seed=3)
+    assert len(a) == len(set(a)) == 10 and set(a) <= set(sentences)
+    assert sample_sentences(sentences[::-1], 10, seed=3) == a
+    assert sample_sentences(sentences, 10, seed=4) != a
+    assert sample_sentences(sentences, 50) == sorted(set(sentences))
 
 
 # --------------------------------------------------------------------------- STS scatter

@@ -98,6 +98,16 @@ def tsne_clusters(
     return coords, labels, metrics
 
 
+def sample_sentences(sentences: Sequence[str], n: int, seed: int = 0) -> list[str]:
+    """At most ``n`` distinct sentences, a seeded sample in a fixed order (sorted first, so the
+    sample does not depend on the input order): what to encode for `tsne_figure`."""
+    unique = sorted(set(sentences))
+    if len(unique) <= n:
+        return unique
+    keep = np.sort(np.random.default_rng(seed).choice(len(unique), n, replace=False))
+    return [unique[i] for i in keep]
+
+
 def tsne_figure(
     emb: np.ndarray,
     n_clusters: int = 50,
