@@ -9,8 +9,14 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mmcse.config import ConfigError
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from mmcse.config import Config
 
 
 def quiet_libraries() -> None:
@@ -111,6 +117,95 @@ def _cmd_profile(args: argparse.Namespace) -> None:
         raise SystemExit(subprocess.run(["dvc", "repro"], check=False).returncode)
 
 
+def _log_figure(
+    cfg: Config, fig: Figure, artifact: str, metrics: dict[str, float], log_run: str | None, run_name: str
+) -> str:
+    """Log ``fig`` (and finite ``metrics``) into run ``log_run`` (left as it is: its status is not
+    touched) or, without one, into a new run ``run_name`` of experiment ``<prefix>-figures``."""
+    import math
+
+    import mlflow
+
+    from mmcse import tracking
+
+    finite = {k.replace("@", "_at_"): float(v) for k, v in metrics.items() if math.isfinite(v)}
+    if log_run:
+        client = mlflow.MlflowClient()
+        client.get_run(log_run)  # an unknown id fails here, before anything is logged
+        client.log_figure(log_run, fig, artifact)
+        for key, value in finite.items():
+            client.log_metric(log_run, f"figures/{key}", value)
+        return log_run
+    with tracking.run(cfg, "figures", run_name=run_name) as active:
+        mlflow.log_figure(fig, artifact)
+        mlflow.log_metrics(finite)
+        return active.info.run_id
+
+
+def _figures_config(args: argparse.Namespace) -> Config:
+    """``--params`` with ``--tracking-uri`` in place of ``base.mlflow_tracking_uri``; MLflow pointed at it."""
+    from dataclasses import replace
+
+    from mmcse import tracking
+    from mmcse.config import load_config
+
+    cfg = load_config(args.params)
+    if args.tracking_uri:
+        cfg = replace(cfg, base=replace(cfg.base, mlflow_tracking_uri=args.tracking_uri))
+    tracking.configure(cfg)
+    return cfg
+
+
+def _cmd_figures_sts(args: argparse.Namespace) -> None:
+    from mmcse.evaluation.figures import (
+        ablation_job_runs,
+        load_sts_predictions,
+        run_labels,
+        sts_run_statistics,
+        sts_scatter_runs,
+    )
+    from mmcse.io import read_json
+    from mmcse.plots import save_figure
+
+    cfg = _figures_config(args)
+    log_run = args.log_run
+    if args.run:
+        runs = run_labels(args.run)
+    else:
+        parent = args.parent
+        if parent is None:
+            record = Path("ablation") / "parent.json"
+            if not record.is_file():
+                raise FileNotFoundError(f"{record}: no ablation parent run recorded; pass --parent RUN_ID")
+            parent = read_json(record)["run_id"]
+        runs = ablation_job_runs(parent, args.ablation, args.seed)
+        log_run = log_run or parent  # the comparison belongs with the ablation's table
+    predictions = {label: load_sts_predictions(run_id) for label, run_id in runs.items()}
+    fig = sts_scatter_runs(predictions, args.task)
+    stats = sts_run_statistics(predictions, args.task)
+    save_figure(fig, args.out)
+    if not args.no_mlflow:
+        logged = _log_figure(cfg, fig, f"figures/{Path(args.out).name}", {}, log_run, "sts scatter of runs")
+        print(f"logged figures/{Path(args.out).name} into MLflow run {logged}")
+    print(json.dumps({"out": str(args.out), "runs": runs, **{k: round(v, 4) for k, v in stats.items()}}, indent=2))
+
+
+def _cmd_figures_thresholds(args: argparse.Namespace) -> None:
+    from mmcse.evaluation.figures import save_threshold_statistics
+    from mmcse.pipeline import Paths
+
+    cfg = _figures_config(args)
+    paths = Paths.of(cfg)
+    stats, fig = save_threshold_statistics(paths.teachers, paths.raw, args.out, args.metrics,
+                                           threshold=cfg.loss.kdmcse.threshold_value,
+                                           text_anchors=args.text_anchors or None)
+    if not args.no_mlflow:
+        logged = _log_figure(cfg, fig, f"figures/{Path(args.out).name}", stats, args.log_run,
+                             "kdmcse threshold statistics")
+        print(f"logged figures/{Path(args.out).name} into MLflow run {logged}")
+    print(json.dumps({k: round(v, 4) for k, v in stats.items()}, indent=2))
+
+
 def main(argv: list[str] | None = None) -> None:
     from mmcse.config import POOLERS
 
@@ -144,6 +239,35 @@ def main(argv: list[str] | None = None) -> None:
     pr.add_argument("--profiles-dir", default="profiles")
     pr.add_argument("--repro", action="store_true", help="then run `dvc repro` (the paper's full table)")
     pr.set_defaults(func=_cmd_profile)
+
+    fg = sub.add_parser("figures", help="figures comparing runs and teachers (PNG + MLflow)")
+    fsub = fg.add_subparsers(dest="figure", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--params", default="params.yaml")
+    common.add_argument("--tracking-uri", default=None, help="MLflow store (default base.mlflow_tracking_uri)")
+    common.add_argument("--log-run", default=None, metavar="RUN_ID",
+                        help="log the figure into this run (default: the ablation parent, else a new run "
+                             "in experiment <prefix>-figures)")
+    common.add_argument("--no-mlflow", action="store_true", help="only write the PNG")
+    sc = fsub.add_parser("sts-scatter", parents=[common],
+                         help="STS predicted cosine vs gold of several runs side by side (DALR Fig. 4)")
+    which = sc.add_mutually_exclusive_group(required=True)
+    which.add_argument("--run", nargs="+", metavar="RUN_ID", help="MLflow runs with evaluation/sts_predictions.json")
+    which.add_argument("--ablation", nargs="+", metavar="VARIANT", help="variants of an ablation (its jobs.json)")
+    sc.add_argument("--parent", default=None, metavar="RUN_ID",
+                    help="the ablation's parent run (default: the one ablation/parent.json records)")
+    sc.add_argument("--seed", type=int, default=None, help="--ablation: the job seed (default: each variant's lowest)")
+    sc.add_argument("--task", default=None,
+                    help="STS task to plot (default STSBenchmark, else the first task every run has)")
+    sc.add_argument("--out", type=Path, default=Path("plots/sts_scatter_runs.png"))
+    sc.set_defaults(func=_cmd_figures_sts)
+    th = fsub.add_parser("thresholds", parents=[common],
+                         help="KDMCSE threshold statistics of the cached joint teacher (paper §6.2)")
+    th.add_argument("--out", type=Path, default=Path("plots/kdmcse_threshold.png"))
+    th.add_argument("--metrics", type=Path, default=Path("metrics/threshold.json"))
+    th.add_argument("--text-anchors", type=int, default=2000,
+                    help="captions sampled as anchors for the caption–caption α (0: all)")
+    th.set_defaults(func=_cmd_figures_thresholds)
 
     args = parser.parse_args(argv)
     run_entry(lambda: args.func(args))
