@@ -47,12 +47,15 @@ def test_dvc_repro_produces_every_artifact(repo_copy):
     root, _ = repo_copy
     for path in ("data/raw/manifest.json", "data/objects/objects.jsonl", "data/teachers/manifest.json",
                  "models/student/best/model.safetensors", "ablation/ablation.md", "plots/train_loss.csv",
-                 "plots/sts_scatter.png", "plots/ablation.png", "dvc.lock"):
+                 "plots/sts_scatter.png", "plots/ablation.png",
+                 "plots/tsne.png", "plots/dev_geometry.csv", "plots/geometry_trajectory.png", "dvc.lock"):
         assert (root / path).is_file(), path
     scores = json.loads((root / "metrics/eval.json").read_text())
     retrieval = {f"demo_{d}_R@{k}" for d in ("i2t", "t2i") for k in (1, 5, 10)} | {"demo_rsum"}
     ndcg = {f"demo_{d}NDCG@25_rouge_l" for d in ("i2t_", "t2i_", "")}
-    assert set(scores) == {"DemoSTS", "avg"} | retrieval | ndcg and -100 <= scores["avg"] <= 100
+    geometry = {"alignment", "uniformity", "cluster_silhouette"}
+    assert set(scores) == {"DemoSTS", "avg"} | retrieval | ndcg | geometry and -100 <= scores["avg"] <= 100
+    assert 0 <= scores["alignment"] <= 4 and scores["uniformity"] < 0 and -1 <= scores["cluster_silhouette"] <= 1
     assert all(0 < scores[k] <= 1 for k in ndcg)
     assert len(list((root / "data/relevance").glob("rouge_l-*.npy"))) == 1
     assert 0 <= scores["demo_rsum"] <= 600

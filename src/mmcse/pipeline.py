@@ -387,13 +387,16 @@ def run_evaluate(
     ``<set>_{i2t,t2i}_NDCG@k_<kind>`` for ``evaluate.ndcg.relevance`` (`relevance_for`), and DALR
     Table 10's nearest test captions (``sentence_retrieval.md`` in ``plots_dir`` and the run)."""
     import mlflow
+    import numpy as np
 
     from mmcse import tracking
     from mmcse.data.senteval import TRANSFER_TASKS, SentencePair, TransferExample
     from mmcse.device import resolve_device
+    from mmcse.evaluation.figures import TSNE_CLUSTERS, TSNE_POINTS, sample_sentences, tsne_figure
+    from mmcse.evaluation.geometry import POSITIVE_GOLD, sts_dev_geometry
     from mmcse.evaluation.ndcg import test_set_ndcg
     from mmcse.evaluation.retrieval import evaluate_test_set, neighbours_markdown
-    from mmcse.evaluation.sts import TextEncoder, evaluate_sts, group_by_task
+    from mmcse.evaluation.sts import TextEncoder, encode_unique, evaluate_sts, group_by_task
     from mmcse.evaluation.transfer import evaluate_transfer
     from mmcse.plots import save_figure, sts_scatter
     from mmcse.train import teacher_set_folder
@@ -408,6 +411,9 @@ def run_evaluate(
     }
     result = evaluate_sts(encoder, tasks, cfg.evaluate.batch_size)
     scores = dict(result.scores)
+    # DALR Table 6 / Appendix D: alignment (dev pairs with gold >= 4) and uniformity (all dev sentences)
+    dev = [SentencePair.from_row(r) for r in read_jsonl(raw / "sts" / "dev.jsonl")]
+    scores |= sts_dev_geometry(encoder, dev, POSITIVE_GOLD, cfg.evaluate.batch_size)
     if transfer_tasks:
         scores |= evaluate_transfer(
             encoder, transfer_tasks, cfg.evaluate.transfer, cfg.evaluate.batch_size, device
@@ -428,11 +434,21 @@ def run_evaluate(
     examples = (neighbours_markdown(test_set.examples, f"Nearest test captions ({test_set.set_name}, "
                                     f"{cfg.evaluate.pooler} embeddings)") if test_set and test_set.examples else None)
     fig = sts_scatter(result.predictions, result.scores)
+    tsne = None
+    if plots_dir is not None:  # DALR Figure 3 for the stage's model (ablation jobs skip its seconds of t-SNE)
+        sample = sample_sentences([s for pairs in tasks.values() for p in pairs for s in (p.s1, p.s2)],
+                                  TSNE_POINTS, cfg.base.seed)
+        vectors = encode_unique(encoder, sample, cfg.evaluate.batch_size, desc="t-SNE sentences")
+        tsne, clusters = tsne_figure(np.stack([vectors[s] for s in sample]), n_clusters=TSNE_CLUSTERS,
+                                     seed=cfg.base.seed, title=cfg.train.method)
+        scores["cluster_silhouette"] = clusters["silhouette"]
     if run_id:
         with tracking.run(cfg, experiment_name or cfg.train.method, run_id=run_id):
             mlflow.log_metrics({tracking.metric_name(f"test_{k}"): v for k, v in scores.items()})
             if examples:
                 mlflow.log_text(examples, "evaluation/sentence_retrieval.md")
+            if tsne is not None:
+                mlflow.log_figure(tsne, "figures/tsne.png")
             mlflow.log_figure(fig, "figures/sts_scatter.png")
             # per-pair predictions, so figures comparing runs (`mmcse figures`) need no re-encoding
             mlflow.log_dict({task: {"cos": cos.tolist(), "gold": gold.tolist()}
@@ -442,6 +458,8 @@ def run_evaluate(
         save_figure(fig, plots_dir / "sts_scatter.png")
         if examples:
             write_text(plots_dir / "sentence_retrieval.md", examples)
+        if tsne is not None:
+            save_figure(tsne, plots_dir / "tsne.png")
     return scores
 
 

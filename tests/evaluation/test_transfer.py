@@ -226,6 +226,6 @@ def test_evaluate_stage_probes_the_tasks_in_data_raw(project, transfer_dir):
     write_jsonl(paths.raw / "transfer" / "TREC.jsonl", train + test)
     model = resolve_model("packaged:all-MiniLM-L6-v2")
     scores = run_evaluate(cfg, paths, model)
-    assert {"DemoSTS", "avg", "TREC", "transfer_avg"} == set(scores)
+    assert {"DemoSTS", "avg", "TREC", "transfer_avg", "alignment", "uniformity"} == set(scores)
     assert scores["TREC"] > 60 and scores["transfer_avg"] == scores["TREC"]
-    assert set(run_evaluate(cfg, paths, model, transfer=False)) == {"DemoSTS", "avg"}  # ablation jobs
+    assert set(run_evaluate(cfg, paths, model, transfer=False)) == {"DemoSTS", "avg", "alignment", "uniformity"}

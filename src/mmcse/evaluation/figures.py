@@ -98,6 +98,10 @@ def tsne_clusters(
     return coords, labels, metrics
 
 
+TSNE_POINTS = 2000  # test sentences drawn for the evaluate stage's map (t-SNE is quadratic)
+TSNE_CLUSTERS = 50  # KMeans clusters colouring it
+
+
 def sample_sentences(sentences: Sequence[str], n: int, seed: int = 0) -> list[str]:
     """At most ``n`` distinct sentences, a seeded sample in a fixed order (sorted first, so the
     sample does not depend on the input order): what to encode for `tsne_figure`."""
