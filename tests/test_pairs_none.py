@@ -63,7 +63,8 @@ def test_pairs_none_trains_and_evaluates_simcse_from_the_corpus_alone(tmp_path, 
         history = json.loads((paths.ablations / r["variant"].replace(" ", "_") / f"seed{r['seed']}" /
                               "last/state.json").read_text())
         assert history["step"] == 2 and np.isfinite(r["best_dev_sts"])
-        assert set(r["scores"]) == {"DemoSTS", "avg"} and -100 <= r["scores"]["avg"] <= 100
+        assert set(r["scores"]) == {"DemoSTS", "avg", "alignment", "uniformity"}  # no images: no retrieval
+        assert -100 <= r["scores"]["avg"] <= 100
     rows = aggregate(cfg, results)
     md = write_table(rows, paths.ablations, "avg", "simcse")["md"].read_text()
     assert "| DemoSTS | STS avg | TR avg |" in md and md.count("n/a (no transfer tasks)") == 2
