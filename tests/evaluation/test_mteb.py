@@ -25,6 +25,7 @@ from mmcse.config import ConfigError, parse_config
 from mmcse.evaluation.mteb import (
     PRIMARY_METRIC,
     MTEBTaskError,
+    encoder_for_mteb,
     mteb_scores,
     resolve_tasks,
 )
@@ -148,6 +149,23 @@ def test_scores_equal_a_direct_computation_on_the_same_embeddings(encoder, tmp_p
     (result,) = tmp_path.glob("results/*/*/TinySTS.json")
     main = json.loads(result.read_text())["scores"]["test"][0]["main_score"]
     assert main * 100 == pytest.approx(scores["mteb_TinySTS"], abs=1e-9)
+
+
+def test_adapter_returns_mteb_order_and_encodes_each_distinct_text_once():
+    vec = {"a": [1.0, 0.0], "bb": [0.0, 2.0], "ccc": [3.0, 3.0]}
+    calls: list[list[str]] = []
+
+    def encode(sentences: list[str]) -> np.ndarray:
+        calls.append(list(sentences))
+        return np.array([vec[s] for s in sentences])
+
+    model = encoder_for_mteb(encode, "/work/models/student/best", batch_size=2)
+    batches = [{"text": ["ccc", "a"]}, {"text": ["a", "bb", "ccc"]}]  # what mteb's DataLoader yields
+    out = model.encode(batches, task_metadata=TinySTS.metadata, hf_split="test", hf_subset="default")
+    np.testing.assert_array_equal(out, np.array([vec[t] for t in ["ccc", "a", "a", "bb", "ccc"]], dtype=np.float32))
+    assert calls == [["a", "bb"], ["ccc"]]  # distinct texts, length-sorted batches of 2
+    assert model.mteb_model_meta.name == "student/best"
+    assert encoder_for_mteb(encode, MODEL, 2).mteb_model_meta.name == "mmcse/packaged-all-MiniLM-L6-v2"
 
 
 def test_names_resolve_like_the_english_benchmark_and_types_expand():

@@ -181,7 +181,8 @@ def _model_meta(model_name: str, embed_dim: int | None = None) -> Any:
                                    "framework": ["PyTorch"], "modalities": ["text"]})
 
 
-def _encode_fn_model(encode: EncodeFn, model_name: str, batch_size: int) -> Any:
+def encoder_for_mteb(encode: EncodeFn, model_name: str, batch_size: int) -> Any:
+    """``encode`` as an mteb 2.x ``EncoderProtocol`` model (an ``AbsEncoder``), for ``mteb.evaluate``."""
     from mteb.models.abs_encoder import AbsEncoder
 
     class EncodeFnModel(AbsEncoder):
@@ -224,12 +225,13 @@ def mteb_scores(
     if batch_size < 1:
         raise ValueError(f"mteb: batch_size must be >= 1, got {batch_size}")
     resolved = prepare_tasks(tasks)
-    model = _encode_fn_model(encode, model_name, batch_size)
+    model = encoder_for_mteb(encode, model_name, batch_size)
     cache = mteb.ResultCache(cache_path=output_dir) if output_dir is not None else None
     scores: dict[str, float] = {}
     by_type: dict[str, list[float]] = {}
     for task in resolved:
         result = mteb.evaluate(model, task, cache=cache, overwrite_strategy="always", show_progress_bar=False,
+                               co2_tracker=False,
                                encode_kwargs={"batch_size": batch_size, "show_progress_bar": False})
         if result.exceptions:
             raise RuntimeError(f"MTEB task {task.metadata.name} failed: {result.exceptions[0].exception}")
