@@ -62,12 +62,6 @@ def _cmd_eval(args: argparse.Namespace) -> None:
         raise ValueError("--transfer needs --senteval-dir")
     if args.senteval_dir is not None and not args.senteval_dir.is_dir():
         raise FileNotFoundError(f"{args.senteval_dir}: SentEval folder not found")
-    mteb_tasks = []
-    if args.mteb:
-        from mmcse.evaluation.mteb import prepare_tasks
-
-        # names checked and every data set loaded (offline: from the HF cache) before the model loads
-        mteb_tasks = prepare_tasks(args.mteb, "--mteb")
     transfer: list[str] = []
     if args.transfer is not None:
         present = available_transfer_tasks(args.senteval_dir)
@@ -81,6 +75,12 @@ def _cmd_eval(args: argparse.Namespace) -> None:
                                     f"{', '.join(missing) or 'any'} (present: {', '.join(present) or 'none'})")
         probe = TransferConfig(kfold=args.kfold)
         probe.validate("--kfold")
+    mteb_tasks = []
+    if args.mteb:
+        from mmcse.evaluation.mteb import prepare_tasks
+
+        # names checked and every data set loaded (offline: from the HF cache) before the model loads
+        mteb_tasks = prepare_tasks(args.mteb, "--mteb")
     encoder = TextEncoder(args.model, args.pooler, args.device, args.max_seq_len,  # fails fast if offline
                           precision=args.precision)
     scores: dict[str, float] = {}
