@@ -62,7 +62,11 @@ def _cmd_eval(args: argparse.Namespace) -> None:
     from mmcse.evaluation.sts import TextEncoder, evaluate_sts
     from mmcse.evaluation.transfer import evaluate_transfer
 
-    if not args.senteval_dir.is_dir():
+    if args.senteval_dir is None and not args.mteb:
+        raise ValueError("--senteval-dir is required unless --mteb names tasks")
+    if args.senteval_dir is None and args.transfer is not None:
+        raise ValueError("--transfer needs --senteval-dir")
+    if args.senteval_dir is not None and not args.senteval_dir.is_dir():
         raise FileNotFoundError(f"{args.senteval_dir}: SentEval folder not found")
     transfer: list[str] = []
     if args.transfer is not None:
@@ -77,14 +81,24 @@ def _cmd_eval(args: argparse.Namespace) -> None:
                                     f"{', '.join(missing) or 'any'} (present: {', '.join(present) or 'none'})")
         probe = TransferConfig(kfold=args.kfold)
         probe.validate("--kfold")
+    mteb_tasks = []
+    if args.mteb:
+        from mmcse.evaluation.mteb import prepare_tasks
+
+        # names checked and every data set loaded (offline: from the HF cache) before the model loads
+        mteb_tasks = prepare_tasks(args.mteb, "--mteb")
     encoder = TextEncoder(args.model, args.pooler, args.device, args.max_seq_len,  # fails fast if offline
                           precision=args.precision)
     scores: dict[str, float] = {}
-    if not transfer or available_sts_tasks(args.senteval_dir):
+    if args.senteval_dir is not None and (not transfer or available_sts_tasks(args.senteval_dir)):
         scores |= evaluate_sts(encoder, read_sts_tasks(args.senteval_dir), args.batch_size).scores
     if transfer:
         tasks = {t: read_transfer_task(args.senteval_dir, t) for t in transfer}
         scores |= evaluate_transfer(encoder, tasks, probe, args.batch_size, args.device).scores
+    if mteb_tasks:
+        from mmcse.evaluation.mteb import mteb_scores
+
+        scores |= mteb_scores(encoder, args.model, mteb_tasks, args.batch_size, args.mteb_output)
     print(json.dumps({k: round(v, 4) for k, v in scores.items()}, indent=2))
 
 
@@ -212,9 +226,10 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="mmcse", description="multimodal sentence embeddings workflow")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    ev = sub.add_parser("eval", help="SentEval STS (and transfer tasks) of any HF / sentence-transformers model")
+    ev = sub.add_parser("eval", help="SentEval STS (transfer, MTEB tasks) of any HF / sentence-transformers model")
     ev.add_argument("--model", required=True, help="HF id, local model folder or mmcse checkpoint")
-    ev.add_argument("--senteval-dir", required=True, type=Path, help="SentEval-layout folder")
+    ev.add_argument("--senteval-dir", type=Path, default=None,
+                    help="SentEval-layout folder (STS, transfer tasks); optional with --mteb")
     ev.add_argument("--pooler", default="cls_before_pooler", choices=POOLERS)
     ev.add_argument("--batch-size", type=int, default=128)
     ev.add_argument("--max-seq-len", type=int, default=512)
@@ -224,6 +239,10 @@ def main(argv: list[str] | None = None) -> None:
     ev.add_argument("--transfer", nargs="*", metavar="TASK", default=None,
                     help="also SentEval transfer tasks (MR CR SUBJ MPQA SST2 TREC MRPC; none named: all present)")
     ev.add_argument("--kfold", type=int, default=10, help="folds of the transfer-task probe (SimCSE: 10)")
+    ev.add_argument("--mteb", nargs="+", metavar="TASK", default=None,
+                    help="also MTEB tasks through the mteb package (names, or task types Reranking Classification "
+                         "Retrieval STS: DALR Table 5); data from the HF datasets cache when offline")
+    ev.add_argument("--mteb-output", type=Path, default=None, help="folder for mteb's per-task result JSONs")
     ev.set_defaults(func=_cmd_eval)
 
     sw = sub.add_parser("sweep", help="Optuna sweep over params.yaml's sweep.space (resumable)")

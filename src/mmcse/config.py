@@ -534,12 +534,19 @@ class EvaluateConfig:
     transfer: TransferConfig = field(default_factory=TransferConfig)  # for data.transfer_tasks
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     ndcg: NdcgConfig = field(default_factory=NdcgConfig)
+    # MTEB task names (or task types Reranking, Classification, Retrieval, STS: DALR Table 5), run by
+    # mmcse.evaluation.mteb; names are checked against mteb's registry (and the data sets loaded)
+    # before any encoding, not here: importing mteb costs seconds every stage would pay.
+    mteb: list[str] = field(default_factory=list)
 
     def validate(self, where: str) -> None:
         _check(self.batch_size >= 1, where, "evaluate.batch_size", "must be >= 1")
         self.transfer.validate(where)
         self.retrieval.validate(where)
         self.ndcg.validate(where)
+        for i, name in enumerate(self.mteb):
+            _check(bool(name.strip()), where, f"evaluate.mteb[{i}]", "must be a non-empty task name")
+        _check(len(set(self.mteb)) == len(self.mteb), where, "evaluate.mteb", "task names repeat")
 
 
 @dataclass(frozen=True)

@@ -394,6 +394,7 @@ def run_evaluate(
     from mmcse.device import resolve_device
     from mmcse.evaluation.figures import TSNE_CLUSTERS, TSNE_POINTS, sample_sentences, tsne_figure
     from mmcse.evaluation.geometry import POSITIVE_GOLD, sts_dev_geometry
+    from mmcse.evaluation.mteb import mteb_scores, prepare_tasks
     from mmcse.evaluation.ndcg import test_set_ndcg
     from mmcse.evaluation.retrieval import evaluate_test_set, neighbours_markdown
     from mmcse.evaluation.sts import TextEncoder, encode_unique, evaluate_sts, group_by_task
@@ -401,6 +402,8 @@ def run_evaluate(
     from mmcse.plots import save_figure, sts_scatter
     from mmcse.train import teacher_set_folder
 
+    # MTEB names and datasets are checked before any model loads: offline, a missing dataset is named here
+    mteb_tasks = prepare_tasks(cfg.evaluate.mteb, "evaluate.mteb") if cfg.evaluate.mteb else []
     device = resolve_device(cfg.base.device)
     encoder = TextEncoder(str(model_dir), cfg.evaluate.pooler, str(device), precision=cfg.train.precision)
     raw = data_dir or paths.raw
@@ -411,6 +414,8 @@ def run_evaluate(
     }
     result = evaluate_sts(encoder, tasks, cfg.evaluate.batch_size)
     scores = dict(result.scores)
+    if mteb_tasks:  # DALR Table 5
+        scores |= mteb_scores(encoder, f"mmcse/{cfg.train.method}", mteb_tasks, cfg.evaluate.batch_size)
     # DALR Table 6 / Appendix D: alignment (dev pairs with gold >= 4) and uniformity (all dev sentences)
     dev = [SentencePair.from_row(r) for r in read_jsonl(raw / "sts" / "dev.jsonl")]
     scores |= sts_dev_geometry(encoder, dev, POSITIVE_GOLD, cfg.evaluate.batch_size)
