@@ -178,7 +178,7 @@ def object_spans(lengths: Sequence[int], g: torch.Generator) -> tuple[torch.Tens
 def synthetic_features(need: set[str], lengths: Sequence[int], g: torch.Generator,
                        image_dim: int = PAPER_IMAGE_DIM, joint_dim: int = PAPER_JOINT_DIM) -> Any:
     """Random cached features (float32, as the feature stores hold them) of the groups in
-    ``need`` (:func:`mmcse.objectives.needed_features`) for a batch of ``len(lengths)``."""
+    ``need`` (:func:`mmcse.methods.objectives.needed_features`) for a batch of ``len(lengths)``."""
     from mmcse.train import BatchFeatures
 
     n = len(lengths)
@@ -404,8 +404,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     setup_like_train(device)
 
     from mmcse.config import with_overrides
+    from mmcse.methods.objectives import needed_features
     from mmcse.models import Student, load_backbone, load_tokenizer
-    from mmcse.objectives import needed_features
     from mmcse.tokens import tokenize_texts
     from mmcse.train import TrainData
 

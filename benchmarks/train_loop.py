@@ -241,8 +241,8 @@ def run_bare(cfg: Any, root: Path, device: torch.device, steps: int, warmup: int
     from safetensors.torch import load_file
 
     from mmcse.config import active_terms
+    from mmcse.methods.objectives import needed_features
     from mmcse.models import Student, load_backbone, load_tokenizer
-    from mmcse.objectives import needed_features
     from mmcse.pipeline import Paths
     from mmcse.precision import grad_scaler
     from mmcse.train import PAIR, TEXT, TrainData, _Batches, build_optimizer, optimizer_step
@@ -302,8 +302,8 @@ def time_profiles(names: Sequence[str], student: str, device: torch.device, prec
                   repeats: int, warmup: int, seq_len: int) -> dict[str, dict[str, Any]]:
     """Median text-batch and pair-batch step time of every distinct (method, batch size,
     student) among the profiles, interleaved; synthetic batches of ``seq_len`` tokens."""
+    from mmcse.methods.objectives import needed_features
     from mmcse.models import Student
-    from mmcse.objectives import needed_features
 
     cfgs = {n: profile_config(n, precision, compile_backbone) for n in names}
     keys = {n: (cfgs[n].train.method, cfgs[n].train.batch_size, profile_student(cfgs[n], student)) for n in names}

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from mmcse import precision
 from mmcse.config import ConfigError, load_config, with_overrides
 from mmcse.errors import PrecisionError, TrainingOutOfMemory
-from mmcse.losses import cosine_matrix
+from mmcse.methods.losses import cosine_matrix
 from mmcse.train import train
 
 

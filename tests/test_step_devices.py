@@ -19,8 +19,8 @@ import pytest
 import torch
 
 from mmcse.config import Config, parse_config
+from mmcse.methods.objectives import needed_features
 from mmcse.models import Student, load_backbone
-from mmcse.objectives import needed_features
 from mmcse.train import BatchFeatures, training_step_loss
 from tests.conftest import TINY_MODEL
 from tests.test_train import METHOD_TERMS

@@ -97,8 +97,8 @@ METHOD_TERMS = {
 def test_each_method_steps_on_cached_features_only(project, method, monkeypatch):
     """A pair batch of every method: its terms, finite gradients, and no teacher model run."""
     import mmcse.teachers
+    from mmcse.methods.objectives import needed_features
     from mmcse.models import Student, load_backbone, load_tokenizer
-    from mmcse.objectives import needed_features
     from mmcse.tokens import tokenize_texts
     from mmcse.train import TrainData, training_step_loss
 

@@ -2,7 +2,7 @@
 
 ``train.precision`` names the dtype the student's forward pass runs in under autocast
 (``fp32`` runs without autocast). The loss terms' similarity matrices are always computed
-in fp32 (:func:`mmcse.losses.cosine_matrix` leaves autocast): with τ = 0.05 a cosine's
+in fp32 (:func:`mmcse.methods.losses.cosine_matrix` leaves autocast): with τ = 0.05 a cosine's
 bf16 rounding error (~4e-3) becomes ~0.08 in a logit. fp16 needs a gradient scaler, bf16
 does not (it has fp32's exponent range).
 """
@@ -68,7 +68,7 @@ def configure_kernels(device: torch.device) -> None:
     """TF32 tensor cores for fp32 matmuls and convolutions on CUDA (Ampere and newer).
 
     TF32 keeps fp32's range with a 10-bit mantissa; the similarity matrices of the losses
-    opt out (:func:`mmcse.losses.cosine_matrix` runs them at full fp32 precision)."""
+    opt out (:func:`mmcse.methods.losses.cosine_matrix` runs them at full fp32 precision)."""
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True

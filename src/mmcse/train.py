@@ -33,9 +33,9 @@ from mmcse.evaluation.geometry import POSITIVE_GOLD, check_sts_geometry, sts_geo
 from mmcse.evaluation.sts import evaluate_sts, group_by_task, student_encoder
 from mmcse.integrity import check_model_folder, check_safetensors, load_torch, read_json_artifact
 from mmcse.io import read_json, read_jsonl, write_json
-from mmcse.losses import span_mean, weighted_teacher_similarity
+from mmcse.methods.losses import span_mean, weighted_teacher_similarity
+from mmcse.methods.objectives import STAT, StepEmbeddings, needed_features, step_objective
 from mmcse.models import HEADS_FILE, HEADS_META, Student, load_backbone, load_tokenizer, save_student
-from mmcse.objectives import STAT, StepEmbeddings, needed_features, step_objective
 from mmcse.precision import autocast, check_precision, configure_kernels, fused_adamw_supported, grad_scaler
 from mmcse.teachers import FeatureStore
 from mmcse.tokens import TokenTable, cached_tokens, to_device

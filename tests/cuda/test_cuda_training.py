@@ -85,7 +85,7 @@ def test_bf16_autocast_step_is_finite_fp32_valued_and_close_to_fp32(method):
 def test_similarity_matrices_stay_fp32_under_bf16_autocast():
     """(b) ``cosine_matrix`` on bf16 inputs under autocast is float32 and as exact as fp32
     arithmetic on those bf16 values (a bf16 or TF32 matmul would be off by ~1e-3)."""
-    from mmcse.losses import cosine_matrix, info_nce
+    from mmcse.methods.losses import cosine_matrix, info_nce
     from mmcse.precision import autocast
 
     g = torch.Generator().manual_seed(0)

@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from mmcse.losses import (
+from mmcse.methods.losses import (
     adapacse_loss,
     consistency_loss,
     cosine_matrix,

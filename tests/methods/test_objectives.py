@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from mmcse.config import Config, active_terms, parse_config, with_overrides
-from mmcse.losses import adapacse_loss, info_nce, simcse_loss
-from mmcse.objectives import StepEmbeddings, needed_features, step_objective
-from tests.test_losses import eq1_loop, eq3_loop
-from tests.test_losses_kdmcse import eq13_loop
+from mmcse.methods.losses import adapacse_loss, info_nce, simcse_loss
+from mmcse.methods.objectives import StepEmbeddings, needed_features, step_objective
+from tests.methods.test_losses import eq1_loop, eq3_loop
+from tests.methods.test_losses_kdmcse import eq13_loop
 
 N, P, K, H = 6, 5, 4, 7
 

@@ -1,7 +1,7 @@
 """DALR (Eq. 5–12) and MCSEO (Eq. 7) losses against direct loop transcriptions.
 
 Each test runs on every device of the ``device`` fixture: the references read the CPU
-inputs, the losses their copies on ``device`` (see :func:`tests.test_losses.on`).
+inputs, the losses their copies on ``device`` (see :func:`tests.methods.test_losses.on`).
 Seeded draws (mismatched pairs, ranking ties) come from CPU generators and must not
 depend on the device the similarities live on.
 """
@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from mmcse.losses import (
+from mmcse.methods.losses import (
     consistency_loss,
     cross_modal_alignment_loss,
     intra_modal_alignment_loss,
@@ -23,7 +23,7 @@ from mmcse.losses import (
     teacher_rankings,
     weighted_teacher_similarity,
 )
-from tests.test_losses import assert_on, on
+from tests.methods.test_losses import assert_on, on
 
 
 def _cos(a, b):

@@ -1,6 +1,6 @@
 """Which loss terms a method adds up, and with which weights (one function, every method).
 
-The equations live in :mod:`mmcse.losses`; this module only wires a configuration's active
+The equations live in :mod:`mmcse.methods.losses`; this module only wires a configuration's active
 terms (:func:`mmcse.config.active_terms`) to the embeddings of one batch. Everything is
 a function of tensors, so tests can feed random embeddings and teacher features.
 """
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from mmcse.config import Config, active_terms
-from mmcse.losses import (
+from mmcse.methods.losses import (
     adapacse_loss,
     consistency_loss,
     cosine_matrix,

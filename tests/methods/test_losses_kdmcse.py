@@ -1,7 +1,7 @@
 """KDMCSE losses against direct loop transcriptions of paper Eq. 8, 12–14.
 
 Each test runs on every device of the ``device`` fixture: the references read the CPU
-inputs, the losses their copies on ``device`` (see :func:`tests.test_losses.on`).
+inputs, the losses their copies on ``device`` (see :func:`tests.methods.test_losses.on`).
 """
 
 import math
@@ -9,8 +9,8 @@ import math
 import pytest
 import torch
 
-from mmcse.losses import adapacse_loss, info_nce, kdmcse_objective, kdmcse_term, threshold_keep_mask
-from tests.test_losses import assert_on, on
+from mmcse.methods.losses import adapacse_loss, info_nce, kdmcse_objective, kdmcse_term, threshold_keep_mask
+from tests.methods.test_losses import assert_on, on
 
 
 def _cos(a, b):
