@@ -62,8 +62,8 @@ def _cmd_eval(args: argparse.Namespace) -> None:
     from mmcse.evaluation.sts import TextEncoder, evaluate_sts
     from mmcse.evaluation.transfer import evaluate_transfer
 
-    if args.senteval_dir is None and not args.mteb:
-        raise ValueError("--senteval-dir is required unless --mteb names tasks")
+    if args.senteval_dir is None and not args.mteb and not args.retrieval:
+        raise ValueError("--senteval-dir is required unless --mteb names tasks or --retrieval is given")
     if args.senteval_dir is None and args.transfer is not None:
         raise ValueError("--transfer needs --senteval-dir")
     if args.senteval_dir is not None and not args.senteval_dir.is_dir():
@@ -87,6 +87,11 @@ def _cmd_eval(args: argparse.Namespace) -> None:
 
         # names checked and every data set loaded (offline: from the HF cache) before the model loads
         mteb_tasks = prepare_tasks(args.mteb, "--mteb")
+    cfg = None
+    if args.retrieval:
+        from mmcse.config import load_config
+
+        cfg = load_config(args.params)  # before the model loads: a bad params.yaml is one line
     encoder = TextEncoder(args.model, args.pooler, args.device, args.max_seq_len,  # fails fast if offline
                           precision=args.precision)
     scores: dict[str, float] = {}
@@ -99,6 +104,11 @@ def _cmd_eval(args: argparse.Namespace) -> None:
         from mmcse.evaluation.mteb import mteb_scores
 
         scores |= mteb_scores(encoder, args.model, mteb_tasks, args.batch_size, args.mteb_output)
+    if cfg is not None:
+        from mmcse.hub import resolve_model
+        from mmcse.pipeline import Paths, checkpoint_retrieval
+
+        scores |= checkpoint_retrieval(cfg, Paths.of(cfg), encoder, Path(resolve_model(args.model)))
     print(json.dumps({k: round(v, 4) for k, v in scores.items()}, indent=2))
 
 
@@ -243,6 +253,10 @@ def main(argv: list[str] | None = None) -> None:
                     help="also MTEB tasks through the mteb package (names, or task types Reranking Classification "
                          "Retrieval STS: DALR Table 5); data from the HF datasets cache when offline")
     ev.add_argument("--mteb-output", type=Path, default=None, help="folder for mteb's per-task result JSONs")
+    ev.add_argument("--retrieval", action="store_true",
+                    help="also image-text R@K and graded NDCG of an mmcse checkpoint (its trained image head) on "
+                         "the retrieval test set of --params' data and teacher cache")
+    ev.add_argument("--params", default="params.yaml", help="with --retrieval: the project's params.yaml")
     ev.set_defaults(func=_cmd_eval)
 
     sw = sub.add_parser("sweep", help="Optuna sweep over params.yaml's sweep.space (resumable)")

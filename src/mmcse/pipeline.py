@@ -395,12 +395,10 @@ def run_evaluate(
     from mmcse.evaluation.figures import TSNE_CLUSTERS, TSNE_POINTS, sample_sentences, tsne_figure
     from mmcse.evaluation.geometry import POSITIVE_GOLD, sts_dev_geometry
     from mmcse.evaluation.mteb import mteb_scores, prepare_tasks
-    from mmcse.evaluation.ndcg import test_set_ndcg
-    from mmcse.evaluation.retrieval import evaluate_test_set, neighbours_markdown
+    from mmcse.evaluation.retrieval import neighbours_markdown
     from mmcse.evaluation.sts import TextEncoder, encode_unique, evaluate_sts, group_by_task
     from mmcse.evaluation.transfer import evaluate_transfer
     from mmcse.plots import save_figure, sts_scatter
-    from mmcse.train import teacher_set_folder
 
     # MTEB names and datasets are checked before any model loads: offline, a missing dataset is named here
     mteb_tasks = prepare_tasks(cfg.evaluate.mteb, "evaluate.mteb") if cfg.evaluate.mteb else []
@@ -427,15 +425,8 @@ def run_evaluate(
     manifest = read_json(raw / "manifest.json") if (raw / "manifest.json").is_file() else {}
     # retrieval goes through the student's heads: a plain HF model (mmcse eval of any encoder) has none
     if cfg.evaluate.retrieval.enabled and manifest.get("retrieval_set") and encoder.student is not None:
-        sets = read_json(teacher_manifest or paths.teachers / "manifest.json")["sets"]
-        folders = {name: teacher_set_folder(sets[name], paths.teachers, teacher_dirs)
-                   for name in ("retrieval_image", "retrieval_joint_image") if name in sets}
-        test_set = evaluate_test_set(cfg, encoder, raw, folders, manifest["retrieval_set"])
+        test_set = retrieval_test_set(cfg, paths, encoder, raw, teacher_manifest, teacher_dirs)
         scores |= test_set.scores
-        if test_set.image_emb is not None and cfg.evaluate.ndcg.relevance:
-            relevance = {kind: relevance_for(paths, test_set.captions, kind) for kind in cfg.evaluate.ndcg.relevance}
-            scores |= test_set_ndcg(test_set.set_name, test_set.image_emb, test_set.text_emb, test_set.text_image,
-                                    relevance, cfg.evaluate.ndcg.k, cfg.evaluate.retrieval.block_size)
     examples = (neighbours_markdown(test_set.examples, f"Nearest test captions ({test_set.set_name}, "
                                     f"{cfg.evaluate.pooler} embeddings)") if test_set and test_set.examples else None)
     fig = sts_scatter(result.predictions, result.scores)
@@ -466,6 +457,49 @@ def run_evaluate(
         if tsne is not None:
             save_figure(tsne, plots_dir / "tsne.png")
     return scores
+
+
+def retrieval_test_set(cfg: Config, paths: Paths, encoder: Any, raw: Path, teacher_manifest: Path | None = None,
+                       teacher_dirs: tuple[Path, ...] = (), head: Any = "config") -> Any:
+    """`mmcse.evaluation.retrieval.evaluate_test_set` on ``<raw>/retrieval`` with the image features
+    the teacher manifest names, plus graded NDCG (``evaluate.ndcg``, relevance from `relevance_for`)
+    in its scores: what the evaluate stage and ``mmcse eval --retrieval`` report."""
+    from mmcse.evaluation.ndcg import test_set_ndcg
+    from mmcse.evaluation.retrieval import evaluate_test_set
+    from mmcse.train import teacher_set_folder
+
+    manifest = read_json(raw / "manifest.json")
+    sets = read_json(teacher_manifest or paths.teachers / "manifest.json")["sets"]
+    folders = {name: teacher_set_folder(sets[name], paths.teachers, teacher_dirs)
+               for name in ("retrieval_image", "retrieval_joint_image") if name in sets}
+    test_set = evaluate_test_set(cfg, encoder, raw, folders, manifest["retrieval_set"], head)
+    if test_set.image_emb is not None and cfg.evaluate.ndcg.relevance:
+        relevance = {kind: relevance_for(paths, test_set.captions, kind) for kind in cfg.evaluate.ndcg.relevance}
+        test_set.scores |= test_set_ndcg(test_set.set_name, test_set.image_emb, test_set.text_emb,
+                                         test_set.text_image, relevance, cfg.evaluate.ndcg.k,
+                                         cfg.evaluate.retrieval.block_size)
+    return test_set
+
+
+def checkpoint_retrieval(cfg: Config, paths: Paths, encoder: Any, model_dir: Path) -> dict[str, float]:
+    """``mmcse eval --retrieval``: R@K and NDCG of a best checkpoint (``train_state.json`` records
+    its method's image head) on the retrieval test set of ``cfg``'s top-level artifacts, refused
+    when they were made from another configuration (`mmcse.upstream.require_top_level`)."""
+    from mmcse.upstream import require_top_level
+
+    state_file = Path(model_dir) / "train_state.json"
+    if encoder.student is None or not state_file.is_file():
+        raise FileNotFoundError(f"{state_file}: not an mmcse best checkpoint; --retrieval scores a student's "
+                                "trained image head (models/student/best)")
+    state = read_json(state_file)
+    if "image_head" not in state:
+        raise ValueError(f"{state_file}: written before checkpoints recorded their image head; retrain it "
+                         "(dvc repro train) or use the evaluate stage")
+    up = require_top_level(cfg, paths)
+    if not read_json(up.raw / "manifest.json").get("retrieval_set"):
+        raise ValueError(f"{up.raw}: no retrieval test set (data.pairs: {cfg.data.pairs})")
+    head = tuple(state["image_head"]) if state["image_head"] else None
+    return retrieval_test_set(cfg, paths, encoder, up.raw, up.teacher_manifest, up.teacher_dirs, head).scores
 
 
 def log_ablation(cfg: Config, rows: list[dict[str, Any]], files: dict[str, Path], paths: Paths,

@@ -30,6 +30,7 @@ from mmcse.data.senteval import SentencePair
 from mmcse.device import resolve_device
 from mmcse.errors import CorruptArtifact, TrainingOutOfMemory
 from mmcse.evaluation.geometry import POSITIVE_GOLD, check_sts_geometry, sts_geometry
+from mmcse.evaluation.retrieval import image_head
 from mmcse.evaluation.sts import evaluate_sts, group_by_task, student_encoder
 from mmcse.integrity import check_model_folder, check_safetensors, load_torch, read_json_artifact
 from mmcse.io import read_json, read_jsonl, write_json
@@ -699,8 +700,10 @@ def train(
         if tmp.exists():
             shutil.rmtree(tmp)
         save_student(student, tokenizer, tmp)
+        # the method and its retrieval head travel with the checkpoint (`mmcse eval --retrieval`)
         write_json(tmp / "train_state.json", {"step": state.best_step, "dev": state.best_score,
-                                              **best_geometry(state.history, state.best_step)})
+                                              **best_geometry(state.history, state.best_step),
+                                              "method": cfg.train.method, "image_head": image_head(cfg)})
         _swap_in(tmp, best_dir)
         student.load_state_dict(current)
         best_weights = None

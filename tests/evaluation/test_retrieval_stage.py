@@ -2,11 +2,13 @@
 direct recomputation from the saved checkpoint; no head, no retrieval; bad test data named."""
 
 import dataclasses
+import json
 
 import numpy as np
 import pytest
 import torch
 
+from mmcse.cli import main
 from mmcse.config import load_config
 from mmcse.evaluation.ndcg import caption_relevance, ndcg_metrics
 from mmcse.evaluation.retrieval import image_head
@@ -39,7 +41,7 @@ def _by_hand(folder, features, captions):
     ("mcse", "image_proj", "retrieval_image"),
     ("dalr", "teacher_image_proj", "retrieval_joint_image"),
 ])
-def test_recall_is_that_of_the_trained_heads_on_the_test_images(project, method, head, feature_set):
+def test_recall_is_that_of_the_trained_heads_on_the_test_images(project, method, head, feature_set, capsys):
     cfg = _config(method)
     assert image_head(cfg) == (head, feature_set)
     paths = Paths.of(cfg)
@@ -71,6 +73,14 @@ def test_recall_is_that_of_the_trained_heads_on_the_test_images(project, method,
     table = (project / "plots/sentence_retrieval.md").read_text()
     assert table.count("| 1 |") == 5 and table.count("| 3 |") == 5
 
+    # `mmcse eval --retrieval` scores the checkpoint the same way: its image head travels with it
+    assert read_json(result.best_dir / "train_state.json")["image_head"] == [head, feature_set]
+    main(["eval", "--model", str(result.best_dir), "--retrieval", "--pooler", cfg.evaluate.pooler])
+    cli = json.loads(capsys.readouterr().out)
+    assert set(cli) == {k for k in scores if k.startswith("demo_")}
+    for key, value in cli.items():
+        assert value == pytest.approx(scores[key], abs=1e-4), key
+
 
 def test_a_method_without_an_image_head_reports_no_retrieval_but_lists_neighbours(project):
     cfg = _config("simcse")
@@ -96,6 +106,10 @@ def test_a_caption_of_a_missing_test_image_is_named_before_scoring(project):
     with pytest.raises(ValueError, match=r"retrieval/captions.jsonl: captions of images not in the test set "
                                          r"\['test09999'\]"):
         run_evaluate(cfg, paths, result.best_dir)
+    # the CLI: a plain HF model has no image head to score
+    with pytest.raises(SystemExit) as exit_:
+        main(["eval", "--model", "packaged:all-MiniLM-L6-v2", "--retrieval"])
+    assert exit_.value.code == 2
 
 
 def test_neighbours_exclude_the_query_and_mark_its_image():

@@ -233,9 +233,10 @@ class TestSetResult:
 
 
 def evaluate_test_set(cfg: Config, encoder: TextEncoder, data_dir: Path, feature_sets: dict[str, Path],
-                      set_name: str) -> TestSetResult:
-    """R@K of the student on ``<data_dir>/retrieval`` through the heads of `image_head` (image
-    features from ``feature_sets[<set>]``, the cache_teachers folders) and DALR Table 10's
+                      set_name: str, head: tuple[str, str] | None | str = "config") -> TestSetResult:
+    """R@K of the student on ``<data_dir>/retrieval`` through the heads of `image_head` (of
+    ``cfg``, or ``head`` as the checkpoint recorded it; image features from
+    ``feature_sets[<set>]``, the cache_teachers folders) and DALR Table 10's
     sentence neighbours with the evaluated pooler. Every caption's image must be in the test
     images and the cached features must cover them, or one error names the file first."""
     from mmcse.evaluation.sts import encode_unique
@@ -257,11 +258,13 @@ def evaluate_test_set(cfg: Config, encoder: TextEncoder, data_dir: Path, feature
         vectors = encode_unique(encoder, captions, cfg.evaluate.batch_size, desc="encode test captions")
         sentence_emb = np.stack([vectors[c] for c in captions])  # (N_txt, H) the evaluated pooler
         result.examples = sentence_neighbours(captions, sentence_emb, text_image, r.examples, r.examples_k)
-    head = image_head(cfg)
+    head = image_head(cfg) if head == "config" else head
     if head is None:
-        log.info("%s trains no image head: no image–text retrieval", cfg.train.method)
+        log.info("the model has no trained image head: no image–text retrieval")
         return result
     head_name, feature_set = head
+    if head_name not in ("image_proj", "teacher_image_proj") or not feature_set.startswith("retrieval_"):
+        raise ValueError(f"unknown image head {head!r}")
     if feature_set not in feature_sets:
         raise FileNotFoundError(f"no cached {feature_set} features for the retrieval test set: rerun "
                                 "cache_teachers (dvc repro cache_teachers)")
