@@ -77,6 +77,7 @@ def test_tsv_reader_round_trips_both_layouts(tmp_path, layout):
     path.write_text("".join(write(i, *IMAGES[i][:2], *truth[i]) + "\n" for i in IMAGES))
     got = list(read_butd_tsv(path, ["12", "0007"]))  # only those asked for; digit ids compare as integers
     assert [r.image_id for r in got] == ["7", "12"]
+    assert [r.image_id for r in read_butd_tsv(path, ["COCO_val2014_000000000099"])] == ["99"]
     for image_id, boxes, feats, width, height in got:
         assert (width, height) == IMAGES[image_id][:2]  # LXMERT stores height first
         np.testing.assert_array_equal(boxes, truth[image_id][0])
@@ -203,6 +204,10 @@ def test_cache_from_tsv_pads_hits_and_rebuilds(tsv, tmp_path, caplog):
 
     again, hit = build_region_cache(tmp_path / "cache", ids, tsv_source([path]), max_regions=4, dtype="float32")
     assert hit and again.folder == store.folder
+
+    (store.folder / "index.json").unlink()  # an interrupted write: no index, so built again
+    _, hit = build_region_cache(tmp_path / "cache", ids, tsv_source([path]), max_regions=4, dtype="float32")
+    assert not hit and (store.folder / "index.json").is_file()
 
     data = store.folder / "regions.npy"
     raw = bytearray(data.read_bytes())

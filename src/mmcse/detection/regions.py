@@ -31,7 +31,8 @@ and Eq. 23 needs them.
 
 A file id is the image id as ``images.jsonl`` records it or without its dataset prefix
 (``coco-391895`` → ``391895``, ``flickr30k-1000092795`` → ``1000092795``, what the published files
-use); digit-only ids compare as integers (``000391895`` = ``391895``).
+use); digit-only ids compare as integers (``000391895`` = ``391895``), and a TSV's COCO file-name ids
+(LXMERT's ``COCO_val2014_000000391895``) as their COCO id.
 
 ``objects`` (offline default): each image's objects cropped and encoded with the configured image
 encoder (weight-free colour-edge-grid or ResNet-50). The objects are the image row's annotated objects
@@ -68,6 +69,7 @@ import base64
 import binascii
 import logging
 import os
+import re
 import shutil
 import tempfile
 import zipfile
@@ -153,8 +155,15 @@ def check_regions(file: str | Path, where: str, boxes: np.ndarray, features: np.
     return clipped, np.ascontiguousarray(features, dtype=np.float32)
 
 
+_COCO_NAME = re.compile(r"COCO_[A-Za-z]+\d*_(\d+)")  # LXMERT's COCO ids: COCO_val2014_000000000042
+
+
 def canonical_id(file_id: str) -> str:
-    """An id as published files are matched: digit-only ids as integers (no leading zeros)."""
+    """An id as published files are matched: digit-only ids as integers (no leading zeros), COCO
+    file names (``COCO_val2014_000000000042``) as their integer COCO id."""
+    named = _COCO_NAME.fullmatch(file_id)
+    if named:
+        file_id = named.group(1)
     return str(int(file_id)) if file_id.isdigit() else file_id
 
 
