@@ -122,8 +122,8 @@ def _retrieval_test_set(cfg: DataConfig, seed: int, out: Path, downloads: Path,
         report["sources"] |= test_report["sources"]
         for key in ("images_missing", "images_unreadable"):
             report[f"retrieval_{key}"] = test_report.get(key, 0)
-    return ([{k: v for k, v in row.items() if k not in ("mask", "objects", "background")} for row in images],
-            [{"image_id": p["image_id"], "caption": p["caption"]} for p in pairs])
+    # image rows as in images.jsonl (demo: masks and annotated objects too: DUET's regions read them)
+    return images, [{"image_id": p["image_id"], "caption": p["caption"]} for p in pairs]
 
 
 def corpus_source(cfg: DataConfig, downloads: str | Path) -> Fetched | None:
