@@ -298,7 +298,8 @@ def test_dev_geometry_is_logged_at_every_dev_evaluation_from_that_checkpoint(pro
     want = {"dev_alignment": at_best["dev_alignment"], "dev_uniformity": at_best["dev_uniformity"]}
     assert result.best_geometry == want
     assert read_json(result.best_dir / "train_state.json") == {"step": result.best_step, "dev": result.best_score,
-                                                               **want}
+                                                               **want, "method": cfg.train.method,
+                                                               "image_head": ["image_proj", "retrieval_image"]}
     # the evaluate stage's call: the saved best checkpoint, encoded afresh, gives the same numbers
     encoder = TextEncoder(str(result.best_dir), cfg.evaluate.pooler, device.type, max_length=cfg.model.max_seq_len)
     again = sts_dev_geometry(encoder, pairs, batch_size=cfg.evaluate.batch_size)
