@@ -22,12 +22,12 @@ import tracemalloc
 
 import numpy as np
 
-from mmcse.evaluation.retrieval import _unit, retrieval_ranks
+from mmcse.evaluation.retrieval import retrieval_ranks, unit_rows
 
 
 def naive_ranks(image_emb: np.ndarray, text_emb: np.ndarray, owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Both directions from one full similarity matrix (what blocking avoids)."""
-    sim = _unit(image_emb) @ _unit(text_emb).T  # (N_img, N_txt): 1 GB at 5K × 25K
+    sim = unit_rows(image_emb) @ unit_rows(text_emb).T  # (N_img, N_txt): 1 GB at 5K × 25K
     gt = owner[None, :] == np.arange(sim.shape[0])[:, None]
     best_gt = np.where(gt, sim, -np.inf).max(axis=1)
     i2t = (np.where(gt, -np.inf, sim) >= best_gt[:, None]).sum(axis=1)

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from mmcse.evaluation.retrieval import check_text_image, unit_rows
 from mmcse.plots import plt
 
 PRIMARY = "silhouette"
@@ -29,11 +30,6 @@ DEFAULT_THRESHOLDS = (0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
 QUANTILES = (0.05, 0.25, 0.5, 0.75, 0.95)
 STSB = "STSBenchmark"
 LOW_GOLD = 1.0  # DALR Fig. 4: "low-scoring" pairs, gold ≤ 1 of 5
-
-
-def _unit(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float64)
-    return x / np.linalg.norm(x, axis=1, keepdims=True).clip(1e-12)
 
 
 # --------------------------------------------------------------------------- t-SNE + KMeans
@@ -77,7 +73,7 @@ def tsne_clusters(
         raise ValueError(f"n_clusters={n_clusters} must be in [2, N-1] for N={x.shape[0]} points")
     if groups is not None and len(groups) != x.shape[0]:
         raise ValueError(f"groups has {len(groups)} entries for {x.shape[0]} embeddings")
-    unit = _unit(x)
+    unit = unit_rows(x)
     kmeans = KMeans(n_clusters=n_clusters, n_init=4, random_state=seed).fit(unit)
     labels = kmeans.labels_.astype(np.int64)
     # perplexity must stay below N (sklearn); a third of N keeps small samples meaningful
@@ -232,18 +228,6 @@ class ThresholdSummary:
     text_anchors: int
 
 
-def _check_owner(text_image: Sequence[int], n_txt: int, n_img: int) -> np.ndarray:
-    owner = np.asarray(text_image, dtype=np.int64)
-    if owner.shape != (n_txt,):
-        raise ValueError(f"text_image has {owner.shape[0]} entries for {n_txt} captions")
-    if owner.size and (owner.min() < 0 or owner.max() >= n_img):
-        raise ValueError(f"text_image names images outside 0..{n_img - 1}")
-    lonely = np.setdiff1d(np.arange(n_img), owner)
-    if lonely.size:
-        raise ValueError(f"{lonely.size} image(s) without a caption, e.g. rows {lonely[:5].tolist()}")
-    return owner
-
-
 def threshold_summary(
     joint_text: np.ndarray,
     joint_image: np.ndarray,
@@ -263,10 +247,10 @@ def threshold_summary(
     None or fewer) against every caption. Ties rank against the teacher (as
     :mod:`mmcse.evaluation.retrieval`).
     """
-    t, v = _unit(joint_text), _unit(joint_image)
+    t, v = unit_rows(joint_text), unit_rows(joint_image)
     if t.ndim != 2 or v.ndim != 2 or t.shape[1] != v.shape[1]:
         raise ValueError(f"joint_text {t.shape} and joint_image {v.shape} must be (N, k) with the same k")
-    owner = _check_owner(text_image, t.shape[0], v.shape[0])
+    owner = check_text_image(text_image, t.shape[0], v.shape[0])
     ths = tuple(sorted(float(x) for x in thresholds))
     th = np.asarray(ths)
     edges = np.linspace(-1.0, 1.0, bins + 1)

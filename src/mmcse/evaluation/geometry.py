@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from mmcse.data.senteval import SentencePair
+from mmcse.evaluation.retrieval import unit_rows
 
 PRIMARY = "uniformity"
 # Gold score from which an STS pair counts as a positive pair for ``alignment``: 4 on STS-B's
@@ -20,23 +21,18 @@ POSITIVE_GOLD = 4.0
 UNIFORMITY_T = 2.0
 
 
-def _unit(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float64)
-    return x / np.linalg.norm(x, axis=1, keepdims=True).clip(1e-12)
-
-
 def alignment(x: np.ndarray, y: np.ndarray) -> float:
     """DALR Eq. 15: E ||f(x) − f(x⁺)||² over positive pairs, rows of ``x, y (N, d)``."""
     if x.shape != y.shape or x.shape[0] == 0:
         raise ValueError(f"alignment needs two equal, non-empty (N, d) arrays: {x.shape}, {y.shape}")
-    return float(((_unit(x) - _unit(y)) ** 2).sum(axis=1).mean())
+    return float(((unit_rows(x) - unit_rows(y)) ** 2).sum(axis=1).mean())
 
 
 def uniformity(x: np.ndarray, t: float = 2.0) -> float:
     """DALR Eq. 16: log E exp(−t ||f(x) − f(y)||²) over distinct pairs of rows of ``x (N, d)``."""
     if x.shape[0] < 2:
         raise ValueError(f"uniformity needs at least two embeddings, got {x.shape[0]}")
-    u = _unit(x)
+    u = unit_rows(x)
     sq = np.clip(2.0 - 2.0 * (u @ u.T), 0.0, None)  # (N, N) squared distances of unit vectors
     upper = sq[np.triu_indices(u.shape[0], k=1)]  # each unordered pair once
     # log-mean-exp, stable for large t·distances

@@ -59,6 +59,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+from mmcse.evaluation.retrieval import unit_rows
 from mmcse.io import atomic_path
 
 log = logging.getLogger(__name__)
@@ -320,11 +321,6 @@ def relevance_matrix(captions: Sequence[str], kind: str, cache_dir: Path) -> np.
 # ----------------------------------------------------------------------------- NDCG
 
 
-def _unit(x: np.ndarray) -> np.ndarray:
-    x = np.asarray(x, dtype=np.float64)
-    return x / np.linalg.norm(x, axis=1, keepdims=True).clip(1e-12)
-
-
 def _validate(image_emb: np.ndarray, text_emb: np.ndarray, text_image: Sequence[int],
               relevance: Mapping[str, np.ndarray], k: int, block: int) -> np.ndarray:
     """One clear ValueError for bad input, before any scoring; returns the owners ``(N_txt,)``."""
@@ -416,7 +412,7 @@ def ndcg_per_query(image_emb: np.ndarray, text_emb: np.ndarray, text_image: Sequ
     image_emb, text_emb = np.asarray(image_emb), np.asarray(text_emb)
     owner = _validate(image_emb, text_emb, text_image, relevance, k, block)
     n_img, n_txt = image_emb.shape[0], text_emb.shape[0]
-    img, txt = _unit(image_emb), _unit(text_emb)
+    img, txt = unit_rows(image_emb), unit_rows(text_emb)
     by_image = np.argsort(owner, kind="stable")  # (N_txt,) captions grouped by image
     starts = np.searchsorted(owner[by_image], np.arange(n_img))  # (N_img,) first of each image's group
     ends = np.append(starts[1:], n_txt)

@@ -32,7 +32,8 @@ KS = (1, 5, 10)
 BLOCK = 1024  # rows of the similarity matrix held at once: 1024 × 25k captions × 8 B ≈ 200 MB
 
 
-def _unit(x: np.ndarray) -> np.ndarray:
+def unit_rows(x: np.ndarray) -> np.ndarray:
+    """Rows L2-normalised in float64 (a zero row stays zero): every evaluator's cosine."""
     x = np.asarray(x, dtype=np.float64)
     return x / np.linalg.norm(x, axis=1, keepdims=True).clip(1e-12)
 
@@ -49,10 +50,15 @@ def check_inputs(image_emb: np.ndarray, text_emb: np.ndarray, text_image: Sequen
         if bad.any():
             raise ValueError(f"{bad.sum()} {name} embeddings hold NaN or inf (first rows: "
                              f"{np.flatnonzero(bad)[:5].tolist()})")
+    return check_text_image(text_image, text_emb.shape[0], image_emb.shape[0])
+
+
+def check_text_image(text_image: Sequence[int], n_txt: int, n_img: int) -> np.ndarray:
+    """``text_image`` as ``(N_txt,)`` int64 image indices, or one error: a count that is not the
+    captions', a caption naming an image outside ``0..n_img-1``, an image without a caption."""
     owner = np.asarray(text_image, dtype=np.int64)  # (N_txt,)
-    n_img = image_emb.shape[0]
-    if owner.shape != (text_emb.shape[0],):
-        raise ValueError(f"text_image has {owner.shape[0]} entries for {text_emb.shape[0]} captions")
+    if owner.shape != (n_txt,):
+        raise ValueError(f"text_image has {owner.shape[0]} entries for {n_txt} captions")
     if owner.size and (owner.min() < 0 or owner.max() >= n_img):
         missing = np.flatnonzero((owner < 0) | (owner >= n_img))
         raise ValueError(f"captions {missing[:5].tolist()} name images outside 0..{n_img - 1}")
@@ -74,7 +80,7 @@ def retrieval_ranks(
     rank compares numbers from the same matrix product and exact ties stay exact.
     """
     owner = check_inputs(image_emb, text_emb, text_image)
-    images, texts = _unit(image_emb), _unit(text_emb)
+    images, texts = unit_rows(image_emb), unit_rows(text_emb)
     n_img, n_txt = images.shape[0], texts.shape[0]
     i2t = np.empty(n_img, dtype=np.int64)
     for start in range(0, n_img, block):
@@ -194,7 +200,7 @@ def sentence_neighbours(captions: Sequence[str], embeddings: np.ndarray, text_im
     with its similarity and whether it describes the query's image."""
     if queries == 0 or len(captions) < 2:
         return []
-    unit = _unit(embeddings)
+    unit = unit_rows(embeddings)
     picks = np.unique(np.linspace(0, len(captions) - 1, min(queries, len(captions))).round().astype(int))
     owner = np.asarray(text_image)
     rows = []
