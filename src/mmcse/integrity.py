@@ -18,14 +18,16 @@ import hashlib
 import json
 import math
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from mmcse.errors import CorruptArtifact
+
+T = TypeVar("T")
 
 # --------------------------------------------------------------------------- digests (memoised)
 
@@ -233,4 +235,29 @@ def image_size_mismatch(path: Path, recorded: int | None) -> str | None:
         return "missing (images.jsonl lists it)"
     if size != recorded:
         return f"{size} bytes, images.jsonl records {recorded} (changed or damaged since the download stage)"
+    return None
+
+
+def find_cached_set(set_name: str, cache_dir: Path, read_only: Iterable[str | Path], open_set: Callable[[Path], T],
+                    what: str = "cached set", verb: str = "computing") -> T | None:
+    """A cached set ``set_name`` that opens cleanly (``open_set`` checks it): first in the
+    ``read_only`` caches, then in ``cache_dir``; None when there is none. A damaged read-only set
+    is left alone (not ours to delete; the caller builds into ``cache_dir``); a damaged one in
+    ``cache_dir`` is reported and left for the caller to replace."""
+    import logging
+
+    log = logging.getLogger(__name__)
+    for shared in read_only:
+        found = Path(shared) / set_name
+        if (found / "index.json").is_file():
+            try:
+                return open_set(found)
+            except CorruptArtifact as err:
+                log.warning("%s: %s; %s the set into %s instead", err.path, err.problem, verb, cache_dir)
+    folder = Path(cache_dir) / set_name
+    if (folder / "index.json").is_file():
+        try:
+            return open_set(folder)
+        except CorruptArtifact as err:  # truncated, bit-flipped or foreign: rebuilt by the caller
+            log.warning("%s: %s; deleting the %s and %s it again", err.path, err.problem, what, verb)
     return None

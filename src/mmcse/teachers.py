@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 from mmcse.config import TeachersConfig
 from mmcse.errors import CorruptArtifact
-from mmcse.integrity import HashingWriter, check_npy, read_json_artifact, remember_sha256
+from mmcse.integrity import HashingWriter, check_npy, find_cached_set, read_json_artifact, remember_sha256
 from mmcse.io import atomic_path, open_image, sha256_json, write_json
 
 log = logging.getLogger(__name__)
@@ -309,19 +309,10 @@ def cached_features(
     a cache hit (``compute`` not called).
     """
     set_name = f"{name}-{cache_key(teacher, fingerprint)}"
-    for shared in read_only:
-        found = Path(shared) / set_name
-        if (found / "index.json").is_file():
-            try:
-                return FeatureStore.open(found), True
-            except CorruptArtifact as err:  # not ours to delete: computed into cache_dir instead
-                log.warning("%s: %s; computing the set into %s instead", err.path, err.problem, cache_dir)
+    found = find_cached_set(set_name, Path(cache_dir), read_only, FeatureStore.open)
+    if found is not None:
+        return found, True
     folder = Path(cache_dir) / set_name
-    if (folder / "index.json").is_file():
-        try:
-            return FeatureStore.open(folder), True
-        except CorruptArtifact as err:  # truncated, bit-flipped or foreign: computed again below
-            log.warning("%s: %s; deleting the cached set and computing it again", err.path, err.problem)
     if folder.exists():
         shutil.rmtree(folder)  # an interrupted earlier write, or the damaged set above
     # No rows (data.pairs: none has no images or captions): an empty (0, 0) set, no model runs.

@@ -81,7 +81,14 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from mmcse.errors import CorruptArtifact
-from mmcse.integrity import HashingWriter, check_npy, file_sha256, read_json_artifact, remember_sha256
+from mmcse.integrity import (
+    HashingWriter,
+    check_npy,
+    file_sha256,
+    find_cached_set,
+    read_json_artifact,
+    remember_sha256,
+)
 from mmcse.io import read_jsonl, sha256_file, sha256_json, write_json
 
 log = logging.getLogger(__name__)
@@ -765,20 +772,11 @@ def build_region_cache(
     if len(set(ids)) != len(ids):
         raise ValueError("build_region_cache: image_ids lists an id twice")
     set_name = f"regions-{region_cache_key(source, ids, max_regions, dtype)}"
-    for shared in read_only:
-        found = Path(shared) / set_name
-        if (found / "index.json").is_file():
-            try:
-                return RegionStore.open(found), True
-            except CorruptArtifact as err:  # not ours to delete: built into out_dir instead
-                log.warning("%s: %s; building the set into %s instead", err.path, err.problem, out_dir)
     out_dir = Path(out_dir)
+    found = find_cached_set(set_name, out_dir, read_only, RegionStore.open, "region set", "building")
+    if found is not None:
+        return found, True
     folder = out_dir / set_name
-    if (folder / "index.json").is_file():
-        try:
-            return RegionStore.open(folder), True
-        except CorruptArtifact as err:
-            log.warning("%s: %s; deleting the region set and building it again", err.path, err.problem)
     out_dir.mkdir(parents=True, exist_ok=True)
     build = Path(tempfile.mkdtemp(prefix=f".{set_name}.", dir=out_dir))
     try:
