@@ -135,3 +135,17 @@ def test_training_on_the_retrieval_test_split_is_refused(tmp_path):
     params.write_text("data: {pairs: flickr30k, splits: [train, test]}\n")
     with pytest.raises(ConfigError, match="data.splits.*retrieval test set"):
         load_config(params)
+
+
+def test_retrieval_and_ndcg_keys_are_checked(tmp_path):
+    import pytest
+
+    from mmcse.config import ConfigError, load_config
+
+    params = tmp_path / "params.yaml"
+    for text, message in (("evaluate: {ndcg: {relevance: [bleu]}}", "unknown kind 'bleu'; valid: rouge_l, spice"),
+                          ("evaluate: {retrieval: {block_size: 0}}", "evaluate.retrieval.block_size"),
+                          ("data: {demo: {retrieval_images: 3}}", "data.demo.retrieval_images")):
+        params.write_text(text + "\n")
+        with pytest.raises(ConfigError, match=message):
+            load_config(params)

@@ -123,3 +123,26 @@ def test_neighbours_exclude_the_query_and_mark_its_image():
     assert rows[0]["neighbours"][0]["cosine"] == pytest.approx(1.0)
     md = neighbours_markdown(rows, "t")
     assert "| a | 1 | d | 1.000 | no |" in md and "|  | 2 | b |" in md
+
+
+def test_the_retrieval_options_change_what_is_reported(project):
+    from mmcse.config import with_overrides
+
+    cfg = _config("mcse")
+    paths = Paths.of(cfg)
+    result = train(cfg, paths.raw, paths.teachers, project / "m", progress=False)
+    full = run_evaluate(cfg, paths, result.best_dir)
+    assert "demo_NDCG@25_rouge_l" in full and "demo_rsum" in full
+    # another block size: the same numbers
+    blocked = run_evaluate(with_overrides(cfg, {"evaluate.retrieval.block_size": 7}), paths, result.best_dir)
+    assert {k: v for k, v in blocked.items() if k.startswith("demo_")} == pytest.approx(
+        {k: v for k, v in full.items() if k.startswith("demo_")})
+    # no relevance kinds: R@K without NDCG; another k: other NDCG
+    no_ndcg = run_evaluate(with_overrides(cfg, {"evaluate.ndcg.relevance": []}), paths, result.best_dir)
+    assert "demo_rsum" in no_ndcg and not any("NDCG" in k for k in no_ndcg)
+    k1 = run_evaluate(with_overrides(cfg, {"evaluate.ndcg.k": 1}), paths, result.best_dir)
+    assert "demo_NDCG@1_rouge_l" in k1 and "demo_NDCG@25_rouge_l" not in k1
+    # retrieval off: neither, and no examples table
+    off = run_evaluate(with_overrides(cfg, {"evaluate.retrieval.enabled": False}), paths, result.best_dir,
+                       plots_dir=project / "off")
+    assert not any(k.startswith("demo_") for k in off) and not (project / "off/sentence_retrieval.md").exists()
