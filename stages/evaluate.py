@@ -1,4 +1,6 @@
-"""DVC stage `evaluate`: test-set STS of the best checkpoint -> metrics/eval.json, STS scatter."""
+"""DVC stage `evaluate`: test-set scores of the best checkpoint (STS, retrieval, NDCG; DUET: retrieval) -> metrics/eval.json."""
+
+from pathlib import Path
 
 from mmcse.cli import run_entry
 from mmcse.config import load_config
@@ -10,7 +12,8 @@ def main() -> None:
     cfg = load_config("params.yaml")
     paths = Paths.of(cfg)
     summary = read_json(paths.student / "summary.json")
-    scores = run_evaluate(cfg, paths, paths.student / "best", run_id=summary["run_id"], plots_dir=paths.plots)
+    scores = run_evaluate(cfg, paths, paths.student / "best", run_id=summary["run_id"], plots_dir=paths.plots,
+                          region_sets={k: Path(v) for k, v in summary.get("region_sets", {}).items()})
     write_json(paths.metrics / "eval.json", {k: round(v, 4) for k, v in scores.items()})
 
 

@@ -62,7 +62,7 @@ def test_pairs_none_trains_and_evaluates_simcse_from_the_corpus_alone(tmp_path, 
     for r in results:
         history = json.loads((paths.ablations / r["variant"].replace(" ", "_") / f"seed{r['seed']}" /
                               "last/state.json").read_text())
-        assert history["step"] == 2 and np.isfinite(r["best_dev_sts"])
+        assert history["step"] == 2 and r["dev_metric"] == "dev_sts" and np.isfinite(r["best_dev"])
         assert set(r["scores"]) == {"DemoSTS", "avg", "alignment", "uniformity"}  # no images: no retrieval
         assert -100 <= r["scores"]["avg"] <= 100
     rows = aggregate(cfg, results)

@@ -124,7 +124,8 @@ def run_job(
     scores = run_evaluate(job_cfg, paths, folder / "best", run_id=summary["run_id"], experiment_name="ablate",
                           transfer=job_cfg.ablate.transfer, data_dir=Path(summary["data_dir"]),
                           teacher_manifest=Path(summary["teacher_manifest"]),
-                          teacher_dirs=tuple(Path(d) for d in summary["teacher_dirs"]))
+                          teacher_dirs=tuple(Path(d) for d in summary["teacher_dirs"]),
+                          region_sets={k: Path(v) for k, v in summary.get("region_sets", {}).items()})
     result = {
         "variant": job.variant,
         "seed": job.seed,
@@ -132,7 +133,8 @@ def run_job(
         "config_hash": config_hash,
         "run_id": summary["run_id"],
         "device": where["device"],
-        "best_dev_sts": summary["best_dev_sts"],
+        "best_dev": summary["best_dev"],
+        "dev_metric": summary["dev_metric"],
         "artifacts": summary["artifacts"],
         "scores": scores,
     }

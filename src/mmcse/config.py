@@ -326,6 +326,42 @@ class TeachersConfig:
 
 
 @dataclass(frozen=True)
+class DuetModelConfig:
+    # train.method duet (DUET §4.2, §5.2; README "DUET"): the visual stream's own Transformer layers,
+    # then the top shared_layers, used by both streams (weight-tied unless tie_shared is false), at
+    # joint_dim; the text stream is model.name_or_path (BERT in the paper) fine-tuned.
+    visual_layers: int = 4  # §5.2: four dedicated visual layers
+    shared_layers: int = 2  # k (§5.2: 2); 0: no shared top layers
+    tie_shared: bool = True  # false: the text stream gets its own copy (Table 2 "w/o shared layers")
+    joint_dim: int = 1024  # §5.2: the joint space
+    visual_dim: int = 0  # width of the visual-only layers; 0: joint_dim
+    heads: int = 16  # attention heads of every added layer (64-wide heads, as BERT's)
+    ff_dim: int = 4096  # feed-forward width of every added layer (4 × joint_dim, as BERT's)
+    dropout: float = 0.1  # in the added layers
+    box_layer: int = 0  # l of Eq. 30 (1..L-1 of the visual stream); 0: min(visual_layers, L - 1)
+    region_norm: Literal["layernorm", "l2", "none"] = "layernorm"  # on r_i before Eq. 24
+    spatial: bool = True  # b_i enters Eq. 24 (false: Table 2 "w/o spatial features")
+
+    def validate(self, where: str) -> None:
+        p = "model.duet."
+        _check(self.visual_layers >= 1, where, p + "visual_layers", "must be >= 1")
+        _check(self.shared_layers >= 0, where, p + "shared_layers", "must be >= 0")
+        _check(self.joint_dim >= 1, where, p + "joint_dim", "must be >= 1")
+        _check(self.visual_dim >= 0, where, p + "visual_dim", "must be >= 0 (0: joint_dim)")
+        _check(self.heads >= 1, where, p + "heads", "must be >= 1")
+        for name, width in (("joint_dim", self.joint_dim), ("visual_dim", self.visual_dim or self.joint_dim)):
+            _check(width % self.heads == 0, where, p + name, f"{width} is not divisible by model.duet.heads={self.heads}")
+        _check(self.ff_dim >= 1, where, p + "ff_dim", "must be >= 1")
+        _check(0 <= self.dropout < 1, where, p + "dropout", "must be in [0, 1)")
+        depth = self.visual_layers + self.shared_layers
+        _check(self.box_layer == 0 or 1 <= self.box_layer <= depth - 1, where, p + "box_layer",
+               f"must be 0 (default) or in [1, {depth - 1}]: an intermediate layer l < L = visual_layers + "
+               f"shared_layers = {depth} (Eq. 30)")
+        _check(depth >= 2, where, p + "visual_layers",
+               "visual_layers + shared_layers must be >= 2: Eq. 30 regresses boxes from a layer below the last")
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     # HF id, local folder, or "packaged:all-MiniLM-L6-v2" (weights shipped in a pip package).
     name_or_path: str = "packaged:all-MiniLM-L6-v2"
@@ -335,8 +371,10 @@ class ModelConfig:
     config_overrides: dict[str, Any] = field(default_factory=dict)
     max_seq_len: int = 32
     proj_dim: int = 256
+    duet: DuetModelConfig = field(default_factory=DuetModelConfig)
 
     def validate(self, where: str) -> None:
+        self.duet.validate(where)
         _check(bool(self.name_or_path.strip()), where, "model.name_or_path", "must not be empty")
         _check(
             not self.config_overrides or self.init == "random",
@@ -350,7 +388,7 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    method: Literal["simcse", "mcse", "kdmcse", "dalr", "mcseo"] = "mcse"
+    method: Literal["simcse", "mcse", "kdmcse", "dalr", "mcseo", "duet"] = "mcse"
     batch_size: int = 64
     epochs: int = 1
     max_steps: int = 0  # 0: run all epochs
@@ -450,6 +488,21 @@ class MCSEOLossConfig:
 
 
 @dataclass(frozen=True)
+class DuetLossConfig:
+    # train.method duet: L_match + λ1·L_bbox + λ2·L_norm (DUET Eq. 33)
+    margin: float = 0.2  # α of the max-violation hinge (Eq. 28; §5.2: 0.2)
+    lambda_box: float = 1.0  # λ1 (Eq. 30–31 box regression; the paper gives no value); 0: off
+    lambda_norm: float = 1.0  # λ2 (Eq. 32 norm regularizer; no value given); 0: off
+    reduction: Literal["mean", "sum"] = "mean"  # over the batch, all three terms (VSE++ sums)
+
+    def validate(self, where: str) -> None:
+        p = "loss.duet."
+        _check(self.margin >= 0, where, p + "margin", "must be >= 0")
+        _check(self.lambda_box >= 0, where, p + "lambda_box", "must be >= 0")
+        _check(self.lambda_norm >= 0, where, p + "lambda_norm", "must be >= 0")
+
+
+@dataclass(frozen=True)
 class LossConfig:
     temperature: float = 0.05
     image_term: bool = True  # the sentence–image term of mcse / kdmcse / mcseo
@@ -458,14 +511,45 @@ class LossConfig:
     kdmcse: KDMCSELossConfig = field(default_factory=KDMCSELossConfig)
     dalr: DALRLossConfig = field(default_factory=DALRLossConfig)
     mcseo: MCSEOLossConfig = field(default_factory=MCSEOLossConfig)
+    duet: DuetLossConfig = field(default_factory=DuetLossConfig)
 
     def validate(self, where: str) -> None:
+        self.duet.validate(where)
         _check(self.temperature > 0, where, "loss.temperature", "must be > 0")
         _check(self.temperature_img > 0, where, "loss.temperature_img", "must be > 0")
         _check(self.lambda_img >= 0, where, "loss.lambda_img", "must be >= 0")
         self.kdmcse.validate(where)
         self.dalr.validate(where)
         self.mcseo.validate(where)
+
+
+@dataclass(frozen=True)
+class RegionsConfig:
+    # Stage cache_regions: DUET's region features r_i and boxes b_i (§4.1.1, Eq. 23), cached once per
+    # image set (training, val, test) under <base.data_dir>/<cache_dir> (mmcse.detection.regions).
+    # objects: each image's objects (demo annotations / the detect stage's) and the whole image,
+    # encoded with teachers.image_encoder | tsv: bottom-up-attention TSV files | npy: a folder of
+    # per-image .npz / .npy files (the published 36 x 2048 Visual Genome features).
+    source: Literal["objects", "tsv", "npy"] = "objects"
+    files: list[str] = field(default_factory=list)  # tsv: the TSV file(s)
+    folder: str = ""  # npy: the folder
+    dim: int = 0  # tsv / npy: the feature width the files must have (0: whatever they hold, equal across images)
+    max_regions: int = 36  # regions kept per image (§5.2: top 36)
+    whole_image: bool = True  # objects: the whole image as one more region (context; never an empty image)
+    dtype: Literal["float16", "float32"] = "float16"  # on disk (COCO: 123k × 36 × 2048 floats)
+    cache_dir: str = "regions"  # under base.data_dir
+
+    def validate(self, where: str) -> None:
+        p = "regions."
+        _check(self.source != "tsv" or bool(self.files), where, p + "files", "source tsv needs the TSV file(s)")
+        _check(self.source == "tsv" or not self.files, where, p + "files", "is read by source tsv only")
+        _check(self.source != "npy" or bool(self.folder.strip()), where, p + "folder", "source npy needs the folder")
+        _check(self.source == "npy" or not self.folder, where, p + "folder", "is read by source npy only")
+        _check(self.dim >= 0, where, p + "dim", "must be >= 0 (0: any)")
+        _check(self.source != "objects" or self.dim == 0, where, p + "dim",
+               "is for tsv / npy files; objects' width is teachers.image_encoder's")
+        _check(1 <= self.max_regions <= 100, where, p + "max_regions", "must be in [1, 100]")
+        _check(bool(self.cache_dir.strip()), where, p + "cache_dir", "must not be empty")
 
 
 POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
@@ -652,6 +736,7 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     detect: DetectConfig = field(default_factory=DetectConfig)
     teachers: TeachersConfig = field(default_factory=TeachersConfig)
+    regions: RegionsConfig = field(default_factory=RegionsConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     loss: LossConfig = field(default_factory=LossConfig)
@@ -690,7 +775,7 @@ FIXED_KEYS = (
     "data.source", "data.senteval_dir", "data.transfer_tasks", "data.downloads_dir", "data.sources",
     "data.demo.min_objects", "data.demo.max_objects", "data.demo.sts_dev_pairs", "data.demo.sts_test_pairs",
     "data.demo.retrieval_images",
-    "teachers.cache_dir",
+    "teachers.cache_dir", "regions.cache_dir",
     "ablate", "sweep",
 )
 # What a job may change upstream of training (the message of a rejected key lists these).
@@ -698,7 +783,7 @@ UPSTREAM_KEYS = (
     "data.pairs", "data.splits", "data.image_limit", "data.verify_images", "data.annotations", "data.captions",
     "data.corpus", "data.corpus_limit", "data.demo.num_images", "data.demo.captions_per_image",
     "data.demo.image_size", "data.demo.corpus_sentences", "detect.*", "teachers.* (not cache_dir)",
-    "model.name_or_path", "model.max_seq_len",
+    "model.name_or_path", "model.max_seq_len", "regions.* (not cache_dir)",
 )
 
 
@@ -732,7 +817,7 @@ def active_terms(cfg: Config) -> dict[str, bool]:
     cml = _switch(loss.dalr.cml, method == "dalr") and method != "simcse"  # simcse trains on text only
     iml = _switch(loss.dalr.iml, method == "dalr")
     return {
-        "simcse": True,
+        "simcse": method != "duet",  # DUET is a retrieval model: its terms are loss.duet's (Eq. 33)
         "image": method in ("mcse", "mcseo") and loss.image_term,
         "kdmcse": method == "kdmcse" and loss.image_term,
         "info": method == "dalr" and loss.dalr.info,
@@ -748,6 +833,12 @@ def _validate_terms(cfg: Config, where: str) -> None:
     if cfg.data.pairs == "none" and cfg.train.method != "simcse":
         _fail(where, "data.pairs", f"none (text corpus only) trains SimCSE alone, but train.method is "
               f"{cfg.train.method!r}: set train.method: simcse, or choose image–caption pairs (demo, flickr30k, coco)")
+    if cfg.train.method == "duet":
+        _check(cfg.data.pairs != "none", where, "data.pairs", "none has no images; train.method duet retrieves images")
+        _check("val" not in cfg.data.splits or cfg.data.pairs == "demo", where, "data.splits",
+               "must not include val with train.method duet: the val split's R@K picks its best checkpoint")
+        _check(cfg.evaluate.retrieval.enabled, where, "evaluate.retrieval.enabled",
+               "must be true with train.method duet: it is scored by image–text retrieval alone")
     if cfg.loss.dalr.text_batches and cfg.loss.dalr.iml is False:
         _fail(where, "loss.dalr.text_batches", "adds L_IML to text batches, but loss.dalr.iml is false")
 
@@ -917,7 +1008,7 @@ def list_presets(folder: Path) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
 
 
-PRESET_KEYS = ("description", "base", "reference", "variants", "plot_x", "seeds", "transfer")
+PRESET_KEYS = ("description", "base", "reference", "variants", "plot_x", "seeds", "transfer", "metric")
 
 
 def expand_preset(raw: Mapping[str, Any], root: Path, where: str) -> dict[str, Any]:
@@ -946,6 +1037,8 @@ def expand_preset(raw: Mapping[str, Any], root: Path, where: str) -> dict[str, A
     ablate["title"] = preset.get("description", name)
     if "seeds" in preset:
         ablate["seeds"] = preset["seeds"]
+    if "metric" in preset:
+        ablate["metric"] = preset["metric"]
     if "transfer" in preset:
         if not isinstance(preset["transfer"], bool):
             raise ConfigError(f"{file}: 'transfer' must be true or false, got {preset['transfer']!r}")

@@ -25,6 +25,7 @@ class Paths:
     plots: Path
     ablations: Path
     relevance: Path  # caption relevance matrices of the retrieval test set (stage relevance)
+    regions: Path  # DUET region sets (stage cache_regions)
 
     @classmethod
     def of(cls, cfg: Config, root: str | Path = ".") -> Paths:
@@ -40,6 +41,7 @@ class Paths:
             plots=root / cfg.base.plots_dir,
             ablations=root / "ablation",
             relevance=data / "relevance",
+            regions=data / cfg.regions.cache_dir,
         )
 
 
@@ -232,6 +234,80 @@ def run_cache_teachers(
     return result
 
 
+# --------------------------------------------------------------------------- cache_regions
+
+# DUET's image sets: the training images, the retrieval val split (dev score) and test split
+REGION_SPLITS = {"train": "images.jsonl", "val": "retrieval/val_images.jsonl", "test": "retrieval/images.jsonl"}
+
+
+def region_source(cfg: Config, raw: Path, objects: Path, teacher_manifest: Path,
+                  teacher_dirs: tuple[Path, ...] = ()) -> Any:
+    """The `mmcse.detection.regions.RegionSource` of ``regions.source``: the TSV files, the per-image
+    folder, or (``objects``) the images' objects and the whole image encoded with
+    ``teachers.image_encoder``, reusing the crops and images cache_teachers already encoded (the
+    sets ``teacher_manifest`` names). A missing file or folder is named here, before any compute."""
+    from mmcse.detection.regions import npy_source, objects_source, tsv_source
+
+    r = cfg.regions
+    if r.source == "tsv":
+        return tsv_source([Path(f).expanduser() for f in r.files], r.dim or None)
+    if r.source == "npy":
+        return npy_source(Path(r.folder).expanduser(), raw, r.dim or None)
+    from mmcse.device import resolve_device
+    from mmcse.teachers import FeatureStore, image_encoder
+    from mmcse.train import teacher_set_folder
+
+    encoder_key, encode = image_encoder(cfg.teachers, resolve_device(cfg.base.device))
+    sets = read_json(teacher_manifest)["sets"] if teacher_manifest.is_file() else {}
+    dirs = tuple(teacher_dirs)
+
+    def stores(*names: str) -> list[Any]:
+        found = [teacher_set_folder(sets[n], dirs[0], dirs[1:]) for n in names if n in sets] if dirs else []
+        return [FeatureStore.open(f) for f in found if (f / "index.json").is_file()]
+
+    return objects_source(raw, objects, encoder_key, encode, r.whole_image, stores("object"),
+                          stores("image", "retrieval_image"))
+
+
+def run_cache_regions(cfg: Config, paths: Paths, raw: Path | None = None, objects: Path | None = None,
+                      teacher_manifest: Path | None = None, teacher_dirs: tuple[Path, ...] | None = None,
+                      out_dir: Path | None = None, read_only: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """DUET's region sets (`mmcse.detection.regions.build_region_cache`) for each image set of
+    `REGION_SPLITS` the data has: ``{"sets": {split: folder name}, "hits": {split: bool}, "dim"}``.
+    Sets are content-addressed (source, inputs, image ids, ``max_regions``, ``dtype``): a set
+    already in ``out_dir`` (default ``paths.regions``) or one of ``read_only`` is opened, not rebuilt."""
+    from mmcse.detection.regions import build_region_cache
+
+    raw, objects = raw or paths.raw, objects or paths.objects
+    source = region_source(cfg, raw, objects, teacher_manifest or paths.teachers / "manifest.json",
+                           (paths.teachers,) if teacher_dirs is None else teacher_dirs)
+    result: dict[str, Any] = {"sets": {}, "hits": {}, "source": cfg.regions.source}
+    for split, table in REGION_SPLITS.items():
+        ids = [row["image_id"] for row in read_jsonl(raw / table)] if (raw / table).is_file() else []
+        if not ids:
+            continue
+        store, hit = build_region_cache(out_dir or paths.regions, ids, source, cfg.regions.max_regions,
+                                        cfg.regions.dtype, read_only)
+        result["sets"][split], result["hits"][split] = store.folder.name, hit
+        result["dim"] = store.dim
+    return result
+
+
+def region_sets_for(cfg: Config, paths: Paths, up: Any) -> dict[str, Path]:
+    """The region sets of a training's upstream artifacts ``up`` (`mmcse.upstream.Upstream`): opened
+    from the cache_regions stage's folder when it holds them, else built once (under a file lock:
+    concurrent jobs share the work) in ``<data>/upstream/regions``. ``{split: folder}``."""
+    from filelock import FileLock
+
+    shared = paths.raw.parent / "upstream" / "regions"
+    shared.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(shared / ".lock")):
+        result = run_cache_regions(cfg, paths, up.raw, up.objects, up.teacher_manifest, up.teacher_dirs,
+                                   out_dir=shared, read_only=(paths.regions,))
+    return {split: (paths.regions / name if (paths.regions / name / "index.json").is_file() else shared / name)
+            for split, name in result["sets"].items()}
+
+
 # --------------------------------------------------------------------------- relevance
 
 
@@ -267,18 +343,25 @@ def relevance_for(paths: Paths, captions: list[str], kind: str) -> Any:
 # --------------------------------------------------------------------------- train + evaluate
 
 
-def write_curves(history: list[dict[str, float]], plots_dir: Path, title: str = "dev geometry") -> None:
+def write_curves(history: list[dict[str, float]], plots_dir: Path, title: str = "dev geometry",
+                 dev_metric: str = "dev_sts") -> None:
     """The DVC plots of a training history: ``train_loss.csv`` (step, loss), ``dev_sts.csv``
-    (step, dev), ``dev_geometry.csv`` (step, alignment, uniformity: every dev evaluation that
-    logged them) and ``geometry_trajectory.png`` (`mmcse.plots.geometry_trajectory`)."""
+    (step, dev: STS) or, for DUET (``dev_metric`` ``val_rsum``), ``dev_rsum.csv`` (step, dev: val
+    rsum) — the other one holds its header only —, ``dev_geometry.csv`` (step, alignment,
+    uniformity: every dev evaluation that logged them) and ``geometry_trajectory.png``
+    (`mmcse.plots.geometry_trajectory`)."""
     from mmcse.io import atomic_path
     from mmcse.plots import geometry_trajectory, save_figure
 
     plots_dir.mkdir(parents=True, exist_ok=True)
+    dev_file = {"dev_sts": "dev_sts.csv", "val_rsum": "dev_rsum.csv"}[dev_metric]
     tables = (("train_loss.csv", ["loss"], ["loss"]), ("dev_sts.csv", ["dev"], ["dev"]),
+              ("dev_rsum.csv", ["dev"], ["dev"]),
               ("dev_geometry.csv", ["dev_alignment", "dev_uniformity"], ["alignment", "uniformity"]))
     for name, keys, columns in tables:
         rows = [h for h in history if all(k in h for k in keys)]
+        if name in ("dev_sts.csv", "dev_rsum.csv") and name != dev_file:
+            rows = []
         with atomic_path(plots_dir / name) as tmp, open(tmp, "w", newline="") as handle:
             writer = csv.writer(handle)
             writer.writerow(["step", *columns])
@@ -336,18 +419,33 @@ def run_train(
             tracking.log_config(cfg)
         else:
             mlflow.set_tag("mmcse.resumed_from_step", str(resumed_step))
-        result = train(cfg, up.raw, up.teachers, out_dir, tracking.log_metric_steps, on_eval, progress,
-                       objects_dir=up.objects, teacher_manifest=up.teacher_manifest, teacher_dirs=up.teacher_dirs,
-                       run_id=active.info.run_id)
+        duet = cfg.train.method == "duet"
+        region_sets: dict[str, Path] = {}
+        if duet:  # DUET: a retrieval model on region features; dev = val rsum (`mmcse.train_duet`)
+            from mmcse.train_duet import train_duet
+
+            region_sets = region_sets_for(cfg, paths, up)
+            result = train_duet(cfg, up.raw, region_sets, out_dir, tracking.log_metric_steps, on_eval, progress,
+                                run_id=active.info.run_id)
+        else:
+            result = train(cfg, up.raw, up.teachers, out_dir, tracking.log_metric_steps, on_eval, progress,
+                           objects_dir=up.objects, teacher_manifest=up.teacher_manifest,
+                           teacher_dirs=up.teacher_dirs, run_id=active.info.run_id)
         title = f"{cfg.train.method} (seed {cfg.base.seed})"
-        for fig, name in ((training_curves(result.history, title), "training_curves.png"),
-                          (geometry_trajectory(result.history, title, result.best_step), "geometry_trajectory.png")):
+        figures = [(training_curves(result.history, title, dev_label="val rsum" if duet else "dev STS"),
+                    "training_curves.png")]
+        if not duet:
+            figures.append((geometry_trajectory(result.history, title, result.best_step), "geometry_trajectory.png"))
+        for fig, name in figures:
             mlflow.log_artifact(str(save_figure(fig, out_dir / name)), "figures")
         best_geometry = {f"best_{k}": v for k, v in result.best_geometry.items()}  # best_dev_alignment, ...
-        mlflow.log_metrics({"best_dev_sts": result.best_score, "best_step": result.best_step, **best_geometry})
+        dev_key = "best_dev_rsum" if duet else "best_dev_sts"  # val R@K rsum | dev STS Spearman ×100
+        mlflow.log_metrics({dev_key: result.best_score, "best_step": result.best_step, **best_geometry})
         summary = {
             "run_id": active.info.run_id,
-            "best_dev_sts": result.best_score,
+            dev_key: result.best_score,
+            "best_dev": result.best_score,  # whichever the method's dev score is (sweeps maximise it)
+            "dev_metric": "val_rsum" if duet else "dev_sts",
             "best_step": result.best_step,
             **best_geometry,
             "steps": result.steps,
@@ -356,6 +454,7 @@ def run_train(
             "data_dir": str(up.raw),
             "teacher_manifest": str(up.teacher_manifest),
             "teacher_dirs": [str(d) for d in up.teacher_dirs],
+            "region_sets": {split: str(folder) for split, folder in region_sets.items()},
         }
     write_json(out_dir / "summary.json", summary)
     return summary
@@ -372,6 +471,7 @@ def run_evaluate(
     data_dir: Path | None = None,
     teacher_manifest: Path | None = None,
     teacher_dirs: tuple[Path, ...] = (),
+    region_sets: dict[str, Path] | None = None,
 ) -> dict[str, float]:
     """Test-set STS of the checkpoint at ``model_dir`` and, with ``transfer``, SentEval's transfer
     tasks found in ``data/raw/transfer`` (``data.transfer_tasks``: accuracy per task and
@@ -385,7 +485,9 @@ def run_evaluate(
     from the sets ``teacher_manifest`` names, default ``<teachers>/manifest.json``, looked up in
     ``paths.teachers`` then ``teacher_dirs``), keys ``<set>_i2t_R@1`` … ``<set>_rsum``, graded
     ``<set>_{i2t,t2i}_NDCG@k_<kind>`` for ``evaluate.ndcg.relevance`` (`relevance_for`), and DALR
-    Table 10's nearest test captions (``sentence_retrieval.md`` in ``plots_dir`` and the run)."""
+    Table 10's nearest test captions (``sentence_retrieval.md`` in ``plots_dir`` and the run).
+
+    ``train.method: duet``: `evaluate_duet` (``region_sets``: the training's, `region_sets_for`)."""
     import mlflow
     import numpy as np
 
@@ -400,6 +502,8 @@ def run_evaluate(
     from mmcse.evaluation.transfer import evaluate_transfer
     from mmcse.plots import save_figure, sts_scatter
 
+    if cfg.train.method == "duet":  # an image–text retrieval model: no sentence-embedding tasks
+        return evaluate_duet(cfg, paths, model_dir, region_sets or {}, run_id, plots_dir, experiment_name, data_dir)
     # MTEB names and datasets are checked before any model loads: offline, a missing dataset is named here
     mteb_tasks = prepare_tasks(cfg.evaluate.mteb, "evaluate.mteb") if cfg.evaluate.mteb else []
     device = resolve_device(cfg.base.device)
@@ -456,6 +560,81 @@ def run_evaluate(
             write_text(plots_dir / "sentence_retrieval.md", examples)
         if tsne is not None:
             save_figure(tsne, plots_dir / "tsne.png")
+    return scores
+
+
+def evaluate_duet(cfg: Config, paths: Paths, model_dir: Path, region_sets: dict[str, Path],
+                  run_id: str | None = None, plots_dir: Path | None = None, experiment_name: str | None = None,
+                  data_dir: Path | None = None) -> dict[str, float]:
+    """DUET's test scores (§5.1) through the shared evaluators: R@1/5/10 both ways and rsum
+    (`mmcse.evaluation.retrieval.test_set_metrics`: COCO 5K and 1K folds, Flickr30k 1K) and graded
+    NDCG@k per ``evaluate.ndcg.relevance`` (`relevance_for`), on v_I / v_C of the checkpoint at
+    ``model_dir`` with the test region set ``region_sets["test"]``. Also: the test captions' nearest
+    neighbours in the joint space (``sentence_retrieval.md``) and the t-SNE of the caption embeddings
+    with cluster purity against their images (``tsne.png``, ``cluster_silhouette``,
+    ``cluster_purity``); ``sts_scatter.png`` says that a retrieval model has no STS scores."""
+    import matplotlib.pyplot as plt
+    import mlflow
+
+    from mmcse import tracking
+    from mmcse.detection.regions import RegionStore
+    from mmcse.device import resolve_device
+    from mmcse.evaluation.figures import TSNE_CLUSTERS, TSNE_POINTS, tsne_figure
+    from mmcse.evaluation.ndcg import test_set_ndcg
+    from mmcse.evaluation.retrieval import neighbours_markdown, sentence_neighbours, test_set_metrics, unit_rows
+    from mmcse.plots import save_figure
+    from mmcse.tokens import cached_tokens
+    from mmcse.train_duet import RetrievalSplit, load_duet, split_embeddings
+
+    raw = data_dir or paths.raw
+    manifest = read_json(raw / "manifest.json")
+    set_name = manifest.get("retrieval_set")
+    if not set_name:
+        raise ValueError(f"{raw}: no retrieval test set (data.pairs: {cfg.data.pairs}); DUET is scored by retrieval")
+    if "test" not in region_sets:
+        raise FileNotFoundError(f"{model_dir}: no test region set recorded for this training; rerun it "
+                                "(dvc repro train)")
+    device = resolve_device(cfg.base.device)
+    model, tokenizer = load_duet(model_dir, device)
+    split = RetrievalSplit.load(raw / "retrieval" / "images.jsonl", raw / "retrieval" / "captions.jsonl",
+                                RegionStore.open(region_sets["test"]))
+    tokens = cached_tokens(raw.parent / "tokens", "test_captions", tokenizer, split.captions, cfg.model.max_seq_len)
+    image_emb, text_emb = split_embeddings(model, split, tokens, cfg.evaluate.batch_size, device,
+                                           cfg.train.precision)
+    block = cfg.evaluate.retrieval.block_size
+    scores = test_set_metrics(set_name, image_emb, text_emb, split.text_image, block)
+    if cfg.evaluate.ndcg.relevance:
+        relevance = {kind: relevance_for(paths, split.captions, kind) for kind in cfg.evaluate.ndcg.relevance}
+        scores |= test_set_ndcg(set_name, image_emb, text_emb, split.text_image, relevance, cfg.evaluate.ndcg.k,
+                                block)
+    r = cfg.evaluate.retrieval
+    examples = None
+    if r.examples:
+        rows = sentence_neighbours(split.captions, text_emb, split.text_image, r.examples, r.examples_k)
+        examples = neighbours_markdown(rows, f"Nearest test captions ({set_name}, DUET v_C in the joint space)")
+    tsne = None
+    if plots_dir is not None:  # the captions of each image should share a cluster: purity against the image
+        tsne, clusters = tsne_figure(unit_rows(text_emb), n_clusters=TSNE_CLUSTERS, seed=cfg.base.seed,
+                                     groups=split.text_image, max_points=TSNE_POINTS, title="duet captions")
+        scores |= {f"cluster_{k}": v for k, v in clusters.items() if k in ("silhouette", "purity")}
+    no_sts, ax = plt.subplots(figsize=(5, 2))
+    ax.axis("off")
+    ax.text(0.5, 0.5, "train.method duet is an image–text retrieval model:\nno STS scores (see eval.json: R@K, NDCG)",
+            ha="center", va="center")
+    if run_id:
+        with tracking.run(cfg, experiment_name or cfg.train.method, run_id=run_id):
+            mlflow.log_metrics({tracking.metric_name(f"test_{k}"): v for k, v in scores.items()})
+            if examples:
+                mlflow.log_text(examples, "evaluation/sentence_retrieval.md")
+            if tsne is not None:
+                mlflow.log_figure(tsne, "figures/tsne.png")
+    if plots_dir is not None:
+        save_figure(no_sts, plots_dir / "sts_scatter.png")
+        write_text(plots_dir / "sentence_retrieval.md", examples or "")
+        if tsne is not None:
+            save_figure(tsne, plots_dir / "tsne.png")
+    else:
+        plt.close(no_sts)
     return scores
 
 

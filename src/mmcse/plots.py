@@ -22,8 +22,9 @@ def save_figure(fig: plt.Figure, path: str | Path) -> Path:
     return path
 
 
-def training_curves(history: Sequence[Mapping[str, float]], title: str) -> plt.Figure:
-    """Loss per logged step (left axis) and dev STS Spearman (right axis)."""
+def training_curves(history: Sequence[Mapping[str, float]], title: str, dev_label: str = "dev STS") -> plt.Figure:
+    """Loss per logged step (left axis) and the dev score (right axis: dev STS Spearman × 100, or
+    what ``dev_label`` names, e.g. DUET's val rsum)."""
     fig, ax = plt.subplots(figsize=(7, 4))
     loss = [(h["step"], h["loss"]) for h in history if "loss" in h]
     dev = [(h["step"], h["dev"]) for h in history if "dev" in h]
@@ -33,8 +34,8 @@ def training_curves(history: Sequence[Mapping[str, float]], title: str) -> plt.F
     ax.set_ylabel("loss", color="tab:blue")
     ax2 = ax.twinx()
     if dev:
-        ax2.plot(*zip(*dev, strict=True), "o-", color="tab:orange", label="dev STS")
-    ax2.set_ylabel("dev Spearman × 100", color="tab:orange")
+        ax2.plot(*zip(*dev, strict=True), "o-", color="tab:orange", label=dev_label)
+    ax2.set_ylabel("dev Spearman × 100" if dev_label == "dev STS" else dev_label, color="tab:orange")
     ax.set_title(title)
     return fig
 

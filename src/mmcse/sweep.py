@@ -127,7 +127,7 @@ def run_sweep(
                 on_eval=report, progress=False, data_seed=cfg.base.seed,  # a trial's own upstream artifacts
             )
             trial.set_user_attr("mlflow_run_id", summary["run_id"])
-            return summary["best_dev_sts"]
+            return summary["best_dev"]  # dev STS, or DUET's val rsum
 
         waiting = False
         while True:

@@ -345,7 +345,7 @@ def _swap_in(tmp: Path, final: Path) -> None:
 
 
 def _save_resume_point(
-    folder: Path, student: Student, optimizer, scheduler, scaler, state: TrainState, config_hash: str,
+    folder: Path, student: torch.nn.Module, optimizer, scheduler, scaler, state: TrainState, config_hash: str,
     run_id: str | None = None,
 ) -> None:
     tmp = folder.with_name(folder.name + ".tmp")
@@ -416,14 +416,16 @@ def resume_point_run(out_dir: Path, cfg: Config) -> tuple[str | None, int]:
 
 
 def _load_resume_point(
-    folder: Path, student: Student, optimizer, scheduler, scaler, config_hash: str
+    folder: Path, student: torch.nn.Module, optimizer, scheduler, scaler, config_hash: str,
+    best_required: Sequence[str] | None = None,
 ) -> TrainState | None:
     """Restore the resume point in ``folder`` (or the ``.old`` copy a kill between the renames
     of ``_swap_in`` left). Every file is checked before anything is restored: a damaged one is
     named in a warning and the next copy tried, else training starts afresh. A damaged best
     checkpoint beside it is deleted and training starts afresh too: the best weights can only
-    be had again by replaying the run (the resume point holds the latest weights, not the best)."""
-    if _best_is_damaged(folder.parent / "best"):
+    be had again by replaying the run (the resume point holds the latest weights, not the best).
+    ``best_required``: the files a best checkpoint must hold (default: a student's, `BEST_REQUIRED`)."""
+    if _best_is_damaged(folder.parent / "best", BEST_REQUIRED if best_required is None else best_required):
         return None
     damaged = False
     for candidate in (folder, folder.with_name(folder.name + ".old")):
@@ -482,13 +484,13 @@ def _read_resume_point(
 BEST_REQUIRED = ("config.json", "model.safetensors", HEADS_FILE, HEADS_META)
 
 
-def _best_is_damaged(best_dir: Path) -> bool:
+def _best_is_damaged(best_dir: Path, required: Sequence[str] = ()) -> bool:
     """Check a best checkpoint folder (HF safetensors headers, JSON files, required files);
     a damaged one is named in a warning and deleted (True)."""
     if not best_dir.is_dir():
         return False
     try:
-        check_model_folder(best_dir, "retraining from step 0 to rebuild it", required=BEST_REQUIRED)
+        check_model_folder(best_dir, "retraining from step 0 to rebuild it", required=required or BEST_REQUIRED)
     except CorruptArtifact as err:
         log.warning("%s", err)
         shutil.rmtree(best_dir)

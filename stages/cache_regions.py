@@ -1,0 +1,19 @@
+"""DVC stage `cache_regions`: DUET's region features and boxes (§4.1.1) of the training, val and test
+images, one content-addressed set each under data/regions (reused by train, evaluate and ablation jobs)."""
+
+from mmcse.cli import run_entry
+from mmcse.config import load_config
+from mmcse.io import write_json
+from mmcse.pipeline import Paths, run_cache_regions
+
+
+def main() -> None:
+    cfg = load_config("params.yaml")
+    paths = Paths.of(cfg)
+    result = run_cache_regions(cfg, paths)
+    write_json(paths.metrics / "regions.json", {**{f"cache_hit_{k}": v for k, v in result["hits"].items()},
+                                                "dim": result.get("dim", 0)})
+
+
+if __name__ == "__main__":
+    run_entry(main)
