@@ -69,6 +69,8 @@ class DemoDataConfig:
     sts_dev_pairs: int = 400
     sts_test_pairs: int = 800
     retrieval_images: int = 100  # the retrieval test set: scenes drawn apart from training's
+    # the retrieval validation set (dev rsum picks checkpoints, e.g. DUET's): scenes apart from both
+    retrieval_val_images: int = 50
 
     def validate(self, where: str) -> None:
         p = "data.demo."
@@ -86,6 +88,7 @@ class DemoDataConfig:
         _check(self.sts_dev_pairs >= 10, where, p + "sts_dev_pairs", "must be >= 10")
         _check(self.sts_test_pairs >= 10, where, p + "sts_test_pairs", "must be >= 10")
         _check(self.retrieval_images >= 10, where, p + "retrieval_images", "must be >= 10")
+        _check(self.retrieval_val_images >= 10, where, p + "retrieval_val_images", "must be >= 10")
 
 
 _SHA256_HEX = set("0123456789abcdef")
@@ -159,6 +162,9 @@ class DataConfig:
     pairs: Literal["demo", "flickr30k", "coco", "none"] = "demo"
     splits: list[str] = field(default_factory=lambda: ["train"])  # coco papers: train + restval
     image_limit: int = 0  # first N images of the chosen splits (0: all)
+    # The retrieval validation set: the first N images of Karpathy's val split (0: all); none
+    # when data.splits trains on val
+    val_images: int = 1000
     verify_images: bool = True  # decode every image once; unreadable ones are dropped and counted
     # Phrase boxes for detect.backend annotations on real pairs: none | flickr30k_entities
     annotations: Literal["none", "flickr30k_entities"] = "none"
@@ -177,6 +183,7 @@ class DataConfig:
         self.sources.validate(where)
         _check(self.corpus_limit >= 0, where, "data.corpus_limit", "must be >= 0 (0: all)")
         _check(self.image_limit >= 0, where, "data.image_limit", "must be >= 0 (0: all)")
+        _check(self.val_images >= 0, where, "data.val_images", "must be >= 0 (0: all)")
         _check(bool(self.splits), where, "data.splits", f"must name at least one of {', '.join(KARPATHY_SPLITS)}")
         for split in self.splits:
             _check(split in KARPATHY_SPLITS, where, "data.splits",
@@ -774,7 +781,7 @@ FIXED_KEYS = (
     "base.experiment_prefix",
     "data.source", "data.senteval_dir", "data.transfer_tasks", "data.downloads_dir", "data.sources",
     "data.demo.min_objects", "data.demo.max_objects", "data.demo.sts_dev_pairs", "data.demo.sts_test_pairs",
-    "data.demo.retrieval_images",
+    "data.demo.retrieval_images", "data.demo.retrieval_val_images", "data.val_images",
     "teachers.cache_dir", "regions.cache_dir",
     "ablate", "sweep",
 )

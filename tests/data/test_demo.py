@@ -9,7 +9,8 @@ from mmcse.data.prepare import prepare_data
 from mmcse.io import read_jsonl
 
 SMALL = DataConfig(demo=DemoDataConfig(num_images=12, captions_per_image=3, corpus_sentences=50,
-                                       sts_dev_pairs=20, sts_test_pairs=20, retrieval_images=10))
+                                       sts_dev_pairs=20, sts_test_pairs=20, retrieval_images=10,
+                                       retrieval_val_images=10))
 
 
 def test_same_seed_same_bytes_other_seed_other_data(tmp_path):
@@ -21,8 +22,8 @@ def test_same_seed_same_bytes_other_seed_other_data(tmp_path):
     assert (tmp_path / "a/images/img00003.png").read_bytes() == (tmp_path / "b/images/img00003.png").read_bytes()
     assert a["counts"] == {"images": 12, "pairs": 36, "corpus_sentences": 50, "sts_dev_pairs": 20,
                            "sts_test_pairs": 20, "pairs_with_phrases": 36, "retrieval_images": 10,
-                           "retrieval_captions": 30}
-    assert a["retrieval_set"] == "demo"
+                           "retrieval_captions": 30, "retrieval_val_images": 10, "retrieval_val_captions": 30}
+    assert a["retrieval_set"] == "demo" and a["retrieval_val_set"] == "demo_val"
 
 
 def test_the_retrieval_test_set_is_drawn_apart_from_training(tmp_path):

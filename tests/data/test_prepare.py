@@ -122,3 +122,186 @@ def test_download_fails_before_building_when_a_transfer_task_is_missing(tmp_path
         prepare_data(cfg, 3, tmp_path / "raw")
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".raw")] == []  # nothing half-built
     assert (tmp_path / "raw" / "keep.txt").read_text() == "previous data"
+
+
+# --------------------------------------------------------------------------- the retrieval validation set
+
+def _small_demo(**demo):
+    from mmcse.config import DataConfig, DemoDataConfig
+
+    return DataConfig(demo=DemoDataConfig(**{"num_images": 6, "captions_per_image": 2, "corpus_sentences": 5,
+                                             "sts_dev_pairs": 10, "sts_test_pairs": 10, "retrieval_images": 10,
+                                             "retrieval_val_images": 10, **demo}))
+
+
+def test_demo_val_scenes_are_their_own_set_with_every_caption(tmp_path):
+    import hashlib
+
+    from mmcse.data.prepare import prepare_data
+    from mmcse.io import read_json, read_jsonl
+
+    raw = tmp_path / "raw"
+    manifest = prepare_data(_small_demo(), 3, raw)
+    train, test = read_jsonl(raw / "images.jsonl"), read_jsonl(raw / "retrieval/images.jsonl")
+    val, captions = read_jsonl(raw / "retrieval/val_images.jsonl"), read_jsonl(raw / "retrieval/val_captions.jsonl")
+    assert [r["image_id"] for r in val] == [f"val{i:05d}" for i in range(10)]
+    # other ids and other pictures than training's and the test set's
+    assert not {r["image_id"] for r in val} & {r["image_id"] for r in train + test}
+    assert not {r["sha256"] for r in val} & {r["sha256"] for r in train + test}
+    for row in val:  # image rows as the test set's: file, digest, mask and annotated objects
+        data = (raw / row["file"]).read_bytes()
+        assert row["sha256"] == hashlib.sha256(data).hexdigest() and row["bytes"] == len(data)
+        assert (raw / row["mask"]).is_file() and len(row["objects"]) >= 2
+        assert all(len(o["box"]) == 4 for o in row["objects"])
+        assert set(row) == set(test[0])
+    # every caption of exactly the val images (captions_per_image each)
+    assert [c["image_id"] for c in captions] == [r["image_id"] for r in val for _ in range(2)]
+    assert all(set(c) == {"image_id", "caption"} and c["caption"].strip() for c in captions)
+    # manifest: digests of both tables, counts, the set's name
+    for name in ("retrieval/val_images.jsonl", "retrieval/val_captions.jsonl"):
+        assert manifest["sha256"][name] == hashlib.sha256((raw / name).read_bytes()).hexdigest()
+    assert manifest["counts"]["retrieval_val_images"] == 10 and manifest["counts"]["retrieval_val_captions"] == 20
+    assert manifest["retrieval_val_set"] == "demo_val" and read_json(raw / "manifest.json") == manifest
+
+
+def test_demo_val_scenes_are_deterministic_and_change_no_other_scene(tmp_path):
+    from mmcse.data.prepare import prepare_data
+
+    a = prepare_data(_small_demo(), 3, tmp_path / "a")
+    b = prepare_data(_small_demo(), 3, tmp_path / "b")
+    c = prepare_data(_small_demo(), 4, tmp_path / "c")
+    more = prepare_data(_small_demo(retrieval_val_images=12), 3, tmp_path / "more")
+    val = "retrieval/val_images.jsonl"
+    assert a["sha256"] == b["sha256"]
+    assert (tmp_path / "a/images/val00004.png").read_bytes() == (tmp_path / "b/images/val00004.png").read_bytes()
+    assert a["sha256"][val] != c["sha256"][val]  # the seed draws other scenes
+    # their own random stream: more val scenes leave training and test scenes (and the first val ones) as they were
+    for name in ("images.jsonl", "pairs.jsonl", "retrieval/images.jsonl", "retrieval/captions.jsonl"):
+        assert more["sha256"][name] == a["sha256"][name]
+    assert more["counts"]["retrieval_val_images"] == 12
+    assert (tmp_path / "more/images/val00009.png").read_bytes() == (tmp_path / "a/images/val00009.png").read_bytes()
+
+
+def test_no_pairs_no_val_set(tmp_path):
+    import dataclasses
+
+    from mmcse.data.prepare import prepare_data
+    from mmcse.io import read_jsonl
+
+    manifest = prepare_data(dataclasses.replace(_small_demo(), pairs="none"), 3, tmp_path / "raw")
+    assert read_jsonl(tmp_path / "raw/retrieval/val_images.jsonl") == []
+    assert read_jsonl(tmp_path / "raw/retrieval/val_captions.jsonl") == []
+    assert manifest["retrieval_val_set"] is None and manifest["counts"]["retrieval_val_images"] == 0
+    assert "retrieval/val_images.jsonl" in manifest["sha256"]
+
+
+def _karpathy_folder(tmp_path):
+    """A local Karpathy caption_datasets.zip and a Flickr30k image zip: 2 train, 4 val (one of
+    them not in the image archive), 1 test image; coco: one val image from val2014."""
+    import io
+    import json
+
+    from PIL import Image
+
+    from tests.data.served import make_zip
+
+    def jpeg(shade: int) -> bytes:
+        buf = io.BytesIO()
+        Image.new("RGB", (20, 16), (shade, 10, 10)).save(buf, format="JPEG")
+        return buf.getvalue()
+
+    def entry(filename, split, captions, **extra):
+        return {"filename": filename, "split": split, "sentences": [{"raw": c} for c in captions], **extra}
+
+    flickr = [entry("1.jpg", "train", ["A train image ."]), entry("2.jpg", "val", ["Val two .", "Val  two again ."]),
+              entry("3.jpg", "train", ["Another train image ."]), entry("4.jpg", "val", ["Val four ."]),
+              entry("5.jpg", "test", ["A test image ."]), entry("6.jpg", "val", ["Not in the archive ."]),
+              entry("7.jpg", "val", ["Val seven ."])]
+    coco = [entry("COCO_train2014_000000000009.jpg", "train", ["Food ."], filepath="train2014", cocoid=9),
+            entry("COCO_val2014_000000000042.jpg", "val", ["A val bus ."], filepath="val2014", cocoid=42),
+            entry("COCO_val2014_000000000073.jpg", "test", ["A test bus ."], filepath="val2014", cocoid=73)]
+    folder = tmp_path / "sources"
+    folder.mkdir()
+    (folder / "caption_datasets.zip").write_bytes(make_zip({
+        "dataset_flickr30k.json": json.dumps({"images": flickr}).encode(),
+        "dataset_coco.json": json.dumps({"images": coco}).encode()}))
+    (folder / "flickr30k-images.zip").write_bytes(make_zip(
+        {f"flickr30k-images/{k}.jpg": jpeg(20 * k) for k in (1, 2, 3, 4, 5, 7)}))
+    (folder / "train2014.zip").write_bytes(make_zip({"train2014/COCO_train2014_000000000009.jpg": jpeg(1)}))
+    (folder / "val2014.zip").write_bytes(make_zip({"val2014/COCO_val2014_000000000042.jpg": jpeg(2),
+                                                   "val2014/COCO_val2014_000000000073.jpg": jpeg(3)}))
+    return folder
+
+
+def _real(folder, **data):
+    from mmcse.config import parse_config
+
+    sources = {name: {"path": str(folder / f"{file}.zip")} for name, file in (
+        ("karpathy_splits", "caption_datasets"), ("flickr30k_images", "flickr30k-images"),
+        ("coco_train2014", "train2014"), ("coco_val2014", "val2014"))}
+    return parse_config({"data": {"sources": sources, "demo": {"corpus_sentences": 5, "sts_dev_pairs": 10,
+                                                               "sts_test_pairs": 10}, **data}}).data
+
+
+def test_real_val_split_is_the_val_set_cut_to_val_images(tmp_path):
+    import hashlib
+
+    from mmcse.data.prepare import prepare_data
+    from mmcse.io import read_jsonl
+
+    folder, dl = _karpathy_folder(tmp_path), tmp_path / "dl"
+    raw = tmp_path / "raw"
+    manifest = prepare_data(_real(folder, pairs="flickr30k", val_images=2), 0, raw, dl)
+    val = read_jsonl(raw / "retrieval/val_images.jsonl")
+    assert [r["image_id"] for r in val] == ["flickr30k-2", "flickr30k-4"]  # the first two of Karpathy's val split
+    assert [r["split"] for r in val] == ["val", "val"] and "objects" not in val[0]
+    for row in val:
+        data = (raw / row["file"]).read_bytes()
+        assert row["sha256"] == hashlib.sha256(data).hexdigest() and row["bytes"] == len(data)
+    assert read_jsonl(raw / "retrieval/val_captions.jsonl") == [
+        {"image_id": "flickr30k-2", "caption": "Val two ."}, {"image_id": "flickr30k-2", "caption": "Val two again ."},
+        {"image_id": "flickr30k-4", "caption": "Val four ."}]
+    # training and test tables are untouched by it
+    assert [r["image_id"] for r in read_jsonl(raw / "images.jsonl")] == ["flickr30k-1", "flickr30k-3"]
+    assert [r["image_id"] for r in read_jsonl(raw / "retrieval/images.jsonl")] == ["flickr30k-5"]
+    assert manifest["retrieval_val_set"] == "flickr30k_val" and manifest["retrieval_set"] == "flickr30k_1k"
+    assert manifest["counts"]["retrieval_val_images"] == 2 and manifest["counts"]["retrieval_val_captions"] == 3
+    assert manifest["counts"]["retrieval_val_images_missing"] == 0
+    assert manifest["sha256"]["retrieval/val_captions.jsonl"] == hashlib.sha256(
+        (raw / "retrieval/val_captions.jsonl").read_bytes()).hexdigest()
+
+    # 0: every val image; one the archive lacks is dropped and counted
+    every = prepare_data(_real(folder, pairs="flickr30k", val_images=0), 0, tmp_path / "all", dl)
+    assert [r["image_id"] for r in read_jsonl(tmp_path / "all/retrieval/val_images.jsonl")] == [
+        "flickr30k-2", "flickr30k-4", "flickr30k-7"]
+    assert every["counts"]["retrieval_val_images_missing"] == 1 and every["counts"]["retrieval_val_images"] == 3
+
+    coco = prepare_data(_real(folder, pairs="coco"), 0, tmp_path / "coco", dl)
+    assert [r["image_id"] for r in read_jsonl(tmp_path / "coco/retrieval/val_images.jsonl")] == ["coco-42"]
+    assert coco["retrieval_val_set"] == "coco_val"
+
+
+def test_training_on_val_leaves_no_val_set(tmp_path):
+    from mmcse.data.prepare import prepare_data
+    from mmcse.io import read_jsonl
+
+    folder = _karpathy_folder(tmp_path)
+    manifest = prepare_data(_real(folder, pairs="flickr30k", splits=["train", "val"]), 0, tmp_path / "raw",
+                            tmp_path / "dl")
+    assert "flickr30k-2" in {r["image_id"] for r in read_jsonl(tmp_path / "raw/images.jsonl")}  # val trains
+    assert read_jsonl(tmp_path / "raw/retrieval/val_images.jsonl") == []
+    assert read_jsonl(tmp_path / "raw/retrieval/val_captions.jsonl") == []
+    assert manifest["retrieval_val_set"] is None and manifest["counts"]["retrieval_val_images"] == 0
+    assert manifest["retrieval_set"] == "flickr30k_1k"  # the test set is written as always
+
+
+def test_val_keys_are_validated_and_fixed():
+    from mmcse.config import ConfigError, DataConfig, is_fixed, parse_config
+
+    assert DataConfig().val_images == 1000 and DataConfig().demo.retrieval_val_images == 50
+    assert parse_config({"data": {"val_images": 0}}).data.val_images == 0
+    with pytest.raises(ConfigError, match="data.val_images"):
+        parse_config({"data": {"val_images": -1}})
+    with pytest.raises(ConfigError, match="data.demo.retrieval_val_images"):
+        parse_config({"data": {"demo": {"retrieval_val_images": 9}}})
+    assert is_fixed("data.val_images") and is_fixed("data.demo.retrieval_val_images")

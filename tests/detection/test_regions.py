@@ -253,7 +253,7 @@ def test_cache_from_npy_folder_reads_sizes_from_images(tmp_path):
 # --------------------------------------------------------------------------- from the demo world's objects
 
 TINY = DataConfig(demo=DemoDataConfig(num_images=5, captions_per_image=2, corpus_sentences=10, sts_dev_pairs=4,
-                                      sts_test_pairs=4, retrieval_images=2))
+                                      sts_test_pairs=4, retrieval_images=2, retrieval_val_images=2))
 
 
 @pytest.fixture(scope="module")
@@ -343,3 +343,38 @@ def test_cached_teacher_rows_are_reused_and_the_cache_hits(demo, tmp_path):
     encoded.clear()
     again, hit = build_region_cache(tmp_path / "regions", ids, source, dtype="float32")
     assert hit and encoded == [] and again.folder == store.folder
+
+
+def test_val_scenes_have_regions_and_a_folder_without_the_val_table_still_reads(demo, tmp_path):
+    import shutil
+
+    from mmcse.detect import object_crop
+    from mmcse.io import open_image
+
+    root, key, encode = demo
+    raw, objects = root / "raw", root / "objects"
+    val = read_jsonl(raw / "retrieval/val_images.jsonl")
+    assert [r["image_id"] for r in val] == ["val00000", "val00001"]
+    got = list(regions_from_objects(raw, objects, [r["image_id"] for r in val], encode))
+    for row, r in zip(val, got, strict=True):  # the val scenes' annotated objects, then the whole image
+        picture, labels = open_image(raw / row["file"]), np.asarray(open_image(raw / row["mask"]))
+        files = []
+        for k, obj in enumerate(row["objects"]):
+            files.append(tmp_path / f"{row['image_id']}-{k}.png")
+            object_crop(picture, labels, k, obj["box"]).save(files[-1])
+        assert r.image_id == row["image_id"]
+        np.testing.assert_allclose(r.features, encode([*files, raw / row["file"]], "val"), rtol=1e-6, atol=1e-7)
+        np.testing.assert_array_equal(r.boxes, [o["box"] for o in row["objects"]] + [[0, 0, *picture.size]])
+    # the val table is part of the objects source's fingerprint
+    with_val = objects_source(raw, objects, key, encode).fingerprint
+
+    # a data folder written before the val set: the other tables still serve, a val id is reported missing
+    old = tmp_path / "old"
+    shutil.copytree(raw, old)
+    (old / "retrieval/val_images.jsonl").unlink()
+    train_id = read_jsonl(raw / "images.jsonl")[0]["image_id"]
+    assert next(regions_from_objects(old, objects, [train_id], encode)).image_id == train_id
+    with pytest.raises(KeyError, match="no image row for 1 id.*val00000") as err:
+        next(regions_from_objects(old, objects, ["val00000"], encode))
+    assert "val_images.jsonl" not in str(err.value)  # names the tables it searched
+    assert objects_source(old, objects, key, encode).fingerprint != with_val

@@ -15,6 +15,7 @@ from transformers import AutoModel, BertConfig
 
 from mmcse.methods.duet import (
     DuetModel,
+    RegionEmbedding,
     box_regression_loss,
     duet_objective,
     max_violation_hinge,
@@ -414,3 +415,60 @@ def test_model_rejects_bad_shapes():
         model.encode_image(b["regions"], b["boxes"][..., :4])
     with pytest.raises(ValueError, match="region_mask"):
         model.encode_image(b["regions"], b["boxes"], b["region_mask"][:, :2])
+
+
+# ---------------------------------------------------------------------------- w/o spatial features (Table 2)
+
+
+def test_region_embedding_without_boxes_is_eq24_on_the_features_alone():
+    torch.manual_seed(1)
+    emb = RegionEmbedding(REGION_DIM, 8, spatial=False)
+    assert emb.mlp[0].in_features == REGION_DIM and RegionEmbedding(REGION_DIM, 8).mlp[0].in_features == REGION_DIM + 5
+    regions = torch.randn(2, 3, REGION_DIM).abs() * 5
+    got = emb(regions, torch.rand(2, 3, 5))
+    # W2·ReLU(W1 LN(r) + b1) + b2 by hand, LN with the layer's own affine
+    w1, b1, w2, b2 = emb.mlp[0].weight, emb.mlp[0].bias, emb.mlp[2].weight, emb.mlp[2].bias
+    mu, var = regions.mean(-1, keepdim=True), regions.var(-1, unbiased=False, keepdim=True)
+    r = (regions - mu) / torch.sqrt(var + emb.norm.eps) * emb.norm.weight + emb.norm.bias
+    want = torch.relu(r @ w1.T + b1) @ w2.T + b2
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("spatial", [True, False])
+def test_without_spatial_features_boxes_never_reach_the_image(device, spatial):
+    model = tiny_model(device, spatial=spatial).eval()
+    assert model.spatial is spatial
+    assert model.region_embed.mlp[0].in_features == (REGION_DIM + 5 if spatial else REGION_DIM)
+    b = tiny_batch(device)
+    other = tiny_batch(device, seed=1)  # other boxes for the same regions, other regions in the same boxes
+    with torch.no_grad():
+        v, box = model.encode_image(b["regions"], b["boxes"], b["region_mask"])
+        v_moved, box_moved = model.encode_image(b["regions"], other["boxes"], b["region_mask"])
+        v_feats, box_feats = model.encode_image(other["regions"], b["boxes"], b["region_mask"])
+    if spatial:
+        assert not torch.allclose(v, v_moved, atol=1e-4) and not torch.allclose(box, box_moved, atol=1e-4)
+    else:
+        assert torch.equal(v, v_moved) and torch.equal(box, box_moved)
+    # the box head still reads the features either way
+    assert not torch.allclose(v, v_feats, atol=1e-4) and not torch.allclose(box, box_feats, atol=1e-4)
+
+
+@pytest.mark.parametrize("spatial", [True, False])
+def test_without_spatial_features_the_boxes_are_only_the_target(device, spatial):
+    model = tiny_model(device, spatial=spatial).train()
+    b = tiny_batch(device)
+    boxes_in = b["boxes"].clone().requires_grad_(True)  # what the image stream reads
+    target = b["boxes"].clone()  # what Eq. 31 regresses to
+    out = model(b["input_ids"], b["attention_mask"], b["regions"], boxes_in, b["region_mask"])
+    terms = duet_objective(out.v_img, out.v_txt, out.box_pred, target, b["region_mask"])
+    assert float(terms["box"].detach()) > 0  # Eq. 31 still applies
+    (grad,) = torch.autograd.grad(terms["loss"], boxes_in, allow_unused=True)
+    if spatial:
+        assert grad is not None and bool(grad.abs().sum() > 0)
+    else:
+        assert grad is None or not bool(grad.abs().any())
+    # the box loss still trains the box head and, through the features, the visual stream
+    model.zero_grad(set_to_none=True)
+    box_regression_loss(model(**b).box_pred, b["boxes"], b["region_mask"]).backward()
+    got = _grads(model)
+    assert all(v for n, v in got.items() if n.startswith(("region_embed.mlp", "box_head.", "visual.0.")))

@@ -13,6 +13,10 @@ Layout written (all paths relative to the data folder)::
     pairs.jsonl                  pair_id, image_id, caption, phrases [{object, start, end}] (empty: none)
     retrieval/images.jsonl       the retrieval test set (Karpathy test split; demo: test scenes): image rows
     retrieval/captions.jsonl     image_id, caption: every caption of those images
+    retrieval/val_images.jsonl   the retrieval validation set (dev R@K rsum picks checkpoints: DUET): image rows
+                                 of Karpathy's val split, first data.val_images (demo: val scenes); empty when
+                                 data.splits trains on val or data.pairs is none
+    retrieval/val_captions.jsonl image_id, caption: every caption of those images
     corpus.txt                   text-only sentences (one per line)
     sts/dev.jsonl, sts/test.jsonl  task, subset, s1, s2, score
     manifest.json                counts, sources (origin, SHA-256, bytes), SHA-256 of every table
@@ -23,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
+import logging
 import os
 import random
 import shutil
@@ -38,15 +43,28 @@ from mmcse.data.senteval import available_transfer_tasks, read_sts_task, read_st
 from mmcse.data.sources import Fetched, fetch_source, real_pairs, senteval_folder
 from mmcse.io import atomic_path, sha256_file, write_bytes, write_json, write_jsonl, write_text
 
+log = logging.getLogger(__name__)
 
-def _generate_pairs(cfg: DataConfig, seed: int, out: Path, test: bool = False) -> tuple[list[dict], list[dict]]:
-    """The demo world's training scenes, or (``test``) the retrieval test scenes: another random
-    stream and other ids (``test00000``), so no test image is a training image."""
+# The demo world's scene sets: (random stream suffix, id prefix, data.demo count key). Each set has
+# its own stream and ids, so no test or validation scene is a training scene (or one another's).
+_DEMO_SETS = {
+    "train": ("images", "img", "num_images"),
+    "test": ("retrieval", "test", "retrieval_images"),
+    "val": ("retrieval-val", "val", "retrieval_val_images"),
+}
+
+def _generate_pairs(cfg: DataConfig, seed: int, out: Path, split: str = "train") -> tuple[list[dict], list[dict]]:
+    """The demo world's training scenes (``split`` train, ids ``img00000``), retrieval test scenes
+    (``test``: ``test00000``) or retrieval validation scenes (``val``: ``val00000``): each from its
+    own random stream (``{seed}-images`` / ``{seed}-retrieval`` / ``{seed}-retrieval-val``), so no
+    evaluation image is a training image and adding the val set changes no train or test scene."""
     d = cfg.demo
-    rng = random.Random(f"{seed}-{'retrieval' if test else 'images'}")
-    prefix, count = ("test", d.retrieval_images) if test else ("img", d.num_images)
+    stream, prefix, count_key = _DEMO_SETS[split]
+    rng = random.Random(f"{seed}-{stream}")
+    count = getattr(d, count_key)
     images, pairs = [], []
-    for i in tqdm(range(count), desc=f"download: drawing {'test ' if test else ''}scenes", unit="img"):
+    label = "" if split == "train" else f"{split} "
+    for i in tqdm(range(count), desc=f"download: drawing {label}scenes", unit="img"):
         image_id = f"{prefix}{i:05d}"
         scene = demo.sample_scene(rng, d.min_objects, d.max_objects)
         picture, labels, boxes = demo.render_scene(scene, d.image_size, rng)
@@ -106,6 +124,12 @@ def retrieval_set_name(pairs: str) -> str:
     return {"flickr30k": "flickr30k_1k", "coco": "coco_5k"}.get(pairs, pairs)
 
 
+def retrieval_val_set_name(pairs: str) -> str:
+    """The retrieval validation set of ``data.pairs``: Karpathy's val split (``flickr30k_val``,
+    ``coco_val``; cut to ``data.val_images``) or the demo world's val scenes (``demo_val``)."""
+    return f"{pairs}_val"
+
+
 def _retrieval_test_set(cfg: DataConfig, seed: int, out: Path, downloads: Path,
                         report: dict[str, Any]) -> tuple[list[dict], list[dict]]:
     """Images and every caption of the retrieval test set (``retrieval/images.jsonl``: the
@@ -114,7 +138,7 @@ def _retrieval_test_set(cfg: DataConfig, seed: int, out: Path, downloads: Path,
     if cfg.pairs == "none":  # text only: no images to retrieve
         return [], []
     if cfg.pairs == "demo":
-        images, pairs = _generate_pairs(cfg, seed, out, test=True)
+        images, pairs = _generate_pairs(cfg, seed, out, "test")
     else:
         # Karpathy's test split; data.splits cannot name it (config validation), so no test image trains
         test_cfg = dataclasses.replace(cfg, splits=["test"], image_limit=0, annotations="none")
@@ -123,6 +147,29 @@ def _retrieval_test_set(cfg: DataConfig, seed: int, out: Path, downloads: Path,
         for key in ("images_missing", "images_unreadable"):
             report[f"retrieval_{key}"] = test_report.get(key, 0)
     # image rows as in images.jsonl (demo: masks and annotated objects too: DUET's regions read them)
+    return images, [{"image_id": p["image_id"], "caption": p["caption"]} for p in pairs]
+
+
+def _retrieval_val_set(cfg: DataConfig, seed: int, out: Path, downloads: Path,
+                       report: dict[str, Any]) -> tuple[list[dict], list[dict]]:
+    """Images and every caption of the retrieval validation set (``retrieval/val_images.jsonl``,
+    ``retrieval/val_captions.jsonl``, the test set's fields): the demo world's val scenes, or the
+    first ``data.val_images`` images of Karpathy's val split (0: all). Empty for ``data.pairs:
+    none``, and when ``data.splits`` trains on val: those images cannot select checkpoints (a
+    method that needs the set refuses that configuration at load; the download itself is valid)."""
+    if cfg.pairs == "none":
+        return [], []
+    if cfg.pairs == "demo":
+        images, pairs = _generate_pairs(cfg, seed, out, "val")
+    elif "val" in cfg.splits:
+        log.warning("data.splits trains on Karpathy's val split: no retrieval validation set written")
+        return [], []
+    else:
+        val_cfg = dataclasses.replace(cfg, splits=["val"], image_limit=cfg.val_images, annotations="none")
+        images, pairs, val_report = real_pairs(val_cfg, out, downloads, allow_empty=True)
+        report["sources"] |= val_report["sources"]
+        for key in ("images_missing", "images_unreadable"):
+            report[f"retrieval_val_{key}"] = val_report.get(key, 0)
     return images, [{"image_id": p["image_id"], "caption": p["caption"]} for p in pairs]
 
 
@@ -209,6 +256,7 @@ def _build(cfg: DataConfig, seed: int, out: Path, downloads: Path, senteval: Pat
         images, pairs, report = real_pairs(cfg, out, downloads)
     pairs = select_captions(pairs, cfg.captions, seed)
     test_images, test_captions = _retrieval_test_set(cfg, seed, out, downloads, report)
+    val_images, val_captions = _retrieval_val_set(cfg, seed, out, downloads, report)
     corpus_file = corpus_source(cfg, downloads)
     corpus = load_corpus(cfg, seed, source=corpus_file)
     if corpus_file is not None:
@@ -228,6 +276,8 @@ def _build(cfg: DataConfig, seed: int, out: Path, downloads: Path, senteval: Pat
     write_jsonl(out / "pairs.jsonl", pairs)
     write_jsonl(out / "retrieval" / "images.jsonl", test_images)
     write_jsonl(out / "retrieval" / "captions.jsonl", test_captions)
+    write_jsonl(out / "retrieval" / "val_images.jsonl", val_images)
+    write_jsonl(out / "retrieval" / "val_captions.jsonl", val_captions)
     write_text(out / "corpus.txt", "\n".join(corpus) + "\n")
     write_jsonl(out / "sts" / "dev.jsonl", dev)
     write_jsonl(out / "sts" / "test.jsonl", test)
@@ -235,6 +285,7 @@ def _build(cfg: DataConfig, seed: int, out: Path, downloads: Path, senteval: Pat
         write_jsonl(out / "transfer" / f"{task}.jsonl", rows)
 
     tables = ["images.jsonl", "pairs.jsonl", "retrieval/images.jsonl", "retrieval/captions.jsonl",
+              "retrieval/val_images.jsonl", "retrieval/val_captions.jsonl",
               "corpus.txt", "sts/dev.jsonl", "sts/test.jsonl",
               *(f"transfer/{task}.jsonl" for task in transfer)]
     counts = {
@@ -246,10 +297,12 @@ def _build(cfg: DataConfig, seed: int, out: Path, downloads: Path, senteval: Pat
         "pairs_with_phrases": sum(1 for p in pairs if p.get("phrases")),
         "retrieval_images": len(test_images),
         "retrieval_captions": len(test_captions),
+        "retrieval_val_images": len(val_images),
+        "retrieval_val_captions": len(val_captions),
         **{f"transfer_{task}": len(rows) for task, rows in transfer.items()},
     }
     for key in ("images_missing", "images_unreadable", "images_without_entities", "retrieval_images_missing",
-                "retrieval_images_unreadable"):
+                "retrieval_images_unreadable", "retrieval_val_images_missing", "retrieval_val_images_unreadable"):
         if key in report:
             counts[key] = report[key]
     manifest = {
@@ -257,6 +310,7 @@ def _build(cfg: DataConfig, seed: int, out: Path, downloads: Path, senteval: Pat
         "pairs": cfg.pairs,
         "splits": list(cfg.splits) if cfg.pairs not in ("demo", "none") else [],
         "retrieval_set": retrieval_set_name(cfg.pairs) if test_images else None,
+        "retrieval_val_set": retrieval_val_set_name(cfg.pairs) if val_images else None,
         "seed": seed,
         "counts": counts,
         "sources": report["sources"],

@@ -26,8 +26,8 @@ given; an image found twice keeps its first row.
 * ``<id>.npy`` ``(n, d)`` features with ``<id>_boxes.npy`` ``(n, 4)`` xyxy pixels beside it.
 
 The last two record no image size: it is read from the image file's header (``images.jsonl`` /
-``retrieval/images.jsonl``). SCAN's ``*_ims.npy`` precomp arrays are not a source: they hold no boxes,
-and Eq. 23 needs them.
+``retrieval/images.jsonl`` / ``retrieval/val_images.jsonl``). SCAN's ``*_ims.npy`` precomp arrays are
+not a source: they hold no boxes, and Eq. 23 needs them.
 
 A file id is the image id as ``images.jsonl`` records it or without its dataset prefix
 (``coco-391895`` → ``391895``, ``flickr30k-1000092795`` → ``1000092795``, what the published files
@@ -98,7 +98,8 @@ FIX_INPUT = "re-download or re-extract the region features"
 BUTD_FIELDS = ("image_id", "image_w", "image_h", "num_boxes", "boxes", "features")
 LXMERT_FIELDS = ("img_id", "img_h", "img_w", "objects_id", "objects_conf", "attrs_id", "attrs_conf", "num_boxes",
                  "boxes", "features")
-IMAGE_TABLES = ("images.jsonl", "retrieval/images.jsonl")
+# training, retrieval test, retrieval validation; a table an older data folder lacks is skipped
+IMAGE_TABLES = ("images.jsonl", "retrieval/images.jsonl", "retrieval/val_images.jsonl")
 BOX_TOLERANCE = 1.0  # pixels a box may reach past the image edge (rounding) before it is an error; then clipped
 FLOAT16_MAX = float(np.finfo(np.float16).max)
 
@@ -342,7 +343,8 @@ def read_npy_regions(folder: str | Path, file_id: str, image_size: tuple[int, in
 
 
 def image_rows(raw_dir: str | Path, tables: Sequence[str] = IMAGE_TABLES) -> dict[str, dict[str, Any]]:
-    """Image rows by id from the data folder's image tables that exist (training, then retrieval test)."""
+    """Image rows by id from the data folder's image tables that exist (training, retrieval test, then
+    retrieval validation; a table an older data folder lacks is skipped)."""
     raw_dir = Path(raw_dir)
     rows: dict[str, dict[str, Any]] = {}
     for table in tables:
@@ -368,7 +370,8 @@ def image_size(path: Path) -> tuple[int, int]:
 def _missing_images(raw_dir: Path, ids: Sequence[str], rows: dict[str, Any], tables: Sequence[str]) -> None:
     missing = [i for i in ids if i not in rows]
     if missing:
-        names = ", ".join(str(raw_dir / t) for t in tables)
+        present = [t for t in tables if (raw_dir / t).is_file()] or list(tables)  # the tables searched
+        names = ", ".join(str(raw_dir / t) for t in present)
         raise KeyError(f"{names}: no image row for {len(missing)} id(s), e.g. {', '.join(missing[:5])}")
 
 

@@ -16,7 +16,9 @@ Architecture (§4.1–4.2, §5.2)::
 With ``shared_layers=0`` each stream ends after its own layers (then the projections map both
 [CLS] states into the joint space). ``tie_shared=False`` keeps the top k layers but gives the text
 stream its own copy: the paper's ablation "w/o shared layers: disables transformer weight sharing"
-(Table 2) at equal depth.
+(Table 2) at equal depth. ``spatial=False`` is the ablation "w/o spatial features: removes
+bounding-box coordinate input" (Table 2): Eq. 24's MLP takes norm(r_i) alone, so b_i never enters
+v_I (below).
 
 Choices where the paper is silent (each is a constructor argument; reasons below):
 
@@ -49,6 +51,12 @@ Choices where the paper is silent (each is a constructor argument; reasons below
   ``reduction`` ("mean" default, "sum" = VSE++'s batch sum, "none" = the per-pair values); the
   objective uses one reduction for all three terms, so λ1, λ2 mean the same at every batch size.
 * Eq. 31 with padding: the 1/n average runs over each image's real regions only.
+* ``spatial=False`` (Table 2's "w/o spatial features") removes b_i from Eq. 24's input only: the
+  MLP's first Linear has ``region_dim`` inputs instead of ``region_dim + 5`` and v_I is a function
+  of the region features alone. The paper names no other change, so the rest of the objective
+  stays: Eq. 30–31's head still regresses b_i (the boxes remain its target, no longer also its
+  input, so at l >= 1 it must read geometry off the appearance features), and λ1 keeps its value.
+  Callers pass boxes as before (the same batches serve both settings).
 * Eq. 29's hardest negatives are taken over j != i; the optional ``ignore`` mask also removes pairs
   that are positives in disguise (two captions of one image in a batch). A batch of one has no
   negatives: its hinge is 0.
@@ -105,19 +113,25 @@ def normalized_boxes(boxes_xyxy: torch.Tensor, width: float, height: float) -> t
 
 
 class RegionEmbedding(nn.Module):
-    """DUET Eq. 24: r̂_i = W2·ReLU(W1[r_i; b_i] + b1) + b2, with r_i normalised first (``region_norm``)."""
+    """DUET Eq. 24: r̂_i = W2·ReLU(W1[r_i; b_i] + b1) + b2, with r_i normalised first (``region_norm``).
 
-    def __init__(self, region_dim: int, out_dim: int, region_norm: str = "layernorm") -> None:
+    ``spatial=False`` (Table 2, "w/o spatial features"): r̂_i = W2·ReLU(W1 r_i + b1) + b2, W1 with
+    ``region_dim`` columns; ``forward`` still takes the boxes (same call either way) and ignores them."""
+
+    def __init__(self, region_dim: int, out_dim: int, region_norm: str = "layernorm", spatial: bool = True) -> None:
         super().__init__()
         if region_norm not in REGION_NORMS:
             raise ValueError(f"region_norm={region_norm!r} is not one of {', '.join(REGION_NORMS)}")
-        self.region_norm = region_norm
+        self.region_norm, self.spatial = region_norm, spatial
         self.norm = nn.LayerNorm(region_dim) if region_norm == "layernorm" else nn.Identity()
-        self.mlp = nn.Sequential(nn.Linear(region_dim + 5, out_dim), nn.ReLU(), nn.Linear(out_dim, out_dim))
+        in_dim = region_dim + 5 if spatial else region_dim  # [r_i; b_i] or r_i alone
+        self.mlp = nn.Sequential(nn.Linear(in_dim, out_dim), nn.ReLU(), nn.Linear(out_dim, out_dim))
 
     def forward(self, regions: torch.Tensor, boxes: torch.Tensor) -> torch.Tensor:
         # regions (B, n, d_v), boxes (B, n, 5) -> (B, n, d)
         r = F.normalize(regions, dim=-1) if self.region_norm == "l2" else self.norm(regions)
+        if not self.spatial:
+            return self.mlp(r)  # (B, n, d): no box input, so no gradient reaches the boxes through here
         return self.mlp(torch.cat([r, boxes.to(r.dtype)], dim=-1))
 
 
@@ -147,6 +161,7 @@ class DuetModel(nn.Module):
     ``forward(input_ids, attention_mask, regions, boxes, region_mask=None, token_type_ids=None)``
     returns :class:`DuetOutput`; :meth:`encode_image` / :meth:`encode_text` run one stream (offline
     indexing, §5.6). ``region_mask (B, n)``: True (or 1) for a real region, False for padding.
+    ``spatial=False``: the boxes are still passed (and shape-checked) but never reach v_I or b̂.
     """
 
     def __init__(
@@ -163,6 +178,7 @@ class DuetModel(nn.Module):
         visual_dim: int | None = None,
         region_norm: str = "layernorm",
         tie_shared: bool = True,
+        spatial: bool = True,
     ) -> None:
         super().__init__()
         if visual_layers < 1:
@@ -179,13 +195,14 @@ class DuetModel(nn.Module):
             )
         visual_dim = joint_dim if visual_dim is None else visual_dim
         text_dim = int(text_backbone.config.hidden_size)
-        self.visual_layers_n, self.shared_layers_n, self.box_layer, self.tie_shared = (
-            visual_layers, shared_layers, box_layer, tie_shared
+        self.visual_layers_n, self.shared_layers_n, self.box_layer, self.tie_shared, self.spatial = (
+            visual_layers, shared_layers, box_layer, tie_shared, spatial
         )
         self.joint_dim, self.visual_dim = joint_dim, visual_dim
 
         self.text = text_backbone
-        self.region_embed = RegionEmbedding(region_dim, visual_dim, region_norm)
+        # spatial=False: Table 2's "w/o spatial features" (b_i out of Eq. 24; still Eq. 31's target)
+        self.region_embed = RegionEmbedding(region_dim, visual_dim, region_norm, spatial)
         self.img_cls = nn.Parameter(torch.randn(1, 1, visual_dim) * 0.02)  # learned [I-CLS], r_0
         self.visual = nn.ModuleList(_encoder_layer(visual_dim, heads, ff_dim, dropout) for _ in range(visual_layers))
         # Into the joint width: before the shared layers, or at the end when there are none.
