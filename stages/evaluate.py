@@ -1,4 +1,5 @@
-"""DVC stage `evaluate`: test-set scores of the best checkpoint (STS, retrieval, NDCG; DUET: retrieval) -> metrics/eval.json."""
+"""DVC stage `evaluate`: test-set scores of the best checkpoint (STS, retrieval, NDCG; DUET: retrieval
+and NDCG) -> metrics/eval.json."""
 
 from pathlib import Path
 

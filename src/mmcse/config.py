@@ -357,7 +357,8 @@ class DuetModelConfig:
         _check(self.visual_dim >= 0, where, p + "visual_dim", "must be >= 0 (0: joint_dim)")
         _check(self.heads >= 1, where, p + "heads", "must be >= 1")
         for name, width in (("joint_dim", self.joint_dim), ("visual_dim", self.visual_dim or self.joint_dim)):
-            _check(width % self.heads == 0, where, p + name, f"{width} is not divisible by model.duet.heads={self.heads}")
+            _check(width % self.heads == 0, where, p + name,
+                   f"{width} is not divisible by model.duet.heads={self.heads}")
         _check(self.ff_dim >= 1, where, p + "ff_dim", "must be >= 1")
         _check(0 <= self.dropout < 1, where, p + "dropout", "must be in [0, 1)")
         depth = self.visual_layers + self.shared_layers

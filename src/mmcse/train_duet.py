@@ -99,7 +99,8 @@ def load_duet(folder: str | Path, device: torch.device | str = "cpu") -> tuple[D
     folder = Path(folder)
     check_model_folder(folder, "retrain it (dvc repro train)", required=BEST_REQUIRED)
     architecture = read_json(folder / DUET_META)["architecture"]
-    model = DuetModel(AutoModel.from_pretrained(folder), **architecture)
+    # built as `mmcse.models.load_backbone` builds it (no pooler: DUET reads the token states)
+    model = DuetModel(AutoModel.from_pretrained(folder, add_pooling_layer=False), **architecture)
     rest = load_file(str(folder / DUET_WEIGHTS))
     missing, unexpected = model.load_state_dict(rest, strict=False)
     missing = [k for k in missing if not k.startswith(TEXT_PREFIX)]
@@ -227,6 +228,36 @@ def split_embeddings(model: DuetModel, split: RetrievalSplit, tokens: TokenTable
 # --------------------------------------------------------------------------- training
 
 
+def duet_step_loss(model: DuetModel, cfg: Config, batch: dict[str, torch.Tensor],
+                   regions: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                   ignore: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Eq. 33's terms (`duet_objective` with ``loss.duet``) of one batch: captions ``batch``
+    (``input_ids``, ``attention_mask`` (B, l)) and their images' ``regions`` = (regions (B, n, d),
+    boxes (B, n, 5), mask (B, n)); ``ignore`` (B, B): `same_image_mask`."""
+    r, boxes, mask = regions
+    out = model(batch["input_ids"], batch["attention_mask"], r, boxes, mask)
+    c = cfg.loss.duet
+    # the objective in fp32: the hinge compares cosines that differ in the third decimal
+    return duet_objective(out.v_img.float(), out.v_txt.float(), out.box_pred.float(), boxes, mask, margin=c.margin,
+                          lambda_box=c.lambda_box, lambda_norm=c.lambda_norm, reduction=c.reduction, ignore=ignore)
+
+
+def duet_optimizer_step(model: DuetModel, cfg: Config, batch: dict[str, torch.Tensor],
+                        regions: tuple[torch.Tensor, torch.Tensor, torch.Tensor], ignore: torch.Tensor | None,
+                        optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                        device: torch.device) -> dict[str, torch.Tensor]:
+    """One DUET training step, as `mmcse.train.optimizer_step` is one student step: the forward pass
+    under ``train.precision``'s autocast, backward (through the fp16 scaler when enabled), the
+    update. Returns the terms, still on the device."""
+    with autocast(cfg.train.precision, device):
+        terms = duet_step_loss(model, cfg, batch, regions, ignore)
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(terms["loss"]).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    return terms
+
+
 def train_duet(
     cfg: Config,
     data_dir: str | Path,
@@ -268,7 +299,6 @@ def train_duet(
         total = min(total, cfg.train.max_steps)
     optimizer, scheduler = build_optimizer(model, cfg, total, device)  # weight_decay 0: Adam, as §5.2
     scaler = grad_scaler(cfg.train.precision, device)
-    loss_cfg = cfg.loss.duet
 
     config_hash = run_definition_hash(cfg)
     last_dir, best_dir = out_dir / "last", out_dir / "best"
@@ -345,17 +375,8 @@ def train_duet(
             regions, boxes, mask = region_batch(data.regions, data.region_rows[idx], device)
             ignore = same_image_mask([data.image_ids[i] for i in idx], device)
             try:
-                with autocast(cfg.train.precision, device):
-                    out = model(batch["input_ids"], batch["attention_mask"], regions, boxes, mask)
-                # the objective in fp32: the hinge compares cosines that differ in the third decimal
-                terms = duet_objective(out.v_img.float(), out.v_txt.float(), out.box_pred.float(), boxes, mask,
-                                       margin=loss_cfg.margin, lambda_box=loss_cfg.lambda_box,
-                                       lambda_norm=loss_cfg.lambda_norm, reduction=loss_cfg.reduction,
-                                       ignore=ignore)
-                optimizer.zero_grad(set_to_none=True)
-                scaler.scale(terms["loss"]).backward()
-                scaler.step(optimizer)
-                scaler.update()
+                terms = duet_optimizer_step(model, cfg, batch, (regions, boxes, mask), ignore, optimizer, scaler,
+                                            device)
             except Exception as err:
                 if _is_out_of_memory(err):
                     raise TrainingOutOfMemory(out_of_memory_message(cfg, state.step + 1, resumed_from)) from None
