@@ -37,6 +37,7 @@ from mmcse.ablate import (
     record_result,
     remember_parent,
     run_job,
+    table_metric,
     write_table,
 )
 from mmcse.config import Config, load_config
@@ -215,7 +216,7 @@ def ablations(
                     print(f"variant {job.variant!r} seed {job.seed} failed after retries: {err}")
                     results.append(failed_result(job, err))
         rows = aggregate(cfg, results)
-        files = write_table(rows, paths.ablations, cfg.ablate.metric, cfg.ablate.reference, cfg.ablate.title)
+        files = write_table(rows, paths.ablations, table_metric(cfg), cfg.ablate.reference, cfg.ablate.title)
         log_ablation(cfg, rows, files, paths, results)
     print(files["md"].read_text())
     return rows

@@ -41,13 +41,17 @@ def shrink(raw: dict) -> dict:
     raw = copy.deepcopy(raw)
     raw["data"]["demo"].update(
         num_images=24, captions_per_image=2, corpus_sentences=160, sts_dev_pairs=30, sts_test_pairs=40,
-        retrieval_images=20,
+        retrieval_images=20, retrieval_val_images=10,
     )
     raw["model"] = copy.deepcopy(TINY_MODEL)
     raw["train"].update(batch_size=8, max_steps=8, eval_steps=4, checkpoint_steps=4, learning_rate=1e-3)
     raw["teachers"]["batch_size"] = 64
     raw["ablate"]["seeds"] = [1, 2]
     return raw
+
+
+# DUET at test size: 2 visual + 1 shared layer, 32 wide (the text stream is TINY_MODEL).
+TINY_DUET = {"visual_layers": 2, "shared_layers": 1, "joint_dim": 32, "heads": 2, "ff_dim": 64}
 
 
 def repo_params() -> dict:

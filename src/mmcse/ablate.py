@@ -251,6 +251,22 @@ def paired_significance(
     return out
 
 
+# A retrieval score named without its test set (a preset that runs on any data: duet-table2)
+BARE_RETRIEVAL = re.compile(r"^(rsum|(i2t|t2i)_R@\d+|((i2t|t2i)_)?NDCG@\d+_\w+)$")
+
+
+def table_metric(cfg: Config) -> str:
+    """The table's primary column: ``ablate.metric``, where a bare retrieval score (``rsum``,
+    ``i2t_R@1``, ``NDCG@25_rouge_l``) gets the data's test set as its prefix (``demo_rsum``,
+    ``flickr30k_1k_rsum``; COCO: the 1K folds the papers' ablations report, ``coco_1k_rsum``)."""
+    from mmcse.data.prepare import retrieval_set_name
+
+    metric = cfg.ablate.metric
+    if not BARE_RETRIEVAL.match(metric):
+        return metric
+    return f"{'coco_1k' if cfg.data.pairs == 'coco' else retrieval_set_name(cfg.data.pairs)}_{metric}"
+
+
 def metric_order(metrics: Sequence[str]) -> list[str]:
     """Table columns: STS tasks (SentEval order, then others by name), their ``avg``, the
     transfer tasks (SentEval order) and ``transfer_avg``."""
@@ -297,7 +313,7 @@ def aggregate(cfg: Config, results: Sequence[dict[str, Any]]) -> list[dict[str, 
         transfer_note = no_transfer_note(cfg)
         metrics.append(TRANSFER_AVG)
     metrics = metric_order(metrics)
-    primary, reference = cfg.ablate.metric, cfg.ablate.reference
+    primary, reference = table_metric(cfg), cfg.ablate.reference
     tests = paired_significance([r for rs in by_variant.values() for r in rs], reference, metrics)
     rows = []
     for name, rs in by_variant.items():

@@ -702,7 +702,9 @@ def log_ablation(cfg: Config, rows: list[dict[str, Any]], files: dict[str, Path]
     def finite(value: Any) -> Any:  # JSON has no NaN
         return value if not isinstance(value, float) or math.isfinite(value) else None
 
-    metric = cfg.ablate.metric
+    from mmcse.ablate import table_metric
+
+    metric = table_metric(cfg)
     mlflow.log_metrics(aggregate_metrics(rows))
     if results is not None:
         jobs = [{k: r.get(k) for k in ("variant", "seed", "status", "run_id", "artifacts", "error") if k in r}

@@ -4,9 +4,10 @@ A profile file ``profiles/<paper>.yaml`` holds dotted overrides in three groups:
 (the paper's method, teachers, τ, λ, μ, margins, evaluation every 125 steps, 5 seeds),
 ``data`` (``flickr`` / ``coco``) and ``model`` (``bert`` / ``roberta``: checkpoint, learning
 rate, batch size, encoder-specific teachers). The profile ``<paper>-<data>-<model>`` is the
-three merged in that order. Applying one writes the values into ``params.yaml`` itself (its
-comments and layout kept), so DVC sees ordinary parameter changes, ``dvc params diff`` shows
-them and every stage reruns exactly where a value changed.
+three merged in that order; a file without a ``model`` group (DUET, whose text stream its
+``common`` group names) defines ``<paper>-<data>``. Applying one writes the values into
+``params.yaml`` itself (its comments and layout kept), so DVC sees ordinary parameter changes,
+``dvc params diff`` shows them and every stage reruns exactly where a value changed.
 """
 
 from __future__ import annotations
@@ -29,25 +30,40 @@ def _read(file: Path) -> dict[str, Any]:
     return read_keyed_yaml(file, PROFILE_GROUPS)
 
 
-def list_profiles(folder: str | Path) -> list[str]:
-    """Every ``<paper>-<data>-<model>`` name the files in ``folder`` define."""
-    names = []
+def _profiles(folder: Path) -> dict[str, tuple[Path, str, str | None]]:
+    """Every profile name the files in ``folder`` define -> (file, data group, model group): a file
+    with a ``model`` group names ``<paper>-<data>-<model>``, one without (DUET: one text encoder,
+    set in ``common``) ``<paper>-<data>``."""
+    names: dict[str, tuple[Path, str, str | None]] = {}
     for file in sorted(Path(folder).glob("*.yaml")):
         raw = _read(file)
-        names += [f"{file.stem}-{d}-{m}" for d in raw.get("data") or {} for m in raw.get("model") or {}]
+        models = list(raw.get("model") or {})
+        for d in raw.get("data") or {}:
+            if models:
+                names |= {f"{file.stem}-{d}-{m}": (file, d, m) for m in models}
+            else:
+                names[f"{file.stem}-{d}"] = (file, d, None)
     return names
+
+
+def list_profiles(folder: str | Path) -> list[str]:
+    """Every profile name the files in ``folder`` define (`_profiles`)."""
+    return list(_profiles(Path(folder)))
 
 
 def profile_overrides(name: str, folder: str | Path) -> dict[str, Any]:
     """The dotted overrides of profile ``name`` (``common``, then ``data``, then ``model``)."""
     folder = Path(folder)
-    available = list_profiles(folder)
+    available = _profiles(folder)
     if name not in available:
         raise ConfigError(f"unknown profile {name!r}; profiles in {folder}: {', '.join(available) or 'none'}")
-    paper, data, model = name.rsplit("-", 2)
-    raw = _read(folder / f"{paper}.yaml")
+    file, data, model = available[name]
+    raw = _read(file)
     overrides: dict[str, Any] = {}
-    for group in (raw.get("common") or {}, raw["data"][data] or {}, raw["model"][model] or {}):
+    groups = [raw.get("common") or {}, raw["data"][data] or {}]
+    if model is not None:
+        groups.append(raw["model"][model] or {})
+    for group in groups:
         overrides.update(group)
     return overrides
 
