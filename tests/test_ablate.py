@@ -121,7 +121,8 @@ def test_every_preset_loads_in_the_papers_row_order(preset):
 def test_unknown_preset_lists_the_available_ones():
     from mmcse.config import ConfigError, load_config
 
-    presets = "baselines, dalr-table3, dalr-table9, kdmcse-margin, kdmcse-table3, kdmcse-table5, mcseo"
+    presets = ("baselines, dalr-table3, dalr-table9, duet-table1, duet-table2, kdmcse-margin, kdmcse-table3, "
+               "kdmcse-table5, mcseo")
     with pytest.raises(ConfigError, match=f"ablate.preset.*{presets}"):
         load_config(REPO / "params.yaml", {"ablate.preset": "dalr-table4"})
 

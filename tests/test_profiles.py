@@ -25,10 +25,10 @@ def project(tmp_path):
     return tmp_path
 
 
-def test_every_paper_has_four_profiles():
-    assert list_profiles(PROFILES) == [
-        f"{paper}-{data}-{model}" for paper in ("dalr", "kdmcse", "mcseo")
-        for data in ("flickr", "coco") for model in ("bert", "roberta")]
+def test_every_paper_has_four_profiles_and_duet_one_per_dataset():
+    students = [f"{paper}-{data}-{model}" for paper in ("dalr", "kdmcse", "mcseo")
+                for data in ("flickr", "coco") for model in ("bert", "roberta")]
+    assert sorted(list_profiles(PROFILES)) == sorted([*students, "duet-coco", "duet-flickr"])
 
 
 # (lr, batch, method, preset) as each paper prints them
@@ -39,6 +39,8 @@ EXPECTED = {
     "dalr-coco-roberta": (1e-5, 128, "dalr", "dalr-table3"),
     "mcseo-flickr-bert": (3e-5, 64, "mcseo", "mcseo"),
     "mcseo-flickr-roberta": (1e-5, 64, "mcseo", "mcseo"),
+    "duet-coco": (2e-5, 90, "duet", "duet-table2"),  # §5.2: Adam 2e-5, batch 90
+    "duet-flickr": (2e-5, 90, "duet", "duet-table2"),
 }
 
 
@@ -49,7 +51,7 @@ def test_each_profile_gives_valid_params_with_the_papers_numbers(project, name):
     assert changed
     cfg = load_config(project / "params.yaml")
     text = (project / "params.yaml").read_text()
-    paper, data, model = name.split("-")
+    paper, data, model = name.split("-") if not name.startswith("duet-") else (*name.split("-"), "bert")
     # every comment of the original file is still there (but those of replaced list items)
     lines = original.splitlines()
     if paper == "dalr":  # teachers.text is replaced: its items' comments go with them
@@ -60,10 +62,14 @@ def test_each_profile_gives_valid_params_with_the_papers_numbers(project, name):
     assert [c for c in comments if c not in text] == []
     assert cfg.model.name_or_path == {"bert": "bert-base-uncased", "roberta": "roberta-base"}[model]
     assert cfg.data.pairs == {"flickr": "flickr30k", "coco": "coco"}[data]
-    assert cfg.data.corpus == "wiki1m" and cfg.data.source == "senteval" and cfg.data.senteval_dir == "download"
-    assert cfg.model.max_seq_len == 32 and cfg.train.eval_steps == 125 and cfg.train.max_steps == 0
-    assert cfg.ablate.seeds == [1, 2, 3, 4, 5] and cfg.loss.temperature == 0.05
-    assert cfg.evaluate.pooler == "cls_before_pooler"
+    assert cfg.model.max_seq_len == 32 and cfg.train.max_steps == 0 and cfg.ablate.seeds == [1, 2, 3, 4, 5]
+    if paper == "duet":  # a retrieval model: no corpus or STS; 30 epochs, val rsum every 2,000 steps
+        assert (cfg.train.epochs, cfg.train.eval_steps, cfg.model.duet.joint_dim) == (30, 2000, 1024)
+        assert cfg.regions.source == {"coco": "tsv", "flickr": "npy"}[data] and cfg.regions.dim == 2048
+    else:
+        assert cfg.data.corpus == "wiki1m" and cfg.data.source == "senteval" and cfg.data.senteval_dir == "download"
+        assert cfg.train.eval_steps == 125 and cfg.loss.temperature == 0.05
+        assert cfg.evaluate.pooler == "cls_before_pooler"
     if name in EXPECTED:
         lr, batch, method, preset = EXPECTED[name]
         assert (cfg.train.learning_rate, cfg.train.batch_size, cfg.train.method) == (lr, batch, method)

@@ -248,3 +248,14 @@ def test_duet_presets_and_profiles_resolve(tmp_path):
     vse = table1.ablate.variants["VSE++-style"]
     assert vse["model.duet.shared_layers"] == 0 and vse["loss.duet.lambda_box"] == 0
     assert vse["loss.duet.lambda_norm"] == 0 and vse["train.method"] == "duet"
+
+
+def test_a_sweep_can_name_duets_margin_shared_layers_and_lambdas():
+    space = {"loss.duet.margin": {"type": "float", "low": 0.1, "high": 0.3},
+             "model.duet.shared_layers": {"type": "int", "low": 0, "high": 2},
+             "loss.duet.lambda_box": {"type": "float", "low": 0.01, "high": 1.0, "log": True},
+             "loss.duet.lambda_norm": {"type": "float", "low": 0.01, "high": 1.0, "log": True}}
+    cfg = load_config(REPO / "params.yaml", {"train.method": "duet", "sweep.space": space})
+    assert set(cfg.sweep.space) == set(space)
+    trial = with_overrides(cfg, {"loss.duet.margin": 0.25, "model.duet.shared_layers": 0})
+    assert (trial.loss.duet.margin, trial.model.duet.shared_layers) == (0.25, 0)
