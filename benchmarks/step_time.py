@@ -1,28 +1,70 @@
-"""Training-step time and memory of every method relative to a SimCSE step (same student, same batch).
+"""Training-step time and memory of every method relative to a SimCSE and an MCSE step (same student, same batch).
 
     python benchmarks/step_time.py --device cuda --precision bf16 --student bert-base --batch-size 64 128
     python benchmarks/step_time.py --device cpu --student tiny --batch-size 32 --repeats 20
     python benchmarks/step_time.py --params params.yaml --teachers data/teachers   # the project's model and cache
 
-A step is :func:`mmcse.train.optimizer_step` — the forward pass (two dropout views as one
-doubled batch) under ``train.precision``'s autocast, the method's loss terms on cached
-teacher features, backward through the fp16 loss scaler when enabled, and the AdamW update
-(fused on CUDA, :func:`mmcse.train.build_optimizer`) — exactly what ``train`` runs per
-batch, with the same deterministic-algorithm and TF32 settings. Data loading is not timed:
-the batch and its features are on the device before the clock starts.
+A student step (simcse, mcse, kdmcse, dalr, mcseo) is :func:`mmcse.train.optimizer_step` — the
+forward pass (two dropout views as one doubled batch) under ``train.precision``'s autocast, the
+method's loss terms on cached teacher features, backward through the fp16 loss scaler when
+enabled, and the AdamW update (fused on CUDA, :func:`mmcse.train.build_optimizer`) — exactly what
+``train`` runs per batch, with the same deterministic-algorithm and TF32 settings. A DUET step is
+:func:`mmcse.train_duet.duet_optimizer_step`, what ``train_duet`` runs per batch. Data loading is
+not timed: the batch, its features and regions are on the device before the clock starts.
+
+What one step of each method contains, for a batch of B captions (B images):
+
+* ``simcse``: 2B sentences (each caption twice, two dropout masks) through the student and its
+  MLP pooler; the in-batch InfoNCE; backward; AdamW over the student.
+* ``mcse``: the same 2B-sentence pass, plus the projection heads on the [CLS] states and on the
+  B cached 2048-d image features, and the sentence–image InfoNCE term.
+* ``kdmcse``: the 2B-sentence pass, plus projections of the cached 512-d CLIP text/image
+  features and the teacher-filtered, margin-adjusted contrastive terms.
+* ``dalr``: the 2B-sentence pass, plus L_info on the projected CLIP image features, the
+  cross-modal terms (consistency MLPs, L_CMA against CLIP) and the intra-modal ones (ListMLE
+  ranking, L_IMA) against two 768-d text teachers.
+* ``mcseo``: the 2B-sentence pass, plus the image term and the object–phrase term (3
+  phrase spans per caption, mean-pooled, against 2048-d object features).
+* ``duet``: ONE pass of the B captions (no dropout-doubled batch) through the same student
+  backbone (DUET's text stream, Eq. 25), its projection and the shared top layers; plus the
+  visual stream: B × 36 regions (+ the [I-CLS] token) through Eq. 24's MLP, the visual-only and
+  the shared Transformer layers and the box head (Eq. 30); Eq. 33's hinge + box + norm terms;
+  backward; AdamW over the text stream and every added layer. The visual stream is new
+  compute the students do not have; the caption pass is half of theirs.
+
+The students' terms are those the params file's ``loss.*`` switches on (the repo's
+``params.yaml`` unless ``--params``), DUET's ``loss.duet``.
 
 Students: ``bert-base`` (``BertModel(BertConfig())``), ``roberta-base`` (``RobertaModel(
 RobertaConfig())``), ``tiny`` (2 layers, 64 wide: quick CPU runs) — random weights, nothing
 downloaded — or ``--params FILE``: the project's ``model.*`` (:func:`mmcse.models.load_backbone`).
-Every method starts from the same initial weights. Features are random with the papers'
-shapes (2048-d ResNet-50 image and object features, 512-d CLIP ViT-B/32 joint space, two
-768-d text teachers, 3 object–phrase pairs per caption), or with ``--teachers DIR`` read
-from a teacher cache (its ``../raw`` and ``../objects`` beside it) for real captions.
+Every method starts from the same initial weights (DUET's text stream is a copy of the same
+backbone, built into ``DuetModel(backbone, **duet_architecture(cfg, region_dim))``). Features are
+random with the papers' shapes (2048-d ResNet-50 image and object features, 512-d CLIP ViT-B/32
+joint space, two 768-d text teachers, 3 object–phrase pairs per caption; DUET: 36 regions × 2048-d
+per image, boxes ``normalized_boxes`` (Eq. 23) of random valid boxes in a 640 × 480 image, every
+region valid), or with ``--teachers DIR`` read from a teacher cache (its ``../raw`` and
+``../objects`` beside it) for real captions. DUET's regions in ``--teachers`` mode: the first
+region set in ``DIR/../regions`` (``cache_regions``, by folder name) that holds the images of the
+timed pairs gives their rows (its width and region count; two captions of one image in a batch
+are not each other's negatives, as in ``train_duet``); with no such set they are random as above.
+
+DUET's architecture (``--duet-size``): ``paper`` = ``mmcse.config.DuetModelConfig()``'s defaults
+(§5.2: 4 visual-only + 2 shared layers, joint width 1024, 16 heads, feed-forward 4096), ``demo`` =
+this repo's ``params.yaml`` ``model.duet`` (joint 256, 4 heads, feed-forward 1024). The default
+follows the student: ``tiny`` -> demo, ``bert-base`` / ``roberta-base`` -> paper; with
+``--params`` the file's own ``model.duet``. ``--compile`` compiles the students' backbones only
+(``train_duet`` does not compile, so neither does the DUET run here).
+
+Batch size: DUET's paper trains with 90 image–caption pairs per batch, the students' papers
+with 64 (BERT) / 128 (RoBERTa). This benchmark times every method at the SAME batch size, one
+row (and one ratio) per ``--batch-size`` given; pass e.g. ``--batch-size 64 90`` and compare the
+DUET cell of B = 90 with the MCSE cell of B = 64 for the papers' settings.
 
 Methods are interleaved within each repeat (the order rotates), so a change in machine
 speed hits them alike; warm-up rounds are not counted; on CUDA the device is synchronized
-before each clock read. Prints the median step time, its ratio to SimCSE in the same run,
-and peak memory, then a markdown table; ``--json FILE`` writes the numbers.
+before each clock read. Prints the median step time, its ratio to SimCSE and to MCSE in the
+same run, and peak memory, then markdown tables; ``--json FILE`` writes the numbers.
 """
 
 from __future__ import annotations
@@ -30,7 +72,6 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import json
 import os
 import platform
 import resource
@@ -45,7 +86,8 @@ from typing import Any, NoReturn
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-METHODS = ("simcse", "mcse", "kdmcse", "dalr", "mcseo")
+STUDENT_METHODS = ("simcse", "mcse", "kdmcse", "dalr", "mcseo")
+METHODS = (*STUDENT_METHODS, "duet")
 STUDENTS = ("tiny", "bert-base", "roberta-base")
 # The papers' cached-feature shapes: ResNet-50 pooled features (MCSE / MCSEO images and
 # object crops), CLIP ViT-B/32's 512-d projection space (KDMCSE / DALR, the profiles'
@@ -54,6 +96,12 @@ PAPER_IMAGE_DIM = 2048
 PAPER_JOINT_DIM = 512
 PAPER_TEXT_TEACHERS = ((768, 0.33), (768, 0.67))
 OBJECTS_PER_CAPTION = 3
+# DUET §4.1.1 / §5.2: the top 36 bottom-up-attention regions per image, 2048-d each; boxes in a
+# COCO-sized image (Eq. 23 divides by its width and height).
+PAPER_REGIONS = 36
+PAPER_REGION_DIM = 2048
+BOX_IMAGE_SIZE = (640, 480)
+DUET_SIZES = ("paper", "demo")
 MIB = 2**20
 
 
@@ -199,6 +247,57 @@ def synthetic_features(need: set[str], lengths: Sequence[int], g: torch.Generato
     return feats
 
 
+def synthetic_regions(batch_size: int, g: torch.Generator, n_regions: int = PAPER_REGIONS,
+                      region_dim: int = PAPER_REGION_DIM) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """DUET's inputs for ``batch_size`` images on the CPU: ``(regions (B, n, d), boxes (B, n, 5),
+    mask (B, n))``: post-ReLU random features (bottom-up-attention features are >= 0), boxes
+    ``normalized_boxes`` (Eq. 23) of random valid x1 <= x2, y1 <= y2 boxes in a 640 × 480 image,
+    every region valid (the 36-box files have no padding)."""
+    from mmcse.methods.duet import normalized_boxes
+
+    width, height = BOX_IMAGE_SIZE
+    regions = torch.randn(batch_size, n_regions, region_dim, generator=g).relu()  # (B, n, d)
+    xs = torch.rand(batch_size, n_regions, 2, generator=g).sort(dim=-1).values * width  # (B, n, 2): x1 <= x2
+    ys = torch.rand(batch_size, n_regions, 2, generator=g).sort(dim=-1).values * height  # (B, n, 2): y1 <= y2
+    xyxy = torch.stack([xs[..., 0], ys[..., 0], xs[..., 1], ys[..., 1]], dim=-1)  # (B, n, 4) pixels
+    boxes = normalized_boxes(xyxy, width, height)  # (B, n, 5)
+    return regions, boxes, torch.ones(batch_size, n_regions, dtype=torch.bool)
+
+
+def duet_size_overrides(size: str) -> dict[str, Any]:
+    """``model.duet.*`` overrides of a ``--duet-size``: ``paper`` = :class:`mmcse.config.DuetModelConfig`'s
+    defaults (§5.2), ``demo`` = the repo's params.yaml ``model.duet``."""
+    from mmcse.config import ConfigError, DuetModelConfig, load_config
+
+    if size == "paper":
+        duet = DuetModelConfig()
+    elif size == "demo":
+        try:
+            duet = load_config(REPO / "params.yaml").model.duet
+        except ConfigError as err:
+            fail(str(err))
+    else:
+        fail(f"--duet-size {size!r}: choose one of {', '.join(DUET_SIZES)}")
+    return {f"model.duet.{k}": v for k, v in dataclasses.asdict(duet).items()}
+
+
+def find_region_store(regions_dir: Path, image_ids: Sequence[str]) -> Any:
+    """The first region set (by folder name) in ``regions_dir`` holding every image of ``image_ids``
+    (:class:`mmcse.detection.regions.RegionStore`), or None; sets that fail to open are skipped."""
+    from mmcse.detection.regions import RegionStore
+
+    wanted = set(image_ids)
+    for index in sorted(regions_dir.glob("*/index.json")) if regions_dir.is_dir() else []:
+        try:
+            store = RegionStore.open(index.parent)
+        except Exception as err:  # a damaged set: cache_regions rebuilds it; random regions here
+            print(f"skipping region set {index.parent}: {err}")
+            continue
+        if wanted <= set(store.ids):
+            return store
+    return None
+
+
 def tensors_bytes(*groups: Any) -> int:
     """Bytes of the distinct tensors in ``groups`` (modules' parameters and gradients,
     optimizers' state, dicts / lists / BatchFeatures of tensors)."""
@@ -225,6 +324,9 @@ def tensors_bytes(*groups: Any) -> int:
         elif isinstance(group, dict):
             for v in group.values():
                 add(v)
+        elif isinstance(group, (tuple, list)):
+            for v in group:
+                add(v)
     return sum(seen.values())
 
 
@@ -248,7 +350,10 @@ def peak_rss_mib() -> float:
 
 @dataclasses.dataclass
 class Run:
-    """One method's student, optimizer, scaler and inputs for one batch size."""
+    """One method's model, optimizer, scaler and inputs for one batch size. A DUET run has
+    ``regions`` (regions (B, n, d), boxes (B, n, 5), mask (B, n)) and ``ignore`` (B, B)
+    (:func:`mmcse.train_duet.same_image_mask`) and no ``feats``; its ``student`` is the
+    :class:`mmcse.methods.duet.DuetModel`."""
 
     cfg: Any
     on: dict[str, bool]
@@ -258,6 +363,8 @@ class Run:
     batch: dict[str, torch.Tensor]
     feats: Any
     pair_batch: bool = True
+    regions: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    ignore: torch.Tensor | None = None
 
 
 def make_run(cfg: Any, base: torch.nn.Module, batch: dict[str, torch.Tensor], feats: Any, device: torch.device,
@@ -275,21 +382,47 @@ def make_run(cfg: Any, base: torch.nn.Module, batch: dict[str, torch.Tensor], fe
                batch, feats, pair_batch)
 
 
-def timed_step(run: Run, device: torch.device, seed: int) -> tuple[float, int]:
-    """One :func:`mmcse.train.optimizer_step`: (seconds, peak device bytes the method alone
-    would need — its weights, gradients, AdamW state and inputs plus the step's transient
-    peak on top; 0 on the CPU)."""
+def make_duet_run(cfg: Any, base: torch.nn.Module, batch: dict[str, torch.Tensor],
+                  regions: tuple[torch.Tensor, torch.Tensor, torch.Tensor], ignore: torch.Tensor,
+                  device: torch.device, total_steps: int) -> Run:
+    """A copy of the DUET model ``base`` with ``train_duet``'s optimizer and scaler (no compile:
+    ``train_duet`` does not compile)."""
+    from mmcse.precision import grad_scaler
+    from mmcse.train import build_optimizer
+
+    model = copy.deepcopy(base).to(device).train()
+    optimizer, _ = build_optimizer(model, cfg, total_steps, device)
+    return Run(cfg, {}, model, optimizer, grad_scaler(cfg.train.precision, device), batch, None,
+               regions=regions, ignore=ignore)
+
+
+def run_step(run: Run, device: torch.device, seed: int) -> dict[str, torch.Tensor]:
+    """The training step of the run's method: :func:`mmcse.train_duet.duet_optimizer_step` for
+    DUET, :func:`mmcse.train.optimizer_step` for the students. Returns the loss terms."""
+    if run.regions is not None:
+        from mmcse.train_duet import duet_optimizer_step
+
+        return duet_optimizer_step(run.student, run.cfg, run.batch, run.regions, run.ignore, run.optimizer,
+                                   run.scaler, device)
     from mmcse.train import optimizer_step
 
+    return optimizer_step(run.student, run.cfg, run.batch, run.feats, run.pair_batch, run.optimizer, run.scaler,
+                          device, seed=seed, on=run.on)
+
+
+def timed_step(run: Run, device: torch.device, seed: int) -> tuple[float, int]:
+    """One :func:`run_step`: (seconds, peak device bytes the method alone would need — its
+    weights, gradients, AdamW state and inputs plus the step's transient peak on top; 0 on
+    the CPU)."""
     resident = 0
     synchronize(device)
     if device.type == "cuda":
-        resident = tensors_bytes(run.student, run.optimizer, run.batch, run.feats)
+        resident = tensors_bytes(run.student, run.optimizer, run.batch, run.feats,
+                                 [*(run.regions or ()), run.ignore])
         before = torch.cuda.memory_allocated(device)
         torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()
-    optimizer_step(run.student, run.cfg, run.batch, run.feats, run.pair_batch, run.optimizer, run.scaler, device,
-                   seed=seed, on=run.on)
+    run_step(run, device, seed)
     synchronize(device)
     seconds = time.perf_counter() - start
     peak = resident + torch.cuda.max_memory_allocated(device) - before if device.type == "cuda" else 0
@@ -335,16 +468,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--params", default=None, metavar="FILE",
                         help="use this params file's model.* as the student (load_backbone) instead of --student")
     parser.add_argument("--teachers", default=None, metavar="DIR",
-                        help="read captions and features from this teacher cache (DIR/../raw, DIR/../objects)")
+                        help="read captions and features from this teacher cache (DIR/../raw, DIR/../objects); "
+                             "DUET's regions from the first set in DIR/../regions holding the pairs' images, "
+                             "else random")
     parser.add_argument("--batch-size", type=int, nargs="+", default=[64])
     parser.add_argument("--seq-len", type=int, default=32, help="padded tokens per sentence (synthetic batches)")
     parser.add_argument("--repeats", type=int, default=40, help="timed rounds (each runs every method once)")
     parser.add_argument("--warmup", type=int, default=3, help="uncounted rounds first")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-    parser.add_argument("--compile", action="store_true", help="torch.compile the backbone (train.compile)")
+    parser.add_argument("--duet-size", default=None, choices=DUET_SIZES,
+                        help="DUET's added layers: paper (DuetModelConfig defaults: 4 visual + 2 shared layers, "
+                             "joint 1024, 16 heads, ff 4096) or demo (params.yaml: joint 256, 4 heads, ff 1024); "
+                             "default: demo for --student tiny, paper for bert-base / roberta-base, the file's "
+                             "model.duet with --params")
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile the students' backbones (train.compile; DUET is not compiled, as in "
+                             "train_duet)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, metavar="FILE", help="write the numbers here")
     args = parser.parse_args(argv)
+    args.methods = list(dict.fromkeys(args.methods))  # each once, in the order given
     if args.params and args.student:
         parser.error("--params and --student both name the student: give one")
     if args.repeats < 1 or args.warmup < 0:
@@ -382,6 +525,13 @@ def markdown_tables(results: list[dict[str, Any]], methods: Sequence[str], preci
             cells.append(f"{ms:.1f}" if m == "simcse" or ratio is None else f"{ms:.1f} ({ratio:.2f}×)")
         lines.append(f"| {r['batch_size']} | {r['tokens']} | {precision} | " + " | ".join(cells) + " |")
     lines.append("")
+    if "mcse" in methods:
+        lines.append("| B | " + " | ".join(f"{m} ÷ mcse" for m in methods) + " |")
+        lines.append("|" + "---|" * (len(methods) + 1))
+        for r in results:
+            lines.append(f"| {r['batch_size']} | "
+                         + " | ".join(f"{r['methods'][m]['ratio_mcse']:.2f}×" for m in methods) + " |")
+        lines.append("")
     if device.type == "cuda":
         lines.append("| B | " + " | ".join(f"{m} peak MiB" for m in methods) + " |")
         lines.append("|" + "---|" * (len(methods) + 1))
@@ -389,7 +539,7 @@ def markdown_tables(results: list[dict[str, Any]], methods: Sequence[str], preci
             lines.append(f"| {r['batch_size']} | "
                          + " | ".join(f"{r['methods'][m]['peak_mib']:.0f}" for m in methods) + " |")
     else:
-        lines.append("| B | peak RSS MiB (process, all students resident) |")
+        lines.append("| B | peak RSS MiB (process, every method's model resident) |")
         lines.append("|---|---|")
         for r in results:
             lines.append(f"| {r['batch_size']} | {r['peak_rss_mib']:.0f} |")
@@ -404,16 +554,25 @@ def main(argv: Sequence[str] | None = None) -> None:
     setup_like_train(device)
 
     from mmcse.config import with_overrides
+    from mmcse.methods.duet import DuetModel
     from mmcse.methods.objectives import needed_features
     from mmcse.models import Student, load_backbone, load_tokenizer
     from mmcse.tokens import tokenize_texts
     from mmcse.train import TrainData
+    from mmcse.train_duet import duet_architecture, same_image_mask
 
     guard_teachers()
     base_cfg = load_base_config(args.params, precision, args.compile)
-    cfgs = {m: with_overrides(base_cfg, {"train.method": m}) for m in args.methods}
+    students = [m for m in args.methods if m != "duet"]
+    student_name = None if args.params else args.student or ("bert-base" if device.type == "cuda" else "tiny")
+    duet_size = args.duet_size or (None if args.params else "demo" if student_name == "tiny" else "paper")
+    cfgs = {m: with_overrides(base_cfg, {"train.method": m}) for m in students}
+    if "duet" in args.methods:
+        cfgs["duet"] = with_overrides(base_cfg, {"train.method": "duet",
+                                                 **(duet_size_overrides(duet_size) if duet_size else {})})
 
     data = None
+    region_store = None
     if args.teachers:
         teachers = Path(args.teachers)
         if not (teachers / "manifest.json").is_file():
@@ -421,45 +580,68 @@ def main(argv: Sequence[str] | None = None) -> None:
                  "(dvc repro cache_teachers)")
         data = TrainData.load(teachers.parent / "raw", teachers, teachers.parent / "objects")
         image_dim, joint_dim = data.image_features.dim, data.joint_image.dim
+        # the first pairs with object–phrase pairs, so the MCSEO step has its full term
+        with_objects = [i for i, p in enumerate(data.pair_ids) if p in data.objects][:max(args.batch_size)]
+        if "duet" in args.methods:
+            region_store = find_region_store(teachers.parent / "regions", [data.image_ids[i] for i in with_objects])
     else:
         image_dim, joint_dim = PAPER_IMAGE_DIM, PAPER_JOINT_DIM
+    n_regions, region_dim = ((region_store.max_regions, region_store.dim) if region_store is not None
+                             else (PAPER_REGIONS, PAPER_REGION_DIM))
 
     torch.manual_seed(args.seed)
     if args.params:
         backbone = load_backbone(base_cfg.model, dropout=base_cfg.train.dropout)
         student_name = f"{base_cfg.model.name_or_path} ({base_cfg.model.init}, from {args.params})"
     else:
-        student_name = args.student or ("bert-base" if device.type == "cuda" else "tiny")
         backbone = build_backbone(student_name, dropout=base_cfg.train.dropout)
-    base = Student(backbone, image_dim, base_cfg.model.proj_dim, joint_dim)
     vocab_size, pad_id = backbone.config.vocab_size, backbone.config.pad_token_id or 0
+    duet_base = None
+    if "duet" in args.methods:  # its text stream: a copy of the students' initial backbone
+        duet_base = DuetModel(copy.deepcopy(backbone), **duet_architecture(cfgs["duet"], region_dim))
+    base = Student(backbone, image_dim, base_cfg.model.proj_dim, joint_dim)
 
     print(f"device: {device_description(device)}")
     print(f"torch {torch.__version__}, precision {precision}, student {student_name} "
           f"({parameter_count(base) / 1e6:.1f}M parameters with heads), compile {args.compile}")
     print(f"features: {'teacher cache ' + str(args.teachers) if data else 'synthetic'} (image {image_dim}-d, "
           f"joint {joint_dim}-d); median of {args.repeats} rounds after {args.warmup} warm-up rounds")
+    duet_info = None
+    if duet_base is not None:
+        d = cfgs["duet"].model.duet
+        regions_from = str(region_store.folder) if region_store is not None else "synthetic"
+        duet_info = {"size": duet_size or f"model.duet of {args.params}",
+                     "architecture": duet_architecture(cfgs["duet"], region_dim),
+                     "parameters": parameter_count(duet_base), "regions": regions_from, "n_regions": n_regions,
+                     "region_dim": region_dim}
+        print(f"duet: {duet_info['size']} ({d.visual_layers} visual + {d.shared_layers} shared layers, joint "
+              f"{d.joint_dim}, {d.heads} heads, ff {d.ff_dim}; {duet_info['parameters'] / 1e6:.1f}M parameters); "
+              f"regions {regions_from} ({n_regions} × {region_dim}-d per image)")
 
     results = []
     for batch_size in args.batch_size:
         g = torch.Generator().manual_seed(args.seed * 1000 + batch_size)
+        regions = None
         if data is not None:
-            # the first pairs with object–phrase pairs, so the MCSEO step has its full term
-            idx = [i for i, p in enumerate(data.pair_ids) if p in data.objects][:batch_size]
+            idx = with_objects[:batch_size]
             if len(idx) < batch_size:
                 fail(f"--batch-size {batch_size}: the cache has only {len(idx)} pairs with objects")
             tokenizer = load_tokenizer(base_cfg.model.name_or_path)
             batch = tokenize_texts(tokenizer, [data.captions[i] for i in idx], base_cfg.model.max_seq_len).batch(
                 range(len(idx)), device)
             feats = {m: data.pair_features(idx, needed_features(cfgs[m], pair_batch=True), device)
-                     for m in args.methods}
+                     for m in students}
+            image_ids = [data.image_ids[i] for i in idx]
+            if region_store is not None:
+                r, b, mask = region_store.rows(image_ids)
+                regions = tuple(torch.from_numpy(a) for a in (r, b, mask))
         else:
             lengths = synthetic_lengths(batch_size, args.seq_len, g)
             batch = {k: v.to(device) for k, v in synthetic_batch(lengths, vocab_size, pad_id, g).items()}
             # one draw of every group, so each method reads the same numbers for a group
             every = synthetic_features({"image", "joint", "text_teachers", "objects"}, lengths, g, image_dim, joint_dim)
             feats = {}
-            for m in args.methods:
+            for m in students:
                 need = needed_features(cfgs[m], pair_batch=True)
                 keep = {f.name: getattr(every, f.name) for f in dataclasses.fields(every)}
                 for group, names in {"image": ["image"], "joint": ["joint_text", "joint_image"],
@@ -468,22 +650,33 @@ def main(argv: Sequence[str] | None = None) -> None:
                     if group not in need:
                         keep.update(dict.fromkeys(names))
                 feats[m] = type(every)(**keep).to(device)
+            image_ids = [f"image-{i}" for i in range(batch_size)]  # one image per caption
+        if duet_base is not None and regions is None:
+            regions = synthetic_regions(batch_size, g, n_regions, region_dim)
         tokens = batch["input_ids"].shape[1]
         print(f"\nbatch {batch_size} × {tokens} tokens (pair batch: every image term on)")
         reset_peak_rss()
         runs = {m: make_run(cfgs[m], base, batch, feats[m], device, args.warmup + args.repeats, args.compile)
-                for m in args.methods}
+                for m in students}
+        if duet_base is not None:
+            duet_regions = tuple(t.to(device) for t in regions)
+            runs["duet"] = make_duet_run(cfgs["duet"], duet_base, batch, duet_regions,
+                                         same_image_mask(image_ids, device), device, args.warmup + args.repeats)
+        runs = {m: runs[m] for m in args.methods}  # the order asked for
         stats = time_runs(runs, device, args.repeats, args.warmup)
         simcse = stats.get("simcse", {}).get("median_ms")
+        mcse = stats.get("mcse", {}).get("median_ms")
         for m in args.methods:
             stats[m]["ratio"] = stats[m]["median_ms"] / simcse if simcse else None
+            stats[m]["ratio_mcse"] = stats[m]["median_ms"] / mcse if mcse else None
             ratio = f"   ratio to simcse: {stats[m]['ratio']:.3f}" if simcse else ""
+            ratio += f"   ratio to mcse: {stats[m]['ratio_mcse']:.3f}" if mcse else ""
             peak = f"   peak {stats[m]['peak_mib']:8.0f} MiB" if device.type == "cuda" else ""
             print(f"{m:>7} step: {stats[m]['median_ms']:9.1f} ms{ratio}{peak}")
         result = {"batch_size": batch_size, "tokens": tokens, "methods": stats}
         if device.type == "cpu":
             result["peak_rss_mib"] = peak_rss_mib()
-            print(f"peak RSS (process, {len(runs)} students resident): {result['peak_rss_mib']:.0f} MiB")
+            print(f"peak RSS (process, {len(runs)} models resident): {result['peak_rss_mib']:.0f} MiB")
         results.append(result)
         del runs
         if device.type == "cuda":
@@ -492,13 +685,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     print()
     print(markdown_tables(results, args.methods, precision, device))
     if args.json:
+        from mmcse.io import write_json
+
         out = {"device": device_description(device), "torch": torch.__version__, "precision": precision,
                "student": student_name, "compile": args.compile, "repeats": args.repeats, "warmup": args.warmup,
                "features": str(args.teachers) if data else "synthetic", "image_dim": image_dim,
-               "joint_dim": joint_dim, "results": results}
-        Path(args.json).write_text(json.dumps(out, indent=2))
+               "joint_dim": joint_dim, "duet": duet_info, "results": results}
+        write_json(Path(args.json), out)
         print(f"\nwrote {args.json}")
-
 
 if __name__ == "__main__":
     main()
