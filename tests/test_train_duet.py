@@ -102,7 +102,7 @@ def test_a_saved_duet_loads_to_the_same_embeddings_with_its_layers_still_tied(tm
         assert torch.equal(model.encode_text(ids, mask), loaded.encode_text(ids, mask))
 
 
-def test_duet_trains_and_evaluates_through_the_stage_scripts(duet_cwd):
+def test_duet_trains_and_evaluates_through_the_stage_scripts(duet_cwd, capsys):
     runpy.run_path(str(REPO / "stages/train.py"), run_name="__main__")
     runpy.run_path(str(REPO / "stages/evaluate.py"), run_name="__main__")
     summary = json.loads(Path("models/student/summary.json").read_text())
@@ -129,6 +129,16 @@ def test_duet_trains_and_evaluates_through_the_stage_scripts(duet_cwd):
         keys = {k for (k,) in db.execute("select distinct key from metrics where run_uuid=?", (summary["run_id"],))}
     assert {"loss/hinge", "loss/box", "loss/norm", "loss/loss", "dev_rsum", "dev_i2t_R1", "best_dev_rsum",
             "test_demo_rsum", "test_demo_NDCG25_rouge_l"} <= keys
+
+    # mmcse eval --retrieval on the DUET checkpoint reports the evaluate stage's scores
+    from mmcse.cli import main
+
+    capsys.readouterr()
+    main(["eval", "--model", "models/student/best", "--retrieval", "--params", "params.yaml"])
+    out = capsys.readouterr().out
+    printed = json.loads(out[out.index("{"):])
+    assert {k: v for k, v in printed.items() if k.startswith("demo_")} == pytest.approx(
+        {k: round(v, 4) for k, v in scores.items() if k.startswith("demo_")}, abs=1e-4)
 
     # the test scores are those of v_I, v_C computed here directly from the checkpoint
     cfg = load_config("params.yaml")

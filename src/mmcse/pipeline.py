@@ -667,6 +667,8 @@ def checkpoint_retrieval(cfg: Config, paths: Paths, encoder: Any, model_dir: Pat
     from mmcse.upstream import require_top_level
 
     state_file = Path(model_dir) / "train_state.json"
+    if state_file.is_file() and read_json(state_file).get("method") == "duet":
+        return checkpoint_duet_retrieval(cfg, paths, Path(model_dir), read_json(state_file))
     if encoder.student is None or not state_file.is_file():
         raise FileNotFoundError(f"{state_file}: not an mmcse best checkpoint; --retrieval scores a student's "
                                 "trained image head (models/student/best)")
@@ -679,6 +681,23 @@ def checkpoint_retrieval(cfg: Config, paths: Paths, encoder: Any, model_dir: Pat
         raise ValueError(f"{up.raw}: no retrieval test set (data.pairs: {cfg.data.pairs})")
     head = tuple(state["image_head"]) if state["image_head"] else None
     return retrieval_test_set(cfg, paths, encoder, up.raw, up.teacher_manifest, up.teacher_dirs, head).scores
+
+
+def checkpoint_duet_retrieval(cfg: Config, paths: Paths, model_dir: Path, state: dict[str, Any]) -> dict[str, float]:
+    """``mmcse eval --retrieval`` of a DUET checkpoint: `evaluate_duet` on the test region set its
+    training recorded (``train_state.json``), found in the cache_regions folder or
+    ``<data>/upstream/regions``, on ``cfg``'s top-level artifacts (refused when stale)."""
+    from mmcse.upstream import require_top_level
+
+    up = require_top_level(cfg, paths)
+    name = (state.get("region_sets") or {}).get("test")
+    folders = [d / name for d in (paths.regions, paths.raw.parent / "upstream" / "regions")] if name else []
+    found = [f for f in folders if (f / "index.json").is_file()]
+    if not found:
+        raise FileNotFoundError(f"{model_dir / 'train_state.json'}: its test region set "
+                                f"{name or '(not recorded)'} is in neither {paths.regions} nor "
+                                f"{paths.raw.parent / 'upstream' / 'regions'}: rerun cache_regions (dvc repro)")
+    return evaluate_duet(cfg, paths, model_dir, {"test": found[0]}, data_dir=up.raw)
 
 
 def log_ablation(cfg: Config, rows: list[dict[str, Any]], files: dict[str, Path], paths: Paths,

@@ -351,7 +351,7 @@ def train_duet(
         save_duet(model, tokenizer, architecture, tmp)
         write_json(tmp / "train_state.json", {"step": state.best_step, "dev": state.best_score, "dev_metric":
                                               f"val {DEV_METRIC}", "method": "duet", "image_head": None,
-                                              "regions": str(region_sets["train"].name)})
+                                              "region_sets": {k: v.name for k, v in region_sets.items()}})
         _swap_in(tmp, best_dir)
         model.load_state_dict(current)
         best_weights = None
