@@ -415,6 +415,19 @@ def resume_point_run(out_dir: Path, cfg: Config) -> tuple[str | None, int]:
     return None, 0
 
 
+def _recorded_definition(folder: Path) -> str | None:
+    """The run-definition hash a resume point in ``folder`` (or its ``.old`` copy) records; None
+    when there is none or it cannot be read (the full checks of `_load_resume_point` then apply)."""
+    for candidate in (folder, folder.with_name(folder.name + ".old")):
+        try:
+            meta = json.loads((candidate / "state.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(meta, dict) and isinstance(meta.get("config_hash"), str):
+            return meta["config_hash"]
+    return None
+
+
 def _load_resume_point(
     folder: Path, student: torch.nn.Module, optimizer, scheduler, scaler, config_hash: str,
     best_required: Sequence[str] | None = None,
@@ -425,6 +438,8 @@ def _load_resume_point(
     checkpoint beside it is deleted and training starts afresh too: the best weights can only
     be had again by replaying the run (the resume point holds the latest weights, not the best).
     ``best_required``: the files a best checkpoint must hold (default: a student's, `BEST_REQUIRED`)."""
+    if _recorded_definition(folder) not in (None, config_hash):
+        return None  # another configuration's run (e.g. another method): its best folder is not checked
     if _best_is_damaged(folder.parent / "best", BEST_REQUIRED if best_required is None else best_required):
         return None
     damaged = False
