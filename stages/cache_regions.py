@@ -11,7 +11,8 @@ def main() -> None:
     cfg = load_config("params.yaml")
     paths = Paths.of(cfg)
     result = run_cache_regions(cfg, paths)
-    write_json(paths.metrics / "regions.json", {**{f"cache_hit_{k}": v for k, v in result["hits"].items()},
+    # what the sets hold, not whether they were cache hits: a tracked metric must not depend on history
+    write_json(paths.metrics / "regions.json", {**{f"images_{k}": n for k, n in result["images"].items()},
                                                 "dim": result.get("dim", 0)})
 
 

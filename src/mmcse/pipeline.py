@@ -273,7 +273,8 @@ def run_cache_regions(cfg: Config, paths: Paths, raw: Path | None = None, object
                       teacher_manifest: Path | None = None, teacher_dirs: tuple[Path, ...] | None = None,
                       out_dir: Path | None = None, read_only: tuple[Path, ...] = ()) -> dict[str, Any]:
     """DUET's region sets (`mmcse.detection.regions.build_region_cache`) for each image set of
-    `REGION_SPLITS` the data has: ``{"sets": {split: folder name}, "hits": {split: bool}, "dim"}``.
+    `REGION_SPLITS` the data has: ``{"sets": {split: folder name}, "hits": {split: bool}, "images":
+    {split: count}, "dim"}``.
     Sets are content-addressed (source, inputs, image ids, ``max_regions``, ``dtype``): a set
     already in ``out_dir`` (default ``paths.regions``) or one of ``read_only`` is opened, not rebuilt."""
     from mmcse.detection.regions import build_region_cache
@@ -281,14 +282,14 @@ def run_cache_regions(cfg: Config, paths: Paths, raw: Path | None = None, object
     raw, objects = raw or paths.raw, objects or paths.objects
     source = region_source(cfg, raw, objects, teacher_manifest or paths.teachers / "manifest.json",
                            (paths.teachers,) if teacher_dirs is None else teacher_dirs)
-    result: dict[str, Any] = {"sets": {}, "hits": {}, "source": cfg.regions.source}
+    result: dict[str, Any] = {"sets": {}, "hits": {}, "images": {}, "source": cfg.regions.source}
     for split, table in REGION_SPLITS.items():
         ids = [row["image_id"] for row in read_jsonl(raw / table)] if (raw / table).is_file() else []
         if not ids:
             continue
         store, hit = build_region_cache(out_dir or paths.regions, ids, source, cfg.regions.max_regions,
                                         cfg.regions.dtype, read_only)
-        result["sets"][split], result["hits"][split] = store.folder.name, hit
+        result["sets"][split], result["hits"][split], result["images"][split] = store.folder.name, hit, len(ids)
         result["dim"] = store.dim
     return result
 
