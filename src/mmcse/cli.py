@@ -112,6 +112,21 @@ def _cmd_eval(args: argparse.Namespace) -> None:
     print(json.dumps({k: round(v, 4) for k, v in scores.items()}, indent=2))
 
 
+def _cmd_export(args: argparse.Namespace) -> None:
+    from mmcse.export import EVAL_MAX_SEQ_LEN, export_sentence_transformers
+
+    # a local folder only: the export writes into it (never into site-packages or the HF cache)
+    if args.model.startswith("packaged:"):
+        raise ValueError("--model: export writes into the folder; copy the packaged model to a folder of yours first")
+    folder = Path(args.model).expanduser()
+    if not folder.is_dir():
+        raise FileNotFoundError(f"--model {args.model}: no such local model folder")
+    length = EVAL_MAX_SEQ_LEN if args.max_seq_len is None else args.max_seq_len
+    export_sentence_transformers(folder, args.pooler, length)
+    print(f"{folder}: sentence-transformers folder (pooler {args.pooler}); "
+          f"SentenceTransformer({str(folder)!r}).encode(...) gives `mmcse eval --pooler {args.pooler}`'s vectors")
+
+
 def _cmd_sweep(args: argparse.Namespace) -> None:
     from mmcse.config import load_config
     from mmcse.pipeline import Paths
@@ -258,6 +273,15 @@ def main(argv: list[str] | None = None) -> None:
                          "the retrieval test set of --params' data and teacher cache")
     ev.add_argument("--params", default="params.yaml", help="with --retrieval: the project's params.yaml")
     ev.set_defaults(func=_cmd_eval)
+
+    ex = sub.add_parser("export", help="make a model folder (e.g. models/student/best) a sentence-transformers folder "
+                                       "that pools as `mmcse eval --pooler` does")
+    ex.add_argument("--model", required=True, help="local HF model folder or mmcse checkpoint (written into)")
+    ex.add_argument("--pooler", required=True, choices=POOLERS)
+    ex.add_argument("--max-seq-len", type=int, default=None,
+                    help="tokens kept per sentence, capped by the tokenizer's model_max_length (default 512: "
+                         "mmcse eval's and the evaluate stage's)")
+    ex.set_defaults(func=_cmd_export)
 
     sw = sub.add_parser("sweep", help="Optuna sweep over params.yaml's sweep.space (resumable)")
     sw.add_argument("--params", default="params.yaml")

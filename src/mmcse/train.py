@@ -32,6 +32,7 @@ from mmcse.errors import CorruptArtifact, TrainingOutOfMemory
 from mmcse.evaluation.geometry import POSITIVE_GOLD, check_sts_geometry, sts_geometry
 from mmcse.evaluation.retrieval import image_head
 from mmcse.evaluation.sts import evaluate_sts, group_by_task, student_encoder
+from mmcse.export import EVAL_MAX_SEQ_LEN, export_sentence_transformers
 from mmcse.integrity import check_model_folder, check_safetensors, load_torch, read_json_artifact
 from mmcse.io import read_json, read_jsonl, write_json
 from mmcse.methods.losses import span_mean, weighted_teacher_similarity
@@ -721,6 +722,8 @@ def train(
         write_json(tmp / "train_state.json", {"step": state.best_step, "dev": state.best_score,
                                               **best_geometry(state.history, state.best_step),
                                               "method": cfg.train.method, "image_head": image_head(cfg)})
+        # also a sentence-transformers folder pooling as the evaluate stage does (at its length)
+        export_sentence_transformers(tmp, cfg.evaluate.pooler, EVAL_MAX_SEQ_LEN)
         _swap_in(tmp, best_dir)
         student.load_state_dict(current)
         best_weights = None
