@@ -38,26 +38,60 @@ def configure(cfg: Config) -> None:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 
+# The MLflow 3 UI shows an experiment as "GenAI apps & agents" (Traces overview) or "Machine
+# learning" (runs table, metrics, charts). Its bundle reads the experiment tag below (values
+# ``genai_development`` | ``custom_model_development``; an untagged experiment was inferred, and
+# an empty one tagged GenAI by the UI itself) and, from MLflow 3.x's sidebar switch on, the
+# ``workflowType`` URL query parameter (``genai`` | ``machine_learning``; else the browser's saved
+# choice, default genai). mmcse tags every experiment and `ui_url` links with the parameter.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+WORKFLOW_TYPE = "machine_learning"
+
+
+def ui_url(base: str, experiment_id: str | None = None) -> str:
+    """The MLflow UI address ``base`` (``http://host:port``) opening the experiments list, or
+    experiment ``experiment_id``, in the model-training ("Machine learning") view."""
+    route = f"/experiments/{experiment_id}/runs" if experiment_id else "/experiments"
+    return f"{base.rstrip('/')}/#{route}?workflowType={WORKFLOW_TYPE}"
+
+
+def mark_model_training(experiment_id: str, tags: dict[str, str] | None = None) -> None:
+    """Tag experiment ``experiment_id`` as model training (`EXPERIMENT_KIND_TAG`) unless it already
+    is; ``tags``: its current tags when known (saves a request)."""
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    if tags is None:
+        tags = client.get_experiment(experiment_id).tags
+    if tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
+        client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+
+
 def experiment(cfg: Config, name: str) -> str:
-    """Create (or find) experiment ``<prefix>-<name>`` with artifacts under ``mlruns/artifacts``."""
+    """Create (or find) experiment ``<prefix>-<name>`` with artifacts under ``mlruns/artifacts``,
+    tagged as model training (`EXPERIMENT_KIND_TAG`; an existing experiment gets the tag too)."""
     import mlflow
 
     configure(cfg)
     full = f"{cfg.base.experiment_prefix}-{name}"
     found = mlflow.get_experiment_by_name(full)
     if found is not None:
+        mark_model_training(found.experiment_id, found.tags)
         return found.experiment_id
+    kind = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
     artifacts = Path("mlruns") / "artifacts"
     if cfg.base.mlflow_tracking_uri.startswith("sqlite:///mlruns/"):
         artifacts.mkdir(parents=True, exist_ok=True)
         try:
-            return mlflow.create_experiment(full, artifact_location=artifacts.resolve().as_uri())
+            return mlflow.create_experiment(full, artifact_location=artifacts.resolve().as_uri(), tags=kind)
         except Exception:  # created concurrently by another worker
             found = mlflow.get_experiment_by_name(full)
             if found is None:
                 raise
+            mark_model_training(found.experiment_id, found.tags)
             return found.experiment_id
-    return mlflow.create_experiment(full)
+    return mlflow.create_experiment(full, tags=kind)
 
 
 def log_config(cfg: Config) -> None:
