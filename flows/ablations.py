@@ -248,10 +248,15 @@ def ablations(
         remember_parent(paths.ablations, ablation, parent_id)
         if previous is None:
             tracking.log_config(cfg)
-            mlflow.log_params(ablation_params(cfg, jobs))  # same ablation hash: same values on a rerun
+        # also into a continued parent (one an older mmcse started has none); the same ablation hash
+        # means the same values, which MLflow accepts again
+        mlflow.log_params(ablation_params(cfg, jobs))
 
         def progress(so_far: list[dict[str, Any]]) -> None:
-            log_partial(cfg, parent_id, so_far, len(jobs))
+            try:
+                log_partial(cfg, parent_id, so_far, len(jobs))
+            except Exception as err:  # the final log_ablation is the record; a hiccup here must not stop the jobs
+                print(f"ablation parent run {parent_id}: metrics so far not logged ({err!r})")
 
         if mode == "deployment":
             results = fan_out_jobs(params_path, cfg, jobs, parent_id, job_deployment, poll_seconds, progress)
