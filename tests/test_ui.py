@@ -74,21 +74,39 @@ def _interrupt(_seconds: float) -> None:
 
 def test_mmcse_ui_prints_both_urls_and_stops_both_on_ctrl_c(params, monkeypatch, capsys):
     started.clear()
-    monkeypatch.setattr(subprocess, "Popen", _FakeProcess)
+    monkeypatch.setattr(cli, "_start", _FakeProcess)
     monkeypatch.setattr("time.sleep", _interrupt)  # Ctrl-C while both run
     monkeypatch.setattr(cli, "_optuna_dashboard_executable", lambda: "/opt/bin/optuna-dashboard")
+    tracking.experiment(load_config("params.yaml"), "mcse")  # id 1 in a new SQLite store
     cli.main(["ui", "--port", "5124", "--dashboard-port", "8124"])
     out = capsys.readouterr().out
     assert "http://127.0.0.1:5124/#/experiments?workflowType=machine_learning" in out
+    assert "  mmcse-mcse: http://127.0.0.1:5124/#/experiments/1/runs?workflowType=machine_learning" in out
     assert "http://127.0.0.1:8124/" in out
     assert [p.cmd[0] for p in started] == [sys.executable, "/opt/bin/optuna-dashboard"]
     assert started[0].env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false" and started[1].env is None
     assert all(p.terminated for p in started)
 
 
+def test_experiment_urls_open_each_mmcse_experiment_in_the_training_view(params):
+    import mlflow
+
+    cfg = load_config("params.yaml")
+    made = tracking.experiment(cfg, "mcse")
+    old = mlflow.create_experiment("mmcse-ablate")  # made by an older mmcse: no kind tag
+    mlflow.create_experiment("someone-else")
+    urls = tracking.experiment_urls(cfg, "http://127.0.0.1:5000")
+    assert urls == {
+        "mmcse-ablate": f"http://127.0.0.1:5000/#/experiments/{old}/runs?workflowType=machine_learning",
+        "mmcse-mcse": f"http://127.0.0.1:5000/#/experiments/{made}/runs?workflowType=machine_learning",
+    }
+    tags = mlflow.MlflowClient().get_experiment(old).tags
+    assert tags["mlflow.experimentKind"] == "custom_model_development"
+
+
 def test_mmcse_ui_without_optuna_dashboard_says_how_to_install_it(params, monkeypatch, capsys):
     started.clear()
-    monkeypatch.setattr(subprocess, "Popen", _FakeProcess)
+    monkeypatch.setattr(cli, "_start", _FakeProcess)
     monkeypatch.setattr("time.sleep", _interrupt)
     monkeypatch.setattr(cli, "_optuna_dashboard_executable", lambda: None)
     cli.main(["ui"])
@@ -99,7 +117,7 @@ def test_mmcse_ui_without_optuna_dashboard_says_how_to_install_it(params, monkey
 
 def test_mmcse_ui_stops_the_other_server_when_one_exits(params, monkeypatch, capsys):
     started.clear()
-    monkeypatch.setattr(subprocess, "Popen", _FakeProcess)
+    monkeypatch.setattr(cli, "_start", _FakeProcess)
 
     def mlflow_dies(_seconds: float) -> None:
         started[0].returncode = 1  # e.g. the port was taken

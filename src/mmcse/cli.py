@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 from mmcse.config import ConfigError
 
 if TYPE_CHECKING:
+    import subprocess
+
     from matplotlib.figure import Figure
 
     from mmcse.config import Config
@@ -273,6 +275,12 @@ def ui_commands(cfg: Config, port: int = 5000, dashboard_port: int = 8080,
     return commands
 
 
+def _start(cmd: list[str], env: dict[str, str] | None) -> subprocess.Popen[bytes]:
+    import subprocess
+
+    return subprocess.Popen(cmd, env=env)
+
+
 def _stop_on_sigterm(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt  # `kill <pid>` stops both servers as Ctrl-C does
 
@@ -283,7 +291,7 @@ def _cmd_ui(args: argparse.Namespace) -> None:
     import time
 
     from mmcse.config import load_config
-    from mmcse.tracking import ui_url
+    from mmcse.tracking import experiment_urls, ui_url
 
     cfg = load_config(args.params)
     dashboard = None if args.no_dashboard else _optuna_dashboard_executable()
@@ -292,9 +300,14 @@ def _cmd_ui(args: argparse.Namespace) -> None:
     previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
     try:
         for name, cmd in commands.items():
-            procs[name] = subprocess.Popen(cmd, env={**os.environ, **UI_MLFLOW_ENV} if name == "mlflow" else None)
-        print(f"MLflow:           {ui_url(f'http://{UI_HOST}:{args.port}')}", flush=True)
-        print("                  (?workflowType=machine_learning opens the runs view, not GenAI traces)")
+            procs[name] = _start(cmd, {**os.environ, **UI_MLFLOW_ENV} if name == "mlflow" else None)
+        base = f"http://{UI_HOST}:{args.port}"
+        print(f"MLflow:           {ui_url(base)}", flush=True)
+        print("                  (?workflowType=machine_learning: the runs view, not GenAI traces; the list links "
+              "without it:\n                  open an experiment below, or switch the sidebar to 'Machine learning' "
+              "once, which the browser keeps)")
+        for name, url in experiment_urls(cfg, base).items():
+            print(f"  {name}: {url}", flush=True)
         if "optuna" in commands:
             print(f"Optuna dashboard: http://{UI_HOST}:{args.dashboard_port}/  (study {cfg.sweep.study_name})",
                   flush=True)

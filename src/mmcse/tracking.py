@@ -56,6 +56,20 @@ def ui_url(base: str, experiment_id: str | None = None) -> str:
     return f"{base.rstrip('/')}/#{route}?workflowType={WORKFLOW_TYPE}"
 
 
+def experiment_urls(cfg: Config, base: str) -> dict[str, str]:
+    """``{name: ui_url}`` of every experiment ``<prefix>-*`` in the configured store, each tagged as
+    model training on the way (experiments made before mmcse tagged them). The list page of MLflow
+    3.17 links an experiment without ``workflowType``: these links keep the training view."""
+    import mlflow
+
+    configure(cfg)
+    found = mlflow.search_experiments(filter_string=f"name LIKE '{cfg.base.experiment_prefix}-%'",
+                                      order_by=["name ASC"])
+    for exp in found:
+        mark_model_training(exp.experiment_id, exp.tags)
+    return {exp.name: ui_url(base, exp.experiment_id) for exp in found}
+
+
 def mark_model_training(experiment_id: str, tags: dict[str, str] | None = None) -> None:
     """Tag experiment ``experiment_id`` as model training (`EXPERIMENT_KIND_TAG`) unless it already
     is; ``tags``: its current tags when known (saves a request)."""
