@@ -304,7 +304,7 @@ def _cmd_ui(args: argparse.Namespace) -> None:
         base = f"http://{UI_HOST}:{args.port}"
         print(f"MLflow:           {ui_url(base)}", flush=True)
         print("                  (?workflowType=machine_learning: the runs view, not GenAI traces; the list links "
-              "without it:\n                  open an experiment below, or switch the sidebar to 'Machine learning' "
+              "without it:\n                  open an experiment below, or switch the sidebar to 'Model training' "
               "once, which the browser keeps)")
         for name, url in experiment_urls(cfg, base).items():
             print(f"  {name}: {url}", flush=True)

@@ -38,12 +38,14 @@ def configure(cfg: Config) -> None:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 
-# The MLflow 3 UI shows an experiment as "GenAI apps & agents" (Traces overview) or "Machine
-# learning" (runs table, metrics, charts). Its bundle reads the experiment tag below (values
-# ``genai_development`` | ``custom_model_development``; an untagged experiment was inferred, and
-# an empty one tagged GenAI by the UI itself) and, from MLflow 3.x's sidebar switch on, the
-# ``workflowType`` URL query parameter (``genai`` | ``machine_learning``; else the browser's saved
-# choice, default genai). mmcse tags every experiment and `ui_url` links with the parameter.
+# The MLflow 3 UI shows an experiment as "GenAI apps & agents" (Traces overview) or as model training
+# (runs table, metrics, charts). Its bundle (mlflow 3.17.2, server/js) has two ways to choose:
+# - the experiment tag below (values genai_development | custom_model_development; an untagged
+#   experiment gets a kind inferred, and saved, by the UI), read while the sidebar switch is off;
+# - with the sidebar switch ("GenAI" / "Model training", the 3.17 default): the ``workflowType`` URL
+#   query parameter (genai | machine_learning), else the switch's choice kept in the browser
+#   (localStorage ``mlflow.workflowType``, default genai); the tag is not read then.
+# mmcse tags every experiment it creates or uses, and `ui_url` adds the parameter.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 WORKFLOW_TYPE = "machine_learning"
