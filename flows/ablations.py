@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from prefect import flow, task
@@ -28,11 +28,13 @@ from mmcse.ablate import (
     Job,
     ablation_hash,
     aggregate,
+    aggregate_metrics,
     expand,
     failed_result,
     finished_result,
     job_config,
     job_hash,
+    parent_run_name,
     previous_parent,
     record_result,
     remember_parent,
@@ -76,6 +78,40 @@ def ablation_job(
     return result
 
 
+def ablation_params(cfg: Config, jobs: list[Job]) -> dict[str, str]:
+    """The ablation's settings as params of its parent run (``ablation.*``), logged when it starts:
+    what the table compares, readable in the runs table before any job has finished."""
+    return {
+        "ablation.preset": cfg.ablate.preset,
+        "ablation.title": cfg.ablate.title[:500],
+        "ablation.reference": cfg.ablate.reference,
+        "ablation.metric": table_metric(cfg),
+        "ablation.seeds": ",".join(str(s) for s in cfg.ablate.seeds),
+        "ablation.variants": ", ".join(cfg.ablate.variants)[:500],
+        "ablation.jobs": str(len(jobs)),
+    }
+
+
+def log_partial(cfg: Config, parent_run_id: str, results: list[dict[str, Any]], n_jobs: int) -> None:
+    """The table so far as metrics of the parent run (`aggregate_metrics` over the variants that have
+    a finished job, step = jobs done) and ``ablation/jobs_done``: the parent shows the comparison
+    while the other jobs still train, not only when the last one ends."""
+    import time
+
+    import mlflow
+    from mlflow.entities import Metric
+
+    done = {r["variant"] for r in results}
+    rows = [row for row in aggregate(cfg, results) if row["variant"] in done]
+    values = {**aggregate_metrics(rows), "ablation/jobs_done": float(len(results)),
+              "ablation/jobs": float(n_jobs)}
+    now = int(time.time() * 1000)
+    metrics = [Metric(key, value, now, len(results)) for key, value in values.items()]
+    client = mlflow.MlflowClient()
+    for start in range(0, len(metrics), 1000):
+        client.log_batch(parent_run_id, metrics=metrics[start : start + 1000])
+
+
 def _deployment_exists(name: str) -> None:
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
@@ -108,10 +144,12 @@ def _job_result(cfg: Config, job: Job, flow_run: Any) -> dict[str, Any]:
 
 
 def fan_out_jobs(
-    params_path: str, cfg: Config, jobs: list[Job], parent_run_id: str, deployment: str, poll_seconds: float
+    params_path: str, cfg: Config, jobs: list[Job], parent_run_id: str, deployment: str, poll_seconds: float,
+    on_result: Callable[[list[dict[str, Any]]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``jobs`` as flow runs of ``deployment`` (all submitted at once, the workers take them as
-    they free up) and return their results in ``jobs`` order; finished jobs are not submitted."""
+    they free up) and return their results in ``jobs`` order; finished jobs are not submitted.
+    ``on_result(results so far)`` after each job that finished or failed for good."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
     from prefect.deployments import run_deployment
@@ -130,6 +168,8 @@ def fan_out_jobs(
         if done is not None:
             results[i] = done | {"skipped": True}
     todo = [i for i in range(len(jobs)) if i not in results]
+    if results and on_result is not None:
+        on_result(list(results.values()))
     if todo:
         _deployment_exists(deployment)
     running: dict[Any, tuple[int, int]] = {}  # flow run id -> (job position, attempt)
@@ -172,6 +212,8 @@ def fan_out_jobs(
                 else:
                     print(f"variant {job.variant!r} seed {job.seed} failed after retries: {run.state.message}")
                     results[i] = failed_result(job, f"{run.state.name}: {run.state.message}")
+                if i in results and on_result is not None:
+                    on_result(list(results.values()))
     return [results[i] for i in range(len(jobs))]
 
 
@@ -186,6 +228,8 @@ def ablations(
     `ablate.retries` times, and write/log the table; returns its rows. ``fan_out`` (default
     ``ablate.fan_out``): ``local`` runs the jobs here, ``deployment`` as flow runs of
     ``job_deployment`` on the GPU workers (state polled every ``poll_seconds``)."""
+    import mlflow
+
     from mmcse import tracking
 
     cfg = load_config(params_path)
@@ -198,26 +242,37 @@ def ablations(
     ablation = ablation_hash(cfg, jobs)
     tracking.configure(cfg)
     previous = tracking.existing_run(previous_parent(paths.ablations, ablation))
-    name = cfg.ablate.preset if cfg.ablate.preset != "none" else Path(params_path).resolve().parent.name
-    with tracking.run(cfg, "ablate", run_name=f"ablation {name}", run_id=previous, tags={"fan_out": mode},
+    with tracking.run(cfg, "ablate", run_name=parent_run_name(cfg), run_id=previous, tags={"fan_out": mode},
                       job=str(paths.ablations.resolve())) as parent:
-        remember_parent(paths.ablations, ablation, parent.info.run_id)
+        parent_id = parent.info.run_id
+        remember_parent(paths.ablations, ablation, parent_id)
         if previous is None:
             tracking.log_config(cfg)
+        # also into a continued parent (one an older mmcse started has none); the same ablation hash
+        # means the same values, which MLflow accepts again
+        mlflow.log_params(ablation_params(cfg, jobs))
+
+        def progress(so_far: list[dict[str, Any]]) -> None:
+            try:
+                log_partial(cfg, parent_id, so_far, len(jobs))
+            except Exception as err:  # the final log_ablation is the record; a hiccup here must not stop the jobs
+                print(f"ablation parent run {parent_id}: metrics so far not logged ({err!r})")
+
         if mode == "deployment":
-            results = fan_out_jobs(params_path, cfg, jobs, parent.info.run_id, job_deployment, poll_seconds)
+            results = fan_out_jobs(params_path, cfg, jobs, parent_id, job_deployment, poll_seconds, progress)
         else:
             retrying = train_variant.with_options(retries=cfg.ablate.retries, retry_delay_seconds=0)
             results = []
             for job in jobs:
                 try:
-                    results.append(retrying(params_path, job.variant, job.seed, parent.info.run_id))
+                    results.append(retrying(params_path, job.variant, job.seed, parent_id))
                 except Exception as err:  # recorded as failed in the table, never dropped
                     print(f"variant {job.variant!r} seed {job.seed} failed after retries: {err}")
                     results.append(failed_result(job, err))
+                progress(results)
         rows = aggregate(cfg, results)
         files = write_table(rows, paths.ablations, table_metric(cfg), cfg.ablate.reference, cfg.ablate.title)
-        log_ablation(cfg, rows, files, paths, results)
+        log_ablation(cfg, rows, files, paths, results, run_id=parent_id, step=len(results))
     print(files["md"].read_text())
     return rows
 

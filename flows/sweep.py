@@ -19,9 +19,13 @@ from mmcse.tracking import prefect_tags
 
 
 @flow(name="sweep", log_prints=True)
-def sweep(params_path: str = "params.yaml", n_trials: int | None = None, storage: str | None = None) -> dict:
+def sweep(params_path: str = "params.yaml", n_trials: int | None = None, storage: str | None = None,
+          progress: bool = True) -> dict:
+    """One sweep worker; ``progress``: its bar on stderr (trials finished by all workers / n_trials,
+    best value so far), moved whenever any worker's trial finishes."""
     cfg = load_config(params_path)
-    summary = run_sweep(cfg, Paths.of(cfg), n_trials=n_trials, storage=storage, tags=prefect_tags())
+    summary = run_sweep(cfg, Paths.of(cfg), n_trials=n_trials, storage=storage, tags=prefect_tags(),
+                        progress=progress)
     print(summary)
     return summary
 

@@ -9,6 +9,7 @@ import sys
 import threading
 
 import optuna
+import pytest
 import yaml
 from optuna.trial import TrialState
 
@@ -78,7 +79,7 @@ def test_two_workers_share_one_study(project):
             "select run_uuid, value from tags where key = 'cuda_visible_devices'").fetchall())
         parent_of = dict(db.execute("select run_uuid, value from tags where key = 'mlflow.parentRunId'").fetchall())
         devices = {r[0] for r in db.execute("select value from tags where key = 'device'")}
-    assert sorted(names) == sorted(f"t trial {t.number}" for t in finished)  # once each
+    assert sorted(names) == sorted(f"trial {t.number}" for t in finished)  # once each
     assert parents == 2 and logged >= len(finished)
     assert sorted(visible[p] for p in set(parent_of.values())) == ["0", "1"]  # each worker's sweep run
     assert parent_of and all(visible[run] == visible[p] for run, p in parent_of.items())  # trials: their worker's
@@ -87,11 +88,33 @@ def test_two_workers_share_one_study(project):
         status = dict(db.execute("select name, status from runs").fetchall())
         pruned_runs = {r[0] for r in db.execute(
             "select r.name from runs r join tags t on t.run_uuid = r.run_uuid where t.key = 'optuna.state'")}
-    pruned = {f"t trial {t.number}" for t in finished if t.state == TrialState.PRUNED}
+    pruned = {f"trial {t.number}" for t in finished if t.state == TrialState.PRUNED}
     assert pruned_runs == pruned  # tagged PRUNED, and ended as planned, not as a failure
     assert set(status.values()) == {"FINISHED"}, status
     complete = [t for t in finished if t.state == TrialState.COMPLETE]
     assert all(t.user_attrs["mlflow_run_id"] for t in complete)
+    # each worker's sweep run carries the study's settings and how far the study got
+    import mlflow
+
+    from mmcse import tracking
+
+    tracking.configure(load_config("params.yaml"))
+    sweep_runs = mlflow.search_runs(experiment_names=["mmcse-sweep"], filter_string="attributes.run_name = 'sweep t'",
+                                    output_format="list")
+    assert len(sweep_runs) == 2
+    for run in sweep_runs:
+        params = run.data.params
+        assert (params["sweep.study_name"], params["sweep.n_trials"], params["sweep.direction"]) == \
+            ("t", str(N_TRIALS), "maximize")
+        assert yaml.safe_load(params["sweep.space"])["loss.temperature"] == {"type": "float", "low": 0.02,
+                                                                              "high": 0.1}
+        assert params["sweep.storage"].endswith("/mlruns/optuna.db")
+        assert 1 <= run.data.metrics["trials_finished"] <= N_TRIALS
+    # the worker that finished last saw every trial: its last count is N_TRIALS and the study's best
+    assert max(r.data.metrics["trials_finished"] for r in sweep_runs) == N_TRIALS
+    if complete:
+        best = max(t.value for t in complete)
+        assert max(r.data.metrics.get("best_value", -1) for r in sweep_runs) == pytest.approx(best)
 
 
 def _in_process_sweep(project, monkeypatch, study_name: str, n_trials: int):
@@ -163,3 +186,52 @@ def test_the_trial_lock_of_a_sqlite_study_is_a_file_lock_next_to_its_database(tm
         other = subprocess.run([sys.executable, "-c", "import filelock, sys; filelock.FileLock(sys.argv[1]).acquire("
                                 "timeout=0.2)", lock.lock_file], capture_output=True, text=True)
     assert other.returncode != 0 and "Timeout" in other.stderr
+
+
+def _study_with_every_state(direction: str, storage: str | None = None, name: str = "p") -> optuna.Study:
+    """COMPLETE 0.3 and 0.7, one PRUNED, one FAIL, one RUNNING trial."""
+    study = optuna.create_study(direction=direction, storage=storage, study_name=name)
+    for value in (0.3, 0.7):
+        study.tell(study.ask(), value)
+    study.tell(study.ask(), state=TrialState.PRUNED)
+    study.tell(study.ask(), state=TrialState.FAIL)
+    study.ask()  # running
+    return study
+
+
+def test_progress_counts_finished_trials_of_every_worker_and_the_best_value():
+    assert sweep.progress_counts(_study_with_every_state("maximize"), 6) == (3, 6, 0.7)
+    assert sweep.progress_counts(_study_with_every_state("minimize"), 6) == (3, 6, 0.3)
+    empty = optuna.create_study()
+    assert sweep.progress_counts(empty, 4) == (0, 4, None)
+
+
+def test_the_progress_bar_moves_when_another_worker_finishes_a_trial(tmp_path):
+    import io
+
+    url = f"sqlite:///{tmp_path}/optuna.db"
+    study = _study_with_every_state("maximize", url)
+    out = io.StringIO()
+    progress = sweep.SweepProgress(study, "p", 6, interval=0.05, file=out, disable=False)
+    with progress:
+        assert (progress.bar.n, progress.bar.total) == (3, 6)
+        assert "3/6" in out.getvalue() and "best 0.7" in out.getvalue()
+        other = optuna.load_study(study_name="p", storage=url)  # another worker's process, same storage
+        other.tell(other.ask(), 0.9)
+        for _ in range(400):  # the bar's own thread reads the storage; no refresh() from here
+            if progress.bar.n == 4:
+                break
+            threading.Event().wait(0.05)
+        assert progress.bar.n == 4
+        progress.write("[sweep p] a line above the bar")
+    text = out.getvalue()
+    assert "4/6" in text and "best 0.9" in text and "[sweep p] a line above the bar\n" in text
+
+
+def test_without_a_terminal_the_bar_is_off_and_lines_go_to_stderr(capsys):
+    import io
+
+    progress = sweep.SweepProgress(_study_with_every_state("maximize"), "p", 6, file=io.StringIO())
+    with progress:
+        progress.write("[sweep p] trial 9 COMPLETE")
+    assert progress.bar.disable and capsys.readouterr().err == "[sweep p] trial 9 COMPLETE\n"

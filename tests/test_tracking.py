@@ -92,3 +92,91 @@ def test_kill_9_then_resume_is_one_run_and_the_dead_run_is_marked_killed(project
     assert sorted(by_step) == [0, 4, 8, 12] and all(len(v) == 1 for v in by_step.values())
     losses = {m.step for m in mlflow.MlflowClient().get_metric_history(second.info.run_id, "loss/loss")}
     assert {5, 10} <= losses
+
+
+# --- how the runs read in the MLflow UI: the model-training view, run names, parent runs ---
+
+
+def test_experiments_are_tagged_model_training_on_create_and_when_found(project):
+    cfg = load_config("params.yaml")
+    created = tracking.experiment(cfg, "fresh")
+    client = mlflow.MlflowClient()  # after tracking.experiment pointed MLflow at the project's store
+    assert client.get_experiment(created).tags[tracking.EXPERIMENT_KIND_TAG] == "custom_model_development"
+    # made before mmcse tagged experiments, and one the MLflow UI had inferred as GenAI
+    old = mlflow.create_experiment("mmcse-old")
+    genai = mlflow.create_experiment("mmcse-genai", tags={"mlflow.experimentKind": "genai_development"})
+    assert "mlflow.experimentKind" not in client.get_experiment(old).tags
+    assert tracking.experiment(cfg, "old") == old and tracking.experiment(cfg, "genai") == genai
+    for found in (old, genai):
+        assert client.get_experiment(found).tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_ui_url_opens_the_machine_learning_view():
+    assert tracking.ui_url("http://127.0.0.1:5000/") == \
+        "http://127.0.0.1:5000/#/experiments?workflowType=machine_learning"
+    assert tracking.ui_url("http://127.0.0.1:5001", "7") == \
+        "http://127.0.0.1:5001/#/experiments/7/runs?workflowType=machine_learning"
+
+
+def test_the_train_stage_run_is_named_method_seed(project):
+    from dataclasses import replace
+
+    from mmcse.config import with_overrides
+    from mmcse.pipeline import Paths, run_train, train_run_name
+
+    cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 2, "train.eval_steps": 2})
+    summary = run_train(cfg, Paths.of(cfg), out_dir=project / "m", progress=False)  # as the train stage calls it
+    assert mlflow.MlflowClient().get_run(summary["run_id"]).info.run_name == f"mcse-seed{cfg.base.seed}"
+    other = replace(cfg, base=replace(cfg.base, seed=3), train=replace(cfg.train, method="dalr"))
+    assert train_run_name(other) == "dalr-seed3"
+
+
+def test_ablation_parent_and_job_runs_read_as_the_table(project):
+    """A job run is ``<variant>-seed<seed>``; the parent ``ablation <preset|title|variants>`` holds
+    the ablation's settings from its start, the table's metrics after each job, and the table."""
+    import sys
+    from dataclasses import replace
+
+    from tests.conftest import REPO
+
+    sys.path.insert(0, str(REPO))
+    from flows.ablations import ablation_params, log_partial
+    from mmcse.ablate import aggregate, expand, job_run_name, parent_run_name, run_job, table_metric, write_table
+    from mmcse.config import with_overrides
+    from mmcse.pipeline import Paths, log_ablation
+
+    cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 2, "train.eval_steps": 2,
+                                                       "ablate.seeds": [4]})
+    assert parent_run_name(cfg) == "ablation variants"
+    assert parent_run_name(replace(cfg, ablate=replace(cfg.ablate, title="Table 3"))) == "ablation Table 3"
+    assert parent_run_name(replace(cfg, ablate=replace(cfg.ablate, preset="dalr-table3"))) == "ablation dalr-table3"
+    jobs = expand(cfg)
+    assert [job_run_name(j) for j in jobs] == ["mcse-seed4", "simcse-seed4"]
+    paths = Paths.of(cfg)
+    with tracking.run(cfg, "ablate", run_name=parent_run_name(cfg)) as parent:
+        parent_id = parent.info.run_id
+        mlflow.log_params(ablation_params(cfg, jobs))
+        result = run_job(cfg, jobs[0], paths.ablations, parent_run_id=parent_id)
+        log_partial(cfg, parent_id, [result], len(jobs))
+        client = mlflow.MlflowClient()
+        so_far = client.get_run(parent_id).data  # while the ablation still runs
+        assert so_far.metrics["ablation/jobs_done"] == 1 and so_far.metrics["ablation/jobs"] == 2
+        assert so_far.metrics["mcse/avg_mean"] == pytest.approx(result["scores"]["avg"])
+        assert not any(k.startswith("simcse/") for k in so_far.metrics)  # no job of it has finished
+        rows = aggregate(cfg, [result])
+        files = write_table(rows, paths.ablations, table_metric(cfg), cfg.ablate.reference, cfg.ablate.title)
+    # logged by id after the parent's block (a job's run may be the thread's active one)
+    log_ablation(cfg, rows, files, paths, [result], run_id=parent_id, step=1)
+    job_run = client.get_run(result["run_id"])
+    assert job_run.info.run_name == "mcse-seed4"
+    assert job_run.data.tags["mlflow.parentRunId"] == parent_id
+    got = client.get_run(parent_id)
+    assert got.info.run_name == "ablation variants"
+    assert {k: got.data.params[k] for k in ("ablation.preset", "ablation.reference", "ablation.metric",
+                                             "ablation.seeds", "ablation.variants", "ablation.jobs")} == {
+        "ablation.preset": "none", "ablation.reference": "mcse", "ablation.metric": "avg",
+        "ablation.seeds": "4", "ablation.variants": "mcse, simcse", "ablation.jobs": "2"}
+    assert got.data.metrics["mcse/avg_mean"] == pytest.approx(rows[0]["avg_mean"])
+    assert got.data.metrics["mcse/seeds"] == 1
+    artifacts = {a.path for a in client.list_artifacts(parent_id)}
+    assert {"ablation_table.json", "jobs.json", "ablation.csv", "ablation.md"} <= artifacts, artifacts

@@ -51,6 +51,19 @@ def expand(cfg: Config) -> list[Job]:
     return jobs
 
 
+def job_run_name(job: Job) -> str:
+    """The MLflow run name of an ablation job: ``<variant>-seed<seed>`` (e.g. ``no-teacher-seed2``)."""
+    return f"{job.variant}-seed{job.seed}"
+
+
+def parent_run_name(cfg: Config) -> str:
+    """The MLflow run name of an ablation's parent run: ``ablation <preset>``, else ``ablation
+    <ablate.title>``, else ``ablation variants``."""
+    if cfg.ablate.preset != "none":
+        return f"ablation {cfg.ablate.preset}"
+    return f"ablation {cfg.ablate.title.strip() or 'variants'}"
+
+
 def job_config(cfg: Config, job: Job) -> Config:
     return with_overrides(cfg, job.overrides, where=f"params.yaml (ablate.variants.{job.variant})")
 
@@ -118,7 +131,7 @@ def run_job(
     with tracking.tagged({**where, **(tags or {})}):
         summary = run_train(
             job_cfg, paths, out_dir=folder, experiment_name="ablate",
-            run_name=f"{job.variant} seed={job.seed}", parent_run_id=parent_run_id, progress=False,
+            run_name=job_run_name(job), parent_run_id=parent_run_id, progress=False,
             data_seed=cfg.base.seed,
         )
     scores = run_evaluate(job_cfg, paths, folder / "best", run_id=summary["run_id"], experiment_name="ablate",

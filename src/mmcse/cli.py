@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 from mmcse.config import ConfigError
 
 if TYPE_CHECKING:
+    import subprocess
+
     from matplotlib.figure import Figure
 
     from mmcse.config import Config
@@ -245,6 +247,109 @@ def _cmd_figures_thresholds(args: argparse.Namespace) -> None:
     print(json.dumps({k: round(v, 4) for k, v in stats.items()}, indent=2))
 
 
+UI_HOST = "127.0.0.1"  # the UIs have no login: this machine only (an SSH tunnel reaches them from elsewhere)
+# The MLflow server's background job runner (GenAI scorers, trace archival: 7 extra processes) is
+# off for `mmcse ui`: nothing of mmcse uses it, and the server starts in about half the time.
+UI_MLFLOW_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+
+
+def _optuna_dashboard_executable() -> str | None:
+    """The ``optuna-dashboard`` script of this environment (the optional extra ``dashboard``), or None."""
+    import importlib.util
+    import shutil
+
+    if importlib.util.find_spec("optuna_dashboard") is None:
+        return None
+    beside = Path(sys.executable).parent / "optuna-dashboard"
+    return str(beside) if beside.is_file() else shutil.which("optuna-dashboard")
+
+
+def ui_commands(cfg: Config, port: int = 5000, dashboard_port: int = 8080,
+                dashboard: str | None = None) -> dict[str, list[str]]:
+    """The argument lists `mmcse ui` starts: ``mlflow`` (``mlflow server`` on the project's store,
+    ``base.mlflow_tracking_uri``, with artifacts under ``mlruns/artifacts`` where `tracking.experiment`
+    puts them) and, given the ``dashboard`` executable, ``optuna`` (optuna-dashboard on
+    ``sweep.storage``); both bound to `UI_HOST`. Relative SQLite paths are made absolute here.
+    The MLflow server is started with `UI_MLFLOW_ENV` added to the environment."""
+    from mmcse.io import ensure_sqlite_parent
+
+    tracking_uri = ensure_sqlite_parent(cfg.base.mlflow_tracking_uri)
+    # one worker process: one user's browser; 4 (MLflow's default) take twice as long to start
+    mlflow_cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri,
+                  "--host", UI_HOST, "--port", str(port), "--workers", "1"]
+    if cfg.base.mlflow_tracking_uri.startswith("sqlite:///mlruns/"):
+        # runs logged by mmcse name their artifact folder themselves; an experiment made in the UI
+        # gets its artifacts next to them
+        artifacts = (Path("mlruns") / "artifacts").resolve()
+        artifacts.mkdir(parents=True, exist_ok=True)
+        mlflow_cmd += ["--artifacts-destination", artifacts.as_uri()]
+    commands = {"mlflow": mlflow_cmd}
+    if dashboard is not None:
+        commands["optuna"] = [dashboard, ensure_sqlite_parent(cfg.sweep.storage), "--host", UI_HOST,
+                              "--port", str(dashboard_port)]
+    return commands
+
+
+def _start(cmd: list[str], env: dict[str, str] | None) -> subprocess.Popen[bytes]:
+    import subprocess
+
+    return subprocess.Popen(cmd, env=env)
+
+
+def _stop_on_sigterm(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt  # `kill <pid>` stops both servers as Ctrl-C does
+
+
+def _cmd_ui(args: argparse.Namespace) -> None:
+    import signal
+    import subprocess
+    import time
+
+    from mmcse.config import load_config
+    from mmcse.tracking import experiment_urls, ui_url
+
+    cfg = load_config(args.params)
+    dashboard = None if args.no_dashboard else _optuna_dashboard_executable()
+    commands = ui_commands(cfg, args.port, args.dashboard_port, dashboard)
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    try:
+        for name, cmd in commands.items():
+            procs[name] = _start(cmd, {**os.environ, **UI_MLFLOW_ENV} if name == "mlflow" else None)
+        base = f"http://{UI_HOST}:{args.port}"
+        print(f"MLflow:           {ui_url(base)}", flush=True)
+        print("                  (?workflowType=machine_learning: the runs view, not GenAI traces; the list links "
+              "without it:\n                  open an experiment below, or switch the sidebar to 'Model training' "
+              "once, which the browser keeps)")
+        for name, url in experiment_urls(cfg, base).items():
+            print(f"  {name}: {url}", flush=True)
+        if "optuna" in commands:
+            print(f"Optuna dashboard: http://{UI_HOST}:{args.dashboard_port}/  (study {cfg.sweep.study_name})",
+                  flush=True)
+        elif not args.no_dashboard:
+            print("Optuna dashboard: not installed; `pip install -e '.[dashboard]'` (or `pip install "
+                  "optuna-dashboard`) and run `mmcse ui` again", flush=True)
+        print("Ctrl-C stops them.", flush=True)
+        while all(p.poll() is None for p in procs.values()):
+            time.sleep(0.5)
+        ended = [f"{name} (exit {p.returncode})" for name, p in procs.items() if p.returncode is not None]
+        print(f"error: {', '.join(ended)} stopped (its output is above); stopping the rest", file=sys.stderr)
+        raise SystemExit(1)
+    except KeyboardInterrupt:
+        print("\nstopping", flush=True)
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.terminate()
+        for p in procs.values():
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: list[str] | None = None) -> None:
     from mmcse.config import POOLERS
 
@@ -325,6 +430,13 @@ def main(argv: list[str] | None = None) -> None:
     th.add_argument("--text-anchors", type=int, default=2000,
                     help="captions sampled as anchors for the caption–caption α (0: all)")
     th.set_defaults(func=_cmd_figures_thresholds)
+
+    ui = sub.add_parser("ui", help="MLflow UI (runs view) and, when installed, optuna-dashboard on 127.0.0.1")
+    ui.add_argument("--params", default="params.yaml")
+    ui.add_argument("--port", type=int, default=5000, help="MLflow UI port")
+    ui.add_argument("--dashboard-port", type=int, default=8080, help="optuna-dashboard port")
+    ui.add_argument("--no-dashboard", action="store_true", help="only the MLflow UI")
+    ui.set_defaults(func=_cmd_ui)
 
     args = parser.parse_args(argv)
     run_entry(lambda: args.func(args))

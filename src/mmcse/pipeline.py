@@ -370,6 +370,11 @@ def write_curves(history: list[dict[str, float]], plots_dir: Path, title: str = 
     save_figure(geometry_trajectory(history, title), plots_dir / "geometry_trajectory.png")
 
 
+def train_run_name(cfg: Config) -> str:
+    """The MLflow run name of a training: ``<method>-seed<seed>`` (e.g. ``dalr-seed3``)."""
+    return f"{cfg.train.method}-seed{cfg.base.seed}"
+
+
 def run_train(
     cfg: Config,
     paths: Paths,
@@ -409,7 +414,7 @@ def run_train(
     resumed_run, resumed_step = resume_point_run(out_dir, cfg)
     resumed_run = tracking.existing_run(resumed_run)
     with tracking.run(
-        cfg, experiment_name or cfg.train.method, run_name=run_name, run_id=resumed_run,
+        cfg, experiment_name or cfg.train.method, run_name=run_name or train_run_name(cfg), run_id=resumed_run,
         parent_run_id=parent_run_id, tags=artifact_tags(keys),
         job=str(out_dir.resolve()),
     ) as active:
@@ -702,7 +707,8 @@ def checkpoint_duet_retrieval(cfg: Config, paths: Paths, model_dir: Path, state:
 
 
 def log_ablation(cfg: Config, rows: list[dict[str, Any]], files: dict[str, Path], paths: Paths,
-                 results: list[dict[str, Any]] | None = None) -> None:
+                 results: list[dict[str, Any]] | None = None, run_id: str | None = None,
+                 step: int | None = None) -> None:
     """Table (``mlflow.log_table``: every column, the paired t-test p-values ``<metric>_p``
     included), CSV/Markdown, figure, the aggregate metrics (mean, std and p per variant,
     `mmcse.ablate.aggregate_metrics`), the list of jobs (``jobs.json``: variant, seed, status,
@@ -710,11 +716,15 @@ def log_ablation(cfg: Config, rows: list[dict[str, Any]], files: dict[str, Path]
     paired seeds, mean difference, note per variant and metric) into the active (parent) MLflow
     run: bars per variant, or a line over ``ablate.plot_x`` for a parameter sweep; the figure
     also to ``plots/ablation.png`` and the per-variant primary metric (with its p-value against
-    the reference) to ``metrics/ablate.json``."""
+    the reference) to ``metrics/ablate.json``. ``run_id``: the parent run, named (not taken from
+    the thread's active run, which a job's run may be); default the active run. ``step``: of the
+    aggregate metrics (the flow: jobs done, continuing the history `log_partial` logs)."""
     import math
+    import time
 
     import mlflow
     import pandas as pd
+    from mlflow.entities import Metric
 
     from mmcse.ablate import ALPHA, aggregate_metrics, paired_significance
     from mmcse.plots import ablation_bars, ablation_line, save_figure
@@ -725,20 +735,30 @@ def log_ablation(cfg: Config, rows: list[dict[str, Any]], files: dict[str, Path]
     from mmcse.ablate import table_metric
 
     metric = table_metric(cfg)
-    mlflow.log_metrics(aggregate_metrics(rows))
+    if run_id is None:
+        active = mlflow.active_run()
+        if active is None:
+            raise RuntimeError("log_ablation needs run_id or an active MLflow run (the ablation's parent)")
+        run_id = active.info.run_id
+    client = mlflow.MlflowClient()
+    now = int(time.time() * 1000)
+    values = [Metric(k, v, now, step or 0) for k, v in aggregate_metrics(rows).items()]
+    for start in range(0, len(values), 1000):  # MLflow's batch limit
+        client.log_batch(run_id, metrics=values[start : start + 1000])
     if results is not None:
         jobs = [{k: r.get(k) for k in ("variant", "seed", "status", "run_id", "artifacts", "error") if k in r}
                 for r in results]
-        mlflow.log_dict({"jobs": jobs}, "jobs.json")
+        client.log_dict(run_id, {"jobs": jobs}, "jobs.json")
         metrics = [k[: -len("_mean")] for k in rows[0] if k.endswith("_mean")] if rows else []
         tests = paired_significance(results, cfg.ablate.reference, metrics)
-        mlflow.log_dict({"reference": cfg.ablate.reference, "alpha": ALPHA,
-                         "test": "paired t-test (scipy.stats.ttest_rel), runs paired by seed, two-sided",
-                         "variants": {v: {m: {k: finite(x) for k, x in cell.items()} for m, cell in by_metric.items()}
-                                      for v, by_metric in tests.items()}}, "significance.json")
-    mlflow.log_table(pd.DataFrame(rows), artifact_file="ablation_table.json")
-    mlflow.log_artifact(str(files["csv"]))
-    mlflow.log_artifact(str(files["md"]))
+        client.log_dict(run_id, {"reference": cfg.ablate.reference, "alpha": ALPHA,
+                                 "test": "paired t-test (scipy.stats.ttest_rel), runs paired by seed, two-sided",
+                                 "variants": {v: {m: {k: finite(x) for k, x in cell.items()}
+                                                  for m, cell in by_metric.items()}
+                                              for v, by_metric in tests.items()}}, "significance.json")
+    client.log_table(run_id, pd.DataFrame(rows), artifact_file="ablation_table.json")
+    client.log_artifact(run_id, str(files["csv"]))
+    client.log_artifact(run_id, str(files["md"]))
     means = [r.get(f"{metric}_mean", math.nan) for r in rows]
     stds = [r.get(f"{metric}_std", math.nan) for r in rows]
     if cfg.ablate.plot_x:
@@ -746,7 +766,7 @@ def log_ablation(cfg: Config, rows: list[dict[str, Any]], files: dict[str, Path]
         fig = ablation_line(xs, means, stds, metric, cfg.ablate.plot_x)
     else:
         fig = ablation_bars([r["variant"] for r in rows], means, stds, metric)
-    mlflow.log_figure(fig, "figures/ablation.png")
+    client.log_figure(run_id, fig, "figures/ablation.png")
     save_figure(fig, paths.plots / "ablation.png")
     summary = {
         r["variant"]: {"mean": r.get(f"{metric}_mean"), "std": r.get(f"{metric}_std"), "status": r["status"],

@@ -67,10 +67,14 @@ def run_sweep(
     study_name: str | None = None,
     storage: str | None = None,
     tags: dict[str, str] | None = None,
+    progress: bool = True,
 ) -> dict[str, Any]:
     """Run trials until the study holds ``n_trials`` finished (complete or pruned) ones, counted
     over every worker on the storage; the worker's sweep run and its trial runs are tagged with
-    the device and ``tags``."""
+    the device and ``tags``. The sweep run (``sweep <study>``) carries the study's settings as
+    params and ``trials_finished`` / ``best_value`` as metrics; its trials are runs ``trial <n>``.
+    ``progress``: a bar on stderr when it is a terminal (`SweepProgress`: finished / n_trials over all
+    workers, best so far); elsewhere (logs, pipes) one line per finished trial only."""
     import mlflow
     import optuna
     from filelock import FileLock
@@ -104,10 +108,13 @@ def run_sweep(
     lock = trial_lock(storage_url, study_name)
     out_root = Path("sweeps") / study_name
 
+    bar = SweepProgress(study, study_name, n_trials, disable=None if progress else True)
     with (
+        bar,
         tracking.tagged({**device_tags(cfg.base.device), **(tags or {})}),
         tracking.run(cfg, "sweep", run_name=f"sweep {study_name}", tags={"study": study_name}) as parent,
     ):
+        mlflow.log_params(sweep_params(cfg, study_name, n_trials, storage_url))
 
         def objective(trial: optuna.Trial) -> float:
             overrides = suggest(trial, cfg.sweep.space)
@@ -123,7 +130,7 @@ def run_sweep(
 
             summary = run_train(
                 trial_cfg, paths, out_dir=out_root / f"trial-{trial.number}", experiment_name="sweep",
-                run_name=f"{study_name} trial {trial.number}", parent_run_id=parent.info.run_id,
+                run_name=trial_run_name(trial.number), parent_run_id=parent.info.run_id,
                 on_eval=report, progress=False, data_seed=cfg.base.seed,  # a trial's own upstream artifacts
             )
             trial.set_user_attr("mlflow_run_id", summary["run_id"])
@@ -136,12 +143,16 @@ def run_sweep(
                 break
             if trial is WAIT:
                 if not waiting:  # once per wait, not once per poll
-                    _progress(study_name, "waiting: the other trials of the budget are running in other workers")
+                    bar.write(f"[sweep {study_name}] waiting: the other trials of the budget are running "
+                              "in other workers")
                 waiting = True
                 time.sleep(POLL_SECONDS)
                 continue
             waiting = False
-            _run_trial(study, rdb, trial, objective, study_name, n_trials)
+            _run_trial(study, rdb, trial, objective, study_name, n_trials, bar.write)
+            finished, _, best = bar.refresh()  # into the sweep run: how far the study is, over all workers
+            mlflow.log_metrics({"trials_finished": finished, **({"best_value": best} if best is not None else {})},
+                               step=finished)
 
     finished = [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     complete = [t for t in finished if t.state == TrialState.COMPLETE]
@@ -192,7 +203,8 @@ def _next_trial(study: Any, rdb: Any, lock: AbstractContextManager[Any], n_trial
         return trial
 
 
-def _run_trial(study: Any, rdb: Any, trial: Any, objective: Any, study_name: str, n_trials: int) -> None:
+def _run_trial(study: Any, rdb: Any, trial: Any, objective: Any, study_name: str, n_trials: int,
+               say: Any = None) -> None:
     """``objective(trial)`` with heartbeats, told as Optuna's ``optimize`` tells it: PRUNED on
     ``TrialPruned``; FAIL and re-raised on any other exception or Ctrl-C."""
     import optuna
@@ -218,15 +230,114 @@ def _run_trial(study: Any, rdb: Any, trial: Any, objective: Any, study_name: str
     except ValueError:  # no complete trial yet
         best_text = "best -"
     shown = "-" if frozen.value is None else f"{frozen.value:.4g}"
-    _progress(study_name, f"trial {frozen.number} {frozen.state.name} value {shown} | {best_text} | "
-                          f"{finished}/{n_trials} finished")
+    (say or _say)(f"[sweep {study_name}] trial {frozen.number} {frozen.state.name} value {shown} | {best_text} | "
+                  f"{finished}/{n_trials} finished")
     if error is not None:
         raise error
 
 
-def _progress(study_name: str, message: str) -> None:
+def _say(message: str) -> None:
     # stderr: `mmcse sweep` prints its JSON summary on stdout; Prefect logs both (log_prints)
-    print(f"[sweep {study_name}] {message}", file=sys.stderr, flush=True)
+    print(message, file=sys.stderr, flush=True)
+
+
+def trial_run_name(number: int) -> str:
+    """The MLflow run name of sweep trial ``number`` (nested under its worker's ``sweep <study>`` run)."""
+    return f"trial {number}"
+
+
+def sweep_params(cfg: Config, study_name: str, n_trials: int, storage_url: str) -> dict[str, str]:
+    """The sweep's settings as params of a worker's sweep run (the storage without its password)."""
+    import json
+
+    import sqlalchemy
+
+    s = cfg.sweep
+    return {
+        "sweep.study_name": study_name,
+        "sweep.n_trials": str(n_trials),
+        "sweep.direction": s.direction,
+        "sweep.storage": sqlalchemy.engine.make_url(storage_url).render_as_string(hide_password=True)[:500],
+        "sweep.space": json.dumps(s.space, sort_keys=True)[:6000],
+        "sweep.pruner": f"median (startup {s.pruner_startup_trials} trials, warmup {s.pruner_warmup_steps} steps)",
+    }
+
+
+def progress_counts(study: Any, n_trials: int) -> tuple[int, int, float | None]:
+    """(finished, n_trials, best): trials of ``study`` finished (COMPLETE or PRUNED, by any worker)
+    and the best COMPLETE value in the study's direction (None before the first)."""
+    from optuna.trial import TrialState
+
+    finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
+    values = [t.value for t in finished if t.state == TrialState.COMPLETE and t.value is not None]
+    if not values:
+        return len(finished), n_trials, None
+    maximize = study.direction.name == "MAXIMIZE"
+    return len(finished), n_trials, max(values) if maximize else min(values)
+
+
+class SweepProgress:
+    """A tqdm bar of one worker: trials finished / ``n_trials`` over every worker on the storage,
+    the best value so far in its postfix. `refresh` reads the study; while the block runs a daemon
+    thread also calls it every ``interval`` s, so other workers' trials move the bar during a long
+    trial of this one. `write` prints a line above the bar. ``disable``: None shows the bar only
+    when ``file`` is a terminal (tqdm's rule: no control characters in a log file)."""
+
+    def __init__(self, study: Any, study_name: str, n_trials: int, interval: float | None = None,
+                 file: Any = None, disable: bool | None = None) -> None:
+        from tqdm.auto import tqdm
+
+        self._study, self._n_trials = study, n_trials
+        self._interval = POLL_SECONDS if interval is None else interval
+        self._file = file if file is not None else sys.stderr
+        self.bar = tqdm(total=n_trials, desc=f"sweep {study_name}", unit="trial", file=self._file,
+                        disable=disable, dynamic_ncols=True, leave=True)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name=f"sweep-progress-{study_name}", daemon=True)
+        self._disabled = bool(self.bar.disable)
+
+    def refresh(self) -> tuple[int, int, float | None]:
+        counts = progress_counts(self._study, self._n_trials)
+        finished, _, best = counts
+        with self._lock:
+            self.bar.n = min(finished, self._n_trials)
+            self.bar.set_postfix_str("best -" if best is None else f"best {best:.4g}", refresh=False)
+            self.bar.refresh()
+        return counts
+
+    def write(self, message: str) -> None:
+        if self._disabled:
+            _say(message)
+            return
+        from tqdm.auto import tqdm
+
+        with self._lock:
+            tqdm.write(message, file=self._file)
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self.refresh()
+            except Exception as err:  # a storage hiccup must not end the sweep; the next poll retries
+                self.write(f"progress: reading the study failed: {err!r}")
+
+    def __enter__(self) -> SweepProgress:
+        self.refresh()
+        if not self._disabled:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        try:
+            self.refresh()  # the final count
+        except Exception:  # noqa: BLE001  the storage may be what failed; the bar still closes
+            pass
+        finally:
+            self.bar.close()
 
 
 class _Heartbeat:

@@ -38,26 +38,76 @@ def configure(cfg: Config) -> None:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 
+# The MLflow 3 UI shows an experiment as "GenAI apps & agents" (Traces overview) or as model training
+# (runs table, metrics, charts). Its bundle (mlflow 3.17.2, server/js) has two ways to choose:
+# - the experiment tag below (values genai_development | custom_model_development; an untagged
+#   experiment gets a kind inferred, and saved, by the UI), read while the sidebar switch is off;
+# - with the sidebar switch ("GenAI" / "Model training", the 3.17 default): the ``workflowType`` URL
+#   query parameter (genai | machine_learning), else the switch's choice kept in the browser
+#   (localStorage ``mlflow.workflowType``, default genai); the tag is not read then.
+# mmcse tags every experiment it creates or uses, and `ui_url` adds the parameter.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+WORKFLOW_TYPE = "machine_learning"
+
+
+def ui_url(base: str, experiment_id: str | None = None) -> str:
+    """The MLflow UI address ``base`` (``http://host:port``) opening the experiments list, or
+    experiment ``experiment_id``, in the model-training ("Machine learning") view."""
+    route = f"/experiments/{experiment_id}/runs" if experiment_id else "/experiments"
+    return f"{base.rstrip('/')}/#{route}?workflowType={WORKFLOW_TYPE}"
+
+
+def experiment_urls(cfg: Config, base: str) -> dict[str, str]:
+    """``{name: ui_url}`` of every experiment ``<prefix>-*`` in the configured store, each tagged as
+    model training on the way (experiments made before mmcse tagged them). The list page of MLflow
+    3.17 links an experiment without ``workflowType``: these links keep the training view."""
+    import mlflow
+
+    configure(cfg)
+    found = mlflow.search_experiments(filter_string=f"name LIKE '{cfg.base.experiment_prefix}-%'",
+                                      order_by=["name ASC"])
+    for exp in found:
+        mark_model_training(exp.experiment_id, exp.tags)
+    return {exp.name: ui_url(base, exp.experiment_id) for exp in found}
+
+
+def mark_model_training(experiment_id: str, tags: dict[str, str] | None = None) -> None:
+    """Tag experiment ``experiment_id`` as model training (`EXPERIMENT_KIND_TAG`) unless it already
+    is; ``tags``: its current tags when known (saves a request)."""
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    if tags is None:
+        tags = client.get_experiment(experiment_id).tags
+    if tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
+        client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+
+
 def experiment(cfg: Config, name: str) -> str:
-    """Create (or find) experiment ``<prefix>-<name>`` with artifacts under ``mlruns/artifacts``."""
+    """Create (or find) experiment ``<prefix>-<name>`` with artifacts under ``mlruns/artifacts``,
+    tagged as model training (`EXPERIMENT_KIND_TAG`; an existing experiment gets the tag too)."""
     import mlflow
 
     configure(cfg)
     full = f"{cfg.base.experiment_prefix}-{name}"
     found = mlflow.get_experiment_by_name(full)
     if found is not None:
+        mark_model_training(found.experiment_id, found.tags)
         return found.experiment_id
+    kind = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
     artifacts = Path("mlruns") / "artifacts"
     if cfg.base.mlflow_tracking_uri.startswith("sqlite:///mlruns/"):
         artifacts.mkdir(parents=True, exist_ok=True)
         try:
-            return mlflow.create_experiment(full, artifact_location=artifacts.resolve().as_uri())
+            return mlflow.create_experiment(full, artifact_location=artifacts.resolve().as_uri(), tags=kind)
         except Exception:  # created concurrently by another worker
             found = mlflow.get_experiment_by_name(full)
             if found is None:
                 raise
+            mark_model_training(found.experiment_id, found.tags)
             return found.experiment_id
-    return mlflow.create_experiment(full)
+    return mlflow.create_experiment(full, tags=kind)
 
 
 def log_config(cfg: Config) -> None:
