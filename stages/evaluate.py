@@ -3,6 +3,7 @@ and NDCG) -> metrics/eval.json."""
 
 from pathlib import Path
 
+from mmcse import tracking
 from mmcse.cli import run_entry
 from mmcse.config import load_config
 from mmcse.io import read_json, write_json
@@ -13,7 +14,8 @@ def main() -> None:
     cfg = load_config("params.yaml")
     paths = Paths.of(cfg)
     summary = read_json(paths.student / "summary.json")
-    scores = run_evaluate(cfg, paths, paths.student / "best", run_id=summary["run_id"], plots_dir=paths.plots,
+    run_id = tracking.folder_run_id(paths.student, summary)  # the training's run (kept beside mlruns/)
+    scores = run_evaluate(cfg, paths, paths.student / "best", run_id=run_id, plots_dir=paths.plots,
                           region_sets={k: Path(v) for k, v in summary.get("region_sets", {}).items()})
     write_json(paths.metrics / "eval.json", {k: round(v, 4) for k, v in scores.items()})
 

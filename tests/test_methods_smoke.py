@@ -2,7 +2,6 @@
 loss, read back from MLflow, goes down. Only image–caption batches (a 4-sentence corpus),
 so every step carries every term and an epoch's mean loss compares like with like."""
 
-import json
 import runpy
 import sqlite3
 from pathlib import Path
@@ -11,6 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
+from mmcse import tracking
 from tests.conftest import REPO, prepare_project, repo_params, shrink
 
 EPOCH = 6  # 48 pairs / batch 8
@@ -39,7 +39,7 @@ def test_method_loss_goes_down_through_the_train_stage(pairs_only_project, metho
     Path("params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     runpy.run_path(str(REPO / "stages/train.py"), run_name="__main__")
 
-    run_id = json.loads(Path(raw["base"]["models_dir"], "student/summary.json").read_text())["run_id"]
+    run_id = tracking.folder_run_id(Path(raw["base"]["models_dir"], "student"))
     with sqlite3.connect("mlruns/mlflow.db") as db:
         rows = db.execute("select step, key, value from metrics where run_uuid=? and key like 'loss/%'",
                           (run_id,)).fetchall()

@@ -81,6 +81,11 @@ def test_kill_9_then_resume_is_one_run_and_the_dead_run_is_marked_killed(project
     cfg = with_overrides(cfg, {"train.max_steps": 12, "train.eval_steps": 4, "train.checkpoint_steps": 4})
     summary = run_train(cfg, Paths.of(cfg), out_dir=project / "m", progress=False)
     assert summary["run_id"] == second.info.run_id  # the resumed training continued the killed run
+    # ... found through the folder's run record: no file of the output folder (a DVC output) names a run
+    assert tracking.folder_run_id(project / "m") == second.info.run_id
+    named = [f for f in (project / "m").rglob("*") if f.is_file() and f.suffix in (".json", ".md", ".csv")
+             and second.info.run_id in f.read_text()]
+    assert named == []
     runs = mlflow.search_runs(experiment_names=["mmcse-mcse"], output_format="list")
     assert len(runs) == 2 and _status(second.info.run_id) == "FINISHED"
     assert mlflow.get_run(second.info.run_id).data.tags["mmcse.resumed_from_step"] == "4"

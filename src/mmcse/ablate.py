@@ -85,13 +85,28 @@ def job_hash(job_cfg: Config, data_seed: int | None = None) -> str:
 
 
 def finished_result(folder: Path, config_hash: str) -> dict[str, Any] | None:
+    """The result of a job finished in ``folder`` with ``config_hash`` (None: none), its MLflow run
+    from the folder's run record (`mmcse.tracking.remembered_run`; result.json holds no run id)."""
+    from mmcse.tracking import remembered_run
+
     path = folder / "result.json"
     if not path.is_file():
         return None
     result = read_json(path)
     if result.get("status") == "ok" and result.get("config_hash") == config_hash:
-        return result
+        record = remembered_run(folder)
+        return result | ({"run_id": record["run_id"]} if record else {})
     return None
+
+
+def _write_result(folder: Path, result: dict[str, Any]) -> None:
+    """result.json without the run id (random: the ablation folder is a DVC output), which goes to
+    the folder's run record instead."""
+    from mmcse.tracking import remember_run
+
+    if result.get("run_id"):
+        remember_run(folder, result["run_id"])
+    write_json(folder / "result.json", {k: v for k, v in result.items() if k not in ("skipped", "run_id")})
 
 
 def run_job(
@@ -151,7 +166,7 @@ def run_job(
         "artifacts": summary["artifacts"],
         "scores": scores,
     }
-    write_json(folder / "result.json", result)
+    _write_result(folder, result)
     release_resume_point(folder)  # the result is recorded: a rerun skips this job
     return result
 
@@ -172,18 +187,18 @@ def ablation_hash(cfg: Config, jobs: Sequence[Job]) -> str:
 
 def previous_parent(root: Path, ablation: str) -> str | None:
     """The MLflow parent run an interrupted (or finished) run of this same ablation started."""
-    path = root / "parent.json"
-    if not path.is_file():
-        return None
-    try:
-        record = read_json(path)
-    except ValueError:
-        return None
-    return record.get("run_id") if record.get("ablation") == ablation else None
+    from mmcse.tracking import remembered_run
+
+    record = remembered_run(root, "ablation")
+    return record["run_id"] if record and record.get("ablation") == ablation else None
 
 
 def remember_parent(root: Path, ablation: str, run_id: str) -> None:
-    write_json(root / "parent.json", {"ablation": ablation, "run_id": run_id})
+    """Remember the parent run of ablation ``ablation`` (its hash) for ``root``, beside mlruns/ (not in
+    ``root``, a DVC output: a run id is random)."""
+    from mmcse.tracking import remember_run
+
+    remember_run(root, run_id, "ablation", ablation=ablation)
 
 
 def aggregate_metrics(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
@@ -207,7 +222,7 @@ def record_result(root: Path, job: Job, result: dict[str, Any]) -> None:
         return
     folder = job.folder(root)
     if finished_result(folder, result["config_hash"]) is None:
-        write_json(folder / "result.json", {k: v for k, v in result.items() if k != "skipped"})
+        _write_result(folder, result)
 
 
 def failed_result(job: Job, error: BaseException | str) -> dict[str, Any]:

@@ -205,7 +205,6 @@ def _cmd_figures_sts(args: argparse.Namespace) -> None:
         sts_run_statistics,
         sts_scatter_runs,
     )
-    from mmcse.io import read_json
     from mmcse.plots import save_figure
 
     cfg = _figures_config(args)
@@ -215,10 +214,13 @@ def _cmd_figures_sts(args: argparse.Namespace) -> None:
     else:
         parent = args.parent
         if parent is None:
-            record = Path("ablation") / "parent.json"
-            if not record.is_file():
-                raise FileNotFoundError(f"{record}: no ablation parent run recorded; pass --parent RUN_ID")
-            parent = read_json(record)["run_id"]
+            from mmcse.tracking import remembered_run
+
+            record = remembered_run(Path("ablation"), "ablation")
+            if record is None:
+                raise FileNotFoundError("ablation: no ablation parent run recorded (mlruns/records); "
+                                        "pass --parent RUN_ID")
+            parent = record["run_id"]
         runs = ablation_job_runs(parent, args.ablation, args.seed)
         log_run = log_run or parent  # the comparison belongs with the ablation's table
     predictions = {label: load_sts_predictions(run_id) for label, run_id in runs.items()}
@@ -417,7 +419,7 @@ def main(argv: list[str] | None = None) -> None:
     which.add_argument("--run", nargs="+", metavar="RUN_ID", help="MLflow runs with evaluation/sts_predictions.json")
     which.add_argument("--ablation", nargs="+", metavar="VARIANT", help="variants of an ablation (its jobs.json)")
     sc.add_argument("--parent", default=None, metavar="RUN_ID",
-                    help="the ablation's parent run (default: the one ablation/parent.json records)")
+                    help="the ablation's parent run (default: the last ablation recorded in mlruns/records)")
     sc.add_argument("--seed", type=int, default=None, help="--ablation: the job seed (default: each variant's lowest)")
     sc.add_argument("--task", default=None,
                     help="STS task to plot (default STSBenchmark, else the first task every run has)")

@@ -418,6 +418,7 @@ def run_train(
         parent_run_id=parent_run_id, tags=artifact_tags(keys),
         job=str(out_dir.resolve()),
     ) as active:
+        tracking.remember_run(out_dir, active.info.run_id)  # not in out_dir: a DVC output holds nothing random
         if up is None:
             up = resolve(cfg, paths, data_seed)
             check_inputs(up.raw, up.teachers, up.teacher_manifest, up.teacher_dirs)
@@ -431,12 +432,11 @@ def run_train(
             from mmcse.train_duet import train_duet
 
             region_sets = region_sets_for(cfg, paths, up)
-            result = train_duet(cfg, up.raw, region_sets, out_dir, tracking.log_metric_steps, on_eval, progress,
-                                run_id=active.info.run_id)
+            result = train_duet(cfg, up.raw, region_sets, out_dir, tracking.log_metric_steps, on_eval, progress)
         else:
             result = train(cfg, up.raw, up.teachers, out_dir, tracking.log_metric_steps, on_eval, progress,
                            objects_dir=up.objects, teacher_manifest=up.teacher_manifest,
-                           teacher_dirs=up.teacher_dirs, run_id=active.info.run_id)
+                           teacher_dirs=up.teacher_dirs)
         title = f"{cfg.train.method} (seed {cfg.base.seed})"
         figures = [(training_curves(result.history, title, dev_label="val rsum" if duet else "dev STS"),
                     "training_curves.png")]
@@ -462,7 +462,8 @@ def run_train(
             "teacher_dirs": [str(d) for d in up.teacher_dirs],
             "region_sets": {split: str(folder) for split, folder in region_sets.items()},
         }
-    write_json(out_dir / "summary.json", summary)
+    # the run id stays out of the folder (a DVC output): `tracking.folder_run_id(out_dir)` finds it
+    write_json(out_dir / "summary.json", {k: v for k, v in summary.items() if k != "run_id"})
     return summary
 
 

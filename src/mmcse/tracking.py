@@ -130,6 +130,48 @@ def tagged(tags: dict[str, str]) -> Iterator[None]:
 
 
 JOB_TAG = "mmcse.job"  # what a run computes into (its output folder): runs of one job share it
+# Which MLflow run holds a folder's record. Run ids are random, so they stay out of every DVC-tracked
+# output (models/student, ablation/): a fresh clone's `dvc repro` then reproduces dvc.lock. One small
+# file per (kind, folder) under mlruns/ (git-ignored, beside the default SQLite store).
+RUN_RECORDS = Path("mlruns") / "records"
+
+
+def _record_file(folder: str | Path, kind: str) -> Path:
+    from mmcse.io import sha256_json
+
+    return RUN_RECORDS / f"{kind}-{sha256_json(str(Path(folder).resolve()))[:20]}.json"
+
+
+def remember_run(folder: str | Path, run_id: str, kind: str = "train", **extra: Any) -> None:
+    """Record that MLflow run ``run_id`` holds the record of ``folder`` (``kind``: train — a training
+    and its evaluation —, or ablation — an ablation's parent run, with ``extra`` such as its hash)."""
+    from mmcse.io import write_json
+
+    write_json(_record_file(folder, kind), {"folder": str(Path(folder).resolve()), "kind": kind,
+                                            "run_id": run_id, **extra})
+
+
+def remembered_run(folder: str | Path, kind: str = "train") -> dict[str, Any] | None:
+    """What `remember_run` recorded for ``folder`` (None: nothing, or an unreadable record)."""
+    import json
+
+    try:
+        record = json.loads(_record_file(folder, kind).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("run_id"), str) else None
+
+
+def folder_run_id(folder: str | Path, recorded: dict[str, Any] | None = None) -> str:
+    """The training run of job folder ``folder`` (its remembered run; ``recorded``: a summary or
+    result written before run ids left the tracked outputs). Raises naming the folder when none."""
+    record = remembered_run(folder)
+    if record is not None:
+        return record["run_id"]
+    if recorded and recorded.get("run_id"):
+        return str(recorded["run_id"])
+    raise FileNotFoundError(f"{folder}: no MLflow run recorded for it in {RUN_RECORDS} (trained in another "
+                            "checkout, or mlruns/ was removed): retrain it (dvc repro train)")
 
 
 def existing_run(run_id: str | None) -> str | None:

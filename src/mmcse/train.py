@@ -347,7 +347,6 @@ def _swap_in(tmp: Path, final: Path) -> None:
 
 def _save_resume_point(
     folder: Path, student: torch.nn.Module, optimizer, scheduler, scaler, state: TrainState, config_hash: str,
-    run_id: str | None = None,
 ) -> None:
     tmp = folder.with_name(folder.name + ".tmp")
     if tmp.exists():
@@ -364,7 +363,7 @@ def _save_resume_point(
     )
     (tmp / "state.json").write_text(
         json.dumps({"step": state.step, "best_score": state.best_score, "best_step": state.best_step,
-                    "history": state.history, "config_hash": config_hash, "run_id": run_id})
+                    "history": state.history, "config_hash": config_hash})
     )
     _swap_in(tmp, folder)
 
@@ -403,7 +402,12 @@ def run_definition_hash(cfg: Config) -> str:
 
 def resume_point_run(out_dir: Path, cfg: Config) -> tuple[str | None, int]:
     """The MLflow run id and step of the resume point ``train`` would continue in ``out_dir``
-    (``(None, 0)`` when it would start afresh), so the caller continues that run's record."""
+    (``(None, 0)`` when it would start afresh), so the caller continues that run's record. The
+    run id is the folder's remembered run (`mmcse.tracking.remembered_run`), not part of the resume
+    point: a tracked output holds nothing random (a resume point written by an older version that
+    still names its run is read too)."""
+    from mmcse.tracking import remembered_run
+
     for folder in (out_dir / "last", out_dir / "last.old"):
         if (folder / "state.json").is_file():
             try:
@@ -412,7 +416,8 @@ def resume_point_run(out_dir: Path, cfg: Config) -> tuple[str | None, int]:
                 return None, 0
             if meta.get("config_hash") != run_definition_hash(cfg):
                 return None, 0
-            return meta.get("run_id"), int(meta.get("step", 0))
+            record = remembered_run(out_dir)
+            return (record["run_id"] if record else meta.get("run_id")), int(meta.get("step", 0))
     return None, 0
 
 
@@ -628,7 +633,6 @@ def train(
     objects_dir: str | Path | None = None,
     teacher_manifest: str | Path | None = None,
     teacher_dirs: Sequence[str | Path] = (),
-    run_id: str | None = None,
 ) -> TrainResult:
     """Train a student; keep the best dev checkpoint in ``out_dir/best`` (HF folder,
     safetensors) and a resume point in ``out_dir/last``. ``on_eval(step, score)`` may
@@ -636,8 +640,8 @@ def train(
     ``(metrics, step)``: logged values are read back from the device every
     ``FLUSH_EVERY`` steps and at every dev evaluation, not per step. ``objects_dir`` (default
     ``<data_dir>/../objects``), ``teacher_manifest`` and ``teacher_dirs``: where the job's
-    upstream artifacts are (`mmcse.upstream`); ``run_id``: the MLflow run logging this training,
-    kept in the resume point so a resumed run continues it (`resume_point_run`). Every dev
+    upstream artifacts are (`mmcse.upstream`). The MLflow run is the caller's (`mmcse.pipeline.run_train`
+    remembers it per folder: `resume_point_run`). Every dev
     evaluation also logs the dev geometry (``dev_alignment``, ``dev_uniformity``: `DEV_GEOMETRY`)
     into the history entry and ``log_metrics``; the best checkpoint's is ``TrainResult.best_geometry``."""
     data_dir, teachers_dir, out_dir = Path(data_dir), Path(teachers_dir), Path(out_dir)
@@ -799,7 +803,7 @@ def train(
                 flush()
             if checkpointing:
                 write_best()
-                _save_resume_point(last_dir, student, optimizer, scheduler, scaler, state, config_hash, run_id)
+                _save_resume_point(last_dir, student, optimizer, scheduler, scaler, state, config_hash)
                 resumed_from = state.step
             if evaluating or state.step % FLUSH_EVERY == 0:
                 bar.set_postfix(loss=f"{shown.get('loss', float('nan')):.3f}", dev=f"{last_dev:.1f}")

@@ -266,11 +266,10 @@ def train_duet(
     log_metrics: StepLogger | None = None,
     on_eval: EvalCallback | None = None,
     progress: bool = True,
-    run_id: str | None = None,
 ) -> TrainResult:
     """Train DUET on ``<data_dir>/pairs.jsonl`` with the region sets ``region_sets`` (``train``,
     ``val``: folders of `RegionStore`); the best val rsum's weights go to ``out_dir/best``
-    (`save_duet`), a resume point to ``out_dir/last``. ``log_metrics``, ``on_eval`` and ``run_id``
+    (`save_duet`), a resume point to ``out_dir/last``. ``log_metrics`` and ``on_eval``
     as in `mmcse.train.train` (loss terms ``loss/hinge|box|norm|loss``, dev ``dev_rsum`` and
     ``dev_<direction>_R<k>``); the history's ``dev`` entries are val rsums."""
     data_dir, out_dir = Path(data_dir), Path(out_dir)
@@ -395,7 +394,7 @@ def train_duet(
             if checkpointing:
                 flush()
                 write_best()
-                _save_resume_point(last_dir, model, optimizer, scheduler, scaler, state, config_hash, run_id)
+                _save_resume_point(last_dir, model, optimizer, scheduler, scaler, state, config_hash)
                 resumed_from = state.step
             if evaluating:
                 bar.set_postfix(dev_rsum=f"{last_dev:.1f}")
