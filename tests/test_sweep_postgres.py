@@ -78,7 +78,7 @@ def test_two_workers_share_a_postgres_study_and_tracking_store(project, postgres
             "select r.name from runs r join tags t on t.run_uuid = r.run_uuid where t.key='mlflow.parentRunId'"))]
         parents = db.execute(sqlalchemy.text("select count(*) from runs where name = 'sweep pg'")).scalar()
     engine.dispose()
-    assert sorted(names) == sorted(f"pg trial {t.number}" for t in finished)  # each trial once in MLflow
+    assert sorted(names) == sorted(f"trial {t.number}" for t in finished)  # each trial once in MLflow
     assert parents == 2
     complete = [t for t in finished if t.state == optuna.trial.TrialState.COMPLETE]
     assert all(t.user_attrs["mlflow_run_id"] for t in complete)
