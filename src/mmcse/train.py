@@ -333,6 +333,34 @@ class _Batches:
         return out
 
 
+def read_back(pending: list[tuple[dict[str, Any], int]]) -> list[tuple[dict[str, float], int]]:
+    """Logged ``(metrics, step)`` entries whose values may still be device tensors, as floats, read
+    back in one host sync (a read per value would wait for the device each time); empties
+    ``pending``."""
+    tensors = [v for metrics, _ in pending for v in metrics.values() if isinstance(v, torch.Tensor)]
+    values = iter(torch.stack([t.detach().float() for t in tensors]).tolist() if tensors else [])
+    entries = [({k: next(values) if isinstance(v, torch.Tensor) else float(v) for k, v in metrics.items()}, step)
+               for metrics, step in pending]
+    pending.clear()
+    return entries
+
+
+def write_weights_folder(model: torch.nn.Module, weights: dict[str, torch.Tensor], folder: Path,
+                         save: Callable[[Path], None]) -> None:
+    """Write ``model`` with ``weights`` (the best checkpoint's, held in memory) to ``folder`` through
+    ``save(tmp)``, atomically (`_swap_in`); the model's current weights are restored afterwards."""
+    current = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    model.load_state_dict(weights)
+    tmp = folder.with_name(folder.name + ".tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    try:
+        save(tmp)
+        _swap_in(tmp, folder)
+    finally:
+        model.load_state_dict(current)
+
+
 def _swap_in(tmp: Path, final: Path) -> None:
     """Replace folder ``final`` by ``tmp`` so that one complete version always exists."""
     old = final.with_name(final.name + ".old")
@@ -716,20 +744,17 @@ def train(
         nonlocal best_weights
         if best_weights is None:
             return
-        current = {k: v.detach().clone() for k, v in student.state_dict().items()}
-        student.load_state_dict(best_weights)
-        tmp = best_dir.with_name(best_dir.name + ".tmp")
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        save_student(student, tokenizer, tmp)
-        # the method and its retrieval head travel with the checkpoint (`mmcse eval --retrieval`)
-        write_json(tmp / "train_state.json", {"step": state.best_step, "dev": state.best_score,
-                                              **best_geometry(state.history, state.best_step),
-                                              "method": cfg.train.method, "image_head": image_head(cfg)})
-        # also a sentence-transformers folder pooling as the evaluate stage does (at its length)
-        export_sentence_transformers(tmp, cfg.evaluate.pooler, EVAL_MAX_SEQ_LEN)
-        _swap_in(tmp, best_dir)
-        student.load_state_dict(current)
+
+        def save(tmp: Path) -> None:
+            save_student(student, tokenizer, tmp)
+            # the method and its retrieval head travel with the checkpoint (`mmcse eval --retrieval`)
+            write_json(tmp / "train_state.json", {"step": state.best_step, "dev": state.best_score,
+                                                  **best_geometry(state.history, state.best_step),
+                                                  "method": cfg.train.method, "image_head": image_head(cfg)})
+            # also a sentence-transformers folder pooling as the evaluate stage does (at its length)
+            export_sentence_transformers(tmp, cfg.evaluate.pooler, EVAL_MAX_SEQ_LEN)
+
+        write_weights_folder(student, best_weights, best_dir, save)
         best_weights = None
 
     # Logged values stay on the device until a flush reads them all back at once.
@@ -737,11 +762,7 @@ def train(
     shown: dict[str, float] = {}
 
     def flush() -> None:
-        tensors = [v for metrics, _ in pending for v in metrics.values() if isinstance(v, torch.Tensor)]
-        values = iter(torch.stack([t.detach().float() for t in tensors]).tolist() if tensors else [])
-        entries = [({k: next(values) if isinstance(v, torch.Tensor) else float(v) for k, v in metrics.items()}, step)
-                   for metrics, step in pending]
-        pending.clear()
+        entries = read_back(pending)
         for metrics, step in entries:
             if "loss/loss" in metrics and step % LOG_EVERY == 0:
                 state.history.append({"step": step, "loss": metrics["loss/loss"]})

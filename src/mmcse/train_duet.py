@@ -23,7 +23,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,10 +53,11 @@ from mmcse.train import (
     _is_out_of_memory,
     _load_resume_point,
     _save_resume_point,
-    _swap_in,
     build_optimizer,
     out_of_memory_message,
+    read_back,
     run_definition_hash,
+    write_weights_folder,
 )
 
 log = logging.getLogger(__name__)
@@ -310,11 +310,7 @@ def train_duet(
     pending: list[tuple[dict[str, Any], int]] = []
 
     def flush() -> None:
-        tensors = [v for m, _ in pending for v in m.values() if isinstance(v, torch.Tensor)]
-        values = iter(torch.stack([t.detach().float() for t in tensors]).tolist() if tensors else [])
-        entries = [({k: next(values) if isinstance(v, torch.Tensor) else float(v) for k, v in m.items()}, step)
-                   for m, step in pending]
-        pending.clear()
+        entries = read_back(pending)
         for m, step in entries:
             if "loss/loss" in m and step % LOG_EVERY == 0:
                 state.history.append({"step": step, "loss": m["loss/loss"]})
@@ -342,17 +338,14 @@ def train_duet(
         nonlocal best_weights
         if best_weights is None:
             return
-        current = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        model.load_state_dict(best_weights)
-        tmp = best_dir.with_name(best_dir.name + ".tmp")
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        save_duet(model, tokenizer, architecture, tmp)
-        write_json(tmp / "train_state.json", {"step": state.best_step, "dev": state.best_score, "dev_metric":
-                                              f"val {DEV_METRIC}", "method": "duet", "image_head": None,
-                                              "region_sets": {k: v.name for k, v in region_sets.items()}})
-        _swap_in(tmp, best_dir)
-        model.load_state_dict(current)
+
+        def save(tmp: Path) -> None:
+            save_duet(model, tokenizer, architecture, tmp)
+            write_json(tmp / "train_state.json", {"step": state.best_step, "dev": state.best_score, "dev_metric":
+                                                  f"val {DEV_METRIC}", "method": "duet", "image_head": None,
+                                                  "region_sets": {k: v.name for k, v in region_sets.items()}})
+
+        write_weights_folder(model, best_weights, best_dir, save)
         best_weights = None
 
     if state.step == 0:
