@@ -495,10 +495,8 @@ def run_evaluate(
     Table 10's nearest test captions (``sentence_retrieval.md`` in ``plots_dir`` and the run).
 
     ``train.method: duet``: `evaluate_duet` (``region_sets``: the training's, `region_sets_for`)."""
-    import mlflow
     import numpy as np
 
-    from mmcse import tracking
     from mmcse.data.senteval import TRANSFER_TASKS, SentencePair, TransferExample
     from mmcse.device import resolve_device
     from mmcse.evaluation.figures import TSNE_CLUSTERS, TSNE_POINTS, sample_sentences, tsne_figure
@@ -507,7 +505,7 @@ def run_evaluate(
     from mmcse.evaluation.retrieval import neighbours_markdown
     from mmcse.evaluation.sts import TextEncoder, encode_unique, evaluate_sts, group_by_task
     from mmcse.evaluation.transfer import evaluate_transfer
-    from mmcse.plots import save_figure, sts_scatter
+    from mmcse.plots import sts_scatter
 
     if cfg.train.method == "duet":  # an image–text retrieval model: no sentence-embedding tasks
         return evaluate_duet(cfg, paths, model_dir, region_sets or {}, run_id, plots_dir, experiment_name, data_dir)
@@ -549,6 +547,27 @@ def run_evaluate(
         tsne, clusters = tsne_figure(np.stack([vectors[s] for s in sample]), n_clusters=TSNE_CLUSTERS,
                                      seed=cfg.base.seed, title=cfg.train.method)
         scores["cluster_silhouette"] = clusters["silhouette"]
+    # per-pair predictions, so figures comparing runs (`mmcse figures`) need no re-encoding
+    predictions = {task: {"cos": cos.tolist(), "gold": gold.tolist()}
+                   for task, (cos, gold) in result.predictions.items()}
+    record_evaluation(cfg, scores, run_id, experiment_name, plots_dir, examples, fig, tsne,
+                      {"evaluation/sts_predictions.json": predictions})
+    return scores
+
+
+def record_evaluation(cfg: Config, scores: dict[str, float], run_id: str | None, experiment_name: str | None,
+                      plots_dir: Path | None, examples: str | None, sts_scatter: Any, tsne: Any,
+                      dicts: dict[str, Any] | None = None, log_scatter: bool = True) -> None:
+    """What an evaluation leaves behind: into training run ``run_id`` the scores (``test_<name>``), the
+    nearest-caption examples, the t-SNE and STS-scatter figures (``log_scatter``) and ``dicts``
+    (artifact path -> JSON); into ``plots_dir`` (the evaluate stage's DVC outputs) ``sts_scatter.png``,
+    ``sentence_retrieval.md`` and ``tsne.png``. Figures are closed either way."""
+    import matplotlib.pyplot as plt
+    import mlflow
+
+    from mmcse import tracking
+    from mmcse.plots import save_figure
+
     if run_id:
         with tracking.run(cfg, experiment_name or cfg.train.method, run_id=run_id):
             mlflow.log_metrics({tracking.metric_name(f"test_{k}"): v for k, v in scores.items()})
@@ -556,18 +575,18 @@ def run_evaluate(
                 mlflow.log_text(examples, "evaluation/sentence_retrieval.md")
             if tsne is not None:
                 mlflow.log_figure(tsne, "figures/tsne.png")
-            mlflow.log_figure(fig, "figures/sts_scatter.png")
-            # per-pair predictions, so figures comparing runs (`mmcse figures`) need no re-encoding
-            mlflow.log_dict({task: {"cos": cos.tolist(), "gold": gold.tolist()}
-                             for task, (cos, gold) in result.predictions.items()},
-                            "evaluation/sts_predictions.json")
+            if log_scatter:
+                mlflow.log_figure(sts_scatter, "figures/sts_scatter.png")
+            for artifact, value in (dicts or {}).items():
+                mlflow.log_dict(value, artifact)
     if plots_dir is not None:
-        save_figure(fig, plots_dir / "sts_scatter.png")
+        save_figure(sts_scatter, plots_dir / "sts_scatter.png")
         if examples:
             write_text(plots_dir / "sentence_retrieval.md", examples)
         if tsne is not None:
             save_figure(tsne, plots_dir / "tsne.png")
-    return scores
+    else:
+        plt.close(sts_scatter)
 
 
 def evaluate_duet(cfg: Config, paths: Paths, model_dir: Path, region_sets: dict[str, Path],
@@ -581,15 +600,12 @@ def evaluate_duet(cfg: Config, paths: Paths, model_dir: Path, region_sets: dict[
     with cluster purity against their images (``tsne.png``, ``cluster_silhouette``,
     ``cluster_purity``); ``sts_scatter.png`` says that a retrieval model has no STS scores."""
     import matplotlib.pyplot as plt
-    import mlflow
 
-    from mmcse import tracking
     from mmcse.detection.regions import RegionStore
     from mmcse.device import resolve_device
     from mmcse.evaluation.figures import TSNE_CLUSTERS, TSNE_POINTS, tsne_figure
     from mmcse.evaluation.ndcg import test_set_ndcg
     from mmcse.evaluation.retrieval import neighbours_markdown, sentence_neighbours, test_set_metrics, unit_rows
-    from mmcse.plots import save_figure
     from mmcse.tokens import cached_tokens
     from mmcse.train_duet import RetrievalSplit, load_duet, split_embeddings
 
@@ -628,20 +644,7 @@ def evaluate_duet(cfg: Config, paths: Paths, model_dir: Path, region_sets: dict[
     ax.axis("off")
     ax.text(0.5, 0.5, "train.method duet is an image–text retrieval model:\nno STS scores (see eval.json: R@K, NDCG)",
             ha="center", va="center")
-    if run_id:
-        with tracking.run(cfg, experiment_name or cfg.train.method, run_id=run_id):
-            mlflow.log_metrics({tracking.metric_name(f"test_{k}"): v for k, v in scores.items()})
-            if examples:
-                mlflow.log_text(examples, "evaluation/sentence_retrieval.md")
-            if tsne is not None:
-                mlflow.log_figure(tsne, "figures/tsne.png")
-    if plots_dir is not None:
-        save_figure(no_sts, plots_dir / "sts_scatter.png")
-        write_text(plots_dir / "sentence_retrieval.md", examples or "")
-        if tsne is not None:
-            save_figure(tsne, plots_dir / "tsne.png")
-    else:
-        plt.close(no_sts)
+    record_evaluation(cfg, scores, run_id, experiment_name, plots_dir, examples, no_sts, tsne, log_scatter=False)
     return scores
 
 
