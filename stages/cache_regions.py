@@ -1,6 +1,8 @@
 """DVC stage `cache_regions`: DUET's region features and boxes (§4.1.1) of the training, val and test
 images, one content-addressed set each under data/regions (reused by train, evaluate and ablation jobs)."""
 
+import sys
+
 from mmcse.cli import run_entry
 from mmcse.config import load_config
 from mmcse.io import write_json
@@ -11,6 +13,8 @@ def main() -> None:
     cfg = load_config("params.yaml")
     paths = Paths.of(cfg)
     result = run_cache_regions(cfg, paths)
+    for split, hit in result["hits"].items():
+        print(f"cache_regions: {split}: {'cached' if hit else 'computed'}", file=sys.stderr)
     # what the sets hold, not whether they were cache hits: a tracked metric must not depend on history
     write_json(paths.metrics / "regions.json", {**{f"images_{k}": n for k, n in result["images"].items()},
                                                 "dim": result.get("dim", 0)})

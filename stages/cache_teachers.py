@@ -1,6 +1,8 @@
 """DVC stage `cache_teachers`: frozen teacher/encoder features, memory-mapped, keyed by hash;
 then KDMCSE's threshold statistics of the cached joint teacher (plot + metrics)."""
 
+import sys
+
 from mmcse.cli import run_entry
 from mmcse.config import load_config
 from mmcse.evaluation.figures import save_threshold_statistics
@@ -12,7 +14,14 @@ def main() -> None:
     cfg = load_config("params.yaml")
     paths = Paths.of(cfg)
     result = run_cache_teachers(cfg, paths)
-    write_json(paths.metrics / "teachers.json", {f"cache_hit_{k}": v for k, v in result["hits"].items()})
+    # which cached set each role reads (content-addressed names); whether it was found cached goes to
+    # the log, not into this tracked file: it depends on what ran before
+    sets = {role: name for role, name in result["sets"].items() if role != "text"}
+    for i, teacher in enumerate(result["sets"]["text"]):
+        sets |= {f"text_{i}_caption": teacher["caption"], f"text_{i}_corpus": teacher["corpus"]}
+    write_json(paths.metrics / "teachers.json", sets)
+    for role, hit in result["hits"].items():
+        print(f"cache_teachers: {role}: {'cached' if hit else 'computed'}", file=sys.stderr)
     save_threshold_statistics(paths.teachers, paths.raw, paths.plots / "kdmcse_threshold.png",
                               paths.metrics / "threshold.json", threshold=cfg.loss.kdmcse.threshold_value)
 

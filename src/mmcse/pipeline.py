@@ -93,8 +93,9 @@ def run_cache_teachers(
     model; ``joint_text`` / ``joint_image``: captions and images in the joint text–image
     teacher space (CLIP / open_clip, or a CCA fitted on the training pairs). Every model is
     resolved before any compute; a set already cached (in ``paths.teachers`` or one of the
-    ``read_only`` caches) runs no model. Returns ``{"sets", "hits", "artifact_key"}``, also
-    written to ``manifest_path`` (default ``<teachers>/manifest.json``).
+    ``read_only`` caches) runs no model. Returns ``{"sets", "hits", "artifact_key"}``; the manifest
+    ``manifest_path`` (default ``<teachers>/manifest.json``) holds ``sets`` and ``artifact_key``, not
+    ``hits``: what a run found cached depends on what ran before, and the manifest is part of a DVC output.
     """
     import numpy as np
 
@@ -230,7 +231,7 @@ def run_cache_teachers(
                            joint_test_images)
         result["sets"]["retrieval_joint_image"] = joint_test.folder.name
     result["artifact_key"] = artifact_keys(cfg)["teachers"]  # written last: the manifest names complete sets
-    write_json(manifest_path or paths.teachers / "manifest.json", result)
+    write_json(manifest_path or paths.teachers / "manifest.json", {k: v for k, v in result.items() if k != "hits"})
     return result
 
 
