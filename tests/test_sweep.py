@@ -117,11 +117,11 @@ def test_two_workers_share_one_study(project):
         assert max(r.data.metrics.get("best_value", -1) for r in sweep_runs) == pytest.approx(best)
 
 
-def _in_process_sweep(project, monkeypatch, study_name: str, n_trials: int):
-    """params.yaml for an in-process sweep with 1 s heartbeats and grace period, a short poll,
-    and the study created beforehand (as another worker would have); returns (cfg, storage URL, study)."""
+def _in_process_sweep(project, monkeypatch, study_name: str, n_trials: int, grace: int = 1):
+    """params.yaml for an in-process sweep with 1 s heartbeats, a ``grace`` s grace period, a short
+    poll, and the study created beforehand (as another worker would have); returns (cfg, storage URL, study)."""
     monkeypatch.setattr(sweep, "HEARTBEAT_INTERVAL", 1)
-    monkeypatch.setattr(sweep, "GRACE_PERIOD", 1)
+    monkeypatch.setattr(sweep, "GRACE_PERIOD", grace)
     monkeypatch.setattr(sweep, "POLL_SECONDS", 0.2)
     write_params(project, study_name, n_trials)
     cfg = load_config("params.yaml")
@@ -150,7 +150,9 @@ def test_stale_running_trials_are_failed_and_their_slots_run_again(project, monk
 
 
 def test_a_running_trial_of_another_worker_counts_towards_n_trials(project, monkeypatch):
-    cfg, url, study = _in_process_sweep(project, monkeypatch, "shared", n_trials=2)
+    # a 10 s grace: the other worker's heartbeat thread may be starved for a second on a loaded machine,
+    # and its trial must stay alive here (the stale-trial test keeps 1 s: there the trials are dead)
+    cfg, url, study = _in_process_sweep(project, monkeypatch, "shared", n_trials=2, grace=10)
     other = study.ask()  # another worker's trial, alive: it beats until this worker has finished one
     storage = optuna.storages.RDBStorage(url)
     first_done = threading.Event()
