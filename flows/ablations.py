@@ -29,6 +29,7 @@ from mmcse.ablate import (
     ablation_hash,
     aggregate,
     aggregate_metrics,
+    environment_notes,
     expand,
     failed_result,
     finished_result,
@@ -271,7 +272,8 @@ def ablations(
                     results.append(failed_result(job, err))
                 progress(results)
         rows = aggregate(cfg, results)
-        files = write_table(rows, paths.ablations, table_metric(cfg), cfg.ablate.reference, cfg.ablate.title)
+        files = write_table(rows, paths.ablations, table_metric(cfg), cfg.ablate.reference, cfg.ablate.title,
+                            environment_notes(results))
         log_ablation(cfg, rows, files, paths, results, run_id=parent_id, step=len(results))
     print(files["md"].read_text())
     return rows

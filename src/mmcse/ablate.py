@@ -127,6 +127,7 @@ def run_job(
     no job made them yet); their keys are in its result and tagged on its MLflow run."""
     from mmcse import tracking
     from mmcse.device import device_tags
+    from mmcse.environment import environment
     from mmcse.pipeline import Paths, run_evaluate, run_train
     from mmcse.train import release_resume_point
 
@@ -164,6 +165,7 @@ def run_job(
         "best_dev": summary["best_dev"],
         "dev_metric": summary["dev_metric"],
         "artifacts": summary["artifacts"],
+        "environment": environment(job_cfg.base.device),
         "scores": scores,
     }
     _write_result(folder, result)
@@ -317,6 +319,36 @@ def no_transfer_note(cfg: Config) -> str:
     return "no transfer scores: no finished job's data held data.transfer_tasks"
 
 
+def environment_notes(results: Sequence[dict[str, Any]]) -> list[str]:
+    """The table's note on the environment its finished jobs computed in (`mmcse.environment`):
+    one line when they share one (``env.hash``), else a warning naming each environment, the
+    versions that differ and its jobs: rows made under different software or hardware may differ
+    by more than their methods. Jobs recorded before environments were (no ``environment``)
+    count as unknown."""
+    from mmcse.environment import describe
+
+    groups: dict[str, tuple[dict[str, str], list[str]]] = {}
+    for r in results:
+        if r.get("status") != "ok":
+            continue
+        env = r.get("environment") or {}
+        key = env.get("hash", "unknown")
+        groups.setdefault(key, (env, []))[1].append(f"{r['variant']} seed {r['seed']}")
+    if not groups:
+        return []
+    if len(groups) == 1:
+        env, _ = next(iter(groups.values()))
+        return [f"Environment: {describe(env)}." if env else "Environment: not recorded by these jobs."]
+    envs = [env for env, _ in groups.values()]
+    keys = sorted({k for env in envs for k in env} - {"hash", "locked", "lock_sha256"})
+    differing = [k for k in keys if len({env.get(k) for env in envs}) > 1] or ["installed packages"]
+    lines = [f"Warning: the jobs ran under {len(groups)} environments (differing: {', '.join(differing)}); "
+             "compare their rows with care."]
+    for key, (env, jobs) in groups.items():
+        lines.append(f"Environment {key}: {describe(env) if env else 'not recorded'}; jobs: {', '.join(jobs)}.")
+    return lines
+
+
 def _fmt(mean: float, std: float, marker: str = "") -> str:
     return "—" if not math.isfinite(mean) else f"{mean:.2f}{marker} ± {std:.2f}"
 
@@ -379,17 +411,18 @@ def aggregate(cfg: Config, results: Sequence[dict[str, Any]]) -> list[dict[str, 
 LABELS = {"avg": "STS avg", TRANSFER_AVG: "TR avg"}  # DALR's STS (Avg.) / TR (Avg.)
 
 
-def table_markdown(rows: Sequence[dict[str, Any]], primary: str, reference: str, title: str = "") -> str:
+def table_markdown(rows: Sequence[dict[str, Any]], primary: str, reference: str, title: str = "",
+                   notes: Sequence[str] = ()) -> str:
     """Every metric's mean ± std over seeds, marked ``*`` where the paired t-test against
     ``reference`` gives p < 0.05 (KDMCSE Table 1's marker); the primary metric's p-value (or
     ``n<2``) in its own column; a footnote says what the marker means and why an empty
-    transfer column is empty."""
+    transfer column is empty; ``notes`` (the environment, `environment_notes`) follow it."""
     metrics = metric_order([k[: -len("_mean")] for k in rows[0] if k.endswith("_mean")]) if rows else []
     header = ["variant", *[LABELS.get(m, m) for m in metrics], f"p vs {reference} ({LABELS.get(primary, primary)})",
               "seeds", "status"]
     lines = [f"### {title}", ""] if title else []
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    notes: list[str] = []
+    transfer_notes: list[str] = []
     for r in rows:
         cells = [r["variant"]]
         for m in metrics:
@@ -397,7 +430,7 @@ def table_markdown(rows: Sequence[dict[str, Any]], primary: str, reference: str,
             marker = MARKER if math.isfinite(p) and p < ALPHA else ""
             if m == TRANSFER_AVG and r.get("transfer_note"):
                 cells.append("n/a (no transfer tasks)" if "no transfer tasks" in r["transfer_note"] else "n/a")
-                notes += [r["transfer_note"]] if r["transfer_note"] not in notes else []
+                transfer_notes += [r["transfer_note"]] if r["transfer_note"] not in transfer_notes else []
             else:
                 cells.append(_fmt(r[f"{m}_mean"], r[f"{m}_std"], marker))
         p = r.get("p_value", math.nan)
@@ -412,12 +445,14 @@ def table_markdown(rows: Sequence[dict[str, Any]], primary: str, reference: str,
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", f"{MARKER}: paired t-test against {reference} over the seeds both rows finished, p < {ALPHA} "
                   f"(KDMCSE Table 1's α; {FEW_SEEDS}: fewer than 2 paired seeds, no test). Mean ± std over seeds."]
-    lines += [f"TR avg: {n}." for n in notes]
+    lines += [f"TR avg: {n}." for n in transfer_notes]
+    lines += list(notes)
     return "\n".join(lines) + "\n"
 
 
 def write_table(
-    rows: Sequence[dict[str, Any]], out_dir: Path, primary: str, reference: str, title: str = ""
+    rows: Sequence[dict[str, Any]], out_dir: Path, primary: str, reference: str, title: str = "",
+    notes: Sequence[str] = (),
 ) -> dict[str, Path]:
     import pandas as pd
 
@@ -427,5 +462,5 @@ def write_table(
     csv_path, md_path = out_dir / "ablation.csv", out_dir / "ablation.md"
     with atomic_path(csv_path) as tmp:
         pd.DataFrame(rows).to_csv(tmp, index=False)
-    write_text(md_path, table_markdown(rows, primary, reference, title))
+    write_text(md_path, table_markdown(rows, primary, reference, title, notes))
     return {"csv": csv_path, "md": md_path}

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from mmcse.config import Config, to_dict
+from mmcse.environment import TAG_PREFIX, environment_tags
 from mmcse.io import ensure_sqlite_parent
 
 # Tags added to every run started (not resumed) inside `tagged(...)`: where a job ran
@@ -237,6 +238,10 @@ def run(
 ) -> Iterator[Any]:
     """An MLflow run in experiment ``<prefix>-<experiment_name>``, or run ``run_id`` continued.
 
+    A new run is tagged with the environment it computes in (`mmcse.environment.environment_tags`:
+    ``env.python|torch|cuda|cudnn|transformers|numpy|device|lock_sha256|locked|hash``); a continued
+    one whose environment changed gets ``env.resumed_under`` (`note_resumed_environment`).
+
     ``job`` (e.g. the output folder) names what the run computes: the run is tagged with it,
     the host and this process id, and runs of the same job left RUNNING by a dead process are
     marked KILLED first (`end_stale_runs`). The run ends FINISHED, or with the status the
@@ -249,6 +254,9 @@ def run(
     extra = _EXTRA_TAGS.get()
     if run_id is None and extra:  # a resumed run keeps the tags it was started with
         tags = {**extra, **(tags or {})}
+    env = environment_tags(cfg.base.device)
+    if run_id is None:
+        tags = {**env, **(tags or {})}
     if job is not None:
         tags = {**(tags or {}), JOB_TAG: job, "mmcse.host": socket.gethostname(), "mmcse.pid": str(os.getpid())}
         end_stale_runs(exp_id, job, keep=run_id)
@@ -260,6 +268,8 @@ def run(
         nested=parent_run_id is not None or mlflow.active_run() is not None,
         tags=tags,
     )
+    if run_id is not None:
+        note_resumed_environment(run_id, env)
     try:
         yield active
     except BaseException as err:
@@ -269,6 +279,23 @@ def run(
         mlflow.end_run(getattr(err, "mlflow_status", default))
         raise
     mlflow.end_run("FINISHED")
+
+
+RESUMED_ENV_TAG = "env.resumed_under"
+
+
+def note_resumed_environment(run_id: str, env: dict[str, str]) -> None:
+    """A run continued under another environment than it started in (``env.hash`` differs) gets the
+    tag ``env.resumed_under``: the new environment, described, so its numbers are not taken for one
+    environment's."""
+    import mlflow
+
+    from mmcse.environment import describe
+
+    started = mlflow.MlflowClient().get_run(run_id).data.tags
+    now = {k[len(TAG_PREFIX):]: v for k, v in env.items()}
+    if started.get(f"{TAG_PREFIX}hash") not in (None, now["hash"]):
+        mlflow.MlflowClient().set_tag(run_id, RESUMED_ENV_TAG, describe(now)[:500])
 
 
 def metric_name(key: str) -> str:

@@ -44,6 +44,9 @@ def test_flow_trains_every_variant_retries_failures_and_resumes(project, harness
     assert calls.count(str(project / "no-such-model")) == 4  # 2 seeds x (1 try + 1 retry)
     table = (project / "ablation/ablation.md").read_text()
     assert "missing model" in table and "failed" in table
+    from mmcse.environment import describe, environment
+
+    assert table.rstrip().endswith(f"Environment: {describe(environment('cpu'))}.")  # every job ran here
     assert (project / "plots/ablation.png").stat().st_size > 1000
     for job in ("mcse/seed1", "simcse/seed2"):  # finished jobs keep their model and history only
         folder = project / "ablation" / job
