@@ -126,7 +126,7 @@ def _deployment_exists(name: str) -> None:
                 f"ablate.fan_out=deployment: Prefect deployment {name!r} not found at "
                 f"{PREFECT_API_URL.value() or 'the ephemeral API (PREFECT_API_URL unset)'}: deploy it "
                 "(`prefect --no-prompt deploy --name ablation-job`) and start workers on pool gpu "
-                '(README "Scaling out")'
+                '(docs/prefect.md, "Scaling out")'
             ) from None
 
 
@@ -141,7 +141,7 @@ def _job_result(cfg: Config, job: Job, flow_run: Any) -> dict[str, Any]:
         if done is not None:
             return done
         return failed_result(job, f"flow run {flow_run.name!r} completed but its result is unreadable here ({err}); "
-                                  "give every host one Prefect result storage (README \"Scaling out\")")
+                                  "give every host one Prefect result storage (docs/prefect.md, \"Scaling out\")")
 
 
 def fan_out_jobs(

@@ -258,7 +258,7 @@ class DetectConfig:
             spec = importlib.util.find_spec("sam2")
             _check(spec is not None and bool(spec.submodule_search_locations), where, p + "backend",
                    "sam2 needs the sam2 package: SAM2_BUILD_CUDA=0 PIP_CONSTRAINT=<file pinning the installed torch> "
-                   "pip install -e '.[sam2]' (README: install)")
+                   "pip install -e '.[sam2]' (docs/environment.md)")
             root = Path(next(iter(spec.submodule_search_locations)))
             bundled = sorted(str(f.relative_to(root)) for f in (root / "configs").rglob("*.yaml")
                              if "_training" not in f.parent.name)
@@ -334,7 +334,7 @@ class TeachersConfig:
 
 @dataclass(frozen=True)
 class DuetModelConfig:
-    # train.method duet (DUET §4.2, §5.2; README "DUET"): the visual stream's own Transformer layers,
+    # train.method duet (DUET §4.2, §5.2; docs/duet.md): the visual stream's own Transformer layers,
     # then the top shared_layers, used by both streams (weight-tied unless tie_shared is false), at
     # joint_dim; the text stream is model.name_or_path (BERT in the paper) fine-tuned.
     visual_layers: int = 4  # §5.2: four dedicated visual layers
