@@ -4,12 +4,12 @@
     python benchmarks/step_time.py --device cpu --student tiny --batch-size 32 --repeats 20
     python benchmarks/step_time.py --params params.yaml --teachers data/teachers   # the project's model and cache
 
-A student step (simcse, mcse, kdmcse, dalr, mcseo) is :func:`mmcse.train.optimizer_step` — the
+A student step (simcse, mcse, kdmcse, dalr, mcseo) is :func:`mmcse.training.loop.optimizer_step` — the
 forward pass (two dropout views as one doubled batch) under ``train.precision``'s autocast, the
 method's loss terms on cached teacher features, backward through the fp16 loss scaler when
-enabled, and the AdamW update (fused on CUDA, :func:`mmcse.train.build_optimizer`) — exactly what
+enabled, and the AdamW update (fused on CUDA, :func:`mmcse.training.loop.build_optimizer`) — exactly what
 ``train`` runs per batch, with the same deterministic-algorithm and TF32 settings. A DUET step is
-:func:`mmcse.train_duet.duet_optimizer_step`, what ``train_duet`` runs per batch. Data loading is
+:func:`mmcse.training.duet.duet_optimizer_step`, what ``train_duet`` runs per batch. Data loading is
 not timed: the batch, its features and regions are on the device before the clock starts.
 
 What one step of each method contains, for a batch of B captions (B images):
@@ -37,7 +37,7 @@ The students' terms are those the params file's ``loss.*`` switches on (the repo
 
 Students: ``bert-base`` (``BertModel(BertConfig())``), ``roberta-base`` (``RobertaModel(
 RobertaConfig())``), ``tiny`` (2 layers, 64 wide: quick CPU runs) — random weights, nothing
-downloaded — or ``--params FILE``: the project's ``model.*`` (:func:`mmcse.models.load_backbone`).
+downloaded — or ``--params FILE``: the project's ``model.*`` (:func:`mmcse.models.student.load_backbone`).
 Every method starts from the same initial weights (DUET's text stream is a copy of the same
 backbone, built into ``DuetModel(backbone, **duet_architecture(cfg, region_dim))``). Features are
 random with the papers' shapes (2048-d ResNet-50 image and object features, 512-d CLIP ViT-B/32
@@ -123,9 +123,9 @@ def default_precision(device: torch.device) -> str:
 
 
 def checked_precision(precision: str, device: torch.device) -> None:
-    """:func:`mmcse.precision.check_precision` as one line (e.g. bf16 on a GPU without it)."""
+    """:func:`mmcse.models.precision.check_precision` as one line (e.g. bf16 on a GPU without it)."""
     from mmcse.errors import PrecisionError
-    from mmcse.precision import check_precision
+    from mmcse.models.precision import check_precision
 
     try:
         check_precision(precision, device)
@@ -134,9 +134,9 @@ def checked_precision(precision: str, device: torch.device) -> None:
 
 
 def setup_like_train(device: torch.device) -> None:
-    """The kernel settings :func:`mmcse.train.train` runs its steps under."""
-    from mmcse.cli import quiet_libraries
-    from mmcse.precision import configure_kernels
+    """The kernel settings :func:`mmcse.training.loop.train` runs its steps under."""
+    from mmcse.entry import quiet_libraries
+    from mmcse.models.precision import configure_kernels
 
     quiet_libraries()
     if device.type == "cuda":
@@ -227,7 +227,7 @@ def synthetic_features(need: set[str], lengths: Sequence[int], g: torch.Generato
                        image_dim: int = PAPER_IMAGE_DIM, joint_dim: int = PAPER_JOINT_DIM) -> Any:
     """Random cached features (float32, as the feature stores hold them) of the groups in
     ``need`` (:func:`mmcse.methods.objectives.needed_features`) for a batch of ``len(lengths)``."""
-    from mmcse.train import BatchFeatures
+    from mmcse.training.batches import BatchFeatures
 
     n = len(lengths)
     feats = BatchFeatures()
@@ -352,7 +352,7 @@ def peak_rss_mib() -> float:
 class Run:
     """One method's model, optimizer, scaler and inputs for one batch size. A DUET run has
     ``regions`` (regions (B, n, d), boxes (B, n, 5), mask (B, n)) and ``ignore`` (B, B)
-    (:func:`mmcse.train_duet.same_image_mask`) and no ``feats``; its ``student`` is the
+    (:func:`mmcse.training.duet.same_image_mask`) and no ``feats``; its ``student`` is the
     :class:`mmcse.methods.duet.DuetModel`."""
 
     cfg: Any
@@ -371,8 +371,8 @@ def make_run(cfg: Any, base: torch.nn.Module, batch: dict[str, torch.Tensor], fe
              total_steps: int, compile_backbone: bool, pair_batch: bool = True) -> Run:
     """A copy of ``base`` (the same initial weights for every method) with train's optimizer."""
     from mmcse.config import active_terms
-    from mmcse.precision import grad_scaler
-    from mmcse.train import build_optimizer
+    from mmcse.models.precision import grad_scaler
+    from mmcse.training.loop import build_optimizer
 
     student = copy.deepcopy(base).to(device).train()
     if compile_backbone:
@@ -387,8 +387,8 @@ def make_duet_run(cfg: Any, base: torch.nn.Module, batch: dict[str, torch.Tensor
                   device: torch.device, total_steps: int) -> Run:
     """A copy of the DUET model ``base`` with ``train_duet``'s optimizer and scaler (no compile:
     ``train_duet`` does not compile)."""
-    from mmcse.precision import grad_scaler
-    from mmcse.train import build_optimizer
+    from mmcse.models.precision import grad_scaler
+    from mmcse.training.loop import build_optimizer
 
     model = copy.deepcopy(base).to(device).train()
     optimizer, _ = build_optimizer(model, cfg, total_steps, device)
@@ -397,14 +397,14 @@ def make_duet_run(cfg: Any, base: torch.nn.Module, batch: dict[str, torch.Tensor
 
 
 def run_step(run: Run, device: torch.device, seed: int) -> dict[str, torch.Tensor]:
-    """The training step of the run's method: :func:`mmcse.train_duet.duet_optimizer_step` for
-    DUET, :func:`mmcse.train.optimizer_step` for the students. Returns the loss terms."""
+    """The training step of the run's method: :func:`mmcse.training.duet.duet_optimizer_step` for
+    DUET, :func:`mmcse.training.loop.optimizer_step` for the students. Returns the loss terms."""
     if run.regions is not None:
-        from mmcse.train_duet import duet_optimizer_step
+        from mmcse.training.duet import duet_optimizer_step
 
         return duet_optimizer_step(run.student, run.cfg, run.batch, run.regions, run.ignore, run.optimizer,
                                    run.scaler, device)
-    from mmcse.train import optimizer_step
+    from mmcse.training.loop import optimizer_step
 
     return optimizer_step(run.student, run.cfg, run.batch, run.feats, run.pair_batch, run.optimizer, run.scaler,
                           device, seed=seed, on=run.on)
@@ -448,13 +448,13 @@ def time_runs(runs: dict[str, Run], device: torch.device, repeats: int, warmup: 
 
 def guard_teachers() -> None:
     """A step that ran a teacher model raises: features must come from the cache."""
-    import mmcse.teachers
+    import mmcse.teachers.cache
 
     def no_teacher(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("a training step ran a teacher model: features must come from the cache")
 
     for name in ("text_teacher_features", "colour_edge_grid_features", "pretrained_joint_teacher"):
-        setattr(mmcse.teachers, name, no_teacher)
+        setattr(mmcse.teachers.cache, name, no_teacher)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -556,10 +556,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     from mmcse.config import with_overrides
     from mmcse.methods.duet import DuetModel
     from mmcse.methods.objectives import needed_features
-    from mmcse.models import Student, load_backbone, load_tokenizer
-    from mmcse.tokens import tokenize_texts
-    from mmcse.train import TrainData
-    from mmcse.train_duet import duet_architecture, same_image_mask
+    from mmcse.models.student import Student, load_backbone, load_tokenizer
+    from mmcse.models.tokens import tokenize_texts
+    from mmcse.training.batches import TrainData
+    from mmcse.training.duet import duet_architecture, same_image_mask
 
     guard_teachers()
     base_cfg = load_base_config(args.params, precision, args.compile)

@@ -5,18 +5,18 @@
 
 1. Prepares a demo project in a temporary folder (download, detect_objects, cache_teachers
    from :mod:`mmcse.pipeline`; a 1,500-pair dev set, the size of STS-B dev) and runs the real
-   :func:`mmcse.train.train` for ``--steps`` steps with a paper profile's training settings
+   :func:`mmcse.training.loop.train` for ``--steps`` steps with a paper profile's training settings
    (``--profile``: method, batch size, learning rate, loss weights, dev evaluation and
    resume point every 125 steps). Loop throughput counts from the end of the step-0 dev
    evaluation to the return of ``train``: data loading, logging, dev evaluations, best
    checkpoints and resume points included.
-2. Times bare steps — :func:`mmcse.train.optimizer_step` on the same student (its final
+2. Times bare steps — :func:`mmcse.training.loop.optimizer_step` on the same student (its final
    weights), the same batches (the loop's first batches, already on the device) and the
    same optimizer settings, in a loop with nothing else — and prints both throughputs.
 3. For every paper profile (``profiles/*.yaml``): the step count of a full run, from the
    profile's epochs, batch size and data (Wiki1M's 1,000,000 sentences; Karpathy's
    Flickr30k / COCO train split, one caption or all per image as ``data.captions`` says),
-   through the library's own batch schedule (:func:`mmcse.train.alternation_schedule`);
+   through the library's own batch schedule (:func:`mmcse.training.batches.alternation_schedule`);
    a text-batch and a pair-batch step time of the profile's method and batch size on a
    student of the profile's size (BERT-base / RoBERTa-base; all ``tiny`` with ``--student
    tiny``) with synthetic features of the papers' shapes; and the projected minutes: steps ×
@@ -107,7 +107,7 @@ def training_set_sizes(cfg: Any) -> tuple[int, int]:
 
 def run_steps(cfg: Any) -> dict[str, int]:
     """Text and pair batches per epoch and steps of a full run, by train's own schedule."""
-    from mmcse.train import PAIR, TEXT, alternation_schedule
+    from mmcse.training.batches import PAIR, TEXT, alternation_schedule
 
     corpus, pairs = training_set_sizes(cfg)
     b = cfg.train.batch_size
@@ -121,7 +121,7 @@ def run_steps(cfg: Any) -> dict[str, int]:
 
 def profile_config(name: str, precision: str, compile_backbone: bool) -> Any:
     from mmcse.config import ConfigError, load_config
-    from mmcse.profiles import profile_overrides
+    from mmcse.config.profiles import profile_overrides
 
     try:
         overrides = profile_overrides(name, REPO / "profiles")
@@ -136,7 +136,7 @@ def project_params(profile: str, student: str, device: torch.device, precision: 
     """The repo's params.yaml on demo data, the profile's train.* and loss.* settings, the
     benchmark's student, precision, device and length."""
     from mmcse.config import apply_overrides
-    from mmcse.profiles import profile_overrides
+    from mmcse.config.profiles import profile_overrides
 
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     overrides = {k: v for k, v in profile_overrides(profile, REPO / "profiles").items()
@@ -162,7 +162,10 @@ def project_params(profile: str, student: str, device: torch.device, precision: 
 def prepare_project(root: Path, raw: dict[str, Any]) -> Any:
     """``root/params.yaml`` from ``raw``, then download, detect_objects and cache_teachers."""
     from mmcse.config import load_config
-    from mmcse.pipeline import Paths, run_cache_teachers, run_detect, run_download
+    from mmcse.pipeline.detect import run_detect
+    from mmcse.pipeline.download import run_download
+    from mmcse.pipeline.features import run_cache_teachers
+    from mmcse.pipeline.paths import Paths
 
     (root / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     cwd = os.getcwd()
@@ -209,14 +212,14 @@ class Stopwatch:
 def run_loop(cfg: Any, root: Path) -> dict[str, Any]:
     """The real ``train`` on the prepared project; loop time from the end of the step-0 dev
     evaluation (the last thing before the first step) to the return of ``train``."""
-    import mmcse.train
-    from mmcse.pipeline import Paths
+    import mmcse.training.loop
+    from mmcse.pipeline.paths import Paths
 
     paths = Paths.of(cfg, root)
     watch = Stopwatch()
-    watch.wrap(mmcse.train, "evaluate_sts", "dev evaluation")
-    watch.wrap(mmcse.train, "_save_resume_point", "resume points")
-    watch.wrap(mmcse.train, "save_student", "best checkpoints")
+    watch.wrap(mmcse.training.loop, "evaluate_sts", "dev evaluation")
+    watch.wrap(mmcse.training.loop, "save_resume_point", "resume points")
+    watch.wrap(mmcse.training.loop, "save_student", "best checkpoints")
     marks: dict[str, float] = {}
 
     def log_metrics(entries: list[tuple[dict[str, float], int]]) -> None:
@@ -224,7 +227,7 @@ def run_loop(cfg: Any, root: Path) -> dict[str, Any]:
             marks.setdefault("loop_start", time.perf_counter())
 
     start = time.perf_counter()
-    result = mmcse.train.train(cfg, paths.raw, paths.teachers, root / "models" / "student",
+    result = mmcse.training.loop.train(cfg, paths.raw, paths.teachers, root / "models" / "student",
                                log_metrics=log_metrics, progress=False)
     end = time.perf_counter()
     loop_s = end - marks["loop_start"]
@@ -242,10 +245,11 @@ def run_bare(cfg: Any, root: Path, device: torch.device, steps: int, warmup: int
 
     from mmcse.config import active_terms
     from mmcse.methods.objectives import needed_features
-    from mmcse.models import Student, load_backbone, load_tokenizer
-    from mmcse.pipeline import Paths
-    from mmcse.precision import grad_scaler
-    from mmcse.train import PAIR, TEXT, TrainData, _Batches, build_optimizer, optimizer_step
+    from mmcse.models.precision import grad_scaler
+    from mmcse.models.student import Student, load_backbone, load_tokenizer
+    from mmcse.pipeline.paths import Paths
+    from mmcse.training.batches import PAIR, TEXT, Batches, TrainData
+    from mmcse.training.loop import build_optimizer, optimizer_step
 
     paths = Paths.of(cfg, root)
     data = TrainData.load(paths.raw, paths.teachers, paths.objects)
@@ -253,7 +257,7 @@ def run_bare(cfg: Any, root: Path, device: torch.device, steps: int, warmup: int
     tokens = data.token_tables(tokenizer, cfg.model.max_seq_len, paths.raw.parent / "tokens")
     need = {kind: needed_features(cfg, pair_batch=kind == PAIR) for kind in (TEXT, PAIR)}
     # the loop's batch order (train's private schedule class: the same batches, not a copy of its logic)
-    batches = _Batches(len(data.corpus), len(data.captions), cfg.train.batch_size, cfg.base.seed)
+    batches = Batches(len(data.corpus), len(data.captions), cfg.train.batch_size, cfg.base.seed)
     order: list[tuple[str, list[int]]] = []
     epoch = 0
     while len(order) < steps:
@@ -303,7 +307,7 @@ def time_profiles(names: Sequence[str], student: str, device: torch.device, prec
     """Median text-batch and pair-batch step time of every distinct (method, batch size,
     student) among the profiles, interleaved; synthetic batches of ``seq_len`` tokens."""
     from mmcse.methods.objectives import needed_features
-    from mmcse.models import Student
+    from mmcse.models.student import Student
 
     cfgs = {n: profile_config(n, precision, compile_backbone) for n in names}
     keys = {n: (cfgs[n].train.method, cfgs[n].train.batch_size, profile_student(cfgs[n], student)) for n in names}
@@ -376,7 +380,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     st.setup_like_train(device)
 
     from mmcse.config import parse_config
-    from mmcse.profiles import list_profiles
+    from mmcse.config.profiles import list_profiles
 
     profiles = list_profiles(REPO / "profiles")
     if args.profile not in profiles:

@@ -11,8 +11,8 @@
   It holds no GPU itself: deployment `ablations/fan-out` runs it on work pool `head`.
 
 Every job's MLflow run records the device it trained on, ``CUDA_VISIBLE_DEVICES``, the host,
-the Prefect flow run and worker (`mmcse.device.device_tags`, `mmcse.tracking.prefect_tags`).
-All work is done by library functions in `mmcse.ablate` and `mmcse.pipeline`.
+the Prefect flow run and worker (`mmcse.models.device.device_tags`, `mmcse.tracking.prefect_tags`).
+All work is done by library functions in `mmcse.experiments.ablate` and `mmcse.pipeline`.
 """
 
 from __future__ import annotations
@@ -24,12 +24,11 @@ from typing import Any
 
 from prefect import flow, task
 
-from mmcse.ablate import (
+from mmcse.analysis.tables import aggregate, aggregate_metrics, environment_notes, table_metric, write_table
+from mmcse.config import Config, load_config
+from mmcse.experiments.ablate import (
     Job,
     ablation_hash,
-    aggregate,
-    aggregate_metrics,
-    environment_notes,
     expand,
     failed_result,
     finished_result,
@@ -40,11 +39,9 @@ from mmcse.ablate import (
     record_result,
     remember_parent,
     run_job,
-    table_metric,
-    write_table,
 )
-from mmcse.config import Config, load_config
-from mmcse.pipeline import Paths, log_ablation
+from mmcse.experiments.ablation_record import log_ablation
+from mmcse.pipeline.paths import Paths
 from mmcse.tracking import prefect_tags
 
 JOB_DEPLOYMENT = "ablation-job/ablation-job"  # <flow name>/<deployment name> in prefect.yaml

@@ -13,8 +13,8 @@ import sys
 from prefect import flow
 
 from mmcse.config import load_config
-from mmcse.pipeline import Paths
-from mmcse.sweep import run_sweep
+from mmcse.experiments.sweep import run_sweep
+from mmcse.pipeline.paths import Paths
 from mmcse.tracking import prefect_tags
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for flows/
 
 from flows.ablations import ablations  # noqa: E402
-from mmcse.cli import run_entry  # noqa: E402
+from mmcse.entry import run_entry  # noqa: E402
 
 
 def main() -> None:

@@ -3,10 +3,11 @@ images, one content-addressed set each under data/regions (reused by train, eval
 
 import sys
 
-from mmcse.cli import run_entry
 from mmcse.config import load_config
+from mmcse.entry import run_entry
 from mmcse.io import write_json
-from mmcse.pipeline import Paths, run_cache_regions
+from mmcse.pipeline.features import run_cache_regions
+from mmcse.pipeline.paths import Paths
 
 
 def main() -> None:

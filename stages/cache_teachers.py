@@ -3,11 +3,12 @@ then KDMCSE's threshold statistics of the cached joint teacher (plot + metrics).
 
 import sys
 
-from mmcse.cli import run_entry
 from mmcse.config import load_config
+from mmcse.entry import run_entry
 from mmcse.evaluation.figures import save_threshold_statistics
 from mmcse.io import write_json
-from mmcse.pipeline import Paths, run_cache_teachers
+from mmcse.pipeline.features import run_cache_teachers
+from mmcse.pipeline.paths import Paths
 
 
 def main() -> None:

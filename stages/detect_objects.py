@@ -1,8 +1,9 @@
 """DVC stage `detect_objects`: image–caption pairs -> object–phrase table + crops."""
 
-from mmcse.cli import run_entry
 from mmcse.config import load_config
-from mmcse.pipeline import Paths, run_detect
+from mmcse.entry import run_entry
+from mmcse.pipeline.detect import run_detect
+from mmcse.pipeline.paths import Paths
 
 
 def main() -> None:

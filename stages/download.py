@@ -1,9 +1,10 @@
 """DVC stage `download`: generate (or read) the data under data/raw; counts to metrics."""
 
-from mmcse.cli import run_entry
 from mmcse.config import load_config
+from mmcse.entry import run_entry
 from mmcse.io import write_json
-from mmcse.pipeline import Paths, run_download
+from mmcse.pipeline.download import run_download
+from mmcse.pipeline.paths import Paths
 
 
 def main() -> None:

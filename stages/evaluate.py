@@ -4,10 +4,11 @@ and NDCG) -> metrics/eval.json."""
 from pathlib import Path
 
 from mmcse import tracking
-from mmcse.cli import run_entry
 from mmcse.config import load_config
+from mmcse.entry import run_entry
 from mmcse.io import read_json, write_json
-from mmcse.pipeline import Paths, run_evaluate
+from mmcse.pipeline.evaluate import run_evaluate
+from mmcse.pipeline.paths import Paths
 
 
 def main() -> None:

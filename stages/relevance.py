@@ -1,8 +1,9 @@
 """DVC stage `relevance`: caption relevance matrices of the retrieval test set (graded NDCG)."""
 
-from mmcse.cli import run_entry
 from mmcse.config import load_config
-from mmcse.pipeline import Paths, run_relevance
+from mmcse.entry import run_entry
+from mmcse.pipeline.features import run_relevance
+from mmcse.pipeline.paths import Paths
 
 
 def main() -> None:

@@ -1,10 +1,11 @@
 """DVC stage `train`: the student, best dev checkpoint in models/student/best, curves in plots/."""
 
-from mmcse.cli import run_entry
 from mmcse.config import load_config
+from mmcse.entry import run_entry
 from mmcse.io import write_json
-from mmcse.pipeline import Paths, run_train, write_curves
-from mmcse.train import load_history
+from mmcse.pipeline.paths import Paths
+from mmcse.pipeline.train import run_train, write_curves
+from mmcse.training.checkpoints import load_history
 
 
 def main() -> None:

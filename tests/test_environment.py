@@ -183,7 +183,7 @@ def _result(variant: str, seed: int, env: dict[str, str] | None) -> dict:
 
 
 def test_the_ablation_table_names_its_environment_once_and_warns_when_jobs_differ():
-    from mmcse.ablate import environment_notes, table_markdown
+    from mmcse.analysis.tables import environment_notes, table_markdown
 
     env = environment("cpu")
     same = [_result("a", 1, env), _result("b", 1, env), {"variant": "c", "seed": 1, "status": "failed"}]

@@ -46,7 +46,8 @@ KILLED_TRAINING = """
 import os, signal, sys
 from pathlib import Path
 from mmcse.config import load_config, with_overrides
-from mmcse.pipeline import Paths, run_train
+from mmcse.pipeline.paths import Paths
+from mmcse.pipeline.train import run_train
 
 cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 12, "train.eval_steps": 4,
                                                     "train.checkpoint_steps": 4})
@@ -60,12 +61,14 @@ run_train(cfg, Paths.of(cfg), out_dir=Path("m"), on_eval=die, progress=False)
 """
 
 
+@pytest.mark.slow  # trainings in subprocesses, one killed
 def test_kill_9_then_resume_is_one_run_and_the_dead_run_is_marked_killed(project):
     import subprocess
     import sys
 
     from mmcse.config import with_overrides
-    from mmcse.pipeline import Paths, run_train
+    from mmcse.pipeline.paths import Paths
+    from mmcse.pipeline.train import run_train
 
     for kill_at in (4, 8):  # 4: before any resume point; 8: the resume point of step 4 exists
         proc = subprocess.run([sys.executable, "-c", KILLED_TRAINING, str(kill_at)], cwd=project,
@@ -127,7 +130,8 @@ def test_the_train_stage_run_is_named_method_seed(project):
     from dataclasses import replace
 
     from mmcse.config import with_overrides
-    from mmcse.pipeline import Paths, run_train, train_run_name
+    from mmcse.pipeline.paths import Paths
+    from mmcse.pipeline.train import run_train, train_run_name
 
     cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 2, "train.eval_steps": 2})
     summary = run_train(cfg, Paths.of(cfg), out_dir=project / "m", progress=False)  # as the train stage calls it
@@ -146,9 +150,11 @@ def test_ablation_parent_and_job_runs_read_as_the_table(project):
 
     sys.path.insert(0, str(REPO))
     from flows.ablations import ablation_params, log_partial
-    from mmcse.ablate import aggregate, expand, job_run_name, parent_run_name, run_job, table_metric, write_table
+    from mmcse.analysis.tables import aggregate, table_metric, write_table
     from mmcse.config import with_overrides
-    from mmcse.pipeline import Paths, log_ablation
+    from mmcse.experiments.ablate import expand, job_run_name, parent_run_name, run_job
+    from mmcse.experiments.ablation_record import log_ablation
+    from mmcse.pipeline.paths import Paths
 
     cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 2, "train.eval_steps": 2,
                                                        "ablate.seeds": [4]})

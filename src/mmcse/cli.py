@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from mmcse.config import ConfigError
+from mmcse.entry import run_entry
 
 if TYPE_CHECKING:
     import subprocess
@@ -19,37 +17,6 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
     from mmcse.config import Config
-
-
-def quiet_libraries() -> None:
-    """Keep stage logs readable: no per-load reports or telemetry chatter."""
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    try:
-        import transformers
-
-        transformers.logging.set_verbosity_error()
-        transformers.utils.logging.disable_progress_bar()
-    except ImportError:
-        pass
-    for name in ("mlflow", "alembic", "optuna"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-
-
-def run_entry(fn: Callable[[], object]) -> None:
-    """Run a stage/CLI body; turn expected input errors into one clear line and exit 2."""
-    from mmcse.data.fetch import DownloadError
-    from mmcse.errors import PrecisionError, TrainingOutOfMemory
-    from mmcse.hub import ModelUnavailableError
-
-    quiet_libraries()
-    try:
-        fn()
-    except (ConfigError, ModelUnavailableError, DownloadError, FileNotFoundError, ValueError, KeyError,
-            PrecisionError, TrainingOutOfMemory) as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
 
 
 def _cmd_eval(args: argparse.Namespace) -> None:
@@ -108,14 +75,15 @@ def _cmd_eval(args: argparse.Namespace) -> None:
         scores |= mteb_scores(encoder, args.model, mteb_tasks, args.batch_size, args.mteb_output)
     if cfg is not None:
         from mmcse.hub import resolve_model
-        from mmcse.pipeline import Paths, checkpoint_retrieval
+        from mmcse.pipeline.evaluate import checkpoint_retrieval
+        from mmcse.pipeline.paths import Paths
 
         scores |= checkpoint_retrieval(cfg, Paths.of(cfg), encoder, Path(resolve_model(args.model)))
     print(json.dumps({k: round(v, 4) for k, v in scores.items()}, indent=2))
 
 
 def _cmd_export(args: argparse.Namespace) -> None:
-    from mmcse.export import EVAL_MAX_SEQ_LEN, export_sentence_transformers
+    from mmcse.models.export import EVAL_MAX_SEQ_LEN, export_sentence_transformers
 
     # a local folder only: the export writes into it (never into site-packages or the HF cache)
     if args.model.startswith("packaged:"):
@@ -131,8 +99,8 @@ def _cmd_export(args: argparse.Namespace) -> None:
 
 def _cmd_sweep(args: argparse.Namespace) -> None:
     from mmcse.config import load_config
-    from mmcse.pipeline import Paths
-    from mmcse.sweep import run_sweep
+    from mmcse.experiments.sweep import run_sweep
+    from mmcse.pipeline.paths import Paths
 
     cfg = load_config(args.params)
     summary = run_sweep(
@@ -144,7 +112,7 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
 def _cmd_profile(args: argparse.Namespace) -> None:
     import subprocess
 
-    from mmcse.profiles import apply_profile, list_profiles
+    from mmcse.config.profiles import apply_profile, list_profiles
 
     if args.name is None:
         print("\n".join(list_profiles(args.profiles_dir)))
@@ -205,7 +173,7 @@ def _cmd_figures_sts(args: argparse.Namespace) -> None:
         sts_run_statistics,
         sts_scatter_runs,
     )
-    from mmcse.plots import save_figure
+    from mmcse.evaluation.plots import save_figure
 
     cfg = _figures_config(args)
     log_run = args.log_run
@@ -235,7 +203,7 @@ def _cmd_figures_sts(args: argparse.Namespace) -> None:
 
 def _cmd_figures_thresholds(args: argparse.Namespace) -> None:
     from mmcse.evaluation.figures import save_threshold_statistics
-    from mmcse.pipeline import Paths
+    from mmcse.pipeline.paths import Paths
 
     cfg = _figures_config(args)
     paths = Paths.of(cfg)

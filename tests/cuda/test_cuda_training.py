@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from mmcse.config import load_config, with_overrides
-from tests.test_step_devices import (
+from tests.training.test_step_devices import (
     METHODS,
     fp32_matmuls,
     head_grads,
@@ -63,7 +63,7 @@ def test_bf16_autocast_step_is_finite_fp32_valued_and_close_to_fp32(method):
     """(b) The student's forward pass in bf16: every term finite and float32 (the similarity
     matrices and log-sum-exps stay fp32), the loss within 5% of the fp32 step's, fp32
     gradients on the fp32 weights."""
-    from mmcse.precision import autocast
+    from mmcse.models.precision import autocast
 
     cfg = tiny_config(method)
     student = tiny_student(cfg, seed=6, dropout=0.0).to(CUDA).train()
@@ -86,7 +86,7 @@ def test_similarity_matrices_stay_fp32_under_bf16_autocast():
     """(b) ``cosine_matrix`` on bf16 inputs under autocast is float32 and as exact as fp32
     arithmetic on those bf16 values (a bf16 or TF32 matmul would be off by ~1e-3)."""
     from mmcse.methods.losses import cosine_matrix, info_nce
-    from mmcse.precision import autocast
+    from mmcse.models.precision import autocast
 
     g = torch.Generator().manual_seed(0)
     a = torch.randn(64, 256, generator=g).to(CUDA, torch.bfloat16)
@@ -106,7 +106,7 @@ def test_bf16_training_run_on_cuda(project, method):
     """(c) A full ``train`` run on the GPU in bf16 for the two methods with per-step draws
     (dalr: mismatched pairs, ranking ties) and object spans (mcseo): every dev score and
     logged loss finite, fp32 weights saved."""
-    from mmcse.train import train
+    from mmcse.training.loop import train
 
     cfg = with_overrides(load_config("params.yaml"),
                          {"base.device": "cuda", "train.precision": "bf16", "train.method": method})
@@ -130,7 +130,7 @@ def test_killed_run_on_cuda_resumes_to_the_same_weights(project):
     weights of an uninterrupted one. The resume point must carry the CUDA generator's state
     (dropout masks are drawn on the GPU). Tolerance 1e-5 rather than exact: some CUDA
     backward kernels (index/scatter adds) accumulate in a run-dependent order."""
-    from mmcse.train import train
+    from mmcse.training.loop import train
 
     cfg = with_overrides(load_config("params.yaml"), {
         "base.device": "cuda", "train.precision": "fp32", "train.method": "dalr",

@@ -315,7 +315,7 @@ def test_bad_source_declarations_fail_at_load():
 
 def test_verify_images_off_keeps_what_the_archive_lists_and_downloads_dir_moves_the_archives(archives, tmp_path):
     from mmcse.config import Config
-    from mmcse.pipeline import Paths
+    from mmcse.pipeline.paths import Paths
 
     _, url, _ = archives
     manifest = prepare_data(_config(url, pairs="flickr30k", verify_images=False), 0, tmp_path / "raw",

@@ -9,14 +9,12 @@ import pytest
 import torch
 
 from mmcse.config import DataConfig, DemoDataConfig, DetectConfig, TeachersConfig
+from mmcse.detection.region_files import normalise_boxes, read_butd_tsv, read_npy_regions
 from mmcse.detection.regions import (
     RegionStore,
     build_region_cache,
-    normalise_boxes,
     npy_source,
     objects_source,
-    read_butd_tsv,
-    read_npy_regions,
     regions_from_objects,
     tsv_source,
 )
@@ -260,9 +258,9 @@ TINY = DataConfig(demo=DemoDataConfig(num_images=5, captions_per_image=2, corpus
 def demo(tmp_path_factory):
     """A tiny demo data folder, the detect stage's objects and the weight-free encoder."""
     from mmcse.data.prepare import prepare_data
-    from mmcse.detect import detect_objects
-    from mmcse.models import load_tokenizer
-    from mmcse.teachers import image_encoder
+    from mmcse.detection.objects import detect_objects
+    from mmcse.models.student import load_tokenizer
+    from mmcse.teachers.cache import image_encoder
 
     root = tmp_path_factory.mktemp("demo")
     prepare_data(TINY, 5, root / "raw")
@@ -273,7 +271,7 @@ def demo(tmp_path_factory):
 
 
 def test_regions_from_demo_objects_are_the_encoder_on_the_crops(demo, tmp_path):
-    from mmcse.detect import object_crop
+    from mmcse.detection.crops import object_crop
     from mmcse.io import open_image
 
     root, key, encode = demo
@@ -304,7 +302,7 @@ def test_regions_from_demo_objects_are_the_encoder_on_the_crops(demo, tmp_path):
 
 
 def test_cached_teacher_rows_are_reused_and_the_cache_hits(demo, tmp_path):
-    from mmcse.teachers import cached_features
+    from mmcse.teachers.cache import cached_features
 
     root, key, encode = demo
     raw, objects = root / "raw", root / "objects"
@@ -348,7 +346,7 @@ def test_cached_teacher_rows_are_reused_and_the_cache_hits(demo, tmp_path):
 def test_val_scenes_have_regions_and_a_folder_without_the_val_table_still_reads(demo, tmp_path):
     import shutil
 
-    from mmcse.detect import object_crop
+    from mmcse.detection.crops import object_crop
     from mmcse.io import open_image
 
     root, key, encode = demo

@@ -291,7 +291,7 @@ def _teacher_cache(root, t, v, owner):
     """A project folder as cache_teachers leaves it, as far as the statistics read it: the joint
     teacher's two sets (written by the real cache code), their manifest and pairs.jsonl."""
     from mmcse.io import write_json
-    from mmcse.teachers import cached_features
+    from mmcse.teachers.cache import cached_features
 
     (root / "params.yaml").write_text((REPO / "params.yaml").read_text())
     raw, cache = root / "data" / "raw", root / "data" / "teachers"

@@ -247,7 +247,8 @@ def test_offline_missing_dataset_fails_before_encoding_or_loading_the_model(tmp_
             print("EXIT:", exit_.code)
         from pathlib import Path
         from mmcse.config import parse_config
-        from mmcse.pipeline import Paths, run_evaluate
+        from mmcse.pipeline.evaluate import run_evaluate
+        from mmcse.pipeline.paths import Paths
         cfg = parse_config({"evaluate": {"mteb": ["STS12"]}})
         try:  # the evaluate stage (evaluate.mteb) stops before loading the model, too
             run_evaluate(cfg, Paths.of(cfg, sys.argv[1]), Path("/nonexistent/model"))

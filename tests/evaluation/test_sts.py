@@ -18,7 +18,7 @@ from tests.conftest import TINY_MODEL
 def tiny_model_dir(tmp_path_factory):
     """A random-weight BERT saved as a plain HF folder (what `mmcse eval` is given)."""
     from mmcse.config import ModelConfig
-    from mmcse.models import load_backbone, load_tokenizer
+    from mmcse.models.student import load_backbone, load_tokenizer
 
     torch.manual_seed(0)
     folder = tmp_path_factory.mktemp("tiny-model")
@@ -149,7 +149,7 @@ def test_cli_offline_model_id_fails_fast(tmp_path, monkeypatch, senteval_dir):
 def damaged_student_dir(tmp_path):
     """An mmcse student checkpoint (HF folder + heads) whose model.safetensors lost its tail."""
     from mmcse.config import ModelConfig
-    from mmcse.models import Student, load_backbone, load_tokenizer, save_student
+    from mmcse.models.student import Student, load_backbone, load_tokenizer, save_student
 
     cfg = ModelConfig(**{k: v for k, v in TINY_MODEL.items() if k != "proj_dim"})
     folder = tmp_path / "best"

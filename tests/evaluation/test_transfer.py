@@ -216,7 +216,8 @@ def test_evaluate_stage_probes_the_tasks_in_data_raw(project, transfer_dir):
     from mmcse.config import load_config, with_overrides
     from mmcse.hub import resolve_model
     from mmcse.io import write_jsonl
-    from mmcse.pipeline import Paths, run_evaluate
+    from mmcse.pipeline.evaluate import run_evaluate
+    from mmcse.pipeline.paths import Paths
 
     rows = [e.to_row() for e in read_transfer_task(transfer_dir, "TREC")]
     train = [r for r in rows if r["split"] == "train"][::8]

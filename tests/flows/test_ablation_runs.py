@@ -8,6 +8,8 @@ import yaml
 
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.slow  # a Prefect test server per module
+
 
 def test_the_flow_names_its_runs_and_fills_its_parent(project):
     from prefect.testing.utilities import prefect_test_harness

@@ -7,6 +7,8 @@ import yaml
 
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.slow  # a Prefect test server per module
+
 
 @pytest.fixture(scope="module")
 def harness():
@@ -31,11 +33,11 @@ def test_flow_trains_every_variant_retries_failures_and_resumes(project, harness
     raw["ablate"]["retries"] = 1
     (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
 
-    from mmcse import pipeline
+    from mmcse.pipeline import train as train_stage
 
     calls = []  # every job attempt: the job's model
-    real_train = pipeline.run_train
-    monkeypatch.setattr(pipeline, "run_train", lambda *a, **k: calls.append(a[0].model.name_or_path) or
+    real_train = train_stage.run_train
+    monkeypatch.setattr(train_stage, "run_train", lambda *a, **k: calls.append(a[0].model.name_or_path) or
                         real_train(*a, **k))
     rows = {r["variant"]: r for r in ablations("params.yaml")}
     assert rows["mcse"]["status"] == "ok" and rows["mcse"]["seeds"] == 2

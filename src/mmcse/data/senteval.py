@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from mmcse.config.inputs import TRANSFER_TASKS
+
 STS_YEARS = ("STS12", "STS13", "STS14", "STS15", "STS16")
 STS_TASKS = (*STS_YEARS, "STSBenchmark", "SICKRelatedness")
 
@@ -127,7 +129,6 @@ def read_sts_tasks(root: str | Path) -> dict[str, list[SentencePair]]:
 
 # --- transfer tasks ---------------------------------------------------------------------------
 
-TRANSFER_TASKS = ("MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC")
 # Two files each (SentEval's BinaryClassifierEval): label 1 for the first, 0 for the second.
 _BINARY_FILES = {
     "MR": ("MR", "rt-polarity.pos", "rt-polarity.neg"),

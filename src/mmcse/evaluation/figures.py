@@ -10,7 +10,7 @@
   among all captions under the teacher.
 
 Every function returns plain ``dict[str, float]`` statistics next to its matplotlib figure, so
-the numbers can be logged and tested; figures are saved with :func:`mmcse.plots.save_figure`.
+the numbers can be logged and tested; figures are saved with :func:`mmcse.evaluation.plots.save_figure`.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from mmcse.evaluation.plots import plt
 from mmcse.evaluation.retrieval import check_text_image, unit_rows
-from mmcse.plots import plt
 
 PRIMARY = "silhouette"
 DEFAULT_THRESHOLDS = (0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
@@ -415,7 +415,7 @@ def cached_joint_teacher(teachers_dir: str | Path, raw_dir: str | Path) -> tuple
     """The joint teacher's cached ``t̂ (N_txt, k)``, ``v̂ (N_img, k)`` and the image row of each
     caption ``(N_txt,)``, from ``<teachers_dir>/manifest.json`` and ``<raw_dir>/pairs.jsonl``."""
     from mmcse.io import read_json, read_jsonl
-    from mmcse.teachers import FeatureStore
+    from mmcse.teachers.cache import FeatureStore
 
     teachers_dir, raw_dir = Path(teachers_dir), Path(raw_dir)
     manifest_file = teachers_dir / "manifest.json"
@@ -446,8 +446,8 @@ def save_threshold_statistics(
     """`threshold_statistics` of the cached joint teacher, the figure saved to ``plot_path``
     (PNG) and the numbers to ``metrics_path`` (JSON); returns both (the figure re-openable
     for MLflow's ``log_figure``: saving closes only pyplot's handle)."""
+    from mmcse.evaluation.plots import save_figure
     from mmcse.io import write_json
-    from mmcse.plots import save_figure
 
     stats, fig = threshold_statistics(*cached_joint_teacher(teachers_dir, raw_dir), threshold=threshold,
                                       text_anchors=text_anchors)
@@ -497,7 +497,7 @@ def run_labels(run_ids: Sequence[str]) -> dict[str, str]:
 
 def ablation_job_runs(parent_run_id: str, variants: Sequence[str], seed: int | None = None) -> dict[str, str]:
     """``{"<variant> seed=<s>": run_id}``: for each variant, its job run under the ablation parent
-    run (``jobs.json``, logged by `mmcse.pipeline.log_ablation`) with ``seed``, or its lowest
+    run (``jobs.json``, logged by `mmcse.experiments.ablation_record.log_ablation`) with ``seed``, or its lowest
     seed that has a finished run."""
     import mlflow
     from mlflow.exceptions import MlflowException

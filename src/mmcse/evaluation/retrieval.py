@@ -159,7 +159,7 @@ def project(encoder: TextEncoder, captions: Sequence[str], image_features: np.nd
     """Captions and images in the student's joint space: ``text_proj([CLS])`` ``(N_txt, p)`` and
     ``<head>(features)`` ``(N_img, p)``, with the evaluation's precision; ``encoder`` must hold
     an mmcse student (its heads beside the backbone)."""
-    from mmcse.precision import autocast
+    from mmcse.models.precision import autocast
 
     student = encoder.student
     if student is None:
@@ -247,7 +247,7 @@ def evaluate_test_set(cfg: Config, encoder: TextEncoder, data_dir: Path, feature
     images and the cached features must cover them, or one error names the file first."""
     from mmcse.evaluation.sts import encode_unique
     from mmcse.io import read_jsonl
-    from mmcse.teachers import FeatureStore
+    from mmcse.teachers.cache import FeatureStore
 
     r = cfg.evaluate.retrieval
     images = read_jsonl(data_dir / "retrieval" / "images.jsonl")

@@ -1,0 +1,59 @@
+"""Typed, frozen configuration parsed once from ``params.yaml``.
+
+Every section of ``params.yaml`` maps to one frozen dataclass (`inputs`: base, data, detect,
+teachers, regions; `training`: model, train, loss; `runs`: evaluate, ablate, sweep; `schema`: the
+root `Config` and which loss terms a configuration trains). Parsing walks the dataclass fields
+(`coercion`), so an unknown key fails with the list of valid keys and a value of the wrong type or
+out of range fails with the dotted key named (`checks`), all before any compute starts. `load`
+reads a params file (expanding ``ablate.preset``), `keys` says which keys a job may vary and
+`profiles` writes a paper profile into params.yaml. This module is the package's public face.
+"""
+
+from mmcse.config.checks import ConfigError
+from mmcse.config.coercion import apply_overrides, to_dict
+from mmcse.config.inputs import (
+    KARPATHY_SPLITS,
+    TRANSFER_TASKS,
+    BaseConfig,
+    DataConfig,
+    DemoDataConfig,
+    DetectConfig,
+    JointTeacherConfig,
+    RegionsConfig,
+    SourceConfig,
+    SourcesConfig,
+    TeachersConfig,
+    TextTeacherConfig,
+)
+from mmcse.config.keys import FIXED_KEYS, UPSTREAM_KEYS, check_variable_keys, is_fixed
+from mmcse.config.load import expand_preset, list_presets, load_config, parse_config, read_keyed_yaml, with_overrides
+from mmcse.config.runs import (
+    POOLERS,
+    AblateConfig,
+    EvaluateConfig,
+    NdcgConfig,
+    RetrievalConfig,
+    SweepConfig,
+    TransferConfig,
+)
+from mmcse.config.schema import Config, active_terms
+from mmcse.config.training import (
+    DALRLossConfig,
+    DuetLossConfig,
+    DuetModelConfig,
+    KDMCSELossConfig,
+    LossConfig,
+    MCSEOLossConfig,
+    ModelConfig,
+    TrainConfig,
+)
+
+__all__ = [
+    "FIXED_KEYS", "KARPATHY_SPLITS", "POOLERS", "TRANSFER_TASKS", "UPSTREAM_KEYS", "AblateConfig", "BaseConfig",
+    "Config", "ConfigError", "DALRLossConfig", "DataConfig", "DemoDataConfig", "DetectConfig", "DuetLossConfig",
+    "DuetModelConfig", "EvaluateConfig", "JointTeacherConfig", "KDMCSELossConfig", "LossConfig", "MCSEOLossConfig",
+    "ModelConfig", "NdcgConfig", "RegionsConfig", "RetrievalConfig", "SourceConfig", "SourcesConfig", "SweepConfig",
+    "TeachersConfig", "TextTeacherConfig", "TrainConfig", "TransferConfig", "active_terms", "apply_overrides",
+    "check_variable_keys", "expand_preset", "is_fixed", "list_presets", "load_config", "parse_config",
+    "read_keyed_yaml", "to_dict", "with_overrides",
+]

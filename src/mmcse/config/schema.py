@@ -1,0 +1,88 @@
+"""The root `Config`, one frozen dataclass per section of ``params.yaml``, validated as a whole
+(every ablation variant and sweep key included), and which loss terms a configuration trains."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from mmcse.config.checks import check, fail
+from mmcse.config.coercion import apply_overrides, build, resolve_path, to_dict
+from mmcse.config.inputs import BaseConfig, DataConfig, DetectConfig, RegionsConfig, TeachersConfig
+from mmcse.config.keys import check_variable_keys
+from mmcse.config.runs import AblateConfig, EvaluateConfig, SweepConfig
+from mmcse.config.training import LossConfig, ModelConfig, TrainConfig
+
+
+@dataclass(frozen=True)
+class Config:
+    base: BaseConfig = field(default_factory=BaseConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    detect: DetectConfig = field(default_factory=DetectConfig)
+    teachers: TeachersConfig = field(default_factory=TeachersConfig)
+    regions: RegionsConfig = field(default_factory=RegionsConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    ablate: AblateConfig = field(default_factory=AblateConfig)
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+
+    def validate(self, where: str) -> None:
+        for f in dataclasses.fields(self):
+            getattr(self, f.name).validate(where)
+        validate_terms(self, where)
+        # Every ablation/sweep override must name a real, valid parameter.
+        raw = to_dict(self)
+        for name, overrides in self.ablate.variants.items():
+            # A variant's values are checked now too, not when its job starts.
+            here = f"{where} (ablate.variants.{name})"
+            check_variable_keys(overrides, here)
+            variant = build(Config, apply_overrides(raw, overrides, where=here), here, "")
+            for f in dataclasses.fields(variant):
+                if f.name not in ("ablate", "sweep"):
+                    getattr(variant, f.name).validate(here)
+            validate_terms(variant, here)
+        check_variable_keys(self.sweep.space, f"{where} (sweep.space)")
+        for key in self.sweep.space:
+            resolve_path(raw, key, where=f"{where} (sweep.space)")
+
+
+def _switch(value: bool | str, on_for: bool) -> bool:
+    return on_for if value == "auto" else bool(value)
+
+
+def active_terms(cfg: Config) -> dict[str, bool]:
+    """Which loss terms a configuration trains with (every one has its own switch).
+
+    ``simcse`` runs on every batch; the others on image–caption batches (``rank``/``ima``
+    also on text batches with ``loss.dalr.text_batches``).
+    """
+    method, loss = cfg.train.method, cfg.loss
+    cml = _switch(loss.dalr.cml, method == "dalr") and method != "simcse"  # simcse trains on text only
+    iml = _switch(loss.dalr.iml, method == "dalr")
+    return {
+        "simcse": method != "duet",  # DUET is a retrieval model: its terms are loss.duet's (Eq. 33)
+        "image": method in ("mcse", "mcseo") and loss.image_term,
+        "kdmcse": method == "kdmcse" and loss.image_term,
+        "info": method == "dalr" and loss.dalr.info,
+        "consistency": cml and loss.dalr.consistency,
+        "cma": cml and loss.dalr.alignment,
+        "rank": iml and loss.dalr.rank,
+        "ima": iml and loss.dalr.ima,
+        "object": method == "mcseo" and loss.mcseo.object_phrase,
+    }
+
+
+def validate_terms(cfg: Config, where: str) -> None:
+    if cfg.data.pairs == "none" and cfg.train.method != "simcse":
+        fail(where, "data.pairs", f"none (text corpus only) trains SimCSE alone, but train.method is "
+              f"{cfg.train.method!r}: set train.method: simcse, or choose image–caption pairs (demo, flickr30k, coco)")
+    if cfg.train.method == "duet":
+        check(cfg.data.pairs != "none", where, "data.pairs", "none has no images; train.method duet retrieves images")
+        check("val" not in cfg.data.splits or cfg.data.pairs == "demo", where, "data.splits",
+               "must not include val with train.method duet: the val split's R@K picks its best checkpoint")
+        check(cfg.evaluate.retrieval.enabled, where, "evaluate.retrieval.enabled",
+               "must be true with train.method duet: it is scored by image–text retrieval alone")
+    if cfg.loss.dalr.text_batches and cfg.loss.dalr.iml is False:
+        fail(where, "loss.dalr.text_batches", "adds L_IML to text batches, but loss.dalr.iml is false")

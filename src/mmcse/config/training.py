@@ -1,0 +1,208 @@
+"""The sections of how a model trains: ``model``, ``train`` and ``loss`` (one subsection per method)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from mmcse.config.checks import check
+
+
+@dataclass(frozen=True)
+class DuetModelConfig:
+    # train.method duet (DUET §4.2, §5.2; docs/duet.md): the visual stream's own Transformer layers,
+    # then the top shared_layers, used by both streams (weight-tied unless tie_shared is false), at
+    # joint_dim; the text stream is model.name_or_path (BERT in the paper) fine-tuned.
+    visual_layers: int = 4  # §5.2: four dedicated visual layers
+    shared_layers: int = 2  # k (§5.2: 2); 0: no shared top layers
+    tie_shared: bool = True  # false: the text stream gets its own copy (Table 2 "w/o shared layers")
+    joint_dim: int = 1024  # §5.2: the joint space
+    visual_dim: int = 0  # width of the visual-only layers; 0: joint_dim
+    heads: int = 16  # attention heads of every added layer (64-wide heads, as BERT's)
+    ff_dim: int = 4096  # feed-forward width of every added layer (4 × joint_dim, as BERT's)
+    dropout: float = 0.1  # in the added layers
+    box_layer: int = 0  # l of Eq. 30 (1..L-1 of the visual stream); 0: min(visual_layers, L - 1)
+    region_norm: Literal["layernorm", "l2", "none"] = "layernorm"  # on r_i before Eq. 24
+    spatial: bool = True  # b_i enters Eq. 24 (false: Table 2 "w/o spatial features")
+
+    def validate(self, where: str) -> None:
+        p = "model.duet."
+        check(self.visual_layers >= 1, where, p + "visual_layers", "must be >= 1")
+        check(self.shared_layers >= 0, where, p + "shared_layers", "must be >= 0")
+        check(self.joint_dim >= 1, where, p + "joint_dim", "must be >= 1")
+        check(self.visual_dim >= 0, where, p + "visual_dim", "must be >= 0 (0: joint_dim)")
+        check(self.heads >= 1, where, p + "heads", "must be >= 1")
+        for name, width in (("joint_dim", self.joint_dim), ("visual_dim", self.visual_dim or self.joint_dim)):
+            check(width % self.heads == 0, where, p + name,
+                   f"{width} is not divisible by model.duet.heads={self.heads}")
+        check(self.ff_dim >= 1, where, p + "ff_dim", "must be >= 1")
+        check(0 <= self.dropout < 1, where, p + "dropout", "must be in [0, 1)")
+        depth = self.visual_layers + self.shared_layers
+        check(self.box_layer == 0 or 1 <= self.box_layer <= depth - 1, where, p + "box_layer",
+               f"must be 0 (default) or in [1, {depth - 1}]: an intermediate layer l < L = visual_layers + "
+               f"shared_layers = {depth} (Eq. 30)")
+        check(depth >= 2, where, p + "visual_layers",
+               "visual_layers + shared_layers must be >= 2: Eq. 30 regresses boxes from a layer below the last")
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    # HF id, local folder, or "packaged:all-MiniLM-L6-v2" (weights shipped in a pip package).
+    name_or_path: str = "packaged:all-MiniLM-L6-v2"
+    # pretrained: load the weights. random: the same tokenizer and model family with fresh
+    # weights, its HF config changed by config_overrides (e.g. a 2-layer, 128-wide BERT).
+    init: Literal["pretrained", "random"] = "pretrained"
+    config_overrides: dict[str, Any] = field(default_factory=dict)
+    max_seq_len: int = 32
+    proj_dim: int = 256
+    duet: DuetModelConfig = field(default_factory=DuetModelConfig)
+
+    def validate(self, where: str) -> None:
+        self.duet.validate(where)
+        check(bool(self.name_or_path.strip()), where, "model.name_or_path", "must not be empty")
+        check(
+            not self.config_overrides or self.init == "random",
+            where,
+            "model.config_overrides",
+            "changes the architecture, so it needs model.init: random (pretrained weights would not fit)",
+        )
+        check(8 <= self.max_seq_len <= 512, where, "model.max_seq_len", "must be in [8, 512]")
+        check(self.proj_dim >= 1, where, "model.proj_dim", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    method: Literal["simcse", "mcse", "kdmcse", "dalr", "mcseo", "duet"] = "mcse"
+    batch_size: int = 64
+    epochs: int = 1
+    max_steps: int = 0  # 0: run all epochs
+    learning_rate: float = 3e-5
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.0
+    eval_steps: int = 125
+    checkpoint_steps: int = 125
+    dropout: float = 0.1
+    # Autocast precision of the student's forward pass (fp16 adds a gradient scaler); similarity
+    # and logsumexp terms stay fp32 whatever this says (τ = 0.05 would amplify bf16 rounding).
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    compile: bool = False  # torch.compile the backbone (CUDA; dynamic shapes: one graph per padded length)
+
+    def validate(self, where: str) -> None:
+        check(self.batch_size >= 2, where, "train.batch_size", "must be >= 2 (in-batch negatives)")
+        check(self.epochs >= 1, where, "train.epochs", "must be >= 1")
+        check(self.max_steps >= 0, where, "train.max_steps", "must be >= 0 (0: all epochs)")
+        check(self.learning_rate > 0, where, "train.learning_rate", "must be > 0")
+        check(self.weight_decay >= 0, where, "train.weight_decay", "must be >= 0")
+        check(0 <= self.warmup_ratio < 1, where, "train.warmup_ratio", "must be in [0, 1)")
+        check(self.eval_steps >= 1, where, "train.eval_steps", "must be >= 1")
+        check(self.checkpoint_steps >= 1, where, "train.checkpoint_steps", "must be >= 1")
+        check(0 <= self.dropout < 1, where, "train.dropout", "must be in [0, 1)")
+
+
+Switch = bool | Literal["auto"]  # auto: on when train.method's paper uses the term
+
+
+@dataclass(frozen=True)
+class KDMCSELossConfig:
+    # train.method kdmcse: λ·(ℓ^v' + ℓ^t')/2 (Eq. 14) replaces MCSE's image term on pair batches.
+    threshold: float | Literal["off", False] = 0.9  # Eq. 8: drop negatives whose teacher α is above
+    margin: float = 0.125  # AdapACSE m (Eq. 12); 0 = InfoNCE with threshold filtering
+    margin_similarity: Literal["within", "cross"] = "within"
+    text_batches: Literal["simcse", "angular_margin"] = "simcse"
+    text_margin: float = 0.1  # the constant angular margin of text_batches: angular_margin
+
+    @property
+    def threshold_value(self) -> float | None:
+        off = self.threshold is False or self.threshold == "off"  # not `in`: 0.0 == False
+        return None if off else float(self.threshold)
+
+    def validate(self, where: str) -> None:
+        p = "loss.kdmcse."
+        if self.threshold_value is not None:
+            check(-1 <= self.threshold_value <= 1, where, p + "threshold", "must be in [-1, 1] or off")
+        check(0 <= self.margin <= math.pi / 2, where, p + "margin", "must be in [0, π/2]")
+        check(0 <= self.text_margin <= math.pi / 2, where, p + "text_margin", "must be in [0, π/2]")
+
+
+@dataclass(frozen=True)
+class DALRLossConfig:
+    # DALR Eq. 14: L_info + λ·L_CML + μ·L_IML (added to SimCSE). cml/iml may also be switched on
+    # for kdmcse (DALR Tables 4–5: KDMCSE + CML, KDMCSE + IML) or any other method.
+    info: bool = True  # L_info, Eq. 4 (method dalr)
+    info_weight: float = 1.0
+    info_margin: bool = False  # the KDMCSE adaptive margin (loss.kdmcse.margin) on L_info
+    cml: Switch = "auto"  # L_CML = L_cons + L_CMA (Eq. 9)
+    lambda_cml: float = 0.1
+    consistency: bool = True  # L_cons, Eq. 5
+    consistency_margin: float = 0.2
+    mismatch: Literal["derangement", "roll"] = "derangement"
+    alignment: bool = True  # L_CMA, Eq. 6–8
+    cma_student_temperature: float = 1.0
+    cma_teacher_temperature: float = 1.0
+    iml: Switch = "auto"  # L_IML = L_rank + L_IMA (Eq. 13)
+    mu_iml: float = 0.2
+    rank: bool = True  # L_rank, Eq. 10 (ListMLE)
+    rank_temperature: float = 0.05
+    rank_include_diagonal: bool = True
+    ima: bool = True  # L_IMA, Eq. 11–12
+    ima_student_temperature: float = 1.0
+    ima_teacher_temperature: float = 1.0
+    text_batches: bool = False  # also μ·L_IML on text-only batches
+
+    def validate(self, where: str) -> None:
+        p = "loss.dalr."
+        for name in ("info_weight", "lambda_cml", "mu_iml", "consistency_margin"):
+            check(getattr(self, name) >= 0, where, p + name, "must be >= 0")
+        check(self.consistency_margin <= 1, where, p + "consistency_margin", "must be in [0, 1]")
+        for name in ("cma_student_temperature", "cma_teacher_temperature", "rank_temperature",
+                     "ima_student_temperature", "ima_teacher_temperature"):
+            check(getattr(self, name) > 0, where, p + name, "must be > 0")
+
+
+@dataclass(frozen=True)
+class MCSEOLossConfig:
+    # train.method mcseo: l_text + α·l_img-cap + β·l_obj-phra (Eq. 8); α is loss.lambda_img.
+    object_phrase: bool = True
+    beta: float = 0.005
+    temperature: float = 0.05
+
+    def validate(self, where: str) -> None:
+        check(self.beta >= 0, where, "loss.mcseo.beta", "must be >= 0")
+        check(self.temperature > 0, where, "loss.mcseo.temperature", "must be > 0")
+
+
+@dataclass(frozen=True)
+class DuetLossConfig:
+    # train.method duet: L_match + λ1·L_bbox + λ2·L_norm (DUET Eq. 33)
+    margin: float = 0.2  # α of the max-violation hinge (Eq. 28; §5.2: 0.2)
+    lambda_box: float = 1.0  # λ1 (Eq. 30–31 box regression; the paper gives no value); 0: off
+    lambda_norm: float = 1.0  # λ2 (Eq. 32 norm regularizer; no value given); 0: off
+    reduction: Literal["mean", "sum"] = "mean"  # over the batch, all three terms (VSE++ sums)
+
+    def validate(self, where: str) -> None:
+        p = "loss.duet."
+        check(self.margin >= 0, where, p + "margin", "must be >= 0")
+        check(self.lambda_box >= 0, where, p + "lambda_box", "must be >= 0")
+        check(self.lambda_norm >= 0, where, p + "lambda_norm", "must be >= 0")
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    temperature: float = 0.05
+    image_term: bool = True  # the sentence–image term of mcse / kdmcse / mcseo
+    temperature_img: float = 0.05
+    lambda_img: float = 0.01
+    kdmcse: KDMCSELossConfig = field(default_factory=KDMCSELossConfig)
+    dalr: DALRLossConfig = field(default_factory=DALRLossConfig)
+    mcseo: MCSEOLossConfig = field(default_factory=MCSEOLossConfig)
+    duet: DuetLossConfig = field(default_factory=DuetLossConfig)
+
+    def validate(self, where: str) -> None:
+        self.duet.validate(where)
+        check(self.temperature > 0, where, "loss.temperature", "must be > 0")
+        check(self.temperature_img > 0, where, "loss.temperature_img", "must be > 0")
+        check(self.lambda_img >= 0, where, "loss.lambda_img", "must be >= 0")
+        self.kdmcse.validate(where)
+        self.dalr.validate(where)
+        self.mcseo.validate(where)

@@ -1,0 +1,214 @@
+"""Ablations: variants × seeds, each a train + evaluate run, aggregated into one table.
+
+A job's result is written atomically to ``<out>/<variant>/seed<k>/result.json``; a rerun
+skips jobs whose result exists for the same configuration, so an interrupted ablation
+resumes. Once the result is written the job's resume weights are released (its best
+checkpoint and history stay), so a long ablation does not fill the disk or the DVC cache
+with optimizer states. Failed jobs are kept in the table as failed, never dropped.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mmcse.config import Config, to_dict, with_overrides
+from mmcse.io import read_json, sha256_json, write_json
+
+
+@dataclass(frozen=True)
+class Job:
+    variant: str
+    seed: int
+    overrides: dict[str, Any]
+
+    def folder(self, root: Path) -> Path:
+        return root / slug(self.variant) / f"seed{self.seed}"
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", name).strip("_") or "variant"
+
+
+def expand(cfg: Config) -> list[Job]:
+    """Every (variant, seed) with its overrides (seed included), in params.yaml order."""
+    jobs = []
+    for name, overrides in cfg.ablate.variants.items():
+        for seed in cfg.ablate.seeds:
+            jobs.append(Job(name, seed, {**overrides, "base.seed": seed}))
+    slugs = [slug(n) for n in cfg.ablate.variants]
+    if len(set(slugs)) != len(slugs):
+        raise ValueError(f"params.yaml: ablate.variants names collide as folder names: {slugs}")
+    return jobs
+
+
+def job_run_name(job: Job) -> str:
+    """The MLflow run name of an ablation job: ``<variant>-seed<seed>`` (e.g. ``no-teacher-seed2``)."""
+    return f"{job.variant}-seed{job.seed}"
+
+
+def parent_run_name(cfg: Config) -> str:
+    """The MLflow run name of an ablation's parent run: ``ablation <preset>``, else ``ablation
+    <ablate.title>``, else ``ablation variants``."""
+    if cfg.ablate.preset != "none":
+        return f"ablation {cfg.ablate.preset}"
+    return f"ablation {cfg.ablate.title.strip() or 'variants'}"
+
+
+def job_config(cfg: Config, job: Job) -> Config:
+    return with_overrides(cfg, job.overrides, where=f"params.yaml (ablate.variants.{job.variant})")
+
+
+def job_hash(job_cfg: Config, data_seed: int | None = None) -> str:
+    """What makes a job's result: the whole configuration but the ablation's bookkeeping and
+    the sweep, and the keys of the upstream artifacts it trains on (``data_seed``: the
+    pipeline's seed the data is made with, `mmcse.experiments.upstream`); ``ablate.transfer`` counts (a
+    result without transfer scores is not finished when they are asked for)."""
+    from mmcse.integrity.keys import artifact_keys
+
+    tree = to_dict(job_cfg)
+    ablate = tree.pop("ablate")
+    tree.pop("sweep")
+    tree["artifacts"] = artifact_keys(job_cfg, data_seed)
+    if ablate["transfer"]:
+        tree["ablate.transfer"] = True
+    return sha256_json(tree)
+
+
+def finished_result(folder: Path, config_hash: str) -> dict[str, Any] | None:
+    """The result of a job finished in ``folder`` with ``config_hash`` (None: none), its MLflow run
+    from the folder's run record (`mmcse.tracking.remembered_run`; result.json holds no run id)."""
+    from mmcse.tracking import remembered_run
+
+    path = folder / "result.json"
+    if not path.is_file():
+        return None
+    result = read_json(path)
+    if result.get("status") == "ok" and result.get("config_hash") == config_hash:
+        record = remembered_run(folder)
+        return result | ({"run_id": record["run_id"]} if record else {})
+    return None
+
+
+def _write_result(folder: Path, result: dict[str, Any]) -> None:
+    """result.json without the run id (random: the ablation folder is a DVC output), which goes to
+    the folder's run record instead."""
+    from mmcse.tracking import remember_run
+
+    if result.get("run_id"):
+        remember_run(folder, result["run_id"])
+    write_json(folder / "result.json", {k: v for k, v in result.items() if k not in ("skipped", "run_id")})
+
+
+def run_job(
+    cfg: Config,
+    job: Job,
+    root: Path,
+    parent_run_id: str | None = None,
+    tags: dict[str, str] | None = None,
+    expected_hash: str | None = None,
+) -> dict[str, Any]:
+    """Train + evaluate one job (skipped when already finished); returns its result.
+
+    The job's MLflow run is tagged with the device ``base.device`` resolves to in this process
+    (`mmcse.models.device.device_tags`: device, cuda_visible_devices, host) and ``tags`` (e.g. the
+    Prefect flow run). ``expected_hash``, from the process that submitted the job, guards a
+    worker whose params.yaml differs from the submitter's. The job trains and evaluates on the
+    upstream artifacts of its own configuration (`mmcse.experiments.upstream.resolve`: computed here when
+    no job made them yet); their keys are in its result and tagged on its MLflow run."""
+    from mmcse import tracking
+    from mmcse.environment import environment
+    from mmcse.experiments.upstream import resolve
+    from mmcse.models.device import device_tags
+    from mmcse.pipeline.evaluate import run_evaluate
+    from mmcse.pipeline.paths import Paths
+    from mmcse.pipeline.train import run_train
+    from mmcse.training.checkpoints import release_resume_point
+
+    job_cfg = job_config(cfg, job)
+    folder = job.folder(root)
+    config_hash = job_hash(job_cfg, cfg.base.seed)
+    if expected_hash is not None and expected_hash != config_hash:
+        raise ValueError(
+            f"params.yaml: job {job.variant!r} seed {job.seed} resolves to config hash {config_hash[:12]} here but "
+            f"{expected_hash[:12]} where it was submitted: the worker's checkout differs (sync params.yaml)"
+        )
+    done = finished_result(folder, config_hash)
+    if done is not None:
+        return done | {"skipped": True}
+    paths = Paths.of(job_cfg)
+    where = device_tags(job_cfg.base.device)
+    with tracking.tagged({**where, **(tags or {})}):
+        summary = run_train(
+            job_cfg, paths, out_dir=folder, experiment_name="ablate",
+            run_name=job_run_name(job), parent_run_id=parent_run_id, progress=False,
+            data_seed=cfg.base.seed, resolve_upstream=resolve,
+        )
+    scores = run_evaluate(job_cfg, paths, folder / "best", run_id=summary["run_id"], experiment_name="ablate",
+                          transfer=job_cfg.ablate.transfer, data_dir=Path(summary["data_dir"]),
+                          teacher_manifest=Path(summary["teacher_manifest"]),
+                          teacher_dirs=tuple(Path(d) for d in summary["teacher_dirs"]),
+                          region_sets={k: Path(v) for k, v in summary.get("region_sets", {}).items()})
+    result = {
+        "variant": job.variant,
+        "seed": job.seed,
+        "status": "ok",
+        "config_hash": config_hash,
+        "run_id": summary["run_id"],
+        "device": where["device"],
+        "best_dev": summary["best_dev"],
+        "dev_metric": summary["dev_metric"],
+        "artifacts": summary["artifacts"],
+        "environment": environment(job_cfg.base.device),
+        "scores": scores,
+    }
+    _write_result(folder, result)
+    release_resume_point(folder)  # the result is recorded: a rerun skips this job
+    return result
+
+
+def ablation_hash(cfg: Config, jobs: Sequence[Job]) -> str:
+    """What one ablation is: its jobs (each job's hash, or its config error) and how the table is
+    made. A rerun with the same hash continues the same MLflow parent run."""
+    hashes = []
+    for job in jobs:
+        try:
+            hashes.append(job_hash(job_config(cfg, job), cfg.base.seed))
+        except ValueError as err:  # a bad override fails as a job; it still names the ablation
+            hashes.append(f"invalid: {err}")
+    a = cfg.ablate
+    return sha256_json({"jobs": [[j.variant, j.seed, h] for j, h in zip(jobs, hashes, strict=True)],
+                        "table": [a.reference, a.metric, a.plot_x, a.title, a.preset]})
+
+
+def previous_parent(root: Path, ablation: str) -> str | None:
+    """The MLflow parent run an interrupted (or finished) run of this same ablation started."""
+    from mmcse.tracking import remembered_run
+
+    record = remembered_run(root, "ablation")
+    return record["run_id"] if record and record.get("ablation") == ablation else None
+
+
+def remember_parent(root: Path, ablation: str, run_id: str) -> None:
+    """Remember the parent run of ablation ``ablation`` (its hash) for ``root``, beside mlruns/ (not in
+    ``root``, a DVC output: a run id is random)."""
+    from mmcse.tracking import remember_run
+
+    remember_run(root, run_id, "ablation", ablation=ablation)
+
+
+def record_result(root: Path, job: Job, result: dict[str, Any]) -> None:
+    """Keep a finished job's result that was computed elsewhere (another worker's checkout)
+    under ``root`` too, so a rerun here skips the job and the table's folder is complete."""
+    if result.get("status") != "ok":
+        return
+    folder = job.folder(root)
+    if finished_result(folder, result["config_hash"]) is None:
+        _write_result(folder, result)
+
+
+def failed_result(job: Job, error: BaseException | str) -> dict[str, Any]:
+    return {"variant": job.variant, "seed": job.seed, "status": "failed", "error": str(error)[:500]}

@@ -1,0 +1,254 @@
+"""Stage ``evaluate``: the best checkpoint's test scores, logged into its training run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mmcse.config import Config
+from mmcse.io import read_json, read_jsonl, write_text
+from mmcse.pipeline.features import relevance_for
+from mmcse.pipeline.paths import Paths
+
+
+def run_evaluate(
+    cfg: Config,
+    paths: Paths,
+    model_dir: Path,
+    run_id: str | None = None,
+    plots_dir: Path | None = None,
+    experiment_name: str | None = None,
+    transfer: bool = True,
+    data_dir: Path | None = None,
+    teacher_manifest: Path | None = None,
+    teacher_dirs: tuple[Path, ...] = (),
+    region_sets: dict[str, Path] | None = None,
+) -> dict[str, float]:
+    """Test-set STS of the checkpoint at ``model_dir`` and, with ``transfer``, SentEval's transfer
+    tasks found in ``data/raw/transfer`` (``data.transfer_tasks``: accuracy per task and
+    ``transfer_avg``); logged into the training run ``run_id`` (metrics ``test_<name>``, STS
+    scatter figure), the scatter also saved to ``plots_dir``. ``data_dir``: the data folder the
+    model was trained with (default ``paths.raw``; a job's test sets are the same by construction:
+    `mmcse.experiments.upstream.FIXED_KEYS`).
+
+    With ``evaluate.retrieval.enabled`` and a retrieval test set in the data: image–text R@K
+    through the method's trained heads (`mmcse.evaluation.retrieval.image_head`; image features
+    from the sets ``teacher_manifest`` names, default ``<teachers>/manifest.json``, looked up in
+    ``paths.teachers`` then ``teacher_dirs``), keys ``<set>_i2t_R@1`` … ``<set>_rsum``, graded
+    ``<set>_{i2t,t2i}_NDCG@k_<kind>`` for ``evaluate.ndcg.relevance`` (`relevance_for`), and DALR
+    Table 10's nearest test captions (``sentence_retrieval.md`` in ``plots_dir`` and the run).
+
+    ``train.method: duet``: `evaluate_duet` (``region_sets``: the training's, `region_sets_for`)."""
+    import numpy as np
+
+    from mmcse.data.senteval import TRANSFER_TASKS, SentencePair, TransferExample
+    from mmcse.evaluation.figures import TSNE_CLUSTERS, TSNE_POINTS, sample_sentences, tsne_figure
+    from mmcse.evaluation.geometry import POSITIVE_GOLD, sts_dev_geometry
+    from mmcse.evaluation.mteb import mteb_scores, prepare_tasks
+    from mmcse.evaluation.plots import sts_scatter
+    from mmcse.evaluation.retrieval import neighbours_markdown
+    from mmcse.evaluation.sts import TextEncoder, encode_unique, evaluate_sts, group_by_task
+    from mmcse.evaluation.transfer import evaluate_transfer
+    from mmcse.models.device import resolve_device
+
+    if cfg.train.method == "duet":  # an image–text retrieval model: no sentence-embedding tasks
+        return evaluate_duet(cfg, paths, model_dir, region_sets or {}, run_id, plots_dir, experiment_name, data_dir)
+    # MTEB names and datasets are checked before any model loads: offline, a missing dataset is named here
+    mteb_tasks = prepare_tasks(cfg.evaluate.mteb, "evaluate.mteb") if cfg.evaluate.mteb else []
+    device = resolve_device(cfg.base.device)
+    encoder = TextEncoder(str(model_dir), cfg.evaluate.pooler, str(device), precision=cfg.train.precision)
+    raw = data_dir or paths.raw
+    tasks = group_by_task([SentencePair.from_row(r) for r in read_jsonl(raw / "sts" / "test.jsonl")])
+    transfer_files = [raw / "transfer" / f"{t}.jsonl" for t in TRANSFER_TASKS] if transfer else []
+    transfer_tasks = {
+        f.stem: [TransferExample.from_row(r) for r in read_jsonl(f)] for f in transfer_files if f.is_file()
+    }
+    result = evaluate_sts(encoder, tasks, cfg.evaluate.batch_size)
+    scores = dict(result.scores)
+    if mteb_tasks:  # DALR Table 5
+        scores |= mteb_scores(encoder, f"mmcse/{cfg.train.method}", mteb_tasks, cfg.evaluate.batch_size)
+    # DALR Table 6 / Appendix D: alignment (dev pairs with gold >= 4) and uniformity (all dev sentences)
+    dev = [SentencePair.from_row(r) for r in read_jsonl(raw / "sts" / "dev.jsonl")]
+    scores |= sts_dev_geometry(encoder, dev, POSITIVE_GOLD, cfg.evaluate.batch_size)
+    if transfer_tasks:
+        scores |= evaluate_transfer(
+            encoder, transfer_tasks, cfg.evaluate.transfer, cfg.evaluate.batch_size, device
+        ).scores
+    test_set = None
+    manifest = read_json(raw / "manifest.json") if (raw / "manifest.json").is_file() else {}
+    # retrieval goes through the student's heads: a plain HF model (mmcse eval of any encoder) has none
+    if cfg.evaluate.retrieval.enabled and manifest.get("retrieval_set") and encoder.student is not None:
+        test_set = retrieval_test_set(cfg, paths, encoder, raw, teacher_manifest, teacher_dirs)
+        scores |= test_set.scores
+    examples = (neighbours_markdown(test_set.examples, f"Nearest test captions ({test_set.set_name}, "
+                                    f"{cfg.evaluate.pooler} embeddings)") if test_set and test_set.examples else None)
+    fig = sts_scatter(result.predictions, result.scores)
+    tsne = None
+    if plots_dir is not None:  # DALR Figure 3 for the stage's model (ablation jobs skip its seconds of t-SNE)
+        sample = sample_sentences([s for pairs in tasks.values() for p in pairs for s in (p.s1, p.s2)],
+                                  TSNE_POINTS, cfg.base.seed)
+        vectors = encode_unique(encoder, sample, cfg.evaluate.batch_size, desc="t-SNE sentences")
+        tsne, clusters = tsne_figure(np.stack([vectors[s] for s in sample]), n_clusters=TSNE_CLUSTERS,
+                                     seed=cfg.base.seed, title=cfg.train.method)
+        scores["cluster_silhouette"] = clusters["silhouette"]
+    # per-pair predictions, so figures comparing runs (`mmcse figures`) need no re-encoding
+    predictions = {task: {"cos": cos.tolist(), "gold": gold.tolist()}
+                   for task, (cos, gold) in result.predictions.items()}
+    record_evaluation(cfg, scores, run_id, experiment_name, plots_dir, examples, fig, tsne,
+                      {"evaluation/sts_predictions.json": predictions})
+    return scores
+
+
+def record_evaluation(cfg: Config, scores: dict[str, float], run_id: str | None, experiment_name: str | None,
+                      plots_dir: Path | None, examples: str | None, sts_scatter: Any, tsne: Any,
+                      dicts: dict[str, Any] | None = None, log_scatter: bool = True) -> None:
+    """What an evaluation leaves behind: into training run ``run_id`` the scores (``test_<name>``), the
+    nearest-caption examples, the t-SNE and STS-scatter figures (``log_scatter``) and ``dicts``
+    (artifact path -> JSON); into ``plots_dir`` (the evaluate stage's DVC outputs) ``sts_scatter.png``,
+    ``sentence_retrieval.md`` and ``tsne.png``. Figures are closed either way."""
+    import matplotlib.pyplot as plt
+    import mlflow
+
+    from mmcse import tracking
+    from mmcse.evaluation.plots import save_figure
+
+    if run_id:
+        with tracking.run(cfg, experiment_name or cfg.train.method, run_id=run_id):
+            mlflow.log_metrics({tracking.metric_name(f"test_{k}"): v for k, v in scores.items()})
+            if examples:
+                mlflow.log_text(examples, "evaluation/sentence_retrieval.md")
+            if tsne is not None:
+                mlflow.log_figure(tsne, "figures/tsne.png")
+            if log_scatter:
+                mlflow.log_figure(sts_scatter, "figures/sts_scatter.png")
+            for artifact, value in (dicts or {}).items():
+                mlflow.log_dict(value, artifact)
+    if plots_dir is not None:
+        save_figure(sts_scatter, plots_dir / "sts_scatter.png")
+        if examples:
+            write_text(plots_dir / "sentence_retrieval.md", examples)
+        if tsne is not None:
+            save_figure(tsne, plots_dir / "tsne.png")
+    else:
+        plt.close(sts_scatter)
+
+
+def evaluate_duet(cfg: Config, paths: Paths, model_dir: Path, region_sets: dict[str, Path],
+                  run_id: str | None = None, plots_dir: Path | None = None, experiment_name: str | None = None,
+                  data_dir: Path | None = None) -> dict[str, float]:
+    """DUET's test scores (§5.1) through the shared evaluators: R@1/5/10 both ways and rsum
+    (`mmcse.evaluation.retrieval.test_set_metrics`: COCO 5K and 1K folds, Flickr30k 1K) and graded
+    NDCG@k per ``evaluate.ndcg.relevance`` (`relevance_for`), on v_I / v_C of the checkpoint at
+    ``model_dir`` with the test region set ``region_sets["test"]``. Also: the test captions' nearest
+    neighbours in the joint space (``sentence_retrieval.md``) and the t-SNE of the caption embeddings
+    with cluster purity against their images (``tsne.png``, ``cluster_silhouette``,
+    ``cluster_purity``); ``sts_scatter.png`` says that a retrieval model has no STS scores."""
+    import matplotlib.pyplot as plt
+
+    from mmcse.detection.regions import RegionStore
+    from mmcse.evaluation.figures import TSNE_CLUSTERS, TSNE_POINTS, tsne_figure
+    from mmcse.evaluation.ndcg import test_set_ndcg
+    from mmcse.evaluation.retrieval import neighbours_markdown, sentence_neighbours, test_set_metrics, unit_rows
+    from mmcse.models.device import resolve_device
+    from mmcse.models.tokens import cached_tokens
+    from mmcse.training.duet import RetrievalSplit, load_duet, split_embeddings
+
+    raw = data_dir or paths.raw
+    manifest = read_json(raw / "manifest.json")
+    set_name = manifest.get("retrieval_set")
+    if not set_name:
+        raise ValueError(f"{raw}: no retrieval test set (data.pairs: {cfg.data.pairs}); DUET is scored by retrieval")
+    if "test" not in region_sets:
+        raise FileNotFoundError(f"{model_dir}: no test region set recorded for this training; rerun it "
+                                "(dvc repro train)")
+    device = resolve_device(cfg.base.device)
+    model, tokenizer = load_duet(model_dir, device)
+    split = RetrievalSplit.load(raw / "retrieval" / "images.jsonl", raw / "retrieval" / "captions.jsonl",
+                                RegionStore.open(region_sets["test"]))
+    tokens = cached_tokens(raw.parent / "tokens", "test_captions", tokenizer, split.captions, cfg.model.max_seq_len)
+    image_emb, text_emb = split_embeddings(model, split, tokens, cfg.evaluate.batch_size, device,
+                                           cfg.train.precision)
+    block = cfg.evaluate.retrieval.block_size
+    scores = test_set_metrics(set_name, image_emb, text_emb, split.text_image, block)
+    if cfg.evaluate.ndcg.relevance:
+        relevance = {kind: relevance_for(paths, split.captions, kind) for kind in cfg.evaluate.ndcg.relevance}
+        scores |= test_set_ndcg(set_name, image_emb, text_emb, split.text_image, relevance, cfg.evaluate.ndcg.k,
+                                block)
+    r = cfg.evaluate.retrieval
+    examples = None
+    if r.examples:
+        rows = sentence_neighbours(split.captions, text_emb, split.text_image, r.examples, r.examples_k)
+        examples = neighbours_markdown(rows, f"Nearest test captions ({set_name}, DUET v_C in the joint space)")
+    tsne = None
+    if plots_dir is not None:  # the captions of each image should share a cluster: purity against the image
+        tsne, clusters = tsne_figure(unit_rows(text_emb), n_clusters=TSNE_CLUSTERS, seed=cfg.base.seed,
+                                     groups=split.text_image, max_points=TSNE_POINTS, title="duet captions")
+        scores |= {f"cluster_{k}": v for k, v in clusters.items() if k in ("silhouette", "purity")}
+    no_sts, ax = plt.subplots(figsize=(5, 2))
+    ax.axis("off")
+    ax.text(0.5, 0.5, "train.method duet is an image–text retrieval model:\nno STS scores (see eval.json: R@K, NDCG)",
+            ha="center", va="center")
+    record_evaluation(cfg, scores, run_id, experiment_name, plots_dir, examples, no_sts, tsne, log_scatter=False)
+    return scores
+
+
+def retrieval_test_set(cfg: Config, paths: Paths, encoder: Any, raw: Path, teacher_manifest: Path | None = None,
+                       teacher_dirs: tuple[Path, ...] = (), head: Any = "config") -> Any:
+    """`mmcse.evaluation.retrieval.evaluate_test_set` on ``<raw>/retrieval`` with the image features
+    the teacher manifest names, plus graded NDCG (``evaluate.ndcg``, relevance from `relevance_for`)
+    in its scores: what the evaluate stage and ``mmcse eval --retrieval`` report."""
+    from mmcse.evaluation.ndcg import test_set_ndcg
+    from mmcse.evaluation.retrieval import evaluate_test_set
+    from mmcse.training.batches import teacher_set_folder
+
+    manifest = read_json(raw / "manifest.json")
+    sets = read_json(teacher_manifest or paths.teachers / "manifest.json")["sets"]
+    folders = {name: teacher_set_folder(sets[name], paths.teachers, teacher_dirs)
+               for name in ("retrieval_image", "retrieval_joint_image") if name in sets}
+    test_set = evaluate_test_set(cfg, encoder, raw, folders, manifest["retrieval_set"], head)
+    if test_set.image_emb is not None and cfg.evaluate.ndcg.relevance:
+        relevance = {kind: relevance_for(paths, test_set.captions, kind) for kind in cfg.evaluate.ndcg.relevance}
+        test_set.scores |= test_set_ndcg(test_set.set_name, test_set.image_emb, test_set.text_emb,
+                                         test_set.text_image, relevance, cfg.evaluate.ndcg.k,
+                                         cfg.evaluate.retrieval.block_size)
+    return test_set
+
+
+def checkpoint_retrieval(cfg: Config, paths: Paths, encoder: Any, model_dir: Path) -> dict[str, float]:
+    """``mmcse eval --retrieval``: R@K and NDCG of a best checkpoint (``train_state.json`` records
+    its method's image head) on the retrieval test set of ``cfg``'s top-level artifacts, refused
+    when they were made from another configuration (`mmcse.integrity.keys.require_top_level`)."""
+    from mmcse.integrity.keys import require_top_level
+
+    state_file = Path(model_dir) / "train_state.json"
+    if state_file.is_file() and read_json(state_file).get("method") == "duet":
+        return checkpoint_duet_retrieval(cfg, paths, Path(model_dir), read_json(state_file))
+    if encoder.student is None or not state_file.is_file():
+        raise FileNotFoundError(f"{state_file}: not an mmcse best checkpoint; --retrieval scores a student's "
+                                "trained image head (models/student/best)")
+    state = read_json(state_file)
+    if "image_head" not in state:
+        raise ValueError(f"{state_file}: written before checkpoints recorded their image head; retrain it "
+                         "(dvc repro train) or use the evaluate stage")
+    up = require_top_level(cfg, paths)
+    if not read_json(up.raw / "manifest.json").get("retrieval_set"):
+        raise ValueError(f"{up.raw}: no retrieval test set (data.pairs: {cfg.data.pairs})")
+    head = tuple(state["image_head"]) if state["image_head"] else None
+    return retrieval_test_set(cfg, paths, encoder, up.raw, up.teacher_manifest, up.teacher_dirs, head).scores
+
+
+def checkpoint_duet_retrieval(cfg: Config, paths: Paths, model_dir: Path, state: dict[str, Any]) -> dict[str, float]:
+    """``mmcse eval --retrieval`` of a DUET checkpoint: `evaluate_duet` on the test region set its
+    training recorded (``train_state.json``), found in the cache_regions folder or
+    ``<data>/upstream/regions``, on ``cfg``'s top-level artifacts (refused when stale)."""
+    from mmcse.integrity.keys import require_top_level
+
+    up = require_top_level(cfg, paths)
+    name = (state.get("region_sets") or {}).get("test")
+    folders = [d / name for d in (paths.regions, paths.raw.parent / "upstream" / "regions")] if name else []
+    found = [f for f in folders if (f / "index.json").is_file()]
+    if not found:
+        raise FileNotFoundError(f"{model_dir / 'train_state.json'}: its test region set "
+                                f"{name or '(not recorded)'} is in neither {paths.regions} nor "
+                                f"{paths.raw.parent / 'upstream' / 'regions'}: rerun cache_regions (dvc repro)")
+    return evaluate_duet(cfg, paths, model_dir, {"test": found[0]}, data_dir=up.raw)

@@ -1,0 +1,41 @@
+"""Where each stage reads and writes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from mmcse.config import Config
+
+
+@dataclass(frozen=True)
+class Paths:
+    """Where each stage reads and writes, derived from ``base`` (relative to the cwd)."""
+
+    raw: Path
+    downloads: Path
+    objects: Path
+    teachers: Path
+    student: Path
+    metrics: Path
+    plots: Path
+    ablations: Path
+    relevance: Path  # caption relevance matrices of the retrieval test set (stage relevance)
+    regions: Path  # DUET region sets (stage cache_regions)
+
+    @classmethod
+    def of(cls, cfg: Config, root: str | Path = ".") -> Paths:
+        root = Path(root)
+        data = root / cfg.base.data_dir
+        return cls(
+            raw=data / "raw",
+            downloads=data / cfg.data.downloads_dir,
+            objects=data / "objects",
+            teachers=data / cfg.teachers.cache_dir,
+            student=root / cfg.base.models_dir / "student",
+            metrics=root / cfg.base.metrics_dir,
+            plots=root / cfg.base.plots_dir,
+            ablations=root / "ablation",
+            relevance=data / "relevance",
+            regions=data / cfg.regions.cache_dir,
+        )

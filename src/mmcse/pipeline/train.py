@@ -1,0 +1,143 @@
+"""Stage ``train``: one method's training, tracked in MLflow, with its DVC plots."""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from mmcse.config import Config
+from mmcse.integrity.keys import Upstream
+from mmcse.io import write_json
+from mmcse.pipeline.features import region_sets_for
+from mmcse.pipeline.paths import Paths
+
+
+def write_curves(history: list[dict[str, float]], plots_dir: Path, title: str = "dev geometry",
+                 dev_metric: str = "dev_sts") -> None:
+    """The DVC plots of a training history: ``train_loss.csv`` (step, loss), ``dev_sts.csv``
+    (step, dev: STS) or, for DUET (``dev_metric`` ``val_rsum``), ``dev_rsum.csv`` (step, dev: val
+    rsum) — the other one holds its header only —, ``dev_geometry.csv`` (step, alignment,
+    uniformity: every dev evaluation that logged them) and ``geometry_trajectory.png``
+    (`mmcse.evaluation.plots.geometry_trajectory`)."""
+    from mmcse.evaluation.plots import geometry_trajectory, save_figure
+    from mmcse.io import atomic_path
+
+    plots_dir.mkdir(parents=True, exist_ok=True)
+    dev_file = {"dev_sts": "dev_sts.csv", "val_rsum": "dev_rsum.csv"}[dev_metric]
+    tables = (("train_loss.csv", ["loss"], ["loss"]), ("dev_sts.csv", ["dev"], ["dev"]),
+              ("dev_rsum.csv", ["dev"], ["dev"]),
+              ("dev_geometry.csv", ["dev_alignment", "dev_uniformity"], ["alignment", "uniformity"]))
+    for name, keys, columns in tables:
+        rows = [h for h in history if all(k in h for k in keys)]
+        if name in ("dev_sts.csv", "dev_rsum.csv") and name != dev_file:
+            rows = []
+        with atomic_path(plots_dir / name) as tmp, open(tmp, "w", newline="") as handle:
+            writer = csv.writer(handle)
+            writer.writerow(["step", *columns])
+            writer.writerows([[h["step"], *(round(h[k], 6) for k in keys)] for h in rows])
+    save_figure(geometry_trajectory(history, title), plots_dir / "geometry_trajectory.png")
+
+
+def train_run_name(cfg: Config) -> str:
+    """The MLflow run name of a training: ``<method>-seed<seed>`` (e.g. ``dalr-seed3``)."""
+    return f"{cfg.train.method}-seed{cfg.base.seed}"
+
+
+def run_train(
+    cfg: Config,
+    paths: Paths,
+    out_dir: Path | None = None,
+    experiment_name: str | None = None,
+    run_name: str | None = None,
+    parent_run_id: str | None = None,
+    on_eval: Callable[[int, float], None] | None = None,
+    progress: bool = True,
+    data_seed: int | None = None,
+    resolve_upstream: Callable[[Config, Paths, int], Upstream] | None = None,
+) -> dict[str, Any]:
+    """Train with MLflow tracking; returns the summary written to ``<out>/summary.json``.
+
+    Without ``data_seed`` (the train stage) it trains on the top-level artifacts, refused unless
+    they were made from ``cfg``. With it (an ablation job, a sweep trial: ``data_seed`` is the
+    pipeline's seed) on the upstream artifacts of ``cfg``, found or computed inside the run by
+    ``resolve_upstream(cfg, paths, data_seed)`` (the runner's `mmcse.experiments.upstream.resolve`,
+    which runs this package's stages: so a failure there is on the record). The run is tagged with
+    the artifacts' keys (``artifact.data|objects|teachers``), also in the summary with the data
+    folder (``data_dir``). A training resumed from ``<out>/last`` continues the MLflow run its
+    resume point names: a killed and resumed training is one run with one contiguous history."""
+    import mlflow
+
+    from mmcse import tracking
+    from mmcse.evaluation.plots import geometry_trajectory, save_figure, training_curves
+    from mmcse.integrity.keys import artifact_keys, artifact_tags, require_top_level
+    from mmcse.models.device import resolve_device
+    from mmcse.models.precision import check_precision
+    from mmcse.training.batches import check_inputs
+    from mmcse.training.checkpoints import resume_point_run
+    from mmcse.training.loop import train
+
+    if data_seed is not None and resolve_upstream is None:
+        raise ValueError("run_train: data_seed (a job's own upstream artifacts) needs resolve_upstream")
+    out_dir = out_dir or paths.student
+    keys = artifact_keys(cfg, data_seed)
+    up = require_top_level(cfg, paths) if data_seed is None else None
+    if up is not None:
+        check_inputs(up.raw, up.teachers, up.teacher_manifest, up.teacher_dirs)
+    check_precision(cfg.train.precision, resolve_device(cfg.base.device))  # before a run is started
+    tracking.configure(cfg)
+    resumed_run, resumed_step = resume_point_run(out_dir, cfg)
+    resumed_run = tracking.existing_run(resumed_run)
+    with tracking.run(
+        cfg, experiment_name or cfg.train.method, run_name=run_name or train_run_name(cfg), run_id=resumed_run,
+        parent_run_id=parent_run_id, tags=artifact_tags(keys),
+        job=str(out_dir.resolve()),
+    ) as active:
+        tracking.remember_run(out_dir, active.info.run_id)  # not in out_dir: a DVC output holds nothing random
+        if up is None:
+            up = resolve_upstream(cfg, paths, data_seed)
+            check_inputs(up.raw, up.teachers, up.teacher_manifest, up.teacher_dirs)
+        if resumed_run is None:
+            tracking.log_config(cfg)
+        else:
+            mlflow.set_tag("mmcse.resumed_from_step", str(resumed_step))
+        duet = cfg.train.method == "duet"
+        region_sets: dict[str, Path] = {}
+        if duet:  # DUET: a retrieval model on region features; dev = val rsum (`mmcse.training.duet`)
+            from mmcse.training.duet import train_duet
+
+            region_sets = region_sets_for(cfg, paths, up)
+            result = train_duet(cfg, up.raw, region_sets, out_dir, tracking.log_metric_steps, on_eval, progress)
+        else:
+            result = train(cfg, up.raw, up.teachers, out_dir, tracking.log_metric_steps, on_eval, progress,
+                           objects_dir=up.objects, teacher_manifest=up.teacher_manifest,
+                           teacher_dirs=up.teacher_dirs)
+        title = f"{cfg.train.method} (seed {cfg.base.seed})"
+        figures = [(training_curves(result.history, title, dev_label="val rsum" if duet else "dev STS"),
+                    "training_curves.png")]
+        if not duet:
+            figures.append((geometry_trajectory(result.history, title, result.best_step), "geometry_trajectory.png"))
+        for fig, name in figures:
+            mlflow.log_artifact(str(save_figure(fig, out_dir / name)), "figures")
+        best_geometry = {f"best_{k}": v for k, v in result.best_geometry.items()}  # best_dev_alignment, ...
+        dev_key = "best_dev_rsum" if duet else "best_dev_sts"  # val R@K rsum | dev STS Spearman ×100
+        mlflow.log_metrics({dev_key: result.best_score, "best_step": result.best_step, **best_geometry})
+        summary = {
+            "run_id": active.info.run_id,
+            dev_key: result.best_score,
+            "best_dev": result.best_score,  # whichever the method's dev score is (sweeps maximise it)
+            "dev_metric": "val_rsum" if duet else "dev_sts",
+            "best_step": result.best_step,
+            **best_geometry,
+            "steps": result.steps,
+            "checkpoint": str(result.best_dir),
+            "artifacts": up.keys,
+            "data_dir": str(up.raw),
+            "teacher_manifest": str(up.teacher_manifest),
+            "teacher_dirs": [str(d) for d in up.teacher_dirs],
+            "region_sets": {split: str(folder) for split, folder in region_sets.items()},
+        }
+    # the run id stays out of the folder (a DVC output): `tracking.folder_run_id(out_dir)` finds it
+    write_json(out_dir / "summary.json", {k: v for k, v in summary.items() if k != "run_id"})
+    return summary

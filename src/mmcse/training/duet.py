@@ -1,0 +1,400 @@
+"""The ``train`` stage for ``train.method: duet``: DUET (`mmcse.methods.duet`) on image–caption pairs.
+
+DUET is an image–text retrieval model, not a sentence encoder, so its loop differs from the
+students' (`mmcse.training.loop`) in what it reads and scores, and shares everything else:
+
+* batches are image–caption pairs only (no text corpus), ``train.batch_size`` pairs each, in an
+  order that is a pure function of (seed, epoch): a resumed run replays the same batches;
+* an image's regions and boxes come from the ``cache_regions`` stage's region set
+  (`mmcse.detection.regions.RegionStore`), the captions from the token cache;
+* the loss is `mmcse.methods.duet.duet_objective` (Eq. 33) with ``loss.duet``; two captions of
+  one image in a batch are not each other's negatives (the hinge's ``ignore`` mask);
+* the dev score is the R@K rsum on the retrieval val split (`mmcse.evaluation.retrieval`); the
+  best one is kept in ``<out>/best``, a resume point in ``<out>/last`` (the same writers, checks and
+  MLflow run continuation as the students': `mmcse.training.loop`).
+
+``<out>/best`` is the text stream as an HF folder (``config.json``, ``model.safetensors``, the
+tokenizer) plus ``duet.safetensors`` (every other DUET parameter) and ``duet.json`` (the
+architecture), so `load_duet` rebuilds the model without params.yaml.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+from mmcse.config import Config
+from mmcse.detection.regions import RegionStore
+from mmcse.errors import TrainingOutOfMemory
+from mmcse.evaluation.retrieval import check_text_image, retrieval_metrics
+from mmcse.integrity.files import check_model_folder
+from mmcse.io import read_json, read_jsonl, write_json
+from mmcse.methods.duet import DuetModel, duet_objective
+from mmcse.models.device import resolve_device
+from mmcse.models.precision import autocast, check_precision, configure_kernels, grad_scaler
+from mmcse.models.student import load_backbone, load_tokenizer
+from mmcse.models.tokens import TokenTable, cached_tokens, to_device
+from mmcse.training.checkpoints import (
+    TrainState,
+    load_resume_point,
+    run_definition_hash,
+    save_resume_point,
+    write_weights_folder,
+)
+from mmcse.training.loop import (
+    LOG_EVERY,
+    EvalCallback,
+    StepLogger,
+    TrainResult,
+    build_optimizer,
+    is_out_of_memory,
+    out_of_memory_message,
+    read_back,
+)
+
+log = logging.getLogger(__name__)
+DUET_WEIGHTS, DUET_META = "duet.safetensors", "duet.json"
+BEST_REQUIRED = ("config.json", "model.safetensors", DUET_WEIGHTS, DUET_META)
+TEXT_PREFIX = "text."  # the text stream's parameters: saved as the HF folder, not in duet.safetensors
+DEV_METRIC = "rsum"  # the dev score: R@1+5+10 both ways on the val split (×100, max 600)
+
+
+def duet_architecture(cfg: Config, region_dim: int) -> dict[str, Any]:
+    """`DuetModel`'s keyword arguments from ``model.duet`` (``region_dim``: the region set's width)."""
+    d = cfg.model.duet
+    return {"region_dim": int(region_dim), "visual_layers": d.visual_layers, "shared_layers": d.shared_layers,
+            "joint_dim": d.joint_dim, "box_layer": d.box_layer or None, "heads": d.heads, "ff_dim": d.ff_dim,
+            "dropout": d.dropout, "visual_dim": d.visual_dim or None, "region_norm": d.region_norm,
+            "tie_shared": d.tie_shared, "spatial": d.spatial}
+
+
+def build_duet(cfg: Config, region_dim: int) -> DuetModel:
+    """A DUET whose text stream is ``model.*`` (pretrained or random per ``model.init``)."""
+    return DuetModel(load_backbone(cfg.model, dropout=cfg.train.dropout), **duet_architecture(cfg, region_dim))
+
+
+def save_duet(model: DuetModel, tokenizer: Any, architecture: dict[str, Any], folder: Path) -> None:
+    """The text stream as an HF folder, the rest in ``duet.safetensors``, the architecture in ``duet.json``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    model.text.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    rest = {k: v.detach().contiguous() for k, v in model.state_dict().items() if not k.startswith(TEXT_PREFIX)}
+    save_file(rest, str(folder / DUET_WEIGHTS))
+    write_json(folder / DUET_META, {"architecture": architecture})
+
+
+def load_duet(folder: str | Path, device: torch.device | str = "cpu") -> tuple[DuetModel, Any]:
+    """A DUET checkpoint folder (`save_duet`) as ``(model in eval mode on device, tokenizer)``;
+    a damaged or foreign folder is named before anything loads."""
+    from transformers import AutoModel, AutoTokenizer
+
+    folder = Path(folder)
+    check_model_folder(folder, "retrain it (dvc repro train)", required=BEST_REQUIRED)
+    architecture = read_json(folder / DUET_META)["architecture"]
+    # built as `mmcse.models.student.load_backbone` builds it (no pooler: DUET reads the token states)
+    model = DuetModel(AutoModel.from_pretrained(folder, add_pooling_layer=False), **architecture)
+    rest = load_file(str(folder / DUET_WEIGHTS))
+    missing, unexpected = model.load_state_dict(rest, strict=False)
+    missing = [k for k in missing if not k.startswith(TEXT_PREFIX)]
+    if missing or unexpected:
+        raise ValueError(f"{folder / DUET_WEIGHTS}: does not match {folder / DUET_META} "
+                         f"(missing {missing[:3]}, unexpected {unexpected[:3]}); retrain it")
+    return model.to(device).eval(), AutoTokenizer.from_pretrained(folder)
+
+
+# --------------------------------------------------------------------------- data
+
+
+@dataclass
+class RetrievalSplit:
+    """An image set with every caption: the val split (dev score) or the test split (evaluate)."""
+
+    image_ids: list[str]
+    captions: list[str]
+    text_image: np.ndarray  # (N_txt,) row of each caption's image in image_ids
+    regions: RegionStore
+
+    @classmethod
+    def load(cls, images_file: Path, captions_file: Path, regions: RegionStore) -> RetrievalSplit:
+        for f in (images_file, captions_file):
+            if not f.is_file():
+                raise FileNotFoundError(f"{f}: missing; rerun the download stage (dvc repro download)")
+        image_ids = [row["image_id"] for row in read_jsonl(images_file)]
+        rows = read_jsonl(captions_file)
+        if not image_ids or not rows:
+            raise ValueError(f"{images_file}: no images or captions in this split; train.method duet needs a "
+                             "retrieval val split (data.splits must not include val)")
+        index = {image_id: i for i, image_id in enumerate(image_ids)}
+        unknown = sorted({row["image_id"] for row in rows} - index.keys())
+        if unknown:
+            raise ValueError(f"{captions_file}: captions of images not in {images_file.name}: {unknown[:5]}")
+        text_image = check_text_image([index[row["image_id"]] for row in rows], len(rows), len(image_ids))
+        regions.row_indices(image_ids)  # every image has regions, or a KeyError names the set
+        return cls(image_ids, [row["caption"] for row in rows], text_image, regions)
+
+
+@dataclass
+class DuetData:
+    """Training pairs with their images' region rows, and the val split."""
+
+    captions: list[str]
+    image_ids: list[str]
+    regions: RegionStore
+    region_rows: np.ndarray  # (N_pairs,) row of each pair's image in ``regions``
+    val: RetrievalSplit
+
+    @classmethod
+    def load(cls, data_dir: Path, region_sets: dict[str, Path]) -> DuetData:
+        for split in ("train", "val"):
+            if split not in region_sets:
+                raise FileNotFoundError(f"no {split} region set: run the cache_regions stage (dvc repro cache_regions)")
+        pairs = read_jsonl(data_dir / "pairs.jsonl")
+        if not pairs:
+            raise ValueError(f"{data_dir / 'pairs.jsonl'}: no image–caption pairs; train.method duet needs them")
+        regions = RegionStore.open(region_sets["train"])
+        image_ids = [p["image_id"] for p in pairs]
+        val = RetrievalSplit.load(data_dir / "retrieval" / "val_images.jsonl",
+                                  data_dir / "retrieval" / "val_captions.jsonl", RegionStore.open(region_sets["val"]))
+        return cls([p["caption"] for p in pairs], image_ids, regions, regions.row_indices(image_ids), val)
+
+
+def region_batch(store: RegionStore, rows: np.ndarray, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """``(regions (B, n, d), boxes (B, n, 5), mask (B, n))`` of region-set rows, on ``device``."""
+    regions, boxes, mask = store.take(rows)
+    return tuple(to_device(torch.from_numpy(np.ascontiguousarray(a)), device) for a in (regions, boxes, mask))
+
+
+def same_image_mask(image_ids: Sequence[str], device: torch.device) -> torch.Tensor:
+    """``(B, B)`` True where two different pairs of the batch show the same image: a caption of
+    the image is no negative for it (Eq. 29's hardest negative must be another image's)."""
+    codes = {image_id: i for i, image_id in enumerate(dict.fromkeys(image_ids))}
+    ids = torch.tensor([codes[i] for i in image_ids], device=device)
+    same = ids[:, None] == ids[None, :]
+    return same & ~torch.eye(len(image_ids), dtype=torch.bool, device=device)
+
+
+# --------------------------------------------------------------------------- encoding + dev score
+
+
+@torch.no_grad()
+def encode_split_images(model: DuetModel, regions: RegionStore, image_ids: Sequence[str], batch_size: int,
+                        device: torch.device, precision: str = "fp32") -> np.ndarray:
+    """v_I (Eq. 27) of every image, ``(N, joint_dim)`` float32 (raw: retrieval normalises)."""
+    rows = regions.row_indices(image_ids)
+    out = []
+    for start in range(0, len(rows), batch_size):
+        r, b, m = region_batch(regions, rows[start : start + batch_size], device)
+        with autocast(precision, device):
+            v_img, _ = model.encode_image(r, b, m)
+        out.append(v_img.float().cpu())
+    return torch.cat(out).numpy() if out else np.zeros((0, model.joint_dim), np.float32)
+
+
+@torch.no_grad()
+def encode_split_captions(model: DuetModel, tokens: TokenTable, batch_size: int, device: torch.device,
+                          precision: str = "fp32") -> np.ndarray:
+    """v_C (Eq. 27) of every caption of a token table, ``(N, joint_dim)`` float32."""
+    n = len(tokens.lengths)
+    out = []
+    for start in range(0, n, batch_size):
+        batch = tokens.batch(np.arange(start, min(start + batch_size, n)), device)
+        with autocast(precision, device):
+            v_txt = model.encode_text(batch["input_ids"], batch["attention_mask"])
+        out.append(v_txt.float().cpu())
+    return torch.cat(out).numpy() if out else np.zeros((0, model.joint_dim), np.float32)
+
+
+def split_embeddings(model: DuetModel, split: RetrievalSplit, tokens: TokenTable, batch_size: int,
+                     device: torch.device, precision: str = "fp32") -> tuple[np.ndarray, np.ndarray]:
+    """``(image_emb (N_img, d), text_emb (N_txt, d))`` of a retrieval split, the model left as it was."""
+    was_training = model.training
+    model.eval()
+    try:
+        images = encode_split_images(model, split.regions, split.image_ids, batch_size, device, precision)
+        texts = encode_split_captions(model, tokens, batch_size, device, precision)
+    finally:
+        model.train(was_training)
+    return images, texts
+
+
+# --------------------------------------------------------------------------- training
+
+
+def duet_step_loss(model: DuetModel, cfg: Config, batch: dict[str, torch.Tensor],
+                   regions: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                   ignore: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Eq. 33's terms (`duet_objective` with ``loss.duet``) of one batch: captions ``batch``
+    (``input_ids``, ``attention_mask`` (B, l)) and their images' ``regions`` = (regions (B, n, d),
+    boxes (B, n, 5), mask (B, n)); ``ignore`` (B, B): `same_image_mask`."""
+    r, boxes, mask = regions
+    out = model(batch["input_ids"], batch["attention_mask"], r, boxes, mask)
+    c = cfg.loss.duet
+    # the objective in fp32: the hinge compares cosines that differ in the third decimal
+    return duet_objective(out.v_img.float(), out.v_txt.float(), out.box_pred.float(), boxes, mask, margin=c.margin,
+                          lambda_box=c.lambda_box, lambda_norm=c.lambda_norm, reduction=c.reduction, ignore=ignore)
+
+
+def duet_optimizer_step(model: DuetModel, cfg: Config, batch: dict[str, torch.Tensor],
+                        regions: tuple[torch.Tensor, torch.Tensor, torch.Tensor], ignore: torch.Tensor | None,
+                        optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
+                        device: torch.device) -> dict[str, torch.Tensor]:
+    """One DUET training step, as `mmcse.training.loop.optimizer_step` is one student step: the forward pass
+    under ``train.precision``'s autocast, backward (through the fp16 scaler when enabled), the
+    update. Returns the terms, still on the device."""
+    with autocast(cfg.train.precision, device):
+        terms = duet_step_loss(model, cfg, batch, regions, ignore)
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(terms["loss"]).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    return terms
+
+
+def train_duet(
+    cfg: Config,
+    data_dir: str | Path,
+    region_sets: dict[str, Path],
+    out_dir: str | Path,
+    log_metrics: StepLogger | None = None,
+    on_eval: EvalCallback | None = None,
+    progress: bool = True,
+) -> TrainResult:
+    """Train DUET on ``<data_dir>/pairs.jsonl`` with the region sets ``region_sets`` (``train``,
+    ``val``: folders of `RegionStore`); the best val rsum's weights go to ``out_dir/best``
+    (`save_duet`), a resume point to ``out_dir/last``. ``log_metrics`` and ``on_eval``
+    as in `mmcse.training.loop.train` (loss terms ``loss/hinge|box|norm|loss``, dev ``dev_rsum`` and
+    ``dev_<direction>_R<k>``); the history's ``dev`` entries are val rsums."""
+    data_dir, out_dir = Path(data_dir), Path(out_dir)
+    device = resolve_device(cfg.base.device)
+    check_precision(cfg.train.precision, device)
+    data = DuetData.load(data_dir, region_sets)
+    if device.type == "cuda":  # deterministic cuBLAS (bit-identical resume)
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    configure_kernels(device)
+    torch.manual_seed(cfg.base.seed)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+    tokenizer = load_tokenizer(cfg.model.name_or_path)
+    token_dir = data_dir.parent / "tokens"
+    captions = cached_tokens(token_dir, "captions", tokenizer, data.captions, cfg.model.max_seq_len)
+    val_tokens = cached_tokens(token_dir, "val_captions", tokenizer, data.val.captions, cfg.model.max_seq_len)
+    architecture = duet_architecture(cfg, data.regions.dim)
+    model = DuetModel(load_backbone(cfg.model, dropout=cfg.train.dropout), **architecture).to(device)
+
+    b = cfg.train.batch_size
+    per_epoch = len(data.captions) // b
+    if per_epoch == 0:
+        raise ValueError(f"train.batch_size={b} exceeds the {len(data.captions)} image–caption pairs")
+    total = per_epoch * cfg.train.epochs
+    if cfg.train.max_steps:
+        total = min(total, cfg.train.max_steps)
+    optimizer, scheduler = build_optimizer(model, cfg, total, device)  # weight_decay 0: Adam, as §5.2
+    scaler = grad_scaler(cfg.train.precision, device)
+
+    config_hash = run_definition_hash(cfg)
+    last_dir, best_dir = out_dir / "last", out_dir / "best"
+    state = load_resume_point(last_dir, model, optimizer, scheduler, scaler, config_hash,
+                               best_required=BEST_REQUIRED) or TrainState()
+    if state.step >= total and best_dir.is_dir():
+        return TrainResult(state.best_score, state.best_step, state.step, best_dir, state.history)
+    resumed_from = state.step if state.step else None
+    best_weights: dict[str, torch.Tensor] | None = None  # written with the next resume point (see train.train)
+    pending: list[tuple[dict[str, Any], int]] = []
+
+    def flush() -> None:
+        entries = read_back(pending)
+        for m, step in entries:
+            if "loss/loss" in m and step % LOG_EVERY == 0:
+                state.history.append({"step": step, "loss": m["loss/loss"]})
+        if log_metrics and entries:
+            log_metrics(entries)
+
+    def evaluate_now() -> float:
+        nonlocal best_weights
+        images, texts = split_embeddings(model, data.val, val_tokens, cfg.evaluate.batch_size, device,
+                                         cfg.train.precision)
+        scores = retrieval_metrics(images, texts, data.val.text_image, cfg.evaluate.retrieval.block_size)
+        score = scores[DEV_METRIC]
+        flush()
+        state.history.append({"step": state.step, "dev": score})
+        if score > state.best_score:
+            state.best_score, state.best_step = score, state.step
+            best_weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        if log_metrics:
+            from mmcse.tracking import metric_name
+
+            log_metrics([({metric_name(f"dev_{k}"): v for k, v in scores.items()}, state.step)])
+        return score
+
+    def write_best() -> None:
+        nonlocal best_weights
+        if best_weights is None:
+            return
+
+        def save(tmp: Path) -> None:
+            save_duet(model, tokenizer, architecture, tmp)
+            write_json(tmp / "train_state.json", {"step": state.best_step, "dev": state.best_score, "dev_metric":
+                                                  f"val {DEV_METRIC}", "method": "duet", "image_head": None,
+                                                  "region_sets": {k: v.name for k, v in region_sets.items()}})
+
+        write_weights_folder(model, best_weights, best_dir, save)
+        best_weights = None
+
+    if state.step == 0:
+        evaluate_now()
+        write_best()
+
+    model.train()
+    bar = tqdm(total=total, initial=state.step, desc="train duet", unit="step", disable=not progress)
+    last_dev = state.history[-1]["dev"] if state.history and "dev" in state.history[-1] else math.nan
+    order_epoch, order = -1, np.zeros(0, np.int64)
+    try:
+        while state.step < total:
+            epoch, offset = divmod(state.step, per_epoch)
+            if epoch != order_epoch:  # a pure function of (seed, epoch): resumable
+                g = torch.Generator().manual_seed(cfg.base.seed * 100_003 + epoch)
+                order_epoch, order = epoch, torch.randperm(len(data.captions), generator=g).numpy()
+            idx = order[offset * b : (offset + 1) * b]  # (B,) pair rows
+            batch = captions.batch(idx, device)
+            regions, boxes, mask = region_batch(data.regions, data.region_rows[idx], device)
+            ignore = same_image_mask([data.image_ids[i] for i in idx], device)
+            try:
+                terms = duet_optimizer_step(model, cfg, batch, (regions, boxes, mask), ignore, optimizer, scaler,
+                                            device)
+            except Exception as err:
+                if is_out_of_memory(err):
+                    raise TrainingOutOfMemory(out_of_memory_message(cfg, state.step + 1, resumed_from)) from None
+                raise
+            scheduler.step()
+            state.step += 1
+            if state.step % LOG_EVERY == 0:
+                pending.append(({f"loss/{k}": v.detach() for k, v in terms.items()}
+                                | {"lr": scheduler.get_last_lr()[0]}, state.step))
+            evaluating = state.step % cfg.train.eval_steps == 0 or state.step == total
+            checkpointing = state.step % cfg.train.checkpoint_steps == 0 or state.step == total
+            if evaluating:
+                last_dev = evaluate_now()
+                if on_eval:
+                    on_eval(state.step, last_dev)
+            if checkpointing:
+                flush()
+                write_best()
+                save_resume_point(last_dir, model, optimizer, scheduler, scaler, state, config_hash)
+                resumed_from = state.step
+            if evaluating:
+                bar.set_postfix(dev_rsum=f"{last_dev:.1f}")
+            bar.update(1)
+    finally:
+        bar.close()
+    flush()
+    return TrainResult(state.best_score, state.best_step, state.step, best_dir, state.history)

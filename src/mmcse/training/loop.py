@@ -1,0 +1,381 @@
+"""The students' training loop (SimCSE, MCSE, KDMCSE, DALR, MCSEO): one batch's loss terms
+(`training_step_loss`), the update (`optimizer_step`) and `train`, which evaluates on dev, keeps the
+best weights and writes resume points (`mmcse.training.checkpoints`) on the batches of
+`mmcse.training.batches`."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+from transformers import get_linear_schedule_with_warmup
+
+from mmcse.config import Config, active_terms
+from mmcse.errors import TrainingOutOfMemory
+from mmcse.evaluation.geometry import POSITIVE_GOLD, check_sts_geometry, sts_geometry
+from mmcse.evaluation.retrieval import image_head
+from mmcse.evaluation.sts import evaluate_sts, student_encoder
+from mmcse.io import write_json
+from mmcse.methods.losses import span_mean, weighted_teacher_similarity
+from mmcse.methods.objectives import STAT, StepEmbeddings, needed_features, step_objective
+from mmcse.models.device import resolve_device
+from mmcse.models.export import EVAL_MAX_SEQ_LEN, export_sentence_transformers
+from mmcse.models.precision import autocast, check_precision, configure_kernels, fused_adamw_supported, grad_scaler
+from mmcse.models.student import Student, load_backbone, load_tokenizer, save_student
+from mmcse.training.batches import PAIR, TEXT, Batches, BatchFeatures, TrainData, check_inputs
+from mmcse.training.checkpoints import (
+    TrainState,
+    load_resume_point,
+    run_definition_hash,
+    save_resume_point,
+    write_weights_folder,
+)
+
+log = logging.getLogger(__name__)
+
+
+LOG_EVERY = 5  # steps between logged loss values
+
+
+# Steps between reading logged values back from the device: each read waits for the GPU to
+# finish (a host sync), so values are kept on the device and read in one go this often.
+FLUSH_EVERY = 50
+
+
+StepLogger = Callable[[list[tuple[dict[str, float], int]]], None]  # a batch of (metrics, step)
+
+
+EvalCallback = Callable[[int, float], None]
+
+
+# Dev geometry (Wang & Isola; DALR Table 6) logged at every dev evaluation: metric name -> key of
+# `mmcse.evaluation.geometry.sts_geometry`; the same names are the keys of a dev history entry.
+DEV_GEOMETRY = {"dev_alignment": "alignment", "dev_uniformity": "uniformity"}
+
+
+@dataclass
+class TrainResult:
+    best_score: float
+    best_step: int
+    steps: int
+    best_dir: Path
+    history: list[dict[str, float]]
+
+    @property
+    def best_geometry(self) -> dict[str, float]:
+        """``dev_alignment`` / ``dev_uniformity`` of the best checkpoint (see `best_geometry`)."""
+        return best_geometry(self.history, self.best_step)
+
+
+def best_geometry(history: Sequence[dict[str, Any]], best_step: int) -> dict[str, float]:
+    """The dev geometry logged at ``best_step``'s dev evaluation (``{}`` when that evaluation has
+    none: a history begun by a version that did not log it)."""
+    for entry in history:
+        if entry["step"] == best_step and "dev" in entry:
+            return {k: entry[k] for k in DEV_GEOMETRY if k in entry}
+    return {}
+
+
+def read_back(pending: list[tuple[dict[str, Any], int]]) -> list[tuple[dict[str, float], int]]:
+    """Logged ``(metrics, step)`` entries whose values may still be device tensors, as floats, read
+    back in one host sync (a read per value would wait for the device each time); empties
+    ``pending``."""
+    tensors = [v for metrics, _ in pending for v in metrics.values() if isinstance(v, torch.Tensor)]
+    values = iter(torch.stack([t.detach().float() for t in tensors]).tolist() if tensors else [])
+    entries = [({k: next(values) if isinstance(v, torch.Tensor) else float(v) for k, v in metrics.items()}, step)
+               for metrics, step in pending]
+    pending.clear()
+    return entries
+
+
+def build_optimizer(student: torch.nn.Module, cfg: Config, total_steps: int, device: torch.device | None = None):
+    """AdamW (no weight decay on biases and LayerNorm) with linear warmup and decay to 0;
+    fused (one kernel for all parameters) on CUDA."""
+    decay, no_decay = [], []
+    for name, p in student.named_parameters():
+        (no_decay if p.ndim < 2 or "LayerNorm" in name else decay).append(p)
+    fused = device is not None and fused_adamw_supported(device)
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.train.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.train.learning_rate, fused=fused or None,
+    )
+    scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.train.warmup_ratio * total_steps), total_steps)
+    return optimizer, scheduler
+
+
+def training_step_loss(
+    student: Student,
+    cfg: Config,
+    batch: dict[str, torch.Tensor],
+    feats: BatchFeatures | None,
+    pair_batch: bool,
+    seed: int = 0,
+    on: dict[str, bool] | None = None,
+) -> dict[str, torch.Tensor]:
+    """Loss terms of one batch: two dropout passes (as one doubled batch) through the
+    student, then every active term of the method on those embeddings and the cached
+    teacher features ``feats`` (no teacher runs here). ``seed`` seeds the step's random
+    draws (DALR mismatched pairs, ranking ties); ``on`` is ``active_terms(cfg)``, worked
+    out once per run by the training loop."""
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    n = ids.shape[0]
+    tokens = student.token_states(ids.repeat(2, 1), mask.repeat(2, 1))  # (2B, L, H): two dropout masks
+    cls = tokens[:, 0]  # (2B, H)
+    z = student.mlp(cls)  # (2B, H)
+    e = StepEmbeddings(z1=z[:n], z2=z[n:], pair_batch=pair_batch)
+    on = on if on is not None else active_terms(cfg)
+    feats = feats or BatchFeatures()
+    if pair_batch and (on["image"] or on["kdmcse"] or on["info"] or on["cma"] or on["object"]):
+        s = student.text_proj(cls)  # (2B, p): g_φ1 on [CLS] (MCSE Eq. 2)
+        e.s1, e.s2 = s[:n], s[n:]
+    if feats.image is not None:
+        e.image = student.image_proj(feats.image)  # (B, p): g_φ2 on frozen image features
+    if feats.joint_text is not None:
+        e.joint_text, e.joint_image = feats.joint_text, feats.joint_image
+        if on["kdmcse"]:  # only KDMCSE's text term uses g_φt
+            e.teacher_text = student.teacher_text_proj(feats.joint_text)  # (B, p): g_φt(t̂)
+        e.teacher_image = student.teacher_image_proj(feats.joint_image)  # (B, p): g_φv(v̂)
+        if on["consistency"]:
+            e.shared_text = student.shared_text(cls[:n])  # (B, p)
+            e.shared_image = student.shared_image(feats.joint_image)  # (B, p)
+    if feats.text_teachers is not None:
+        with torch.no_grad():
+            e.text_teacher_sim = weighted_teacher_similarity(feats.text_teachers, feats.text_weights)  # (B, B)
+    if feats.objects is not None:
+        phrase_states = span_mean(tokens[:n], feats.object_row, feats.object_start, feats.object_end)  # (T, H)
+        e.phrases = student.text_proj(phrase_states)  # (T, p)
+        e.objects = student.image_proj(feats.objects)  # (T, p)
+        e.object_pair = feats.object_row
+    return step_objective(cfg, e, seed, on)
+
+
+def optimizer_step(
+    student: Student,
+    cfg: Config,
+    batch: dict[str, torch.Tensor],
+    feats: BatchFeatures | None,
+    pair_batch: bool,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    device: torch.device,
+    seed: int = 0,
+    on: dict[str, bool] | None = None,
+) -> dict[str, torch.Tensor]:
+    """One training step: the forward pass under ``train.precision``'s autocast, backward
+    (through the fp16 loss scaler when enabled) and the optimizer update. Returns the loss
+    terms, still on the device (reading them is a host sync the caller defers)."""
+    with autocast(cfg.train.precision, device):
+        terms = training_step_loss(student, cfg, batch, feats, pair_batch, seed, on)
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(terms["loss"]).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    return terms
+
+
+def out_of_memory_message(cfg: Config, step: int, resume_step: int | None) -> str:
+    resume = (f"the resume point (step {resume_step}) is intact: rerun to continue from it"
+              if resume_step is not None else "no resume point was written yet")
+    smaller = max(cfg.train.batch_size // 2, 2)
+    advice = [f"a smaller train.batch_size (e.g. {smaller})"]
+    if cfg.train.precision == "fp32":
+        advice.append("train.precision: bf16 (or fp16 on GPUs without bf16)")
+    advice.append(f"a shorter model.max_seq_len (now {cfg.model.max_seq_len})")
+    return (f"out of device memory at training step {step} with train.batch_size={cfg.train.batch_size}, "
+            f"train.precision={cfg.train.precision}, model.max_seq_len={cfg.model.max_seq_len}; try "
+            f"{' or '.join(advice)}; {resume}")
+
+
+def is_out_of_memory(err: BaseException) -> bool:
+    oom = getattr(torch, "OutOfMemoryError", None) or torch.cuda.OutOfMemoryError
+    return isinstance(err, oom) or (isinstance(err, RuntimeError) and "out of memory" in str(err).lower())
+
+
+def train(
+    cfg: Config,
+    data_dir: str | Path,
+    teachers_dir: str | Path,
+    out_dir: str | Path,
+    log_metrics: StepLogger | None = None,
+    on_eval: EvalCallback | None = None,
+    progress: bool = True,
+    objects_dir: str | Path | None = None,
+    teacher_manifest: str | Path | None = None,
+    teacher_dirs: Sequence[str | Path] = (),
+) -> TrainResult:
+    """Train a student; keep the best dev checkpoint in ``out_dir/best`` (HF folder,
+    safetensors) and a resume point in ``out_dir/last``. ``on_eval(step, score)`` may
+    raise to stop early (Optuna pruning). ``log_metrics`` receives batches of
+    ``(metrics, step)``: logged values are read back from the device every
+    ``FLUSH_EVERY`` steps and at every dev evaluation, not per step. ``objects_dir`` (default
+    ``<data_dir>/../objects``), ``teacher_manifest`` and ``teacher_dirs``: where the job's
+    upstream artifacts are (`mmcse.integrity.keys`). The MLflow run is the caller's
+    (`mmcse.pipeline.train.run_train` remembers it per folder: `resume_point_run`). Every dev
+    evaluation also logs the dev geometry (``dev_alignment``, ``dev_uniformity``: `DEV_GEOMETRY`)
+    into the history entry and ``log_metrics``; the best checkpoint's is ``TrainResult.best_geometry``."""
+    data_dir, teachers_dir, out_dir = Path(data_dir), Path(teachers_dir), Path(out_dir)
+    objects_dir = Path(objects_dir) if objects_dir is not None else data_dir.parent / "objects"
+    manifest = Path(teacher_manifest) if teacher_manifest is not None else None
+    shared_teachers = [Path(d) for d in teacher_dirs]
+    check_inputs(data_dir, teachers_dir, manifest, shared_teachers)
+    device = resolve_device(cfg.base.device)
+    check_precision(cfg.train.precision, device)
+    data = TrainData.load(data_dir, teachers_dir, objects_dir, manifest, shared_teachers)
+    # the dev geometry needs positive pairs (gold >= 4) and two sentences: refused before any compute
+    check_sts_geometry(data.dev, POSITIVE_GOLD, str(data_dir / "sts" / "dev.jsonl"))
+    on = active_terms(cfg)  # per run, not per step
+    if on["object"]:
+        data.check_objects(cfg.detect.min_objects, cfg.model.max_seq_len, objects_dir)
+    need = {kind: needed_features(cfg, pair_batch=kind == PAIR) for kind in (TEXT, PAIR)}
+    if device.type == "cuda":  # deterministic cuBLAS (bit-identical resume); read when cuBLAS starts
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    configure_kernels(device)
+    torch.manual_seed(cfg.base.seed)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+
+    tokenizer = load_tokenizer(cfg.model.name_or_path)
+    tokens = data.token_tables(tokenizer, cfg.model.max_seq_len, data_dir.parent / "tokens")
+    backbone = load_backbone(cfg.model, dropout=cfg.train.dropout)
+    student = Student(backbone, data.image_features.dim, cfg.model.proj_dim, data.joint_image.dim).to(device)
+    if cfg.train.compile:
+        # in place, so parameter names (checkpoints, resume points) do not change
+        student.backbone.compile(dynamic=True)
+
+    batches = Batches(len(data.corpus), len(data.captions), cfg.train.batch_size, cfg.base.seed)
+    total = len(batches) * cfg.train.epochs
+    if cfg.train.max_steps:
+        total = min(total, cfg.train.max_steps)
+    optimizer, scheduler = build_optimizer(student, cfg, total, device)
+    scaler = grad_scaler(cfg.train.precision, device)
+
+    config_hash = run_definition_hash(cfg)
+    last_dir, best_dir = out_dir / "last", out_dir / "best"
+    state = load_resume_point(last_dir, student, optimizer, scheduler, scaler, config_hash) or TrainState()
+    if state.step >= total and best_dir.is_dir():
+        return TrainResult(state.best_score, state.best_step, state.step, best_dir, state.history)
+    resumed_from = state.step if state.step else None
+
+    # The best weights are held in (device) memory and written with the next resume point:
+    # writing a BERT-base folder at every improvement would cost seconds per dev evaluation,
+    # and on disk the best checkpoint and the resume point's best_score must agree after a kill.
+    best_weights: dict[str, torch.Tensor] | None = None
+
+    # one encoder for the run: it keeps the dev batches' token ids on the device
+    dev_encode = student_encoder(student, tokenizer, cfg.evaluate.pooler, cfg.model.max_seq_len, device,
+                                 cfg.train.precision, keep_tokens=True)
+
+    def dev_score() -> tuple[float, dict[str, float]]:
+        """Dev STS (primary metric; every task's score is logged as ``dev_<task>``) and the dev
+        geometry (``DEV_GEOMETRY``: alignment of the pairs with gold >= 4, uniformity of every
+        distinct dev sentence) from the same embeddings, so the dev set is encoded once."""
+        student.eval()
+        result = evaluate_sts(dev_encode, data.dev, cfg.evaluate.batch_size, keep_vectors=True)
+        student.train()
+        geometry = sts_geometry(result.vectors, data.dev, POSITIVE_GOLD)
+        pending.append(({f"dev_{task}": v for task, v in result.scores.items()}, state.step))
+        return result.primary, {name: geometry[key] for name, key in DEV_GEOMETRY.items()}
+
+    def checkpoint_best(score: float) -> None:
+        nonlocal best_weights
+        if score > state.best_score:
+            state.best_score, state.best_step = score, state.step
+            best_weights = {k: v.detach().clone() for k, v in student.state_dict().items()}
+
+    def write_best() -> None:
+        nonlocal best_weights
+        if best_weights is None:
+            return
+
+        def save(tmp: Path) -> None:
+            save_student(student, tokenizer, tmp)
+            # the method and its retrieval head travel with the checkpoint (`mmcse eval --retrieval`)
+            write_json(tmp / "train_state.json", {"step": state.best_step, "dev": state.best_score,
+                                                  **best_geometry(state.history, state.best_step),
+                                                  "method": cfg.train.method, "image_head": image_head(cfg)})
+            # also a sentence-transformers folder pooling as the evaluate stage does (at its length)
+            export_sentence_transformers(tmp, cfg.evaluate.pooler, EVAL_MAX_SEQ_LEN)
+
+        write_weights_folder(student, best_weights, best_dir, save)
+        best_weights = None
+
+    # Logged values stay on the device until a flush reads them all back at once.
+    pending: list[tuple[dict[str, Any], int]] = []
+    shown: dict[str, float] = {}
+
+    def flush() -> None:
+        entries = read_back(pending)
+        for metrics, step in entries:
+            if "loss/loss" in metrics and step % LOG_EVERY == 0:
+                state.history.append({"step": step, "loss": metrics["loss/loss"]})
+            if "loss/loss" in metrics:
+                shown["loss"] = metrics["loss/loss"]
+        if log_metrics and entries:
+            log_metrics(entries)
+
+    def evaluate_now() -> float:
+        score, geometry = dev_score()
+        flush()  # the losses logged before this evaluation go first in the history
+        state.history.append({"step": state.step, "dev": score, **geometry})
+        checkpoint_best(score)
+        if log_metrics:
+            log_metrics([({"dev_sts": score, **geometry}, state.step)])
+        return score
+
+    if state.step == 0:
+        evaluate_now()
+        if best_weights is not None:
+            write_best()
+
+    student.train()
+    bar = tqdm(total=total, initial=state.step, desc=f"train {cfg.train.method}", unit="step", disable=not progress)
+    last_dev = state.history[-1]["dev"] if state.history and "dev" in state.history[-1] else float("nan")
+    order_epoch, order = -1, []
+    try:
+        while state.step < total:
+            epoch, offset = divmod(state.step, len(batches))
+            if epoch != order_epoch:
+                order_epoch, order = epoch, batches.epoch(epoch)
+            kind, idx = order[offset]
+            if kind == TEXT:
+                feats = data.text_features(idx, need[TEXT], device)
+            else:
+                feats = data.pair_features(idx, need[PAIR], device)
+            batch = tokens[kind].batch(idx, device)
+            step_seed = cfg.base.seed * 1_000_003 + state.step  # the step's own random draws: resumable
+            try:
+                terms = optimizer_step(student, cfg, batch, feats, kind == PAIR, optimizer, scaler, device,
+                                       seed=step_seed, on=on)
+            except Exception as err:
+                if is_out_of_memory(err):
+                    raise TrainingOutOfMemory(out_of_memory_message(cfg, state.step + 1, resumed_from)) from None
+                raise
+            scheduler.step()
+            state.step += 1
+            if state.step % LOG_EVERY == 0 or kind == PAIR:  # every image term is logged
+                metrics: dict[str, Any] = {k if k.startswith(STAT) else f"loss/{k}": v.detach()
+                                           for k, v in terms.items()}
+                pending.append((metrics | {"lr": scheduler.get_last_lr()[0]}, state.step))
+            evaluating = state.step % cfg.train.eval_steps == 0 or state.step == total
+            checkpointing = state.step % cfg.train.checkpoint_steps == 0 or state.step == total
+            if evaluating:
+                last_dev = evaluate_now()
+                if on_eval:
+                    on_eval(state.step, last_dev)
+            if state.step % FLUSH_EVERY == 0 or checkpointing:
+                flush()
+            if checkpointing:
+                write_best()
+                save_resume_point(last_dir, student, optimizer, scheduler, scaler, state, config_hash)
+                resumed_from = state.step
+            if evaluating or state.step % FLUSH_EVERY == 0:
+                bar.set_postfix(loss=f"{shown.get('loss', float('nan')):.3f}", dev=f"{last_dev:.1f}")
+            bar.update(1)
+    finally:
+        bar.close()
+    return TrainResult(state.best_score, state.best_step, state.step, best_dir, state.history)

@@ -1,0 +1,190 @@
+"""Comparison tables: per-task paired t-tests against the reference row, markers, transfer column."""
+
+import csv
+import json
+import math
+
+import numpy as np
+import pytest
+
+from mmcse.analysis.statistics import paired_significance
+from mmcse.analysis.tables import aggregate, table_markdown, write_table
+from mmcse.config import ConfigError, load_config, parse_config
+from tests.conftest import REPO
+
+TASKS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness"]
+
+
+def _t_cdf(t: float, df: int) -> float:
+    """Student t CDF in closed form for 1 and 2 degrees of freedom (Cauchy; df=2 algebraic)."""
+    if df == 1:
+        return 0.5 + math.atan(t) / math.pi
+    if df == 2:
+        return 0.5 + t / (2 * math.sqrt(2 + t * t))
+    raise ValueError(df)
+
+
+def _paired_t(a: list[float], b: list[float]) -> tuple[float, float]:
+    """t = mean(d) / (sd(d) / sqrt(n)), d = a - b, sd with n - 1; two-sided p = 2 (1 - F(|t|))."""
+    d = [x - y for x, y in zip(a, b, strict=True)]
+    n = len(d)
+    mean = sum(d) / n
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / (n - 1))
+    t = mean / (sd / math.sqrt(n))
+    return t, 2 * (1 - _t_cdf(abs(t), n - 1))
+
+
+def _ok(variant, seed, scores):
+    return {"variant": variant, "seed": seed, "status": "ok", "scores": scores}
+
+
+def _results():
+    """Reference ``ref`` on seeds 1–3; ``up`` better on every seed; ``mixed``; ``one`` single seed;
+    ``gap``: seed 3 failed, so 2 pairs (1 degree of freedom)."""
+    ref = {1: (70.0, 60.0), 2: (71.0, 62.0), 3: (73.0, 61.0)}
+    up = {1: (72.0, 61.0), 2: (72.5, 61.0), 3: (74.0, 60.5)}  # STS12 d = 2, 1.5, 1: t = 3√3
+    mixed = {1: (71.0, 60.0), 2: (70.0, 63.0), 3: (73.5, 61.0)}
+    out = []
+    for name, by_seed in (("ref", ref), ("up", up), ("mixed", mixed)):
+        out += [_ok(name, s, {"STS12": a, "STS13": b, "avg": (a + b) / 2}) for s, (a, b) in by_seed.items()]
+    out.append(_ok("one", 2, {"STS12": 90.0, "STS13": 90.0, "avg": 90.0}))
+    out += [_ok("gap", 1, {"STS12": 75.0, "STS13": 61.0, "avg": 68.0}),
+            _ok("gap", 2, {"STS12": 73.0, "STS13": 62.5, "avg": 67.75}),
+            {"variant": "gap", "seed": 3, "status": "failed", "error": "oom"}]
+    return out
+
+
+def _cfg(transfer=False):
+    names = ["ref", "up", "mixed", "one", "gap"]
+    return parse_config({"ablate": {"variants": {n: {} for n in names}, "reference": "ref", "seeds": [1, 2, 3],
+                                    "transfer": transfer}})
+
+
+def test_paired_significance_matches_a_direct_transcription():
+    tests = paired_significance(_results(), "ref", ["STS12", "STS13", "avg"])
+    assert set(tests) == {"up", "mixed", "one", "gap"}  # every variant but the reference
+    ref = {s: r["scores"] for r in _results() if r["variant"] == "ref" for s in [r["seed"]]}
+    for variant, seeds in (("up", [1, 2, 3]), ("mixed", [1, 2, 3]), ("gap", [1, 2])):
+        runs = {r["seed"]: r["scores"] for r in _results() if r["variant"] == variant and r["status"] == "ok"}
+        for m in ("STS12", "STS13", "avg"):
+            t, p = _paired_t([runs[s][m] for s in seeds], [ref[s][m] for s in seeds])
+            cell = tests[variant][m]
+            assert cell["n"] == len(seeds) and cell["note"] == ""
+            assert cell["t"] == pytest.approx(t, rel=1e-9) and cell["p"] == pytest.approx(p, rel=1e-9, abs=1e-12)
+            assert cell["mean_diff"] == pytest.approx(np.mean([runs[s][m] - ref[s][m] for s in seeds]))
+    # by hand: d = (2, 1.5, 1), mean 1.5, sd 0.5, t = 1.5 / (0.5/√3) = 3√3, p = 1 - t/√(2 + t²) = 1 - √(27/29)
+    assert tests["up"]["STS12"]["t"] == pytest.approx(3 * math.sqrt(3))
+    assert tests["up"]["STS12"]["p"] == pytest.approx(1 - math.sqrt(27 / 29))
+    one = tests["one"]["STS12"]
+    assert math.isnan(one["t"]) and math.isnan(one["p"])
+    assert (one["n"], one["mean_diff"], one["note"]) == (1, 19.0, "n<2")
+
+
+def test_identical_runs_and_a_missing_reference_give_no_test_and_no_crash():
+    same = [_ok(v, s, {"avg": 70.0 + s}) for v in ("a", "b") for s in (1, 2)]
+    assert paired_significance(same, "a", ["avg"])["b"]["avg"]["note"] == "identical"
+    nothing = paired_significance([_ok("b", 1, {"avg": 1.0}), _ok("b", 2, {"avg": 2.0})], "a", ["avg"])
+    assert nothing["b"]["avg"]["n"] == 0 and nothing["b"]["avg"]["note"] == "n<2"
+
+
+def test_table_marks_significant_cells_and_notes_rows_with_too_few_seeds(tmp_path):
+    rows = {r["variant"]: r for r in aggregate(_cfg(), _results())}
+    assert rows["up"]["STS12_p"] == pytest.approx(1 - math.sqrt(27 / 29))  # 0.035: significant
+    assert rows["one"]["note"] == "n<2: 1 seed(s) paired with ref, no test" and rows["one"]["paired_seeds"] == 1
+    assert rows["gap"]["paired_seeds"] == 2 and rows["gap"]["status"] == "partial (1 failed)"
+    md = table_markdown(list(rows.values()), "avg", "ref", "T")
+    lines = {line.split(" | ")[0].lstrip("| "): line for line in md.splitlines() if line.startswith("| ")}
+    assert lines["variant"] == "| variant | STS12 | STS13 | STS avg | p vs ref (STS avg) | seeds | status |"
+    up = lines["up"].split(" | ")
+    assert up[1] == f"{np.mean([72.0, 72.5, 74.0]):.2f}* ± {np.std([72.0, 72.5, 74.0], ddof=1):.2f}"
+    assert "*" not in up[2]  # STS13: p > 0.05
+    assert up[4] == f"{rows['up']['avg_p']:.3f}"
+    assert "*" not in lines["one"] and lines["one"].endswith("| n<2 | 1 | ok |")
+    assert lines["ref"].endswith("| reference | 3 | ok |") and "*" not in lines["ref"]
+    assert "*: paired t-test against ref" in md and "p < 0.05" in md
+
+    files = write_table(list(rows.values()), tmp_path, "avg", "ref", "T")
+    with open(files["csv"]) as handle:
+        table = {r["variant"]: r for r in csv.DictReader(handle)}
+    assert float(table["up"]["STS12_p"]) == pytest.approx(rows["up"]["STS12_p"])
+    assert table["one"]["avg_p"] == "" and table["one"]["note"].startswith("n<2")
+    assert {f"{m}_p" for m in ("STS12", "STS13", "avg")} <= set(table["up"])
+
+
+def test_columns_follow_senteval_order_with_averages_after_their_tasks():
+    scores = {t: 70.0 for t in reversed(TASKS)} | {"avg": 70.0, "transfer_avg": 80.0, "TREC": 80.0, "MR": 80.0}
+    results = [_ok(v, s, scores) for v in ("ref", "up") for s in (1, 2)]
+    cfg = parse_config({"ablate": {"variants": {"ref": {}, "up": {}}, "reference": "ref", "transfer": True}})
+    md = table_markdown(aggregate(cfg, results), "avg", "ref")
+    assert md.splitlines()[0] == ("| variant | " + " | ".join(TASKS) + " | STS avg | MR | TREC | TR avg | "
+                                  "p vs ref (STS avg) | seeds | status |")
+
+
+def test_transfer_column_says_when_the_data_has_no_transfer_tasks():
+    rows = aggregate(_cfg(transfer=True), _results())  # demo data: data.transfer_tasks is empty
+    assert all(math.isnan(r["transfer_avg_mean"]) for r in rows)
+    assert "data.transfer_tasks is empty" in rows[0]["transfer_note"]
+    md = table_markdown(rows, "avg", "ref")
+    assert md.splitlines()[0].split(" | ")[4] == "TR avg"
+    assert all(line.split(" | ")[4] == "n/a (no transfer tasks)" for line in md.splitlines()[2:7])
+    assert "TR avg: no transfer tasks: data.transfer_tasks is empty" in md
+    plain = table_markdown(aggregate(_cfg(), _results()), "avg", "ref")  # transfer not asked for: no column
+    assert "TR avg" not in plain
+
+
+def test_dalr_table3_shows_sts_avg_and_tr_avg_and_marks_both():
+    cfg = load_config(REPO / "params.yaml", {"ablate.preset": "dalr-table3", "ablate.seeds": [1, 2, 3]})
+    assert cfg.ablate.transfer
+    names = list(cfg.ablate.variants)
+    results = []
+    for i, name in enumerate(names):
+        for s in (1, 2, 3):
+            sts, tr = 78.0 - i + 0.3 * s * (i % 2), 86.0 - 0.5 * i + 0.2 * s
+            results.append(_ok(name, s, {"STS12": sts, "avg": sts, "MR": tr, "transfer_avg": tr}))
+    rows = {r["variant"]: r for r in aggregate(cfg, results)}
+    md = table_markdown(list(rows.values()), cfg.ablate.metric, cfg.ablate.reference)
+    header = md.splitlines()[0].split(" | ")
+    assert header[2:5] == ["STS avg", "MR", "TR avg"]
+    assert "transfer_note" not in rows["DALR"]
+    worse = rows["w/o L_CML"]  # d(avg) = -2, d(TR) = -1 on every seed: |t| huge, p ~ 0
+    assert worse["transfer_avg_p"] < 1e-6 and worse["avg_p"] < 1e-6
+    cells = next(line for line in md.splitlines() if line.startswith("| w/o L_CML ")).split(" | ")
+    assert cells[2].split(" ")[0].endswith("*") and cells[4].split(" ")[0].endswith("*")
+
+
+def test_preset_seeds_and_transfer_keys(tmp_path):
+    (tmp_path / "ablations").mkdir()
+    (tmp_path / "params.yaml").write_text("ablate:\n  preset: p\n  seeds: [7]\n")
+    (tmp_path / "ablations/p.yaml").write_text("seeds: [1, 2, 3]\ntransfer: true\nvariants:\n  a: {}\n")
+    cfg = load_config(tmp_path / "params.yaml")
+    assert cfg.ablate.seeds == [1, 2, 3] and cfg.ablate.transfer
+    (tmp_path / "ablations/p.yaml").write_text("transfer: yes please\nvariants:\n  a: {}\n")
+    with pytest.raises(ConfigError, match=r"p\.yaml: 'transfer' must be true or false"):
+        load_config(tmp_path / "params.yaml")
+
+
+def test_log_ablation_puts_p_values_into_mlflow(tmp_path, monkeypatch):
+    import mlflow
+
+    from mmcse import tracking
+    from mmcse.experiments.ablation_record import log_ablation
+    from mmcse.pipeline.paths import Paths
+
+    monkeypatch.chdir(tmp_path)
+    cfg = _cfg()
+    results = _results()
+    rows = aggregate(cfg, results)
+    paths = Paths.of(cfg)
+    files = write_table(rows, paths.ablations, "avg", "ref")
+    with tracking.run(cfg, "ablate", run_name="t") as parent:
+        log_ablation(cfg, rows, files, paths, results)
+    run = mlflow.get_run(parent.info.run_id)
+    assert run.data.metrics["up/STS12_p"] == pytest.approx(1 - math.sqrt(27 / 29))
+    assert "one/avg_p" not in run.data.metrics and "ref/avg_p" not in run.data.metrics  # NaN: left out
+    table = mlflow.artifacts.load_dict(f"{run.info.artifact_uri}/ablation_table.json")
+    assert {"STS12_p", "avg_p", "note", "paired_seeds"} <= set(table["columns"])
+    detail = mlflow.artifacts.load_dict(f"{run.info.artifact_uri}/significance.json")
+    assert detail["reference"] == "ref" and detail["alpha"] == 0.05
+    assert detail["variants"]["one"]["avg"] == {"t": None, "p": None, "n": 1, "mean_diff": 23.5, "note": "n<2"}
+    summary = json.loads((tmp_path / "metrics/ablate.json").read_text())["variants"]
+    assert summary["up"]["p"] == pytest.approx(rows[1]["avg_p"]) and summary["one"]["note"].startswith("n<2")

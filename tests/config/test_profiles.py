@@ -1,0 +1,130 @@
+"""Paper profiles: every profile writes valid params (comments kept), each paper's numbers
+land where they belong, bad profiles change nothing, and the real path fails fast offline."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from mmcse.config import ConfigError, load_config
+from mmcse.config.profiles import apply_profile, list_profiles, profile_overrides
+from tests.conftest import REPO
+
+PROFILES = REPO / "profiles"
+
+
+@pytest.fixture
+def project(tmp_path):
+    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
+    shutil.copytree(REPO / "ablations", tmp_path / "ablations")
+    return tmp_path
+
+
+def test_every_paper_has_four_profiles_and_duet_one_per_dataset():
+    students = [f"{paper}-{data}-{model}" for paper in ("dalr", "kdmcse", "mcseo")
+                for data in ("flickr", "coco") for model in ("bert", "roberta")]
+    assert sorted(list_profiles(PROFILES)) == sorted([*students, "duet-coco", "duet-flickr"])
+
+
+# (lr, batch, method, preset) as each paper prints them
+EXPECTED = {
+    "kdmcse-flickr-bert": (3e-5, 64, "kdmcse", "kdmcse-table3"),
+    "kdmcse-coco-roberta": (1e-5, 128, "kdmcse", "kdmcse-table3"),
+    "dalr-flickr-bert": (2e-5, 128, "dalr", "dalr-table3"),
+    "dalr-coco-roberta": (1e-5, 128, "dalr", "dalr-table3"),
+    "mcseo-flickr-bert": (3e-5, 64, "mcseo", "mcseo"),
+    "mcseo-flickr-roberta": (1e-5, 64, "mcseo", "mcseo"),
+    "duet-coco": (2e-5, 90, "duet", "duet-table2"),  # §5.2: Adam 2e-5, batch 90
+    "duet-flickr": (2e-5, 90, "duet", "duet-table2"),
+}
+
+
+@pytest.mark.parametrize("name", list_profiles(PROFILES))
+def test_each_profile_gives_valid_params_with_the_papers_numbers(project, name):
+    original = (project / "params.yaml").read_text()
+    changed = apply_profile(project / "params.yaml", name, PROFILES)
+    assert changed
+    cfg = load_config(project / "params.yaml")
+    text = (project / "params.yaml").read_text()
+    paper, data, model = name.split("-") if not name.startswith("duet-") else (*name.split("-"), "bert")
+    # every comment of the original file is still there (but those of replaced list items)
+    lines = original.splitlines()
+    if paper == "dalr":  # teachers.text is replaced: its items' comments go with them
+        first = lines.index(next(ln for ln in lines if ln.startswith("  text:"))) + 1
+        last = lines.index(next(ln for ln in lines if ln.startswith("  image_encoder:")))
+        lines = lines[:first] + lines[last:]
+    comments = [line.split("#", 1)[1].strip() for line in lines if "#" in line]
+    assert [c for c in comments if c not in text] == []
+    assert cfg.model.name_or_path == {"bert": "bert-base-uncased", "roberta": "roberta-base"}[model]
+    assert cfg.data.pairs == {"flickr": "flickr30k", "coco": "coco"}[data]
+    assert cfg.model.max_seq_len == 32 and cfg.train.max_steps == 0 and cfg.ablate.seeds == [1, 2, 3, 4, 5]
+    if paper == "duet":  # a retrieval model: no corpus or STS; 30 epochs, val rsum every 2,000 steps
+        assert (cfg.train.epochs, cfg.train.eval_steps, cfg.model.duet.joint_dim) == (30, 2000, 1024)
+        assert cfg.regions.source == {"coco": "tsv", "flickr": "npy"}[data] and cfg.regions.dim == 2048
+    else:
+        assert cfg.data.corpus == "wiki1m" and cfg.data.source == "senteval" and cfg.data.senteval_dir == "download"
+        assert cfg.train.eval_steps == 125 and cfg.loss.temperature == 0.05
+        assert cfg.evaluate.pooler == "cls_before_pooler"
+    if name in EXPECTED:
+        lr, batch, method, preset = EXPECTED[name]
+        assert (cfg.train.learning_rate, cfg.train.batch_size, cfg.train.method) == (lr, batch, method)
+        assert cfg.ablate.preset == preset and cfg.ablate.variants  # the preset's rows
+    if paper == "dalr":
+        assert (cfg.loss.dalr.lambda_cml, cfg.loss.dalr.mu_iml) == (0.1, 0.2)
+        assert [t.teacher.split("/")[0] for t in cfg.teachers.text] == ["princeton-nlp", "voidism"]
+        assert all(model in t.teacher for t in cfg.teachers.text)
+        assert [t.weight for t in cfg.teachers.text] == [0.33, 0.67]
+        assert cfg.data.transfer_tasks == ["MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC"]  # Table 2
+        assert cfg.evaluate.transfer.kfold == 10
+    else:
+        assert cfg.data.transfer_tasks == []
+    if paper == "kdmcse":
+        assert (cfg.loss.kdmcse.threshold, cfg.loss.kdmcse.margin, cfg.loss.lambda_img) == (0.9, 0.125, 0.01)
+        assert cfg.teachers.joint.kind == "clip" and cfg.data.captions == "all"
+    if paper == "mcseo":
+        assert (cfg.loss.lambda_img, cfg.loss.mcseo.beta, cfg.data.captions) == (0.01, 0.005, "longest")
+        assert cfg.detect.backend == "sam2" and cfg.teachers.image_encoder == "resnet50"
+    # applying it again changes nothing; the file reads the same to PyYAML and to DVC's loader
+    assert apply_profile(project / "params.yaml", name, PROFILES) == {}
+    assert yaml.safe_load(text)["train"]["learning_rate"] == cfg.train.learning_rate
+
+
+def test_a_bad_profile_changes_nothing(project, tmp_path):
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    (folder / "broken.yaml").write_text(yaml.safe_dump({
+        "common": {"train.learning_rate": 1e-5, "train.warp_speed": 9},
+        "data": {"flickr": {}}, "model": {"bert": {}}}))
+    (folder / "negative.yaml").write_text(yaml.safe_dump({
+        "common": {"train.learning_rate": -1.0}, "data": {"flickr": {}}, "model": {"bert": {}}}))
+    before = (project / "params.yaml").read_bytes()
+    with pytest.raises(ConfigError, match=r"train\.warp_speed.*valid keys under train: .*learning_rate"):
+        apply_profile(project / "params.yaml", "broken-flickr-bert", folder)
+    with pytest.raises(ConfigError, match="train.learning_rate.*must be > 0"):
+        apply_profile(project / "params.yaml", "negative-flickr-bert", folder)
+    with pytest.raises(ConfigError, match="unknown profile 'kdmcse-wiki-bert'.*broken-flickr-bert"):
+        profile_overrides("kdmcse-wiki-bert", folder)
+    (folder / "typo.yaml").write_text("comon: {}\n")
+    with pytest.raises(ConfigError, match="unknown key.*comon.*valid keys: description, common, data, model"):
+        list_profiles(folder)
+    assert (project / "params.yaml").read_bytes() == before
+
+
+def test_one_command_applies_a_profile_and_the_real_path_fails_fast_offline(project):
+    """`mmcse profile NAME` then the download stage, offline: a clear error naming what is
+    missing and how to get it, before any compute."""
+    env = {**os.environ, "MMCSE_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(project / "hub")}
+    shutil.copytree(REPO / "profiles", project / "profiles")
+    got = subprocess.run([sys.executable, "-m", "mmcse.cli", "profile", "kdmcse-coco-bert"], cwd=project,
+                         env=env, capture_output=True, text=True)
+    assert got.returncode == 0 and "train.method: 'mcse' -> 'kdmcse'" in got.stdout
+    got = subprocess.run([sys.executable, str(REPO / "stages" / "download.py")], cwd=project, env=env,
+                         capture_output=True, text=True)
+    assert got.returncode == 2, got.stderr
+    assert "senteval.tar is not in the local Hugging Face cache" in got.stderr and "offline" in got.stderr
+    assert "Traceback" not in got.stderr and not (project / "data" / "raw").exists()

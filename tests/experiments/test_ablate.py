@@ -1,0 +1,191 @@
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from mmcse.analysis.tables import aggregate, table_markdown
+from mmcse.config import parse_config, with_overrides
+from mmcse.experiments.ablate import expand, job_config, job_hash
+from tests.conftest import REPO
+
+
+def _cfg():
+    return parse_config({"ablate": {"variants": {"full": {}, "w/o image": {"loss.lambda_img": 0.0},
+                                                 "broken": {"train.method": "simcse"}},
+                                    "reference": "full", "seeds": [1, 2, 3]}})
+
+
+def _ok(variant, seed, avg, sts):
+    return {"variant": variant, "seed": seed, "status": "ok", "scores": {"avg": avg, "STS12": sts}}
+
+
+def test_expand_variants_times_seeds_in_order():
+    jobs = expand(_cfg())
+    assert [(j.variant, j.seed) for j in jobs][:4] == [("full", 1), ("full", 2), ("full", 3), ("w/o image", 1)]
+    assert jobs[3].overrides == {"loss.lambda_img": 0.0, "base.seed": 1}
+
+
+def test_job_hash_ignores_bookkeeping_but_not_what_the_result_holds():
+    cfg = _cfg()
+    job = job_config(cfg, expand(cfg)[0])
+    same = [with_overrides(job, {"ablate.retries": 3}), with_overrides(job, {"sweep.n_trials": 2}),
+            with_overrides(job, {"ablate.transfer": False})]
+    assert {job_hash(c) for c in same} == {job_hash(job)}
+    different = [with_overrides(job, {"ablate.transfer": True}), with_overrides(job, {"loss.lambda_img": 0.5}),
+                 with_overrides(job, {"base.seed": 9})]
+    assert len({job_hash(c) for c in different} | {job_hash(job)}) == 4
+
+
+def test_aggregate_mean_std_paired_ttest_and_failed_rows():
+    full = [70.0, 71.0, 73.0]
+    without = [65.0, 66.5, 66.0]
+    results = [_ok("full", s, v, v - 1) for s, v in zip([1, 2, 3], full, strict=True)]
+    results += [_ok("w/o image", s, v, v - 1) for s, v in zip([1, 2, 3], without, strict=True)]
+    results += [{"variant": "broken", "seed": s, "status": "failed", "error": "boom"} for s in (1, 2, 3)]
+    rows = {r["variant"]: r for r in aggregate(_cfg(), results)}
+    assert list(rows) == ["full", "w/o image", "broken"]
+    assert rows["full"]["avg_mean"] == pytest.approx(np.mean(full))
+    assert rows["full"]["avg_std"] == pytest.approx(np.std(full, ddof=1))
+    assert rows["w/o image"]["p_value"] == pytest.approx(stats.ttest_rel(without, full).pvalue)
+    assert rows["w/o image"]["STS12_p"] == rows["w/o image"]["avg_p"] == rows["w/o image"]["p_value"]
+    assert rows["w/o image"]["paired_seeds"] == 3 and rows["w/o image"]["note"] == ""
+    assert math.isnan(rows["full"]["p_value"]) and rows["full"]["note"] == "reference"
+    assert rows["broken"]["status"] == "failed" and rows["broken"]["seeds"] == 0 and rows["broken"]["error"] == "boom"
+    assert rows["broken"]["note"].startswith("n<2") and math.isnan(rows["broken"]["avg_p"])
+    md = table_markdown(list(rows.values()), "avg", "full")
+    assert "| broken | — | — | n<2 | 0 | failed |" in md
+    assert md.splitlines()[0] == "| variant | STS12 | STS avg | p vs full (STS avg) | seeds | status |"
+
+
+PRESET_ROWS = {
+    "baselines": ["SimCSE", "MCSE", "KDMCSE", "DALR", "MCSEO"],
+    "dalr-table3": ["DALR", "w/o L_info", "w/o L_CML", "w/o L_cons", "w/o L_CMA", "w/o L_IML", "w/o L_rank",
+                    "w/o L_IMA", "w/o L_IML & L_CML"],
+    "kdmcse-table3": ["KDMCSE", "w/o AdapACSE", "w/o threshold filtering"],
+    "mcseo": ["MCSE", "MCSEO"],
+    "kdmcse-margin": [f"m={round(0.025 * i, 3)}" for i in range(1, 10)],
+    "dalr-table9": [f"{image} + {text}" for image in ("CLIP", "ResNet")
+                    for text in ("SimCSE", "DiffCSE", "SimCSE+DiffCSE", "SimCSE+RankCSE")],
+    "kdmcse-table5": ["MCSE + CLIP text", "KDMCSE"],
+}
+DALR_TERMS = {"info", "consistency", "cma", "rank", "ima"}
+DALR_REMOVED = {"DALR": set(), "w/o L_info": {"info"}, "w/o L_CML": {"consistency", "cma"},
+                "w/o L_cons": {"consistency"}, "w/o L_CMA": {"cma"}, "w/o L_IML": {"rank", "ima"},
+                "w/o L_rank": {"rank"}, "w/o L_IMA": {"ima"},
+                "w/o L_IML & L_CML": {"consistency", "cma", "rank", "ima"}}
+
+
+@pytest.mark.parametrize("preset", sorted(PRESET_ROWS))
+def test_every_preset_loads_in_the_papers_row_order(preset):
+    from mmcse.config import active_terms, load_config
+
+    cfg = load_config(REPO / "params.yaml", {"ablate.preset": preset})
+    assert list(cfg.ablate.variants) == PRESET_ROWS[preset]
+    assert cfg.ablate.title and cfg.ablate.reference == PRESET_ROWS[preset][
+        {"kdmcse-margin": 4, "dalr-table9": 2, "baselines": 1}.get(preset, 0)]
+    jobs = expand(cfg)
+    assert len(jobs) == len(PRESET_ROWS[preset]) * len(cfg.ablate.seeds)
+    terms = {j.variant: active_terms(job_config(cfg, j)) for j in jobs}
+    if preset == "baselines":  # one method per row, five seeds, compared against MCSE
+        assert cfg.ablate.seeds == [1, 2, 3, 4, 5] and cfg.ablate.reference == "MCSE"
+        methods = {j.variant: job_config(cfg, j).train.method for j in jobs}
+        assert methods == {"SimCSE": "simcse", "MCSE": "mcse", "KDMCSE": "kdmcse", "DALR": "dalr", "MCSEO": "mcseo"}
+    assert cfg.ablate.transfer == (preset == "dalr-table3")  # DALR's TR (Avg.): the jobs probe transfer tasks
+    if preset == "dalr-table3":
+        assert all(job_config(cfg, j).ablate.transfer for j in jobs)
+        for name, removed in DALR_REMOVED.items():
+            assert {t for t in DALR_TERMS if terms[name][t]} == DALR_TERMS - removed, name
+    if preset == "kdmcse-table3":
+        kd = {j.variant: job_config(cfg, j).loss.kdmcse for j in jobs}
+        assert kd["w/o AdapACSE"].margin == 0 and kd["w/o AdapACSE"].threshold_value == 0.9
+        assert kd["w/o threshold filtering"].threshold_value is None and kd["w/o threshold filtering"].margin == 0.125
+    if preset == "mcseo":
+        assert terms["MCSEO"]["object"] and not terms["MCSE"]["object"]
+        assert {job_config(cfg, j).loss.lambda_img for j in jobs} == {0.01}
+    if preset in ("dalr-table9", "kdmcse-table5"):  # teacher comparisons: only the teachers' key moves
+        from mmcse.integrity.keys import artifact_keys
+
+        keys = [artifact_keys(job_config(cfg, j), cfg.base.seed) for j in jobs[::len(cfg.ablate.seeds)]]
+        assert {(k["data"], k["objects"]) for k in keys} == {tuple(artifact_keys(cfg).values())[:2]}
+        assert len({k["teachers"] for k in keys}) == (8 if preset == "dalr-table9" else 1)
+    if preset == "kdmcse-table5":
+        kd = {j.variant: job_config(cfg, j).loss.kdmcse for j in jobs}
+        assert kd["MCSE + CLIP text"].threshold_value is None and kd["MCSE + CLIP text"].margin == 0
+        assert kd["KDMCSE"].threshold_value == 0.9 and kd["KDMCSE"].margin == 0.125
+    if preset == "kdmcse-margin":
+        assert cfg.ablate.plot_x == "loss.kdmcse.margin"
+        assert [job_config(cfg, j).loss.kdmcse.margin for j in jobs[::len(cfg.ablate.seeds)]] == pytest.approx(
+            [0.025 * i for i in range(1, 10)])
+
+
+def test_unknown_preset_lists_the_available_ones():
+    from mmcse.config import ConfigError, load_config
+
+    presets = ("baselines, dalr-table3, dalr-table9, duet-table1, duet-table2, kdmcse-margin, kdmcse-table3, "
+               "kdmcse-table5, mcseo")
+    with pytest.raises(ConfigError, match=f"ablate.preset.*{presets}"):
+        load_config(REPO / "params.yaml", {"ablate.preset": "dalr-table4"})
+
+
+def test_preset_variant_with_a_bad_key_fails_at_load(tmp_path):
+    from mmcse.config import ConfigError, load_config
+
+    (tmp_path / "ablations").mkdir()
+    (tmp_path / "ablations/p.yaml").write_text("variants:\n  a: {}\n  b: {loss.dalr.lamda: 1}\n")
+    (tmp_path / "params.yaml").write_text("ablate:\n  preset: p\n")
+    with pytest.raises(ConfigError, match="lamda"):
+        load_config(tmp_path / "params.yaml")
+
+
+def test_run_job_refuses_a_worker_whose_params_differ(tmp_path):
+    from mmcse.experiments.ablate import run_job
+
+    cfg = _cfg()
+    job = expand(cfg)[0]
+    with pytest.raises(ValueError, match=r"'full' seed 1 .* worker's checkout differs"):
+        run_job(cfg, job, tmp_path, expected_hash="0" * 64)
+    assert not (tmp_path / "full").exists()  # refused before training
+
+
+def test_record_result_keeps_a_finished_result_from_another_worker(tmp_path):
+    from mmcse.experiments.ablate import finished_result, record_result
+
+    cfg = _cfg()
+    job = expand(cfg)[1]
+    h = job_hash(job_config(cfg, job))
+    record_result(tmp_path, job, {"variant": "full", "seed": 2, "status": "failed", "error": "x"})
+    assert not job.folder(tmp_path).exists()  # failed results are not kept: a rerun tries again
+    ok = _ok("full", 2, 70.0, 69.0) | {"config_hash": h, "device": "cuda:0 X", "skipped": True}
+    record_result(tmp_path, job, ok)
+    assert finished_result(job.folder(tmp_path), h) == {k: v for k, v in ok.items() if k != "skipped"}
+
+
+def test_tagged_runs_record_the_device_and_cuda_visible_devices(tmp_path, monkeypatch):
+    import mlflow
+
+    from mmcse import tracking
+    from mmcse.models.device import describe_device, device_tags, resolve_device
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    cfg = parse_config({"base": {"device": "auto"}})
+    where = device_tags("auto")
+    assert where["device"] == describe_device(resolve_device("auto"))
+    assert where["device"] == "cpu" or where["device"].startswith("cuda:")
+    assert where["cuda_visible_devices"] == "3"
+    with tracking.tagged(where), tracking.tagged({"prefect.worker": "gpu-3"}):
+        with tracking.run(cfg, "ablate", run_name="parent") as parent:
+            with tracking.run(cfg, "ablate", run_name="job", parent_run_id=parent.info.run_id,
+                              tags={"device": "overridden"}) as job:
+                pass
+    with tracking.run(cfg, "ablate", run_name="untagged") as plain:
+        pass
+    with tracking.tagged({"cuda_visible_devices": "5"}), tracking.run(cfg, "ablate", run_id=plain.info.run_id):
+        pass  # a resumed run keeps the tags it was started with
+    client = mlflow.MlflowClient()
+    tags = {r.info.run_id: client.get_run(r.info.run_id).data.tags for r in (parent, job, plain)}
+    assert tags[parent.info.run_id]["cuda_visible_devices"] == "3"
+    assert tags[parent.info.run_id]["prefect.worker"] == "gpu-3"
+    assert tags[job.info.run_id]["device"] == "overridden" and tags[job.info.run_id]["cuda_visible_devices"] == "3"
+    assert "cuda_visible_devices" not in tags[plain.info.run_id]

@@ -1,0 +1,276 @@
+"""DUET in the pipeline: the cache_regions / train / evaluate stage scripts with ``train.method: duet``,
+its resume point, checkpoint format, dev and test scores against a direct computation, and config checks."""
+
+from __future__ import annotations
+
+import json
+import re
+import runpy
+import sqlite3
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import BertConfig, BertModel
+
+from mmcse import tracking
+from mmcse.config import ConfigError, load_config, with_overrides
+from mmcse.detection.regions import RegionStore
+from mmcse.evaluation.retrieval import retrieval_metrics
+from mmcse.io import read_jsonl
+from mmcse.methods.duet import DuetModel
+from mmcse.pipeline.features import run_cache_regions
+from mmcse.pipeline.paths import Paths
+from mmcse.training.duet import (
+    DUET_META,
+    DUET_WEIGHTS,
+    RetrievalSplit,
+    load_duet,
+    same_image_mask,
+    save_duet,
+    split_embeddings,
+    train_duet,
+)
+from tests.conftest import REPO, TINY_DUET, prepare_project, repo_params, shrink
+
+
+def duet_params() -> dict:
+    raw = shrink(repo_params())
+    raw["train"]["method"] = "duet"
+    raw["model"]["duet"] = dict(TINY_DUET)
+    raw["train"].update(max_steps=8, epochs=2, eval_steps=2, checkpoint_steps=4)  # 48 pairs: 6 steps an epoch
+    return raw
+
+
+@pytest.fixture(scope="module")
+def duet_project(tmp_path_factory) -> Path:
+    """download, detect_objects, cache_teachers, then the cache_regions stage script."""
+    import os
+
+    root = prepare_project(tmp_path_factory.mktemp("duet"), duet_params())
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        runpy.run_path(str(REPO / "stages/cache_regions.py"), run_name="__main__")
+    finally:
+        os.chdir(cwd)
+    return root
+
+
+@pytest.fixture
+def duet_cwd(duet_project, monkeypatch) -> Path:
+    monkeypatch.chdir(duet_project)
+    return duet_project
+
+
+def region_sets(root: Path) -> dict[str, Path]:
+    cfg = load_config(root / "params.yaml")
+    result = run_cache_regions(cfg, Paths.of(cfg))
+    assert all(result["hits"].values())  # the cache_regions stage built them: opened, not rebuilt
+    return {split: Path(cfg.base.data_dir) / cfg.regions.cache_dir / name for split, name in result["sets"].items()}
+
+
+def test_same_image_mask_marks_other_pairs_of_one_image():
+    mask = same_image_mask(["a", "b", "a", "c", "b"], torch.device("cpu"))
+    expected = np.zeros((5, 5), bool)
+    expected[0, 2] = expected[2, 0] = expected[1, 4] = expected[4, 1] = True
+    assert np.array_equal(mask.numpy(), expected)  # never the diagonal: that is the positive
+
+
+def test_a_saved_duet_loads_to_the_same_embeddings_with_its_layers_still_tied(tmp_path):
+    from transformers import AutoTokenizer
+
+    from mmcse.hub import resolve_model
+
+    torch.manual_seed(0)
+    text = BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64),
+                     add_pooling_layer=False)
+    arch = {"region_dim": 12, "visual_layers": 1, "shared_layers": 1, "joint_dim": 16, "heads": 2, "ff_dim": 32,
+            "box_layer": None, "dropout": 0.1, "visual_dim": None, "region_norm": "layernorm", "tie_shared": True,
+            "spatial": True}
+    model = DuetModel(text, **arch).eval()
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model("packaged:all-MiniLM-L6-v2"))
+    save_duet(model, tokenizer, arch, tmp_path / "ck")
+    assert not any(k.startswith("text.") for k in load_file(str(tmp_path / "ck" / DUET_WEIGHTS)))  # in the HF folder
+    loaded, _ = load_duet(tmp_path / "ck")
+    assert loaded.text_layers() is loaded.shared  # tying survives: one set of modules, not two copies
+    regions, boxes = torch.randn(3, 4, 12), torch.rand(3, 4, 5)
+    ids = torch.randint(5, 900, (3, 7))
+    mask = torch.ones(3, 7, dtype=torch.long)
+    with torch.no_grad():
+        assert torch.equal(model.encode_image(regions, boxes)[0], loaded.encode_image(regions, boxes)[0])
+        assert torch.equal(model.encode_text(ids, mask), loaded.encode_text(ids, mask))
+
+
+def test_duet_trains_and_evaluates_through_the_stage_scripts(duet_cwd, capsys):
+    runpy.run_path(str(REPO / "stages/train.py"), run_name="__main__")
+    runpy.run_path(str(REPO / "stages/evaluate.py"), run_name="__main__")
+    summary = json.loads(Path("models/student/summary.json").read_text())
+    assert summary["dev_metric"] == "val_rsum" and summary["steps"] == 8
+    assert 0 <= summary["best_dev_rsum"] <= 600 and summary["best_dev"] == summary["best_dev_rsum"]
+    state = json.loads(Path("models/student/best/train_state.json").read_text())
+    assert state["method"] == "duet" and state["image_head"] is None
+    for name in ("config.json", "model.safetensors", DUET_WEIGHTS, DUET_META):
+        assert Path("models/student/best", name).is_file()
+
+    scores = json.loads(Path("metrics/eval.json").read_text())
+    assert {"demo_i2t_R@1", "demo_t2i_R@10", "demo_rsum", "demo_NDCG@25_rouge_l"} <= set(scores)
+    assert not any(k in scores for k in ("DemoSTS", "avg", "alignment"))  # a retrieval model: no STS
+    assert scores["demo_rsum"] == pytest.approx(sum(scores[f"demo_{d}_R@{k}"] for d in ("i2t", "t2i")
+                                                    for k in (1, 5, 10)), abs=1e-3)
+    train_metrics = json.loads(Path("metrics/train.json").read_text())
+    assert train_metrics["best_dev_rsum"] == pytest.approx(summary["best_dev_rsum"])
+    dev_rows = Path("plots/dev_rsum.csv").read_text().splitlines()
+    assert dev_rows[0] == "step,dev" and len(dev_rows) == 1 + 5  # steps 0, 2, 4, 6, 8
+    assert Path("plots/dev_sts.csv").read_text().splitlines() == ["step,dev"]  # declared, but not this method's
+
+    # the run record: every loss term, the dev scores, the test scores
+    with sqlite3.connect("mlruns/mlflow.db") as db:
+        run_id = tracking.folder_run_id("models/student")
+        keys = {k for (k,) in db.execute("select distinct key from metrics where run_uuid=?", (run_id,))}
+    assert "run_id" not in summary  # random: kept out of the DVC output (mlruns/records)
+    assert {"loss/hinge", "loss/box", "loss/norm", "loss/loss", "dev_rsum", "dev_i2t_R1", "best_dev_rsum",
+            "test_demo_rsum", "test_demo_NDCG25_rouge_l"} <= keys
+
+    # mmcse eval --retrieval on the DUET checkpoint reports the evaluate stage's scores
+    from mmcse.cli import main
+
+    capsys.readouterr()
+    main(["eval", "--model", "models/student/best", "--retrieval", "--params", "params.yaml"])
+    out = capsys.readouterr().out
+    printed = json.loads(out[out.index("{"):])
+    assert {k: v for k, v in printed.items() if k.startswith("demo_")} == pytest.approx(
+        {k: round(v, 4) for k, v in scores.items() if k.startswith("demo_")}, abs=1e-4)
+
+    # the test scores are those of v_I, v_C computed here directly from the checkpoint
+    cfg = load_config("params.yaml")
+    model, tokenizer = load_duet("models/student/best")
+    sets = {k: Path(v) for k, v in summary["region_sets"].items()}
+    images = [r["image_id"] for r in read_jsonl("data/raw/retrieval/images.jsonl")]
+    captions = read_jsonl("data/raw/retrieval/captions.jsonl")
+    store = RegionStore.open(sets["test"])
+    r, b, m = (torch.from_numpy(a) for a in store.rows(images))
+    enc = tokenizer([c["caption"] for c in captions], padding=True, truncation=True,
+                    max_length=cfg.model.max_seq_len, return_tensors="pt")
+    with torch.no_grad():
+        v_img = model.encode_image(r, b, m)[0].numpy()
+        v_txt = model.encode_text(enc["input_ids"], enc["attention_mask"]).numpy()
+    direct = retrieval_metrics(v_img, v_txt, [images.index(c["image_id"]) for c in captions])
+    for key, value in direct.items():
+        assert scores[f"demo_{key}"] == pytest.approx(value, abs=1e-3)
+
+
+def test_a_killed_duet_run_resumes_to_the_same_weights(duet_cwd, tmp_path):
+    cfg = load_config("params.yaml")
+    sets = region_sets(duet_cwd)
+    full = train_duet(cfg, "data/raw", sets, tmp_path / "full", progress=False)
+
+    def kill_at_6(step: int, score: float) -> None:
+        if step == 6:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train_duet(cfg, "data/raw", sets, tmp_path / "resumed", on_eval=kill_at_6, progress=False)
+    assert json.loads((tmp_path / "resumed/last/state.json").read_text())["step"] == 4
+    resumed = train_duet(cfg, "data/raw", sets, tmp_path / "resumed", progress=False)
+    assert resumed.steps == 8 and resumed.history == full.history
+    a = load_file(str(tmp_path / "full/last/student.safetensors"))
+    b = load_file(str(tmp_path / "resumed/last/student.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_dev_score_is_the_val_rsum_of_the_best_checkpoint(duet_cwd, tmp_path):
+    cfg = load_config("params.yaml")
+    sets = region_sets(duet_cwd)
+    result = train_duet(cfg, "data/raw", sets, tmp_path / "m", progress=False)
+    devs = [(h["dev"], h["step"]) for h in result.history if "dev" in h]
+    assert result.best_score == max(d for d, _ in devs)
+    model, tokenizer = load_duet(tmp_path / "m/best")
+    from mmcse.models.tokens import cached_tokens
+
+    val = RetrievalSplit.load(Path("data/raw/retrieval/val_images.jsonl"),
+                              Path("data/raw/retrieval/val_captions.jsonl"), RegionStore.open(sets["val"]))
+    tokens = cached_tokens(tmp_path / "tok", "val", tokenizer, val.captions, cfg.model.max_seq_len)
+    images, texts = split_embeddings(model, val, tokens, 16, torch.device("cpu"))
+    assert retrieval_metrics(images, texts, val.text_image)["rsum"] == pytest.approx(result.best_score, abs=1e-6)
+
+
+def test_an_ablation_job_of_another_region_setting_builds_its_own_regions(duet_cwd):
+    from mmcse.analysis.tables import table_metric
+    from mmcse.experiments.ablate import expand, run_job
+
+    cfg = with_overrides(load_config("params.yaml"), {
+        "ablate.variants": {"36 regions": {}, "2 regions": {"regions.max_regions": 2}},
+        "ablate.reference": "36 regions", "ablate.seeds": [1], "ablate.metric": "rsum",
+        "train.max_steps": 2, "train.eval_steps": 2})
+    assert table_metric(cfg) == "demo_rsum"
+    results = {r["variant"]: r for r in (run_job(cfg, job, Paths.of(cfg).ablations) for job in expand(cfg))}
+    assert {r["status"] for r in results.values()} == {"ok"}
+    two = Path(json.loads((Path("ablation/2_regions/seed1/summary.json")).read_text())["region_sets"]["train"])
+    assert two.parent == Path("data/upstream/regions")  # not the stage's folder (DVC's output)
+    assert RegionStore.open(two).max_regions == 2
+    assert all(r["dev_metric"] == "val_rsum" and "demo_rsum" in r["scores"] for r in results.values())
+
+
+def test_missing_region_files_fail_before_training_naming_the_file(duet_cwd, tmp_path):
+    from mmcse.errors import CorruptArtifact
+
+    cfg = load_config("params.yaml", {"regions.source": "tsv", "regions.files": [str(tmp_path / "absent.tsv")]})
+    with pytest.raises(CorruptArtifact, match="absent.tsv"):
+        run_cache_regions(cfg, Paths.of(cfg))
+
+
+def test_no_val_split_is_refused_with_the_reason(tmp_path):
+    (tmp_path / "val_images.jsonl").write_text("")
+    (tmp_path / "val_captions.jsonl").write_text("")
+    with pytest.raises(ValueError, match="val split"):  # refused before the regions are looked at
+        RetrievalSplit.load(tmp_path / "val_images.jsonl", tmp_path / "val_captions.jsonl", None)  # type: ignore
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"data.pairs": "none"}, "data.pairs"),
+    ({"data.pairs": "coco", "data.splits": ["train", "val"]}, "val split"),
+    ({"evaluate.retrieval.enabled": False}, "retrieval"),
+    ({"model.duet.box_layer": 3}, "Eq. 30"),  # TINY_DUET: L = 3, so l <= 2
+    ({"model.duet.heads": 5}, "divisible"),
+    ({"regions.source": "tsv"}, "regions.files"),
+    ({"regions.dim": 2048}, "regions.dim"),
+    ({"loss.duet.margin": -0.1}, "loss.duet.margin"),
+])
+def test_duet_settings_are_checked_before_any_compute(overrides, message):
+    small = {"train.method": "duet", "model.duet.visual_layers": 2, "model.duet.shared_layers": 1}
+    assert load_config(REPO / "params.yaml", small).train.method == "duet"
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config(REPO / "params.yaml", {**small, **overrides})
+
+
+def test_duet_presets_and_profiles_resolve(tmp_path):
+    from mmcse.analysis.tables import table_metric
+    from mmcse.config.profiles import list_profiles, profile_overrides
+
+    assert {"duet-coco", "duet-flickr"} <= set(list_profiles(REPO / "profiles"))
+    coco = load_config(REPO / "params.yaml", profile_overrides("duet-coco", REPO / "profiles"))
+    assert (coco.train.batch_size, coco.train.learning_rate, coco.train.epochs, coco.loss.duet.margin) == \
+        (90, 2e-5, 30, 0.2)
+    assert (coco.model.duet.joint_dim, coco.model.duet.shared_layers, coco.model.duet.visual_layers) == (1024, 2, 4)
+    assert table_metric(coco) == "coco_1k_rsum" and set(coco.ablate.variants) == {
+        "Full DUET", "w/o shared layers", "w/o spatial features", "no norm reg"}
+    flickr = load_config(REPO / "params.yaml", profile_overrides("duet-flickr", REPO / "profiles"))
+    assert table_metric(flickr) == "flickr30k_1k_rsum" and flickr.regions.source == "npy"
+    table1 = load_config(REPO / "params.yaml", {"ablate.preset": "duet-table1"})
+    vse = table1.ablate.variants["VSE++-style"]
+    assert vse["model.duet.shared_layers"] == 0 and vse["loss.duet.lambda_box"] == 0
+    assert vse["loss.duet.lambda_norm"] == 0 and vse["train.method"] == "duet"
+
+
+def test_a_sweep_can_name_duets_margin_shared_layers_and_lambdas():
+    space = {"loss.duet.margin": {"type": "float", "low": 0.1, "high": 0.3},
+             "model.duet.shared_layers": {"type": "int", "low": 0, "high": 2},
+             "loss.duet.lambda_box": {"type": "float", "low": 0.01, "high": 1.0, "log": True},
+             "loss.duet.lambda_norm": {"type": "float", "low": 0.01, "high": 1.0, "log": True}}
+    cfg = load_config(REPO / "params.yaml", {"train.method": "duet", "sweep.space": space})
+    assert set(cfg.sweep.space) == set(space)
+    trial = with_overrides(cfg, {"loss.duet.margin": 0.25, "model.duet.shared_layers": 0})
+    assert (trial.loss.duet.margin, trial.model.duet.shared_layers) == (0.25, 0)

@@ -1,0 +1,356 @@
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from mmcse.config import load_config, with_overrides
+from mmcse.training.batches import PAIR, TEXT, alternation_schedule
+from mmcse.training.checkpoints import release_resume_point
+from mmcse.training.loop import train
+
+
+def test_alternation_schedule_matches_mcse():
+    # 78 text batches, 18 pair batches: ratio 4 -> TTTTP repeated, leftovers at the end
+    s = alternation_schedule(78, 18)
+    assert len(s) == 96 and s.count(PAIR) == 18 and s.count(TEXT) == 78
+    assert s[:10] == [TEXT] * 4 + [PAIR] + [TEXT] * 4 + [PAIR]
+    assert s[-6:] == [TEXT] * 6
+    assert alternation_schedule(5, 0) == [TEXT] * 5
+    assert alternation_schedule(2, 3) == [TEXT, PAIR, TEXT, PAIR, PAIR]
+
+
+def _weights(folder):
+    return load_file(str(folder / "last" / "student.safetensors"))
+
+
+class Killed(Exception):
+    pass
+
+
+def test_killed_run_resumes_to_the_same_weights(project):
+    cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 8, "train.eval_steps": 4,
+                                                        "train.checkpoint_steps": 4})
+    full = train(cfg, "data/raw", "data/teachers", project / "full", progress=False)
+    assert full.steps == 8
+
+    def kill_at_8(step, score):
+        if step == 8:
+            raise Killed
+
+    with pytest.raises(Killed):
+        train(cfg, "data/raw", "data/teachers", project / "resumed", on_eval=kill_at_8, progress=False)
+    assert json.loads((project / "resumed/last/state.json").read_text())["step"] == 4
+    resumed = train(cfg, "data/raw", "data/teachers", project / "resumed", progress=False)
+    assert resumed.steps == 8
+    a, b = _weights(project / "full"), _weights(project / "resumed")
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6, msg=k)
+    assert full.history == resumed.history
+
+
+def test_released_resume_point_keeps_the_history_and_a_rerun_starts_afresh(project):
+    cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 4, "train.eval_steps": 4})
+    first = train(cfg, "data/raw", "data/teachers", project / "m", progress=False)
+    before = _weights(project / "m")
+    weights = sum((project / "m/last" / n).stat().st_size for n in ("student.safetensors", "trainer.pt"))
+    assert release_resume_point(project / "m") == weights > 0
+    assert sorted(p.name for p in (project / "m/last").iterdir()) == ["state.json"]
+    assert json.loads((project / "m/last/state.json").read_text())["history"] == first.history
+    assert release_resume_point(project / "m") == 0
+
+    again = train(cfg, "data/raw", "data/teachers", project / "m", progress=False)
+    assert again.steps == 4 and again.history == first.history  # retrained from step 0, same seed
+    after = _weights(project / "m")
+    for k in before:
+        torch.testing.assert_close(before[k], after[k], rtol=0, atol=1e-6, msg=k)
+
+
+def test_best_checkpoint_is_an_hf_folder_with_heads(project):
+    from transformers import AutoModel
+
+    cfg = load_config("params.yaml")
+    result = train(cfg, "data/raw", "data/teachers", project / "m", progress=False)
+    assert result.best_score == max(h["dev"] for h in result.history if "dev" in h)
+    assert (result.best_dir / "model.safetensors").is_file() and (result.best_dir / "heads.safetensors").is_file()
+    AutoModel.from_pretrained(result.best_dir)
+    assert [h["step"] for h in result.history if "dev" in h] == [0, 4, 8]
+
+
+def test_changed_config_does_not_resume_a_different_run(project):
+    cfg = load_config("params.yaml")
+    train(cfg, "data/raw", "data/teachers", project / "m", progress=False)
+    other = with_overrides(cfg, {"loss.temperature": 0.1})
+    result = train(other, "data/raw", "data/teachers", project / "m", progress=False)
+    assert result.history[0]["step"] == 0 and result.steps == 8
+
+
+METHOD_TERMS = {
+    "simcse": {"simcse"},
+    "mcse": {"simcse", "image"},
+    "kdmcse": {"simcse", "kdmcse_image", "kdmcse_text", "kdmcse"},
+    "dalr": {"simcse", "info", "consistency", "cma", "rank", "ima"},
+    "mcseo": {"simcse", "image", "object"},
+}
+
+
+@pytest.mark.parametrize("method", sorted(METHOD_TERMS))
+def test_each_method_steps_on_cached_features_only(project, method, monkeypatch):
+    """A pair batch of every method: its terms, finite gradients, and no teacher model run."""
+    import mmcse.teachers.cache
+    from mmcse.methods.objectives import needed_features
+    from mmcse.models.student import Student, load_backbone, load_tokenizer
+    from mmcse.models.tokens import tokenize_texts
+    from mmcse.training.batches import TrainData
+    from mmcse.training.loop import training_step_loss
+
+    def no_teacher(*args, **kwargs):
+        raise AssertionError("a training step ran a teacher")
+
+    monkeypatch.setattr(mmcse.teachers.cache, "text_teacher_features", no_teacher)
+    monkeypatch.setattr(mmcse.teachers.cache, "colour_edge_grid_features", no_teacher)
+    from pathlib import Path
+
+    cfg = with_overrides(load_config("params.yaml"), {"train.method": method})
+    data = TrainData.load(Path("data/raw"), Path("data/teachers"))
+    tok = load_tokenizer(cfg.model.name_or_path)
+    student = Student(load_backbone(cfg.model), data.image_features.dim, cfg.model.proj_dim, data.joint_image.dim)
+    idx = list(range(8))
+    feats = data.pair_features(idx, needed_features(cfg, pair_batch=True), torch.device("cpu"))
+    batch = tokenize_texts(tok, data.captions, cfg.model.max_seq_len).batch(idx, torch.device("cpu"))
+    terms = training_step_loss(student, cfg, batch, feats, pair_batch=True, seed=3)
+    assert {k for k in terms if not k.startswith("stat/")} - {"loss"} == METHOD_TERMS[method]
+    terms["loss"].backward()
+    grads = {n: p.grad for n, p in student.named_parameters() if p.grad is not None}
+    assert all(torch.isfinite(g).all() for g in grads.values())
+    # the heads a method trains get gradients; the others stay untouched
+    used = {n.split(".")[0] for n in grads} - {"backbone"}
+    expected = {"simcse": {"mlp"}, "mcse": {"mlp", "text_proj", "image_proj"},
+                "kdmcse": {"mlp", "text_proj", "teacher_text_proj", "teacher_image_proj"},
+                "dalr": {"mlp", "text_proj", "teacher_image_proj", "shared_text", "shared_image"},
+                "mcseo": {"mlp", "text_proj", "image_proj"}}[method]
+    assert used == expected
+
+
+def test_mcseo_phrase_spans_match_the_training_tokenisation(project):
+    """detect_objects' token spans point at the phrase's tokens in the batch the student sees."""
+    from pathlib import Path
+
+    from mmcse.models.student import load_tokenizer
+    from mmcse.models.tokens import tokenize_texts
+    from mmcse.training.batches import TrainData
+
+    cfg = load_config("params.yaml")
+    data = TrainData.load(Path("data/raw"), Path("data/teachers"))
+    data.check_objects(cfg.detect.min_objects, cfg.model.max_seq_len, Path("data/objects"))
+    tok = load_tokenizer(cfg.model.name_or_path)
+    table = tokenize_texts(tok, data.captions, cfg.model.max_seq_len)  # what training reads
+    checked = 0
+    for i, pair_id in enumerate(data.pair_ids[:20]):
+        ids = table.batch([i], torch.device("cpu"))["input_ids"][0]
+        for o in data.objects.get(pair_id, []):
+            decoded = tok.decode(ids[o["token_start"] : o["token_end"]])
+            assert decoded.replace(" ", "") == o["phrase"].lower().replace(" ", "")
+            checked += 1
+    assert checked > 10
+
+
+def _cut(path, by=16):
+    path.write_bytes(path.read_bytes()[:-by])
+
+
+def test_damaged_resume_point_falls_back_to_the_old_copy_then_starts_afresh(project, caplog):
+    import shutil
+
+    cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 8, "train.eval_steps": 4,
+                                                        "train.checkpoint_steps": 4})
+    out = project / "m"
+    evals = []
+
+    def kill_at_8(step, score):
+        if step == 8:
+            raise Killed
+
+    with pytest.raises(Killed):
+        train(cfg, "data/raw", "data/teachers", out, on_eval=kill_at_8, progress=False)
+    # as if killed between _swap_in's renames, then last/trainer.pt damaged: the whole .old copy resumes
+    shutil.copytree(out / "last", out / "last.old")
+    _cut(out / "last/trainer.pt", 100)
+    resumed = train(cfg, "data/raw", "data/teachers", out, on_eval=lambda s, v: evals.append(s), progress=False)
+    assert evals == [8] and resumed.steps == 8  # resumed at step 4
+    assert f"{out / 'last/trainer.pt'}: unreadable (" in caplog.text
+
+    # a truncated finished resume point and no other copy: trained again from step 0, to the same end
+    caplog.clear()
+    evals.clear()
+    _cut(out / "last/student.safetensors")
+    again = train(cfg, "data/raw", "data/teachers", out, on_eval=lambda s, v: evals.append(s), progress=False)
+    assert evals == [4, 8] and again.steps == 8 and again.history == resumed.history
+    assert f"{out / 'last/student.safetensors'}: truncated: " in caplog.text
+    assert "training starts afresh from step 0" in caplog.text
+    assert load_file(str(out / "last/student.safetensors")).keys() == _weights(out).keys()
+
+
+def test_damaged_best_checkpoint_is_retrained_not_returned(project, caplog):
+    from transformers import AutoModel
+
+    from mmcse.integrity.files import check_safetensors
+
+    cfg = load_config("params.yaml")
+    out = project / "m"
+    first = train(cfg, "data/raw", "data/teachers", out, progress=False)
+    heads = load_file(str(out / "best/heads.safetensors"))
+    _cut(out / "best/model.safetensors")
+    evals = []
+    second = train(cfg, "data/raw", "data/teachers", out, on_eval=lambda s, v: evals.append(s), progress=False)
+    assert evals == [4, 8] and second.history == first.history and second.best_step == first.best_step
+    assert f"{out / 'best/model.safetensors'}: truncated: " in caplog.text
+    check_safetensors(out / "best/model.safetensors", "")
+    AutoModel.from_pretrained(out / "best")
+    again = load_file(str(out / "best/heads.safetensors"))
+    for k in heads:
+        torch.testing.assert_close(heads[k], again[k], rtol=0, atol=1e-6, msg=k)
+
+    evals.clear()  # a whole best checkpoint and a finished run: nothing to do
+    train(cfg, "data/raw", "data/teachers", out, on_eval=lambda s, v: evals.append(s), progress=False)
+    assert evals == []
+
+
+def test_training_names_a_damaged_teacher_set_and_the_stage_to_rerun(project):
+    from mmcse.errors import CorruptArtifact
+    from mmcse.io import read_json
+
+    sets = read_json(project / "data/teachers/manifest.json")["sets"]
+    file = project / "data/teachers" / sets["joint_image"] / "features.npy"
+    _cut(file)
+    with pytest.raises(CorruptArtifact) as err:
+        train(load_config("params.yaml"), "data/raw", "data/teachers", project / "m", progress=False)
+    assert str(err.value).startswith(f"{file.relative_to(project)}: truncated: ")
+    assert str(err.value).endswith("; rerun the cache_teachers stage to rebuild it (dvc repro cache_teachers)")
+
+
+def _direct_geometry(student, tokenizer, pooler, max_length, device, pairs):
+    """Dev alignment (gold >= 4) and uniformity (t = 2) transcribed from DALR Eq. 15–16: every
+    distinct sentence encoded alone (no batch, no padding), pair by pair in plain numpy."""
+    import itertools
+    import math
+
+    import numpy as np
+
+    sentences = sorted({s for p in pairs for s in (p.s1, p.s2)})
+    unit = {}
+    was_training = student.training
+    student.eval()
+    with torch.no_grad():
+        for s in sentences:
+            b = tokenizer([s], truncation=True, max_length=max_length, return_tensors="pt").to(device)
+            v = student.encode(b["input_ids"], b["attention_mask"], pooler)[0].double().cpu().numpy()
+            unit[s] = v / np.linalg.norm(v)
+    student.train(was_training)
+    positives = [p for p in pairs if p.score >= 4.0]
+    align = sum(float(np.sum((unit[p.s1] - unit[p.s2]) ** 2)) for p in positives) / len(positives)
+    pair_terms = [math.exp(-2.0 * float(np.sum((unit[a] - unit[b]) ** 2)))
+                  for a, b in itertools.combinations(sentences, 2)]
+    return align, math.log(sum(pair_terms) / len(pair_terms))
+
+
+def test_dev_geometry_is_logged_at_every_dev_evaluation_from_that_checkpoint(project, device, monkeypatch):
+    """dev_alignment / dev_uniformity at each dev evaluation equal a direct computation on the
+    weights of that step; the history, plots/dev_geometry.csv and the best checkpoint agree."""
+    import csv
+
+    import mmcse.training.loop
+    from mmcse.data.senteval import SentencePair
+    from mmcse.evaluation.geometry import sts_dev_geometry
+    from mmcse.evaluation.sts import TextEncoder
+    from mmcse.io import read_json, read_jsonl
+    from mmcse.pipeline.train import write_curves
+
+    cfg = with_overrides(load_config("params.yaml"), {"base.device": device.type})
+    pairs = [SentencePair.from_row(r) for r in read_jsonl(project / "data/raw/sts/dev.jsonl")]
+    assert sum(p.score >= 4.0 for p in pairs) >= 3
+    held = {}
+    real_encoder = mmcse.training.loop.student_encoder
+
+    def spy(student, tokenizer, pooler, max_length, dev, *args, **kwargs):  # the student being trained
+        held["args"] = (student, tokenizer, pooler, max_length, dev)
+        return real_encoder(student, tokenizer, pooler, max_length, dev, *args, **kwargs)
+
+    monkeypatch.setattr(mmcse.training.loop, "student_encoder", spy)
+    logged, direct = {}, {}
+
+    def log_metrics(entries):
+        for metrics, step in entries:
+            if "dev_sts" in metrics:  # logged right after the evaluation, before the next step
+                logged[step] = metrics
+                direct[step] = _direct_geometry(*held["args"], pairs)
+
+    result = train(cfg, "data/raw", "data/teachers", project / "m", log_metrics=log_metrics, progress=False)
+    assert sorted(logged) == [0, 4, 8]
+    for step, (align, unif) in direct.items():
+        assert logged[step]["dev_alignment"] == pytest.approx(align, rel=1e-4, abs=1e-10), step
+        assert logged[step]["dev_uniformity"] == pytest.approx(unif, rel=1e-4, abs=1e-10), step
+    assert len({round(m["dev_uniformity"], 9) for m in logged.values()}) == 3  # the weights moved
+
+    evals = [h for h in result.history if "dev" in h]
+    assert [(h["step"], h["dev_alignment"], h["dev_uniformity"]) for h in evals] == [
+        (s, logged[s]["dev_alignment"], logged[s]["dev_uniformity"]) for s in (0, 4, 8)]
+
+    at_best = next(h for h in evals if h["step"] == result.best_step)
+    want = {"dev_alignment": at_best["dev_alignment"], "dev_uniformity": at_best["dev_uniformity"]}
+    assert result.best_geometry == want
+    assert read_json(result.best_dir / "train_state.json") == {"step": result.best_step, "dev": result.best_score,
+                                                               **want, "method": cfg.train.method,
+                                                               "image_head": ["image_proj", "retrieval_image"]}
+    # the evaluate stage's call: the saved best checkpoint, encoded afresh, gives the same numbers
+    encoder = TextEncoder(str(result.best_dir), cfg.evaluate.pooler, device.type, max_length=cfg.model.max_seq_len)
+    again = sts_dev_geometry(encoder, pairs, batch_size=cfg.evaluate.batch_size)
+    assert again == {"alignment": pytest.approx(want["dev_alignment"], rel=1e-4, abs=1e-10),
+                     "uniformity": pytest.approx(want["dev_uniformity"], rel=1e-4, abs=1e-10)}
+
+    write_curves(result.history, project / "plots")
+    with open(project / "plots/dev_geometry.csv", newline="") as handle:
+        rows = list(csv.reader(handle))
+    assert rows[0] == ["step", "alignment", "uniformity"]
+    assert [[int(r[0]), float(r[1]), float(r[2])] for r in rows[1:]] == [
+        [h["step"], round(h["dev_alignment"], 6), round(h["dev_uniformity"], 6)] for h in evals]
+    assert (project / "plots/geometry_trajectory.png").stat().st_size > 1000
+
+
+def test_a_dev_set_without_positive_pairs_is_refused_before_training(project):
+    from mmcse.io import read_jsonl, write_jsonl
+
+    dev = project / "data/raw/sts/dev.jsonl"
+    write_jsonl(dev, [r | {"score": min(r["score"], 3.5)} for r in read_jsonl(dev)])
+    with pytest.raises(ValueError, match=r"sts/dev.jsonl: no pair with gold score >= 4 \(highest 3.5 in"):
+        train(load_config("params.yaml"), "data/raw", "data/teachers", project / "m", progress=False)
+    assert not (project / "m").exists()
+
+
+def test_run_train_logs_the_dev_geometry_the_figure_and_the_best_values(project):
+    import mlflow
+
+    from mmcse import tracking
+    from mmcse.pipeline.paths import Paths
+    from mmcse.pipeline.train import run_train
+    from mmcse.training.checkpoints import load_history
+
+    cfg = load_config("params.yaml")
+    summary = run_train(cfg, Paths.of(cfg), out_dir=project / "m", progress=False)
+    evals = {h["step"]: h for h in load_history(project / "m") if "dev" in h}
+    assert sorted(evals) == [0, 4, 8]
+    tracking.configure(cfg)
+    client = mlflow.MlflowClient()
+    for name in ("dev_alignment", "dev_uniformity"):
+        logged = {m.step: m.value for m in client.get_metric_history(summary["run_id"], name)}
+        assert logged == {step: pytest.approx(h[name], rel=1e-6) for step, h in evals.items()}, name
+    best = evals[summary["best_step"]]
+    assert summary["best_dev_alignment"] == best["dev_alignment"]
+    assert summary["best_dev_uniformity"] == best["dev_uniformity"]
+    metrics = client.get_run(summary["run_id"]).data.metrics
+    assert metrics["best_dev_alignment"] == pytest.approx(best["dev_alignment"], rel=1e-6)
+    assert metrics["best_dev_uniformity"] == pytest.approx(best["dev_uniformity"], rel=1e-6)
+    figures = {a.path for a in client.list_artifacts(summary["run_id"], "figures")}
+    assert {"figures/training_curves.png", "figures/geometry_trajectory.png"} <= figures
+    assert (project / "m/geometry_trajectory.png").stat().st_size > 1000
