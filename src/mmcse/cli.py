@@ -114,16 +114,30 @@ def _cmd_profile(args: argparse.Namespace) -> None:
 
     from mmcse.config.profiles import apply_profile, list_profiles
 
+    root = Path(args.params).parent
     if args.name is None:
-        print("\n".join(list_profiles(args.profiles_dir)))
+        print("\n".join(list_profiles(root)))
         return
-    changed = apply_profile(args.params, args.name, args.profiles_dir)
+    changed = apply_profile(args.params, args.name, root, write=not args.show)
     for key, (old, new) in changed.items():
         print(f"{key}: {old!r} -> {new!r}")
+    if args.show:
+        print(f"{args.params}: profile {args.name} would change {len(changed)} value(s) (nothing written)")
+        return
     print(f"{args.params}: profile {args.name} applied ({len(changed)} value(s) changed)")
     if args.repro:
         # the whole DAG: download, detect, teachers, train, evaluate and the paper's ablation table
         raise SystemExit(subprocess.run(["dvc", "repro"], check=False).returncode)
+
+
+def _cmd_plan(args: argparse.Namespace) -> None:
+    from mmcse.experiments.plan import defaults_config, plan, plan_text
+
+    result = plan(args.params, args.preset)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(plan_text(result, defaults_config(Path(args.params))), end="")
 
 
 def _log_figure(
@@ -366,11 +380,18 @@ def main(argv: list[str] | None = None) -> None:
     sw.set_defaults(func=_cmd_sweep)
 
     pr = sub.add_parser("profile", help="write a paper profile (profiles/<paper>.yaml) into params.yaml")
-    pr.add_argument("name", nargs="?", help="<paper>-<flickr|coco>-<bert|roberta>; omit to list them")
-    pr.add_argument("--params", default="params.yaml")
-    pr.add_argument("--profiles-dir", default="profiles")
+    pr.add_argument("name", nargs="?", help="<paper>-<flickr|coco>-<bert|roberta>, duet-<flickr|coco> or demo; "
+                                            "omit to list them")
+    pr.add_argument("--params", default="params.yaml", help="the params file (profiles/ and recipes/ beside it)")
+    pr.add_argument("--show", action="store_true", help="print what it would change, write nothing")
     pr.add_argument("--repro", action="store_true", help="then run `dvc repro` (the paper's full table)")
     pr.set_defaults(func=_cmd_profile)
+
+    pl = sub.add_parser("plan", help="the jobs an ablation would run, each row's configuration; trains nothing")
+    pl.add_argument("--preset", default=None, help="an ablation preset (ablations/<name>.yaml); default ablate.preset")
+    pl.add_argument("--params", default="params.yaml")
+    pl.add_argument("--json", action="store_true", help="every row's whole configuration as JSON")
+    pl.set_defaults(func=_cmd_plan)
 
     fg = sub.add_parser("figures", help="figures comparing runs and teachers (PNG + MLflow)")
     fsub = fg.add_subparsers(dest="figure", required=True)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from mmcse.analysis.statistics import paired_significance
+from mmcse.analysis.statistics import independent_significance, paired_significance
 from mmcse.analysis.tables import aggregate, table_markdown, write_table
 from mmcse.config import ConfigError, load_config, parse_config
 from tests.conftest import REPO
@@ -78,6 +78,54 @@ def test_paired_significance_matches_a_direct_transcription():
     one = tests["one"]["STS12"]
     assert math.isnan(one["t"]) and math.isnan(one["p"])
     assert (one["n"], one["mean_diff"], one["note"]) == (1, 19.0, "n<2")
+
+
+def _independent_t(a: list[float], b: list[float]) -> float:
+    """Student's two-sample t: (mean a − mean b) / (s_p √(1/n_a + 1/n_b)), s_p² pooled with n − 1."""
+    na, nb = len(a), len(b)
+    ma, mb = sum(a) / na, sum(b) / nb
+    va = sum((x - ma) ** 2 for x in a) / (na - 1)
+    vb = sum((x - mb) ** 2 for x in b) / (nb - 1)
+    sp = math.sqrt(((na - 1) * va + (nb - 1) * vb) / (na + nb - 2))
+    return (ma - mb) / (sp * math.sqrt(1 / na + 1 / nb))
+
+
+def test_independent_significance_matches_a_direct_transcription():
+    """KDMCSE Table 1's test: every finished run of each row, no pairing by seed."""
+    tests = independent_significance(_results(), "ref", ["STS12", "STS13", "avg"])
+    ref = [r["scores"] for r in _results() if r["variant"] == "ref"]
+    for variant in ("up", "mixed", "gap"):
+        runs = [r["scores"] for r in _results() if r["variant"] == variant and r["status"] == "ok"]
+        for m in ("STS12", "STS13", "avg"):
+            cell = tests[variant][m]
+            assert (cell["n"], cell["n_reference"], cell["note"]) == (len(runs), 3, "")
+            assert cell["t"] == pytest.approx(_independent_t([x[m] for x in runs], [x[m] for x in ref]), rel=1e-9)
+            assert cell["mean_diff"] == pytest.approx(np.mean([x[m] for x in runs]) - np.mean([x[m] for x in ref]))
+    # pairing matters: 'up' beats the reference on each seed (paired p 0.035) but not by much across seeds
+    assert tests["up"]["STS12"]["p"] > 0.05 > paired_significance(_results(), "ref", ["STS12"])["up"]["STS12"]["p"]
+    # by hand, two runs each (2 degrees of freedom): a = (72, 74), b = (70, 71): s_p² = (2 + 0.5) / 2,
+    # t = 2.5 / √1.25 = √5, p = 1 − t/√(2 + t²) = 1 − √(5/7)
+    two = [_ok("a", 1, {"avg": 72.0}), _ok("a", 2, {"avg": 74.0}), _ok("b", 1, {"avg": 70.0}),
+           _ok("b", 2, {"avg": 71.0})]
+    cell = independent_significance(two, "b", ["avg"])["a"]["avg"]
+    assert cell["t"] == pytest.approx(math.sqrt(5)) and cell["p"] == pytest.approx(1 - math.sqrt(5 / 7))
+    assert cell["p"] == pytest.approx(2 * (1 - _t_cdf(math.sqrt(5), 2)))
+    one = tests["one"]["STS12"]
+    assert math.isnan(one["p"]) and (one["n"], one["note"]) == (1, "n<2")
+
+
+def test_an_independent_table_names_its_test_and_counts_runs():
+    cfg = parse_config({"ablate": {"variants": {n: {} for n in ["ref", "up", "mixed", "one", "gap"]},
+                                   "reference": "ref", "seeds": [1, 2, 3], "test": "independent"}})
+    rows = {r["variant"]: r for r in aggregate(cfg, _results())}
+    up = independent_significance(_results(), "ref", ["avg"])["up"]["avg"]
+    assert rows["up"]["p_value"] == pytest.approx(up["p"]) and rows["up"]["test"] == "independent"
+    assert rows["gap"]["tested_seeds"] == 2 and "paired_seeds" not in rows["gap"]
+    assert rows["one"]["note"] == "n<2: 1 run(s) against 3 of ref, no test"
+    md = table_markdown(list(rows.values()), "avg", "ref")
+    assert "*: independent two-sample t-test (Student's) against ref over every finished run of each row" in md
+    with pytest.raises(ConfigError, match="ablate.test.*must be one of \\['paired', 'independent'\\]"):
+        parse_config({"ablate": {"test": "welch"}})
 
 
 def test_identical_runs_and_a_missing_reference_give_no_test_and_no_crash():

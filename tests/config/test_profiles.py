@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from mmcse.config import ConfigError, load_config
-from mmcse.config.profiles import apply_profile, list_profiles, profile_overrides
+from mmcse.config.profiles import apply_profile, list_profiles, profile_values
 from tests.conftest import REPO
 
 PROFILES = REPO / "profiles"
@@ -21,14 +21,15 @@ PROFILES = REPO / "profiles"
 @pytest.fixture
 def project(tmp_path):
     shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
-    shutil.copytree(REPO / "ablations", tmp_path / "ablations")
+    for folder in ("ablations", "profiles", "recipes"):
+        shutil.copytree(REPO / folder, tmp_path / folder)
     return tmp_path
 
 
 def test_every_paper_has_four_profiles_and_duet_one_per_dataset():
     students = [f"{paper}-{data}-{model}" for paper in ("dalr", "kdmcse", "mcseo")
                 for data in ("flickr", "coco") for model in ("bert", "roberta")]
-    assert sorted(list_profiles(PROFILES)) == sorted([*students, "duet-coco", "duet-flickr"])
+    assert sorted(list_profiles(REPO)) == sorted([*students, "duet-coco", "duet-flickr", "demo"])
 
 
 # (lr, batch, method, preset) as each paper prints them
@@ -44,20 +45,16 @@ EXPECTED = {
 }
 
 
-@pytest.mark.parametrize("name", list_profiles(PROFILES))
+@pytest.mark.parametrize("name", [n for n in list_profiles(REPO) if n != "demo"])
 def test_each_profile_gives_valid_params_with_the_papers_numbers(project, name):
     original = (project / "params.yaml").read_text()
-    changed = apply_profile(project / "params.yaml", name, PROFILES)
+    changed = apply_profile(project / "params.yaml", name)
     assert changed
     cfg = load_config(project / "params.yaml")
     text = (project / "params.yaml").read_text()
     paper, data, model = name.split("-") if not name.startswith("duet-") else (*name.split("-"), "bert")
     # every comment of the original file is still there (but those of replaced list items)
     lines = original.splitlines()
-    if paper == "dalr":  # teachers.text is replaced: its items' comments go with them
-        first = lines.index(next(ln for ln in lines if ln.startswith("  text:"))) + 1
-        last = lines.index(next(ln for ln in lines if ln.startswith("  image_encoder:")))
-        lines = lines[:first] + lines[last:]
     comments = [line.split("#", 1)[1].strip() for line in lines if "#" in line]
     assert [c for c in comments if c not in text] == []
     assert cfg.model.name_or_path == {"bert": "bert-base-uncased", "roberta": "roberta-base"}[model]
@@ -90,28 +87,28 @@ def test_each_profile_gives_valid_params_with_the_papers_numbers(project, name):
         assert (cfg.loss.lambda_img, cfg.loss.mcseo.beta, cfg.data.captions) == (0.01, 0.005, "longest")
         assert cfg.detect.backend == "sam2" and cfg.teachers.image_encoder == "resnet50"
     # applying it again changes nothing; the file reads the same to PyYAML and to DVC's loader
-    assert apply_profile(project / "params.yaml", name, PROFILES) == {}
+    assert apply_profile(project / "params.yaml", name) == {}
     assert yaml.safe_load(text)["train"]["learning_rate"] == cfg.train.learning_rate
 
 
-def test_a_bad_profile_changes_nothing(project, tmp_path):
-    folder = tmp_path / "profiles"
-    folder.mkdir()
+def test_a_bad_profile_changes_nothing(project):
+    folder = project / "profiles"
     (folder / "broken.yaml").write_text(yaml.safe_dump({
-        "common": {"train.learning_rate": 1e-5, "train.warp_speed": 9},
+        "common": {"train.checkpoint_steps": 100, "train.warp_speed": 9},
         "data": {"flickr": {}}, "model": {"bert": {}}}))
     (folder / "negative.yaml").write_text(yaml.safe_dump({
-        "common": {"train.learning_rate": -1.0}, "data": {"flickr": {}}, "model": {"bert": {}}}))
+        "common": {"train.checkpoint_steps": -1}, "data": {"flickr": {}}, "model": {"bert": {}}}))
     before = (project / "params.yaml").read_bytes()
     with pytest.raises(ConfigError, match=r"train\.warp_speed.*valid keys under train: .*learning_rate"):
-        apply_profile(project / "params.yaml", "broken-flickr-bert", folder)
-    with pytest.raises(ConfigError, match="train.learning_rate.*must be > 0"):
-        apply_profile(project / "params.yaml", "negative-flickr-bert", folder)
-    with pytest.raises(ConfigError, match="unknown profile 'kdmcse-wiki-bert'.*broken-flickr-bert"):
-        profile_overrides("kdmcse-wiki-bert", folder)
+        apply_profile(project / "params.yaml", "broken-flickr-bert")
+    (folder / "broken.yaml").unlink()  # its unknown key is owned by every profile: every application fails on it
+    with pytest.raises(ConfigError, match="train.checkpoint_steps.*must be"):
+        apply_profile(project / "params.yaml", "negative-flickr-bert")
+    with pytest.raises(ConfigError, match="unknown profile 'kdmcse-wiki-bert'.*negative-flickr-bert"):
+        profile_values("kdmcse-wiki-bert", project)
     (folder / "typo.yaml").write_text("comon: {}\n")
-    with pytest.raises(ConfigError, match="unknown key.*comon.*valid keys: description, common, data, model"):
-        list_profiles(folder)
+    with pytest.raises(ConfigError, match="unknown key.*comon.*valid keys: description, recipe, encoder, common"):
+        list_profiles(project)
     assert (project / "params.yaml").read_bytes() == before
 
 
@@ -119,7 +116,6 @@ def test_one_command_applies_a_profile_and_the_real_path_fails_fast_offline(proj
     """`mmcse profile NAME` then the download stage, offline: a clear error naming what is
     missing and how to get it, before any compute."""
     env = {**os.environ, "MMCSE_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(project / "hub")}
-    shutil.copytree(REPO / "profiles", project / "profiles")
     got = subprocess.run([sys.executable, "-m", "mmcse.cli", "profile", "kdmcse-coco-bert"], cwd=project,
                          env=env, capture_output=True, text=True)
     assert got.returncode == 0 and "train.method: 'mcse' -> 'kdmcse'" in got.stdout

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from mmcse.analysis.statistics import ALPHA, FEW_SEEDS, MARKER, paired_significance
+from mmcse.analysis.statistics import ALPHA, FEW_SEEDS, MARKER, significance
 from mmcse.config import Config
 from mmcse.io import write_text
 from mmcse.tracking import metric_name
@@ -109,10 +109,11 @@ def _fmt(mean: float, std: float, marker: str = "") -> str:
 
 
 def aggregate(cfg: Config, results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per variant (params.yaml order): mean ± std per metric over seeds, the paired
-    t-test p-value of each metric against the reference variant (``<metric>_p``, seeds paired:
-    `paired_significance`; ``p_value`` is the primary metric's), the number of seeds paired with
-    the reference (``paired_seeds``), a ``note`` (``reference``, or ``n<2`` where no test could
+    """One row per variant (params.yaml order): mean ± std per metric over seeds, the p-value of
+    ``ablate.test`` (`mmcse.analysis.statistics.significance`: paired by seed, or independent) of each
+    metric against the reference variant (``<metric>_p``; ``p_value`` is the primary metric's), the
+    test (``test``), the runs it compared (``paired_seeds``: seeds both rows finished; independent:
+    ``tested_seeds``, the variant's runs), a ``note`` (``reference``, or ``n<2`` where no test could
     be made) and the status. With ``ablate.transfer`` but no transfer score in any result the
     ``transfer_avg`` column is still there, empty, and ``transfer_note`` says why."""
     by_variant: dict[str, list[dict[str, Any]]] = {name: [] for name in cfg.ablate.variants}
@@ -129,7 +130,9 @@ def aggregate(cfg: Config, results: Sequence[dict[str, Any]]) -> list[dict[str, 
         metrics.append(TRANSFER_AVG)
     metrics = metric_order(metrics)
     primary, reference = table_metric(cfg), cfg.ablate.reference
-    tests = paired_significance([r for rs in by_variant.values() for r in rs], reference, metrics)
+    test = cfg.ablate.test
+    tests = significance([r for rs in by_variant.values() for r in rs], reference, metrics, test)
+    seeds_key = "paired_seeds" if test == "paired" else "tested_seeds"
     rows = []
     for name, rs in by_variant.items():
         good = ok[name]
@@ -138,6 +141,7 @@ def aggregate(cfg: Config, results: Sequence[dict[str, Any]]) -> list[dict[str, 
             "variant": name,
             "status": "ok" if not failed else ("failed" if not good else f"partial ({len(failed)} failed)"),
             "seeds": len(good),
+            "test": test,
         }
         for m in metrics:
             vals = np.array([r["scores"][m] for r in good if m in r["scores"]], dtype=float)
@@ -148,13 +152,17 @@ def aggregate(cfg: Config, results: Sequence[dict[str, Any]]) -> list[dict[str, 
             row[f"{m}_p"] = tests[name][m]["p"] if name in tests else math.nan  # the reference: no test
         row["p_value"] = row.get(f"{primary}_p", math.nan)
         if name == reference:
-            row["paired_seeds"], row["note"] = len(good), "reference"
+            row[seeds_key], row["note"] = len(good), "reference"
         else:
             cells = tests.get(name, {})
             cell = cells.get(primary) or next(iter(cells.values()), {"n": 0, "note": FEW_SEEDS})
-            row["paired_seeds"] = cell["n"]
-            row["note"] = f"{FEW_SEEDS}: {cell['n']} seed(s) paired with {reference}, no test" \
-                if cell["n"] < 2 else cell["note"]
+            row[seeds_key] = cell["n"]
+            if cell["note"] == FEW_SEEDS:
+                row["note"] = (f"{FEW_SEEDS}: {cell['n']} seed(s) paired with {reference}, no test" if test == "paired"
+                               else f"{FEW_SEEDS}: {cell['n']} run(s) against {cell.get('n_reference', 0)} of "
+                                    f"{reference}, no test")
+            else:
+                row["note"] = cell["note"]
         if transfer_note:
             row["transfer_note"] = transfer_note
         if failed:
@@ -198,8 +206,11 @@ def table_markdown(rows: Sequence[dict[str, Any]], primary: str, reference: str,
             significance = f"{p:.3f}" if math.isfinite(p) else (note or "—")
         cells += [significance, str(r["seeds"]), r["status"]]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", f"{MARKER}: paired t-test against {reference} over the seeds both rows finished, p < {ALPHA} "
-                  f"(KDMCSE Table 1's α; {FEW_SEEDS}: fewer than 2 paired seeds, no test). Mean ± std over seeds."]
+    test = rows[0].get("test", "paired") if rows else "paired"
+    compared = "over the seeds both rows finished" if test == "paired" else "over every finished run of each row"
+    label = {"paired": "paired t-test", "independent": "independent two-sample t-test (Student's)"}[test]
+    lines += ["", f"{MARKER}: {label} against {reference} {compared}, p < {ALPHA} (KDMCSE Table 1's α; "
+                  f"{FEW_SEEDS}: fewer than 2 runs to compare, no test). Mean ± std over seeds."]
     lines += [f"TR avg: {n}." for n in transfer_notes]
     lines += list(notes)
     return "\n".join(lines) + "\n"

@@ -27,6 +27,7 @@ class BaseConfig:
     plots_dir: str = "plots"
     mlflow_tracking_uri: str = "sqlite:///mlruns/mlflow.db"
     experiment_prefix: str = "mmcse"
+    profile: str = "demo"  # the paper profile params.yaml holds (`mmcse profile`; mmcse.config.recipes)
 
     def validate(self, where: str) -> None:
         check(self.seed >= 0, where, "base.seed", "must be >= 0")

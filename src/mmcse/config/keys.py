@@ -11,7 +11,7 @@ from mmcse.config.checks import ConfigError
 # stored, or the ablation/sweep itself. Everything else may vary per job.
 FIXED_KEYS = (
     "base.data_dir", "base.models_dir", "base.metrics_dir", "base.plots_dir", "base.mlflow_tracking_uri",
-    "base.experiment_prefix",
+    "base.experiment_prefix", "base.profile",
     "data.source", "data.senteval_dir", "data.transfer_tasks", "data.downloads_dir", "data.sources",
     "data.demo.min_objects", "data.demo.max_objects", "data.demo.sts_dev_pairs", "data.demo.sts_test_pairs",
     "data.demo.retrieval_images", "data.demo.retrieval_val_images", "data.val_images",

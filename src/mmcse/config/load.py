@@ -10,7 +10,8 @@ from typing import Any
 import yaml
 
 from mmcse.config.checks import ConfigError, fail
-from mmcse.config.coercion import apply_overrides, build, deep_merge, to_dict
+from mmcse.config.coercion import apply_overrides, build, deep_merge, read_keyed_yaml, to_dict
+from mmcse.config.recipes import expand_recipes
 from mmcse.config.runs import AblateConfig
 from mmcse.config.schema import Config
 
@@ -23,10 +24,9 @@ def parse_config(raw: Mapping[str, Any] | None, where: str = "params.yaml") -> C
     return config
 
 
-def load_config(
-    path: str | Path = "params.yaml", overrides: Mapping[str, Any] | None = None
-) -> Config:
-    """Read ``params.yaml``, apply dotted overrides, validate; raises :class:`ConfigError`."""
+def read_params(path: str | Path = "params.yaml", overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """``params.yaml`` as a nested mapping, dotted ``overrides`` applied and ``ablate.preset``
+    expanded (`expand_preset`), not yet validated; raises :class:`ConfigError` naming the file."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{path}: params file not found")
@@ -38,27 +38,23 @@ def load_config(
         raise ConfigError(f"{path}: top level must be a mapping of sections")
     if overrides:
         raw = apply_overrides(deep_merge(to_dict(Config()), raw), overrides, where=str(path))
-    return parse_config(expand_preset(raw, path.parent, str(path)), where=str(path))
+    return expand_preset(raw, path.parent, str(path))
 
 
-def read_keyed_yaml(file: Path, valid_keys: tuple[str, ...]) -> dict[str, Any]:
-    """A YAML mapping from ``file`` whose top-level keys must be among ``valid_keys`` (preset
-    and profile files); invalid YAML or an unknown key is a ConfigError naming the file."""
-    try:
-        raw = yaml.safe_load(file.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{file}: not valid YAML: {err}") from None
-    unknown = sorted(set(raw) - set(valid_keys)) if isinstance(raw, Mapping) else ["<not a mapping>"]
-    if unknown:
-        raise ConfigError(f"{file}: unknown key(s) {unknown}; valid keys: {', '.join(valid_keys)}")
-    return dict(raw)
+def load_config(
+    path: str | Path = "params.yaml", overrides: Mapping[str, Any] | None = None
+) -> Config:
+    """Read ``params.yaml`` (`read_params`), expand each ablation row's recipe under a paper profile
+    (`mmcse.config.recipes.expand_recipes`) and validate; raises :class:`ConfigError`."""
+    path = Path(path)
+    return parse_config(expand_recipes(read_params(path, overrides), path.parent), where=str(path))
 
 
 def list_presets(folder: Path) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
 
 
-PRESET_KEYS = ("description", "base", "reference", "variants", "plot_x", "seeds", "transfer", "metric")
+PRESET_KEYS = ("description", "base", "reference", "variants", "plot_x", "seeds", "transfer", "metric", "test")
 
 
 def expand_preset(raw: Mapping[str, Any], root: Path, where: str) -> dict[str, Any]:
@@ -89,6 +85,8 @@ def expand_preset(raw: Mapping[str, Any], root: Path, where: str) -> dict[str, A
         ablate["seeds"] = preset["seeds"]
     if "metric" in preset:
         ablate["metric"] = preset["metric"]
+    if "test" in preset:  # the paper's own significance test (KDMCSE: independent)
+        ablate["test"] = preset["test"]
     if "transfer" in preset:
         if not isinstance(preset["transfer"], bool):
             raise ConfigError(f"{file}: 'transfer' must be true or false, got {preset['transfer']!r}")

@@ -113,6 +113,9 @@ class AblateConfig:
     # local: every job in the ablation's own process, one after another; deployment: each job a
     # flow run of Prefect deployment `ablation-job` (pool gpu), spread over the GPU workers.
     fan_out: Literal["local", "deployment"] = "local"
+    # The significance test of each row against the reference: paired by seed (every row trains on
+    # the same seeds), or independent (Student's two-sample t-test: KDMCSE Table 1, its presets).
+    test: Literal["paired", "independent"] = "paired"
 
     def validate(self, where: str) -> None:
         check(len(self.variants) >= 1, where, "ablate.variants", "needs at least one variant")

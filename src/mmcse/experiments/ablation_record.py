@@ -15,10 +15,10 @@ from mmcse.pipeline.paths import Paths
 def log_ablation(cfg: Config, rows: list[dict[str, Any]], files: dict[str, Path], paths: Paths,
                  results: list[dict[str, Any]] | None = None, run_id: str | None = None,
                  step: int | None = None) -> None:
-    """Table (``mlflow.log_table``: every column, the paired t-test p-values ``<metric>_p``
+    """Table (``mlflow.log_table``: every column, the significance test's p-values ``<metric>_p``
     included), CSV/Markdown, figure, the aggregate metrics (mean, std and p per variant,
     `mmcse.analysis.tables.aggregate_metrics`), the list of jobs (``jobs.json``: variant, seed, status,
-    MLflow run, artifact keys) and the paired t-tests in full (``significance.json``: t, p,
+    MLflow run, artifact keys) and the significance tests in full (``significance.json``: t, p,
     paired seeds, mean difference, note per variant and metric) into the active (parent) MLflow
     run: bars per variant, or a line over ``ablate.plot_x`` for a parameter sweep; the figure
     also to ``plots/ablation.png`` and the per-variant primary metric (with its p-value against
@@ -32,7 +32,7 @@ def log_ablation(cfg: Config, rows: list[dict[str, Any]], files: dict[str, Path]
     import pandas as pd
     from mlflow.entities import Metric
 
-    from mmcse.analysis.statistics import ALPHA, paired_significance
+    from mmcse.analysis.statistics import ALPHA, TESTS, significance
     from mmcse.analysis.tables import aggregate_metrics
     from mmcse.evaluation.plots import ablation_bars, ablation_line, save_figure
 
@@ -57,9 +57,9 @@ def log_ablation(cfg: Config, rows: list[dict[str, Any]], files: dict[str, Path]
                 for r in results]
         client.log_dict(run_id, {"jobs": jobs}, "jobs.json")
         metrics = [k[: -len("_mean")] for k in rows[0] if k.endswith("_mean")] if rows else []
-        tests = paired_significance(results, cfg.ablate.reference, metrics)
+        tests = significance(results, cfg.ablate.reference, metrics, cfg.ablate.test)
         client.log_dict(run_id, {"reference": cfg.ablate.reference, "alpha": ALPHA,
-                                 "test": "paired t-test (scipy.stats.ttest_rel), runs paired by seed, two-sided",
+                                 "test": TESTS[cfg.ablate.test],
                                  "variants": {v: {m: {k: finite(x) for k, x in cell.items()}
                                                   for m, cell in by_metric.items()}
                                               for v, by_metric in tests.items()}}, "significance.json")

@@ -1,0 +1,88 @@
+"""`mmcse plan`: the jobs an ablation would run, each row's resolved configuration, before any compute.
+
+The rows come from the same expansion the ``ablate`` stage and the Prefect flow use (`load_config`
+with each row's recipe, then `mmcse.experiments.ablate.expand` and `job_config`), so what the plan
+shows is what would train.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from mmcse.config import Config, load_config, to_dict
+from mmcse.config.load import read_params
+from mmcse.config.recipes import DEMO, profile_values, recipe_conflicts, row_recipe
+from mmcse.experiments.ablate import expand, job_config
+
+
+def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}.{key}" if prefix else key
+        if isinstance(value, dict) and value and name not in ("ablate.variants", "sweep.space"):
+            out.update(_flat(value, name))
+        else:
+            out[name] = value
+    return out
+
+
+def defaults_config(params: Path) -> dict[str, Any]:
+    """The offline default configuration: ``params`` with the ``demo`` profile's values."""
+    import yaml
+
+    from mmcse.config import apply_overrides, parse_config
+
+    raw = yaml.safe_load(params.read_text()) or {}
+    demo = apply_overrides(raw, profile_values(DEMO, params.parent), where=f"profile {DEMO}")
+    return to_dict(parse_config(demo, where=f"{params} with profile {DEMO}"))
+
+
+def plan(params: str | Path = "params.yaml", preset: str | None = None) -> dict[str, Any]:
+    """Every row of the ablation ``params`` describes (``preset``: ``ablate.preset`` replaced), as
+    ``{"profile", "preset", "seeds", "rows": [{"variant", "method", "recipe", "encoder", "overrides",
+    "recipe_swap", "overrode_recipe", "config"}]}``: the variant's own overrides, what its recipe
+    changes, the recipe values it overrides and its whole configuration (its first seed's; seeds differ
+    in ``base.seed`` only). Raises ConfigError on an unknown preset or profile, before any compute."""
+    params = Path(params)
+    overrides = {"ablate.preset": preset} if preset else None
+    raw = read_params(params, overrides)
+    cfg: Config = load_config(params, overrides)
+    variants = raw["ablate"]["variants"]
+    rows = []
+    for job in expand(cfg):
+        if any(row["variant"] == job.variant for row in rows):
+            continue
+        own = dict(variants[job.variant] or {})
+        info = row_recipe(raw, own, params.parent)
+        job_cfg = job_config(cfg, job)
+        rows.append({
+            "variant": job.variant,
+            "method": job_cfg.train.method,
+            "recipe": info["recipe"],
+            "encoder": info["encoder"],
+            "overrides": own,
+            "recipe_swap": info["swap"],
+            "overrode_recipe": recipe_conflicts(raw, own, params.parent),
+            "config": to_dict(job_cfg),
+        })
+    return {"profile": cfg.base.profile, "preset": cfg.ablate.preset, "seeds": list(cfg.ablate.seeds), "rows": rows}
+
+
+def plan_text(result: dict[str, Any], defaults: dict[str, Any]) -> str:
+    """The plan as a compact text: per row its method and recipe, the recipe values its variant
+    overrides, and every key whose value differs from ``defaults`` (the offline configuration)."""
+    lines = [f"profile {result['profile']}, preset {result['preset']}, seeds {result['seeds']}: "
+             f"{len(result['rows'])} row(s) × {len(result['seeds'])} seed(s)"]
+    flat_defaults = _flat(defaults)
+    for row in result["rows"]:
+        recipe = f"recipe {row['recipe']} ({row['encoder']})" if row["recipe"] else "params.yaml's values (demo)"
+        lines += ["", f"{row['variant']}: {row['method']}, {recipe}"]
+        for key, (was, now) in row["overrode_recipe"].items():
+            lines.append(f"  overrides its recipe: {key}: {was!r} -> {now!r}")
+        flat = _flat({k: v for k, v in row["config"].items() if k not in ("ablate", "sweep")})
+        for key, value in flat.items():
+            if flat_defaults.get(key) != value:
+                lines.append(f"  {key}: {json.dumps(value)}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,160 @@
+"""Method recipes and profiles that compose: each table row trains with its own paper's recipe,
+profiles leave no residue, `mmcse plan` shows a table's rows before any compute."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from mmcse.config import ConfigError, load_config
+from mmcse.config.profiles import apply_profile, list_profiles
+from mmcse.config.recipes import load_recipes, owned_keys, profile_values
+from mmcse.experiments.plan import plan
+from tests.conftest import REPO
+
+
+@pytest.fixture
+def project(tmp_path):
+    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
+    for folder in ("ablations", "profiles", "recipes"):
+        shutil.copytree(REPO / folder, tmp_path / folder)
+    return tmp_path
+
+
+def _applied(project, *names: str) -> bytes:
+    shutil.copy(REPO / "params.yaml", project / "params.yaml")
+    for name in names:
+        apply_profile(project / "params.yaml", name)
+    return (project / "params.yaml").read_bytes()
+
+
+def test_the_committed_params_are_the_demo_profile(project):
+    assert apply_profile(project / "params.yaml", "demo") == {}
+    assert (project / "params.yaml").read_bytes() == (REPO / "params.yaml").read_bytes()
+
+
+def test_a_profile_gives_the_same_params_whatever_was_applied_before(project):
+    assert _applied(project, "mcseo-flickr-bert", "dalr-flickr-bert") == _applied(project, "dalr-flickr-bert")
+    text = _applied(project, "mcseo-flickr-bert", "dalr-flickr-bert").decode()
+    assert "sam2" not in yaml.safe_load(text)["detect"]["backend"]  # mcseo's detect backend is gone
+    assert yaml.safe_load(text)["teachers"]["image_encoder"] == "colour-edge-grid"  # and its ResNet-50
+    original = (REPO / "params.yaml").read_bytes()
+    for name in list_profiles(REPO):
+        assert _applied(project, name, "demo") == original, f"{name} then demo is not the offline params.yaml"
+        assert _applied(project, "duet-coco", name) == _applied(project, name), name
+
+
+def test_profile_show_prints_the_changes_and_writes_nothing(project):
+    before = (project / "params.yaml").read_bytes()
+    got = subprocess.run([sys.executable, "-m", "mmcse.cli", "profile", "--show", "mcseo-flickr-bert"], cwd=project,
+                         capture_output=True, text=True)
+    assert got.returncode == 0, got.stderr
+    assert "detect.backend: 'annotations' -> 'sam2'" in got.stdout and "would change" in got.stdout
+    assert (project / "params.yaml").read_bytes() == before
+
+
+def test_every_recipe_value_names_its_source():
+    """A recipe value is the paper's: each line of settings/encoders says where it comes from."""
+    for file in sorted((REPO / "recipes").glob("*.yaml")):
+        block = False
+        for line in file.read_text().splitlines():
+            if re.match(r"^(settings|encoders):", line):
+                block = True
+                continue
+            if block and re.match(r"^\s+[\w.]+:\s*\S", line) and "train.method" not in line and "{}" not in line:
+                assert "#" in line, f"{file.name}: no source for `{line.strip()}`"
+
+
+def _plan_rows(project, preset: str) -> dict[str, dict]:
+    return {row["variant"]: row for row in plan(project / "params.yaml", preset)["rows"]}
+
+
+def test_under_a_kdmcse_profile_each_baseline_row_trains_its_own_recipe(project):
+    apply_profile(project / "params.yaml", "kdmcse-flickr-bert")
+    rows = _plan_rows(project, "baselines")
+    mcse, dalr, kdmcse, simcse = (rows[n]["config"] for n in ("MCSE", "DALR", "KDMCSE", "SimCSE"))
+    assert (mcse["teachers"]["image_encoder"], mcse["teachers"]["image_weights"]) == ("resnet50", "IMAGENET1K_V1")
+    assert (mcse["loss"]["lambda_img"], mcse["train"]["epochs"], mcse["data"]["captions"]) == (0.01, 3, "random")
+    assert mcse["teachers"]["joint"]["kind"] == "cca"  # KDMCSE's CLIP teacher is not MCSE's
+    assert [t["teacher"] for t in dalr["teachers"]["text"]] == [
+        "princeton-nlp/unsup-simcse-bert-base-uncased", "voidism/diffcse-bert-base-uncased-sts"]
+    assert (dalr["loss"]["dalr"]["lambda_cml"], dalr["train"]["learning_rate"], dalr["train"]["batch_size"]) == \
+        (0.1, 2e-5, 128)
+    assert (kdmcse["teachers"]["joint"]["kind"], kdmcse["loss"]["kdmcse"]["threshold"]) == ("clip", 0.9)
+    assert (simcse["train"]["method"], simcse["train"]["epochs"]) == ("simcse", 3)
+    for row in (mcse, dalr, kdmcse, simcse):  # the table's context is every row's
+        assert (row["data"]["pairs"], row["model"]["name_or_path"], row["base"]["profile"]) == \
+            ("flickr30k", "bert-base-uncased", "kdmcse-flickr-bert")
+    assert rows["MCSE"]["recipe"] == "mcse" and rows["MCSE"]["encoder"] == "bert"
+    # the ablate stage and the flow read the same rows: load_config carries each row's recipe
+    cfg = load_config(project / "params.yaml", overrides={"ablate.preset": "baselines"})
+    assert cfg.ablate.variants["MCSE"]["teachers.image_encoder"] == "resnet50"
+
+
+def test_a_row_of_the_profiles_own_method_keeps_params_edits_and_reports_recipe_overrides(project):
+    apply_profile(project / "params.yaml", "kdmcse-flickr-bert")
+    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw["loss"]["kdmcse"]["margin"] = 0.1  # a researcher's edit of KDMCSE's own setting
+    (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    rows = _plan_rows(project, "kdmcse-table3")
+    assert all(row["config"]["loss"]["kdmcse"]["margin"] in (0.1, 0.0) for row in rows.values())
+    no_filter = next(row for name, row in rows.items() if "threshold" in name.lower())
+    assert no_filter["overrode_recipe"] == {"loss.kdmcse.threshold": [0.9, "off"]}
+
+
+def test_plan_prints_json_and_a_diff_and_refuses_an_unknown_preset_in_one_line(project):
+    apply_profile(project / "params.yaml", "kdmcse-flickr-bert")
+    run = [sys.executable, "-m", "mmcse.cli", "plan", "--preset", "baselines"]
+    got = subprocess.run([*run, "--json"], cwd=project, capture_output=True, text=True)
+    assert got.returncode == 0, got.stderr
+    rows = {r["variant"]: r for r in json.loads(got.stdout)["rows"]}
+    assert rows["MCSE"]["config"]["teachers"]["image_encoder"] == "resnet50"
+    got = subprocess.run(run, cwd=project, capture_output=True, text=True)
+    assert "MCSE: mcse, recipe mcse (bert)" in got.stdout and '  teachers.image_encoder: "resnet50"' in got.stdout
+    got = subprocess.run([sys.executable, "-m", "mmcse.cli", "plan", "--preset", "no-such-table"], cwd=project,
+                         capture_output=True, text=True)
+    assert got.returncode == 2 and got.stderr.count("\n") == 1 and "no preset file" in got.stderr
+    assert "baselines" in got.stderr  # the presets there are listed
+    assert not (project / "data").exists() and not (project / "mlruns").exists()  # nothing computed
+
+
+def test_bad_recipes_and_profiles_fail_in_one_line_naming_the_file(project):
+    recipe = project / "recipes" / "mcse.yaml"
+    good = recipe.read_text()
+    recipe.write_text(good.replace("loss.lambda_img: 0.01", "loss.lambda_imgg: 0.01"))
+    with pytest.raises(ConfigError, match=r"mcse\.yaml \(settings\).*loss\.lambda_imgg.*valid keys under loss"):
+        load_recipes(project)
+    recipe.write_text(good.replace("train.method: mcse", "train.method: mcse\n  data.source: senteval  # x"))
+    with pytest.raises(ConfigError, match=r"mcse\.yaml: settings sets data\.source.*put them in a profile"):
+        load_recipes(project)
+    recipe.write_text(good)
+    profile = project / "profiles" / "kdmcse.yaml"
+    text = profile.read_text()
+    profile.write_text(text.replace("  base.device: auto", "  base.device: auto\n  loss.lambda_img: 0.05"))
+    with pytest.raises(ConfigError, match=r"kdmcse\.yaml: profile kdmcse-flickr-bert sets loss\.lambda_img, which "
+                                          r"recipe kdmcse owns .*recipe_overrides"):
+        profile_values("kdmcse-flickr-bert", project)
+    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw["base"]["profile"] = "kdmcse-wiki-bert"
+    (project / "params.yaml").write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match="unknown profile 'kdmcse-wiki-bert'"):
+        load_config(project / "params.yaml")
+
+
+def test_a_declared_recipe_override_reaches_every_row(project):
+    profile = project / "profiles" / "kdmcse.yaml"
+    profile.write_text(profile.read_text() + "recipe_overrides:\n  train.batch_size: 128   # one batch for every row\n")
+    apply_profile(project / "params.yaml", "kdmcse-flickr-bert")
+    rows = _plan_rows(project, "baselines")
+    assert {row["config"]["train"]["batch_size"] for row in rows.values()} == {128}
+
+
+def test_the_demo_profile_names_every_owned_key():
+    demo = yaml.safe_load((REPO / "profiles" / "demo.yaml").read_text())["common"]
+    assert set(owned_keys(REPO)) - {"base.profile"} == set(demo)
