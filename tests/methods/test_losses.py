@@ -21,6 +21,7 @@ from mmcse.methods.losses import (
     kdmcse_term,
     listmle_loss,
     mcse_image_loss,
+    mcseo_image_caption_loss,
     mismatch_permutation,
     object_phrase_loss,
     safe_arccos,
@@ -85,6 +86,27 @@ def test_mcse_image_term_matches_eq3(tau, device):
     got = mcse_image_loss(*on(device, s1, s2, v), tau)
     assert_on(device, got)
     assert float(got.cpu()) == pytest.approx(eq3_loop(s1, s2, v, tau), abs=1e-6)
+
+
+def mcseo_eq3_loop(h_cap, h_img, tau):
+    """MCSEO Eq. 3: l_i^img-cap = -log e^{sim(h_i^cap, h_i^img)/τ'} / Σ_j e^{sim(h_i^cap, h_j^img)/τ'}, averaged."""
+    n = h_img.shape[0]
+    return sum(-math.log(math.exp(_cos(h_cap[i], h_img[i]) / tau)
+                         / sum(math.exp(_cos(h_cap[i], h_img[j]) / tau) for j in range(n))) for i in range(n)) / n
+
+
+@pytest.mark.parametrize("tau", [0.05, 0.3])
+def test_mcseo_image_caption_term_matches_its_eq3_with_one_view(tau, device):
+    g = torch.Generator().manual_seed(11)
+    s1, s2, v = (torch.randn(6, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    got = mcseo_image_caption_loss(*on(device, s1, v), tau)
+    assert_on(device, got)
+    assert float(got.cpu()) == pytest.approx(mcseo_eq3_loop(s1, v, tau), abs=1e-6)
+    # KDMCSE's Eq. 3 is both views summed: MCSEO's one view is not half of it in general
+    assert float(mcse_image_loss(s1, s2, v, tau)) == pytest.approx(
+        mcseo_eq3_loop(s1, v, tau) + mcseo_eq3_loop(s2, v, tau), abs=1e-6)
+    args = on(device, *(torch.randn(4, 3, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(2)))
+    assert torch.autograd.gradcheck(lambda a, b: mcseo_image_caption_loss(a, b, 0.2), args)
 
 
 def test_gradients_match_finite_differences(device):

@@ -235,6 +235,27 @@ def test_mcseo_adds_beta_times_object_phrase_term(device):
     assert float(terms["loss"] - off["loss"]) == pytest.approx(0.5 * object_term, abs=1e-6)
 
 
+def test_mcseo_image_caption_term_is_its_eq3_on_one_view_and_both_with_image_views_2(device):
+    """MCSEO Eq. 3 encodes the caption once: α weighs one InfoNCE (KDMCSE's Eq. 3 sums two views)."""
+    e = _embeddings(10)
+    cfg = _cfg(**{"train.method": "mcseo", "loss.lambda_img": 0.01, "loss.mcseo.object_phrase": False})
+    cos = torch.nn.functional.cosine_similarity
+
+    def view(s):  # -log softmax over the batch's images at τ' = 0.05, mean over captions
+        n = e.image.shape[0]
+        return sum(-math.log(math.exp(float(cos(s[i], e.image[i], dim=0)) / 0.05)
+                             / sum(math.exp(float(cos(s[i], e.image[j], dim=0)) / 0.05) for j in range(n)))
+                   for i in range(n)) / n
+
+    one = _step(device, cfg, e)
+    assert float(one["image"]) == pytest.approx(view(e.s1), abs=1e-6)
+    both = _step(device, with_overrides(cfg, {"loss.mcseo.image_views": 2}), e)
+    assert float(both["image"]) == pytest.approx(view(e.s1) + view(e.s2), abs=1e-6)
+    mcse = _step(device, _cfg(**{"train.method": "mcse", "loss.lambda_img": 0.01}), e)  # MCSE keeps both views
+    assert float(mcse["image"]) == pytest.approx(float(both["image"]), abs=1e-9)
+    assert float(one["loss"] - one["simcse"]) == pytest.approx(0.01 * view(e.s1), abs=1e-8)
+
+
 def test_active_terms_resolve_auto_per_method():
     assert active_terms(_cfg(**{"train.method": "mcse"})) == {
         "simcse": True, "image": True, "kdmcse": False, "info": False, "consistency": False, "cma": False,

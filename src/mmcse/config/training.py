@@ -166,9 +166,12 @@ class MCSEOLossConfig:
     object_phrase: bool = True
     beta: float = 0.005
     temperature: float = 0.05
+    # l_img-cap on 1 dropout view (mcseo.txt Eq. 3) or on 2, summed (KDMCSE Eq. 3, MCSE's term)
+    image_views: int = 1
 
     def validate(self, where: str) -> None:
         check(self.beta >= 0, where, "loss.mcseo.beta", "must be >= 0")
+        check(self.image_views in (1, 2), where, "loss.mcseo.image_views", "must be 1 (Eq. 3) or 2 (both views)")
         check(self.temperature > 0, where, "loss.mcseo.temperature", "must be > 0")
 
 

@@ -50,6 +50,16 @@ def mcse_image_loss(
     return info_nce(s1, v, temperature) + info_nce(s2, v, temperature)
 
 
+def mcseo_image_caption_loss(h_cap: torch.Tensor, h_img: torch.Tensor, temperature: float) -> torch.Tensor:
+    """MCSEO's sentence–image objective l^img-cap, mcseo.txt Eq. 3 (mean over the batch).
+
+    ``h_cap (N, p)``: one projected caption embedding each (one dropout view: Eq. 2 encodes the
+    caption once); ``h_img (N, p)``: the projected images; image i is caption i's positive, the batch's
+    other images its negatives, at temperature τ'. Unlike `mcse_image_loss` (KDMCSE Eq. 3) no second
+    view is added, so α weighs one InfoNCE, not two."""
+    return info_nce(h_cap, h_img, temperature)
+
+
 # --------------------------------------------------------------------------- KDMCSE
 
 

@@ -23,6 +23,7 @@ from mmcse.methods.losses import (
     kdmcse_term,
     listmle_loss,
     mcse_image_loss,
+    mcseo_image_caption_loss,
     mismatch_permutation,
     object_phrase_loss,
     simcse_loss,
@@ -131,7 +132,8 @@ def step_objective(
     """All active terms of one batch and their weighted sum ``loss`` (plus ``stat/…``
     diagnostics, never summed):
 
-    SimCSE + [pair batches] λ_img·MCSE image term (mcse; α·l_img-cap for mcseo)
+    SimCSE + [pair batches] λ_img·MCSE image term (mcse: both views; α·l_img-cap for mcseo, MCSEO Eq. 3:
+    one view, or both with ``loss.mcseo.image_views: 2``)
     + λ_img·KDMCSE Eq. 14 (kdmcse) + w_info·L_info (dalr) + λ·(L_cons + L_CMA)
     + μ·(L_rank + L_IMA) + β·l_obj-phra (mcseo); μ·L_IML also on text batches with
     ``loss.dalr.text_batches``. ``seed`` seeds the mismatched pairs and ranking ties;
@@ -145,8 +147,11 @@ def step_objective(
     if e.pair_batch:
         if on["image"]:
             v = _need(e.image, "image", "image")
-            terms["image"] = mcse_image_loss(_need(e.s1, "s1", "image"), _need(e.s2, "s2", "image"), v,
-                                             loss_cfg.temperature_img)
+            if cfg.train.method == "mcseo" and loss_cfg.mcseo.image_views == 1:  # MCSEO Eq. 3: one view
+                terms["image"] = mcseo_image_caption_loss(_need(e.s1, "s1", "image"), v, loss_cfg.temperature_img)
+            else:  # KDMCSE Eq. 3 (MCSE): both dropout views
+                terms["image"] = mcse_image_loss(_need(e.s1, "s1", "image"), _need(e.s2, "s2", "image"), v,
+                                                 loss_cfg.temperature_img)
             loss = loss + loss_cfg.lambda_img * terms["image"]
         if on["kdmcse"]:
             terms |= kdmcse_terms(cfg, e)
