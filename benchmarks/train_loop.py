@@ -121,10 +121,10 @@ def run_steps(cfg: Any) -> dict[str, int]:
 
 def profile_config(name: str, precision: str, compile_backbone: bool) -> Any:
     from mmcse.config import ConfigError, load_config
-    from mmcse.config.profiles import profile_overrides
+    from mmcse.config.profiles import profile_values
 
     try:
-        overrides = profile_overrides(name, REPO / "profiles")
+        overrides = profile_values(name, REPO)
         return load_config(REPO / "params.yaml", overrides=overrides | {
             "train.precision": precision, "train.compile": compile_backbone})
     except ConfigError as err:
@@ -136,10 +136,10 @@ def project_params(profile: str, student: str, device: torch.device, precision: 
     """The repo's params.yaml on demo data, the profile's train.* and loss.* settings, the
     benchmark's student, precision, device and length."""
     from mmcse.config import apply_overrides
-    from mmcse.config.profiles import profile_overrides
+    from mmcse.config.profiles import profile_values
 
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
-    overrides = {k: v for k, v in profile_overrides(profile, REPO / "profiles").items()
+    overrides = {k: v for k, v in profile_values(profile, REPO).items()
                  if k.startswith(("train.", "loss.")) and k not in ("train.epochs", "train.max_steps")}
     overrides |= {
         "base.device": device.type, "base.seed": 42,

@@ -248,16 +248,16 @@ def test_duet_settings_are_checked_before_any_compute(overrides, message):
 
 def test_duet_presets_and_profiles_resolve(tmp_path):
     from mmcse.analysis.tables import table_metric
-    from mmcse.config.profiles import list_profiles, profile_overrides
+    from mmcse.config.profiles import list_profiles, profile_values
 
-    assert {"duet-coco", "duet-flickr"} <= set(list_profiles(REPO / "profiles"))
-    coco = load_config(REPO / "params.yaml", profile_overrides("duet-coco", REPO / "profiles"))
+    assert {"duet-coco", "duet-flickr"} <= set(list_profiles(REPO))
+    coco = load_config(REPO / "params.yaml", profile_values("duet-coco", REPO))
     assert (coco.train.batch_size, coco.train.learning_rate, coco.train.epochs, coco.loss.duet.margin) == \
         (90, 2e-5, 30, 0.2)
     assert (coco.model.duet.joint_dim, coco.model.duet.shared_layers, coco.model.duet.visual_layers) == (1024, 2, 4)
     assert table_metric(coco) == "coco_1k_rsum" and set(coco.ablate.variants) == {
         "Full DUET", "w/o shared layers", "w/o spatial features", "no norm reg"}
-    flickr = load_config(REPO / "params.yaml", profile_overrides("duet-flickr", REPO / "profiles"))
+    flickr = load_config(REPO / "params.yaml", profile_values("duet-flickr", REPO))
     assert table_metric(flickr) == "flickr30k_1k_rsum" and flickr.regions.source == "npy"
     table1 = load_config(REPO / "params.yaml", {"ablate.preset": "duet-table1"})
     vse = table1.ablate.variants["VSE++-style"]
