@@ -183,6 +183,7 @@ def test_evaluate_transfer_encodes_each_sentence_once_and_averages():
     assert result.primary == round((result.scores["CR"] + result.scores["MRPC"]) / 2, 2)
 
 
+@pytest.mark.slow  # the console script on SentEval's own TREC and STS16 files (a subprocess, 20 s)
 def test_cli_scores_transfer_tasks(tmp_path, transfer_dir):
     src = transfer_dir / "downstream" / "TREC"
     trec = tmp_path / "downstream" / "TREC"
