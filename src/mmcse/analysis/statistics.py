@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -47,41 +47,48 @@ def _ttest(a: np.ndarray, b: np.ndarray, paired: bool) -> tuple[float, float]:
     return float(result.statistic), float(result.pvalue)
 
 
+Scores = dict[int, dict[str, float]]  # seed -> {metric: score} of one variant's finished runs
+Cell = dict[str, Any]
+
+
+def _against_reference(results: Sequence[dict[str, Any]], reference: str, metrics: Sequence[str],
+                       cell: Callable[[Scores, Scores, str], Cell]) -> dict[str, dict[str, Cell]]:
+    """``{variant: {metric: cell(variant's runs, reference's runs, metric)}}`` for every variant but
+    the reference, in the order the results name them."""
+    by_seed = _finished(results)
+    ref = by_seed.get(reference, {})
+    return {variant: {m: cell(by_seed.get(variant, {}), ref, m) for m in metrics}
+            for variant in dict.fromkeys(r["variant"] for r in results) if variant != reference}
+
+
 def independent_significance(
     results: Sequence[dict[str, Any]], reference: str, metrics: Sequence[str]
-) -> dict[str, dict[str, dict[str, Any]]]:
+) -> dict[str, dict[str, Cell]]:
     """Independent two-sample t-test (Student's: pooled variance) of every variant against
     ``reference``, per metric, over every finished run of each (KDMCSE Table 1's test): t = (ā − b̄) /
     (s_p·√(1/n_a + 1/n_b)), s_p² = ((n_a − 1)s_a² + (n_b − 1)s_b²) / (n_a + n_b − 2), n_a + n_b − 2
     degrees of freedom, two-sided. Cells as `paired_significance`'s (``n``: the variant's runs, and
     ``n_reference``); fewer than 2 runs on either side: ``n<2``; all scores equal: ``identical``."""
-    by_seed = _finished(results)
-    ref = by_seed.get(reference, {})
-    out: dict[str, dict[str, dict[str, Any]]] = {}
-    for variant in dict.fromkeys(r["variant"] for r in results):
-        if variant == reference:
-            continue
-        runs = by_seed.get(variant, {})
-        out[variant] = {}
-        for m in metrics:
-            a = np.array([v[m] for v in runs.values() if m in v], dtype=float)  # (n_a,) the variant's runs
-            b = np.array([v[m] for v in ref.values() if m in v], dtype=float)  # (n_b,) the reference's
-            cell: dict[str, Any] = {"t": math.nan, "p": math.nan, "n": len(a), "n_reference": len(b),
-                                    "mean_diff": float(a.mean() - b.mean()) if len(a) and len(b) else math.nan,
-                                    "note": ""}
-            if len(a) < 2 or len(b) < 2:
-                cell["note"] = FEW_SEEDS
-            elif np.all(np.concatenate([a, b]) == a[0]):
-                cell["note"] = "identical"
-            else:
-                cell["t"], cell["p"] = _ttest(a, b, paired=False)
-            out[variant][m] = cell
-    return out
+
+    def cell(runs: Scores, ref: Scores, m: str) -> Cell:
+        a = np.array([v[m] for v in runs.values() if m in v], dtype=float)  # (n_a,) the variant's runs
+        b = np.array([v[m] for v in ref.values() if m in v], dtype=float)  # (n_b,) the reference's
+        out: Cell = {"t": math.nan, "p": math.nan, "n": len(a), "n_reference": len(b),
+                     "mean_diff": float(a.mean() - b.mean()) if len(a) and len(b) else math.nan, "note": ""}
+        if len(a) < 2 or len(b) < 2:
+            out["note"] = FEW_SEEDS
+        elif np.all(np.concatenate([a, b]) == a[0]):
+            out["note"] = "identical"
+        else:
+            out["t"], out["p"] = _ttest(a, b, paired=False)
+        return out
+
+    return _against_reference(results, reference, metrics, cell)
 
 
 def paired_significance(
     results: Sequence[dict[str, Any]], reference: str, metrics: Sequence[str]
-) -> dict[str, dict[str, dict[str, Any]]]:
+) -> dict[str, dict[str, Cell]]:
     """Paired t-test of every variant against ``reference``, per metric.
 
     Runs are paired by seed: a seed counts when both the variant's and the reference's job
@@ -91,25 +98,19 @@ def paired_significance(
     With n < 2 pairs, or identical scores on every pair, t and p are NaN and ``note`` says why
     (``"n<2"``, ``"identical"``); otherwise ``note`` is ``""``.
     """
-    by_seed = _finished(results)
-    ref = by_seed.get(reference, {})
-    out: dict[str, dict[str, dict[str, Any]]] = {}
-    for variant in dict.fromkeys(r["variant"] for r in results):
-        if variant == reference:
-            continue
-        runs = by_seed.get(variant, {})
-        out[variant] = {}
-        for m in metrics:
-            seeds = sorted(s for s in runs if s in ref and m in runs[s] and m in ref[s])
-            a = np.array([runs[s][m] for s in seeds], dtype=float)  # (n,) the variant, by seed
-            b = np.array([ref[s][m] for s in seeds], dtype=float)  # (n,) the reference, same seeds
-            cell: dict[str, Any] = {"t": math.nan, "p": math.nan, "n": len(seeds),
-                                    "mean_diff": float((a - b).mean()) if len(seeds) else math.nan, "note": ""}
-            if len(seeds) < 2:
-                cell["note"] = FEW_SEEDS
-            elif np.all(a == b):
-                cell["note"] = "identical"
-            else:
-                cell["t"], cell["p"] = _ttest(a, b, paired=True)
-            out[variant][m] = cell
-    return out
+
+    def cell(runs: Scores, ref: Scores, m: str) -> Cell:
+        seeds = sorted(s for s in runs if s in ref and m in runs[s] and m in ref[s])
+        a = np.array([runs[s][m] for s in seeds], dtype=float)  # (n,) the variant, by seed
+        b = np.array([ref[s][m] for s in seeds], dtype=float)  # (n,) the reference, same seeds
+        out: Cell = {"t": math.nan, "p": math.nan, "n": len(seeds),
+                     "mean_diff": float((a - b).mean()) if len(seeds) else math.nan, "note": ""}
+        if len(seeds) < 2:
+            out["note"] = FEW_SEEDS
+        elif np.all(a == b):
+            out["note"] = "identical"
+        else:
+            out["t"], out["p"] = _ttest(a, b, paired=True)
+        return out
+
+    return _against_reference(results, reference, metrics, cell)
