@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from mmcse.methods.losses import (
+    aggregated_teacher_similarity,
     consistency_loss,
     cross_modal_alignment_loss,
     intra_modal_alignment_loss,
@@ -21,6 +22,7 @@ from mmcse.methods.losses import (
     object_phrase_loss,
     span_mean,
     teacher_rankings,
+    text_teacher_similarity,
     weighted_teacher_similarity,
 )
 from tests.methods.test_losses import assert_on, on
@@ -182,6 +184,28 @@ def test_weighted_teacher_similarity(device):
     assert_on(device, got)
     want = 0.33 * _cos(f1[0], f1[2]) + 0.67 * _cos(f2[0], f2[2])
     assert float(got.cpu()[0, 2]) == pytest.approx(want, abs=1e-12)
+
+
+def test_aggregated_teacher_similarity_sums_the_embeddings_first(device):
+    """DALR App. B: t_i = Σ_k w_k F_k[i], then cos(t_i, t_j); not Σ_k w_k cos(F_k[i], F_k[j])."""
+    f1, f2 = _rand(21, 4, 5), _rand(22, 4, 5)
+    got = aggregated_teacher_similarity(on(device, f1, f2), [0.33, 0.67])
+    assert_on(device, got)
+    for i in range(4):
+        for j in range(4):
+            t_i = [0.33 * f1[i, d] + 0.67 * f2[i, d] for d in range(5)]
+            t_j = [0.33 * f1[j, d] + 0.67 * f2[j, d] for d in range(5)]
+            dot = sum(a * b for a, b in zip(t_i, t_j, strict=True))
+            want = float(dot / (math.sqrt(sum(a * a for a in t_i)) * math.sqrt(sum(b * b for b in t_j))))
+            assert float(got.cpu()[i, j]) == pytest.approx(want, abs=1e-12)
+    similarities = weighted_teacher_similarity([f1, f2], [0.33, 0.67])
+    assert not torch.allclose(got.cpu(), similarities)  # the two readings differ
+    assert torch.equal(text_teacher_similarity([f1, f2], [0.33, 0.67], "embeddings"), got.cpu())
+    assert torch.equal(text_teacher_similarity([f1, f2], [0.33, 0.67], "similarities"), similarities)
+    a, b = (t.detach().clone().requires_grad_(True) for t in (f1, f2))
+    assert torch.autograd.gradcheck(lambda x, y: aggregated_teacher_similarity([x, y], [0.33, 0.67]), (a, b))
+    with pytest.raises(ValueError, match=r"widths \[4, 5\] cannot be aggregated.*teacher_weighting: similarities"):
+        aggregated_teacher_similarity([f1[:, :4], f2], [0.5, 0.5])
 
 
 def test_object_phrase_loss_matches_eq7_within_each_pair(device):

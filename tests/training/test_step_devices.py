@@ -27,7 +27,7 @@ from tests.conftest import TINY_MODEL
 from tests.training.test_loop import METHOD_TERMS
 
 B, L = 6, 12  # sentences per batch, padded length
-IMAGE_DIM, JOINT_DIM, TEXT_TEACHER_DIMS = 24, 16, (20, 12)
+IMAGE_DIM, JOINT_DIM, TEXT_TEACHER_DIMS = 24, 16, (20, 20)  # DALR aggregates its teachers: one width
 # object–phrase pairs: (sentence, token start, token end); sentence 3 has none, spans stay
 # inside each sentence's real tokens (lengths below) and before its [SEP]
 SPANS = [(0, 1, 3), (0, 4, 5), (1, 2, 6), (2, 1, 2), (2, 2, 4), (2, 5, 7), (4, 1, 9), (5, 3, 4)]

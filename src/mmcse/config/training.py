@@ -149,6 +149,9 @@ class DALRLossConfig:
     ima_student_temperature: float = 1.0
     ima_teacher_temperature: float = 1.0
     text_batches: bool = False  # also μ·L_IML on text-only batches
+    # the text teachers combined as DALR App. B says (their [CLS] embeddings summed with their weights,
+    # then one cosine matrix) or as a weighted sum of each teacher's cosine matrix
+    teacher_weighting: Literal["embeddings", "similarities"] = "embeddings"
 
     def validate(self, where: str) -> None:
         p = "loss.dalr."

@@ -246,10 +246,37 @@ def listmle_loss(student_scores: torch.Tensor, ranking: torch.Tensor, temperatur
 
 
 def weighted_teacher_similarity(features: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
-    """DALR's multi-teacher text similarity: Σ_k w_k · cos(F_k, F_k) ``(N, N)``."""
+    """A weighted sum of the text teachers' cosine matrices, Σ_k w_k · cos(F_k, F_k) ``(N, N)``
+    (``loss.dalr.teacher_weighting: similarities``, mmcse's earlier reading; teachers of any width)."""
     if len(features) != len(weights) or not features:
         raise ValueError("need one weight per teacher feature matrix")
     return sum(w * cosine_matrix(f, f) for f, w in zip(features, weights, strict=True))
+
+
+def aggregated_teacher_similarity(features: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
+    """DALR's multi-teacher text similarity (dalr.txt App. B 'Teacher Text Model': "the final teacher
+    representation is obtained through weighted aggregation"): the teachers' [CLS] embeddings
+    ``F_k (N, d)`` summed with their weights, t = Σ_k w_k F_k ``(N, d)``, then cos(t, t) ``(N, N)``. The
+    paper does not say whether F_k are normalised first: they are used as cached (the cache stores
+    unit vectors). The teachers must share a width."""
+    if len(features) != len(weights) or not features:
+        raise ValueError("need one weight per teacher feature matrix")
+    widths = sorted({f.shape[-1] for f in features})
+    if len(widths) > 1:
+        raise ValueError(f"teachers.text: embeddings of widths {widths} cannot be aggregated (DALR App. B); use "
+                         "teachers of one width, or loss.dalr.teacher_weighting: similarities")
+    aggregated = sum(w * f for f, w in zip(features, weights, strict=True))  # (N, d)
+    return cosine_matrix(aggregated, aggregated)
+
+
+def text_teacher_similarity(features: list[torch.Tensor], weights: list[float], weighting: str) -> torch.Tensor:
+    """The text teachers' similarity ``(N, N)`` by ``loss.dalr.teacher_weighting``: ``embeddings``
+    (`aggregated_teacher_similarity`, the paper's) or ``similarities`` (`weighted_teacher_similarity`)."""
+    if weighting == "embeddings":
+        return aggregated_teacher_similarity(features, weights)
+    if weighting == "similarities":
+        return weighted_teacher_similarity(features, weights)
+    raise ValueError(f"loss.dalr.teacher_weighting: {weighting!r}; choose embeddings or similarities")
 
 
 # --------------------------------------------------------------------------- MCSEO

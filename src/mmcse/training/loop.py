@@ -22,7 +22,7 @@ from mmcse.evaluation.geometry import POSITIVE_GOLD, check_sts_geometry, sts_geo
 from mmcse.evaluation.retrieval import image_head
 from mmcse.evaluation.sts import evaluate_sts, student_encoder
 from mmcse.io import write_json
-from mmcse.methods.losses import span_mean, weighted_teacher_similarity
+from mmcse.methods.losses import span_mean, text_teacher_similarity
 from mmcse.methods.objectives import STAT, StepEmbeddings, needed_features, step_objective
 from mmcse.models.device import resolve_device
 from mmcse.models.export import EVAL_MAX_SEQ_LEN, export_sentence_transformers
@@ -146,7 +146,8 @@ def training_step_loss(
             e.shared_image = student.shared_image(feats.joint_image)  # (B, p)
     if feats.text_teachers is not None:
         with torch.no_grad():
-            e.text_teacher_sim = weighted_teacher_similarity(feats.text_teachers, feats.text_weights)  # (B, B)
+            e.text_teacher_sim = text_teacher_similarity(feats.text_teachers, feats.text_weights,
+                                                         cfg.loss.dalr.teacher_weighting)  # (B, B)
     if feats.objects is not None:
         phrase_states = span_mean(tokens[:n], feats.object_row, feats.object_start, feats.object_end)  # (T, H)
         e.phrases = student.text_proj(phrase_states)  # (T, p)
@@ -230,6 +231,11 @@ def train(
     # the dev geometry needs positive pairs (gold >= 4) and two sentences: refused before any compute
     check_sts_geometry(data.dev, POSITIVE_GOLD, str(data_dir / "sts" / "dev.jsonl"))
     on = active_terms(cfg)  # per run, not per step
+    widths = sorted({store.dim for store in data.text_captions})
+    if (on["rank"] or on["ima"]) and cfg.loss.dalr.teacher_weighting == "embeddings" and len(widths) > 1:
+        raise ValueError(f"teachers.text: embeddings of widths {widths} cannot be aggregated with "
+                         "loss.dalr.teacher_weighting: embeddings (DALR App. B); use teachers of one width, or "
+                         "loss.dalr.teacher_weighting: similarities")
     if on["object"]:
         data.check_objects(cfg.detect.min_objects, cfg.model.max_seq_len, objects_dir)
     need = {kind: needed_features(cfg, pair_batch=kind == PAIR) for kind in (TEXT, PAIR)}
