@@ -4,7 +4,6 @@ land where they belong, bad profiles change nothing, and the real path fails fas
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 
@@ -16,14 +15,6 @@ from mmcse.config.profiles import apply_profile, list_profiles, profile_values
 from tests.conftest import REPO
 
 PROFILES = REPO / "profiles"
-
-
-@pytest.fixture
-def project(tmp_path):
-    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
-    for folder in ("ablations", "profiles", "recipes"):
-        shutil.copytree(REPO / folder, tmp_path / folder)
-    return tmp_path
 
 
 def test_every_paper_has_four_profiles_and_duet_one_per_dataset():

@@ -19,14 +19,6 @@ from mmcse.experiments.plan import plan
 from tests.conftest import REPO
 
 
-@pytest.fixture
-def project(tmp_path):
-    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
-    for folder in ("ablations", "profiles", "recipes"):
-        shutil.copytree(REPO / folder, tmp_path / folder)
-    return tmp_path
-
-
 def _applied(project, *names: str) -> bytes:
     shutil.copy(REPO / "params.yaml", project / "params.yaml")
     for name in names:
