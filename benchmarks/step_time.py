@@ -599,7 +599,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     duet_base = None
     if "duet" in args.methods:  # its text stream: a copy of the students' initial backbone
         duet_base = DuetModel(copy.deepcopy(backbone), **duet_architecture(cfgs["duet"], region_dim))
-    base = Student(backbone, image_dim, base_cfg.model.proj_dim, joint_dim)
+    base = Student(backbone, image_dim, base_cfg.model.proj_dim, joint_dim,
+                   text_teacher_dim=PAPER_TEXT_TEACHERS[0][0], head=base_cfg.model.projection_head)
 
     print(f"device: {device_description(device)}")
     print(f"torch {torch.__version__}, precision {precision}, student {student_name} "

@@ -271,7 +271,8 @@ def run_bare(cfg: Any, root: Path, device: torch.device, steps: int, warmup: int
         inputs.append((kind, tokens[kind].batch(idx, device), feats))
 
     student = Student(load_backbone(cfg.model, dropout=cfg.train.dropout), data.image_features.dim,
-                      cfg.model.proj_dim, data.joint_image.dim)
+                      cfg.model.proj_dim, data.joint_image.dim, text_teacher_dim=data.text_captions[0].dim,
+                      head=cfg.model.projection_head)
     student.load_state_dict(load_file(str(root / "models" / "student" / "last" / "student.safetensors")))
     student = student.to(device).train()
     if cfg.train.compile:
@@ -316,7 +317,8 @@ def time_profiles(names: Sequence[str], student: str, device: torch.device, prec
         cfg = next(cfgs[n] for n in names if keys[n] == (method, batch_size, arch))
         torch.manual_seed(0)
         backbone = st.build_backbone(arch, dropout=cfg.train.dropout)
-        base = Student(backbone, st.PAPER_IMAGE_DIM, cfg.model.proj_dim, st.PAPER_JOINT_DIM)
+        base = Student(backbone, st.PAPER_IMAGE_DIM, cfg.model.proj_dim, st.PAPER_JOINT_DIM,
+                       text_teacher_dim=st.PAPER_TEXT_TEACHERS[0][0], head=cfg.model.projection_head)
         g = torch.Generator().manual_seed(batch_size)
         vocab, pad = backbone.config.vocab_size, backbone.config.pad_token_id or 0
         kinds = {}

@@ -149,3 +149,19 @@ def test_retrieval_and_ndcg_keys_are_checked(tmp_path):
         params.write_text(text + "\n")
         with pytest.raises(ConfigError, match=message):
             load_config(params)
+
+
+def test_a_sweep_must_move_a_weight_its_trials_use():
+    from mmcse.config import ConfigError, check_sweep_space
+
+    space = {"sweep": {"space": {"loss.lambda_img": {"type": "float", "low": 0.001, "high": 1.0, "log": True}}}}
+    check_sweep_space(parse_config({**space, "train": {"method": "mcse"}}))
+    check_sweep_space(parse_config({**space, "train": {"method": "kdmcse"},
+                                    "loss": {"kdmcse": {"pair_objective": "simcse_plus_kdmcse"}}}))
+    swept = "'loss.lambda_img': is swept, but train.method"
+    with pytest.raises(ConfigError, match=rf"{swept} 'kdmcse' trains .*Algorithm 1.*simcse_plus_kdmcse"):
+        check_sweep_space(parse_config({**space, "train": {"method": "kdmcse"}}))
+    with pytest.raises(ConfigError, match=f"{swept} 'dalr' has no term it weighs: drop it from sweep.space$"):
+        check_sweep_space(parse_config({**space, "train": {"method": "dalr"}}))
+    # loading such a configuration is fine: only a sweep refuses it
+    assert parse_config({**space, "train": {"method": "dalr"}}).train.method == "dalr"

@@ -112,7 +112,7 @@ def test_an_ablation_job_trains_on_the_teachers_its_variant_names(project):
     result = run_job(cfg, job, project / "ablation")
     best = project / "ablation/cca16/seed1/best"
     heads = load_file(str(best / HEADS_FILE))
-    assert heads["teacher_image_proj.weight"].shape[1] == 16  # g_φv read 16-d v̂: the variant's CCA
+    assert heads["teacher_image_proj.0.weight"].shape[1] == 16  # g_φv (dense + tanh) read 16-d v̂: the variant's CCA
     assert read_json(best / HEADS_META)["joint_dim"] == 16 != cfg.teachers.joint.dim
     keys = artifact_keys(with_overrides(cfg, job.overrides), data_seed=cfg.base.seed)
     assert result["artifacts"] == keys and result["config_hash"] == job_hash(

@@ -31,7 +31,7 @@ def _embeddings(seed: int = 0, pair_batch: bool = True) -> StepEmbeddings:
     return StepEmbeddings(
         z1=r(N, H), z2=r(N, H), pair_batch=pair_batch, s1=r(N, P), s2=r(N, P), image=r(N, P),
         teacher_text=r(N, P), teacher_image=r(N, P), joint_text=r(N, K), joint_image=r(N, K),
-        shared_text=r(N, P), shared_image=r(N, P), text_teacher_sim=sim,
+        shared_text=r(N, P), shared_image=r(N, P), text_teacher_sim=sim, text_teacher=r(N, P),
         phrases=r(7, P), objects=r(7, P), object_pair=torch.tensor([0, 0, 2, 2, 2, 5, 5]),
     )
 
@@ -73,25 +73,81 @@ def test_simcse_method_has_no_image_term(device):
     assert set(terms) == {"simcse", "loss"}
 
 
-def test_kdmcse_term_is_eq14_of_eq13_per_view(device):
+def _alphas(t, v):
+    cos = torch.nn.functional.cosine_similarity
+    return (cos(t.unsqueeze(1), v.unsqueeze(0), dim=-1), cos(t.unsqueeze(1), t.unsqueeze(0), dim=-1),
+            cos(v.unsqueeze(1), v.unsqueeze(0), dim=-1))
+
+
+def test_kdmcse_is_algorithm1_eq14_of_eq13_per_view_with_projected_soft_labels(device):
+    """App. D Algorithm 1: an image–caption batch's loss is ℓ^KDMCSE (Eq. 14) alone, its soft labels
+    the cosines of the projections g_φt(t̂), g_φv(v̂); the switches give SimCSE + λ·ℓ^KDMCSE and the
+    raw-CLIP soft labels."""
     e = _embeddings(1)
     cfg = _cfg(**{"train.method": "kdmcse", "loss.lambda_img": 0.5, "loss.kdmcse.threshold": 0.3,
                   "loss.kdmcse.margin": 0.1})
     terms = _step(device, cfg, e)
-    cos = torch.nn.functional.cosine_similarity
-    t, v = e.joint_text, e.joint_image
-    a_tv = cos(t.unsqueeze(1), v.unsqueeze(0), dim=-1)
-    a_tt = cos(t.unsqueeze(1), t.unsqueeze(0), dim=-1)
-    a_vv = cos(v.unsqueeze(1), v.unsqueeze(0), dim=-1)
-    image = sum(eq13_loop(s, e.teacher_image, 0.05, 0.1, a_vv, a_tv, 0.3) for s in (e.s1, e.s2))
-    text = sum(eq13_loop(s, e.teacher_text, 0.05, 0.1, a_tt, a_tt, 0.3) for s in (e.s1, e.s2))
+    assert set(terms) == {"kdmcse", "kdmcse_image", "kdmcse_text", "loss",
+                          "stat/kdmcse_filtered_image", "stat/kdmcse_filtered_text"}
+
+    def expected(t, v, margin_similarity="within"):
+        a_tv, a_tt, a_vv = _alphas(t, v)
+        a_margin = a_vv if margin_similarity == "within" else a_tv
+        image = sum(eq13_loop(s, e.teacher_image, 0.05, 0.1, a_margin, a_tv, 0.3) for s in (e.s1, e.s2))
+        text = sum(eq13_loop(s, e.teacher_text, 0.05, 0.1, a_tt, a_tt, 0.3) for s in (e.s1, e.s2))
+        return image, text
+
+    image, text = expected(e.teacher_text, e.teacher_image)
     assert float(terms["kdmcse_image"]) == pytest.approx(image, abs=1e-6)
     assert float(terms["kdmcse_text"]) == pytest.approx(text, abs=1e-6)
-    assert float(terms["loss"]) == pytest.approx(eq1_loop(e.z1, e.z2, 0.05) + 0.5 * (image + text) / 2, abs=1e-6)
+    assert float(terms["loss"]) == pytest.approx((image + text) / 2, abs=1e-6)  # no SimCSE, no λ
+    # the authors' code: SimCSE + λ·ℓ^KDMCSE
+    code = _step(device, with_overrides(cfg, {"loss.kdmcse.pair_objective": "simcse_plus_kdmcse"}), e)
+    assert float(code["loss"]) == pytest.approx(eq1_loop(e.z1, e.z2, 0.05) + 0.5 * (image + text) / 2, abs=1e-6)
+    # soft labels from the raw CLIP features (Eq. 7 read on t̂, v̂)
+    raw = _step(device, with_overrides(cfg, {"loss.kdmcse.soft_labels": "clip"}), e)
+    image_raw, text_raw = expected(e.joint_text, e.joint_image)
+    assert float(raw["kdmcse_image"]) == pytest.approx(image_raw, abs=1e-6)
+    assert float(raw["kdmcse_text"]) == pytest.approx(text_raw, abs=1e-6)
+    assert abs(image_raw - image) > 1e-3  # the two readings differ on these inputs
     # cross: Δ of the image term from α^{t,v}
     cross = _step(device, with_overrides(cfg, {"loss.kdmcse.margin_similarity": "cross"}), e)
-    image_cross = sum(eq13_loop(s, e.teacher_image, 0.05, 0.1, a_tv, a_tv, 0.3) for s in (e.s1, e.s2))
+    image_cross, _ = expected(e.teacher_text, e.teacher_image, "cross")
     assert float(cross["kdmcse_image"]) == pytest.approx(image_cross, abs=1e-6)
+
+
+def _eq13_torch(s, m, tau, margin, alpha_margin, alpha_filter, threshold):
+    """Eq. 13 element by element in torch (autograd follows it): the gradient reference."""
+    n = s.shape[0]
+    total = s.new_zeros(())
+    for i in range(n):
+        pos = torch.exp(torch.nn.functional.cosine_similarity(s[i], m[i], dim=0) / tau)
+        den = pos
+        for j in range(n):
+            if j == i or float(alpha_filter[i, j]) > threshold:
+                continue
+            theta = torch.acos(torch.nn.functional.cosine_similarity(s[i], m[j], dim=0))
+            den = den + torch.exp(torch.cos(theta - margin * abs(1.0 - float(alpha_margin[i, j]))) / tau)
+        total = total - torch.log(pos / den)
+    return total / n
+
+
+def test_kdmcse_gradients_treat_the_soft_labels_as_labels(device):
+    """The projections g_φt(t̂), g_φv(v̂) get gradient as Eq. 13's candidates, none through α."""
+    e = _embeddings(12)
+    cfg = _cfg(**{"train.method": "kdmcse", "loss.kdmcse.threshold": 0.4, "loss.kdmcse.margin": 0.15})
+    leaves = {name: getattr(e, name).clone().requires_grad_(True) for name in ("s1", "s2", "teacher_text",
+                                                                                "teacher_image")}
+    got = step_objective(cfg, _on(dataclasses.replace(e, **leaves), device))["loss"]
+    got.backward()
+    ref = {name: t.detach().clone().requires_grad_(True) for name, t in leaves.items()}
+    a_tv, a_tt, a_vv = _alphas(ref["teacher_text"].detach(), ref["teacher_image"].detach())
+    image = sum(_eq13_torch(ref[s], ref["teacher_image"], 0.05, 0.15, a_vv, a_tv, 0.4) for s in ("s1", "s2"))
+    text = sum(_eq13_torch(ref[s], ref["teacher_text"], 0.05, 0.15, a_tt, a_tt, 0.4) for s in ("s1", "s2"))
+    ((image + text) / 2).backward()
+    assert float(got.detach().cpu()) == pytest.approx(float(((image + text) / 2).detach()), abs=1e-9)
+    for name in leaves:
+        assert torch.allclose(leaves[name].grad.cpu(), ref[name].grad, atol=1e-9), name
 
 
 def test_kdmcse_threshold_above_every_similarity_equals_no_filtering(device):
@@ -103,9 +159,9 @@ def test_kdmcse_threshold_above_every_similarity_equals_no_filtering(device):
     low = _step(device, _cfg(**base, **{"loss.kdmcse.threshold": -1.0}), e)  # every negative removed
     assert float(low["kdmcse"]) == pytest.approx(0.0, abs=1e-9)
     assert float(low["stat/kdmcse_filtered_image"]) == 1.0 and float(above["stat/kdmcse_filtered_text"]) == 0.0
-    mid_cfg = _cfg(**base, **{"loss.kdmcse.threshold": 0.2})
+    mid_cfg = _cfg(**base, **{"loss.kdmcse.threshold": 0.2, "loss.kdmcse.pair_objective": "simcse_plus_kdmcse"})
     mid = _step(device, mid_cfg, e)
-    t = torch.nn.functional.normalize(e.joint_text, dim=1)
+    t = torch.nn.functional.normalize(e.teacher_text, dim=1)  # α^{t,t} of the projections g_φt(t̂)
     above_02 = ((t @ t.T > 0.2) & ~torch.eye(N, dtype=torch.bool)).sum() / (N * (N - 1))
     assert float(mid["stat/kdmcse_filtered_text"]) == pytest.approx(float(above_02))
     # diagnostics are not part of the loss
@@ -121,8 +177,10 @@ def test_kdmcse_angular_margin_on_text_batches(device):
     zeros = torch.zeros(N, N, dtype=torch.float64)  # Δ = |1 − 0| = 1: the same margin on every negative
     assert float(terms["simcse"]) == pytest.approx(eq13_loop(e.z1, e.z2, 0.05, 0.2, zeros, zeros, None), abs=1e-6)
     assert float(terms["simcse"]) > float(simcse_loss(e.z1, e.z2, 0.05))  # the margin makes negatives harder
-    # pair batches keep plain SimCSE
-    pair = _step(device, cfg, _embeddings(3))
+    # pair batches: no SimCSE under Algorithm 1; plain SimCSE with the authors' objective
+    assert "simcse" not in _step(device, cfg, _embeddings(3))
+    code = with_overrides(cfg, {"loss.kdmcse.pair_objective": "simcse_plus_kdmcse"})
+    pair = _step(device, code, _embeddings(3))
     assert float(pair["simcse"]) == pytest.approx(eq1_loop(e.z1, e.z2, 0.05), abs=1e-6)
 
 
@@ -153,6 +211,68 @@ def test_dalr_is_eq14_and_each_switch_removes_exactly_its_term(device):
     no_iml = _step(device, with_overrides(cfg, {"loss.dalr.iml": False}), e)
     assert set(no_cml) == {"simcse", "info", "rank", "ima", "loss"}
     assert set(no_iml) == {"simcse", "info", "consistency", "cma", "loss"}
+
+
+def _kl_torch(q_logits, p_logits):
+    """Σ_j q_j log(q_j / p_j) of one row's softmaxes, term by term."""
+    q, p = torch.softmax(q_logits, 0), torch.softmax(p_logits, 0)
+    return sum(q[j] * torch.log(q[j] / p[j]) for j in range(q.shape[0]))
+
+
+def test_dalr_shares_one_projected_q_t2t_between_cma_and_ima(device):
+    """Eq. 3, 7, 11: Q^{t2t} comes from h^t = g_φt(f_t(t)) in both L_CMA and L_IMA, Q^{v2v} from
+    h^v = g_φv(f_v(v)); the equations have no stop-gradient, so h^t and h^v get gradient through Q.
+    ``teacher_space: raw`` keeps the CLIP features for L_CMA and the teachers' own cosines for L_IMA."""
+    e = _embeddings(13)
+    cfg = _cfg(**DALR, **{"loss.dalr.cma_student_temperature": 0.5, "loss.dalr.cma_teacher_temperature": 0.2,
+                          "loss.dalr.ima_student_temperature": 0.3, "loss.dalr.ima_teacher_temperature": 0.4})
+    leaves = {name: getattr(e, name).clone().requires_grad_(True)
+              for name in ("s1", "z1", "z2", "teacher_image", "text_teacher")}
+    terms = step_objective(cfg, _on(dataclasses.replace(e, **leaves), device))
+    (terms["cma"] + terms["ima"]).backward()
+
+    ref = {name: t.detach().clone().requires_grad_(True) for name, t in leaves.items()}
+    cos = torch.nn.functional.cosine_similarity
+
+    def cma(s, h_v, q_t, q_v):  # Eq. 6–8, mean over the batch
+        total = 0.0
+        for i in range(N):
+            p_t2v = torch.stack([cos(s[j], h_v[i], dim=0) for j in range(N)]) / 0.5  # image i over texts
+            p_v2t = torch.stack([cos(s[i], h_v[j], dim=0) for j in range(N)]) / 0.5  # text i over images
+            q_tt = torch.stack([cos(q_t[i], q_t[j], dim=0) for j in range(N)]) / 0.2
+            q_vv = torch.stack([cos(q_v[i], q_v[j], dim=0) for j in range(N)]) / 0.2
+            total = total + 0.5 * (_kl_torch(q_tt, p_t2v) + _kl_torch(q_vv, p_v2t))
+        return total / N
+
+    def ima(z1, z2, teacher_rows):  # Eq. 11–12, mean over the batch
+        return sum(_kl_torch(teacher_rows(i) / 0.4, torch.stack([cos(z1[i], z2[j], dim=0) for j in range(N)]) / 0.3)
+                   for i in range(N)) / N
+
+    h_t = ref["text_teacher"]
+    want_cma = cma(ref["s1"], ref["teacher_image"], h_t, ref["teacher_image"])
+    want_ima = ima(ref["z1"], ref["z2"], lambda i: torch.stack([cos(h_t[i], h_t[j], dim=0) for j in range(N)]))
+    (want_cma + want_ima).backward()
+    assert float(terms["cma"].detach().cpu()) == pytest.approx(float(want_cma.detach()), abs=1e-9)
+    assert float(terms["ima"].detach().cpu()) == pytest.approx(float(want_ima.detach()), abs=1e-9)
+    for name in leaves:
+        assert torch.allclose(leaves[name].grad.cpu(), ref[name].grad, atol=1e-9), name
+    assert float(ref["text_teacher"].grad.abs().sum()) > 0  # g_φt learns through Q^{t2t}
+
+    raw = _step(device, with_overrides(cfg, {"loss.dalr.teacher_space": "raw"}), e)
+    want_raw_cma = cma(e.s1, e.teacher_image, e.joint_text, e.joint_image)
+    want_raw_ima = ima(e.z1, e.z2, lambda i: e.text_teacher_sim[i])
+    assert float(raw["cma"]) == pytest.approx(float(want_raw_cma), abs=1e-9)
+    assert float(raw["ima"]) == pytest.approx(float(want_raw_ima), abs=1e-9)
+    assert abs(float(raw["cma"]) - float(terms["cma"].detach())) > 1e-3
+    # the ranking keeps the teachers' own similarity lists either way
+    assert float(raw["rank"]) == pytest.approx(float(terms["rank"].detach()), abs=1e-12)
+
+
+def test_dalr_projected_targets_need_the_text_teachers_on_pair_batches():
+    assert needed_features(_cfg(**DALR), pair_batch=True) == {"joint", "text_teachers"}
+    cml_only = _cfg(**DALR, **{"loss.dalr.iml": False})
+    assert needed_features(cml_only, pair_batch=True) == {"joint", "text_teachers"}
+    assert needed_features(with_overrides(cml_only, {"loss.dalr.teacher_space": "raw"}), pair_batch=True) == {"joint"}
 
 
 @pytest.mark.parametrize("include_diagonal", [True, False])
@@ -276,6 +396,9 @@ def test_impossible_combinations_fail_at_load():
         parse_config({"loss": {"kdmcse": {"threshold": 1.5}}})
     with pytest.raises(ConfigError, match="valid keys under loss.dalr"):
         parse_config({"loss": {"dalr": {"lamda_cml": 0.1}}})
+    with pytest.raises(ConfigError, match="loss.dalr.teacher_space.*teacher_weighting: embeddings"):
+        parse_config({"loss": {"dalr": {"teacher_weighting": "similarities"}}})
+    parse_config({"loss": {"dalr": {"teacher_weighting": "similarities", "teacher_space": "raw"}}})
 
 
 def test_yaml_off_disables_the_threshold():

@@ -89,7 +89,7 @@ def test_changed_config_does_not_resume_a_different_run(project):
 METHOD_TERMS = {
     "simcse": {"simcse"},
     "mcse": {"simcse", "image"},
-    "kdmcse": {"simcse", "kdmcse_image", "kdmcse_text", "kdmcse"},
+    "kdmcse": {"kdmcse_image", "kdmcse_text", "kdmcse"},  # Algorithm 1: no SimCSE on pair batches
     "dalr": {"simcse", "info", "consistency", "cma", "rank", "ima"},
     "mcseo": {"simcse", "image", "object"},
 }
@@ -115,7 +115,8 @@ def test_each_method_steps_on_cached_features_only(project, method, monkeypatch)
     cfg = with_overrides(load_config("params.yaml"), {"train.method": method})
     data = TrainData.load(Path("data/raw"), Path("data/teachers"))
     tok = load_tokenizer(cfg.model.name_or_path)
-    student = Student(load_backbone(cfg.model), data.image_features.dim, cfg.model.proj_dim, data.joint_image.dim)
+    student = Student(load_backbone(cfg.model), data.image_features.dim, cfg.model.proj_dim, data.joint_image.dim,
+                      text_teacher_dim=data.text_captions[0].dim)
     idx = list(range(8))
     feats = data.pair_features(idx, needed_features(cfg, pair_batch=True), torch.device("cpu"))
     batch = tokenize_texts(tok, data.captions, cfg.model.max_seq_len).batch(idx, torch.device("cpu"))
@@ -127,8 +128,8 @@ def test_each_method_steps_on_cached_features_only(project, method, monkeypatch)
     # the heads a method trains get gradients; the others stay untouched
     used = {n.split(".")[0] for n in grads} - {"backbone"}
     expected = {"simcse": {"mlp"}, "mcse": {"mlp", "text_proj", "image_proj"},
-                "kdmcse": {"mlp", "text_proj", "teacher_text_proj", "teacher_image_proj"},
-                "dalr": {"mlp", "text_proj", "teacher_image_proj", "shared_text", "shared_image"},
+                "kdmcse": {"text_proj", "teacher_text_proj", "teacher_image_proj"},
+                "dalr": {"mlp", "text_proj", "teacher_image_proj", "text_teacher_proj", "shared_text", "shared_image"},
                 "mcseo": {"mlp", "text_proj", "image_proj"}}[method]
     assert used == expected
 
@@ -354,3 +355,54 @@ def test_run_train_logs_the_dev_geometry_the_figure_and_the_best_values(project)
     figures = {a.path for a in client.list_artifacts(summary["run_id"], "figures")}
     assert {"figures/training_curves.png", "figures/geometry_trajectory.png"} <= figures
     assert (project / "m/geometry_trajectory.png").stat().st_size > 1000
+
+
+class _NarrowStore:
+    """A text-teacher store that reports another width (what a teacher of another size would give)."""
+
+    dim = 7
+
+    def __init__(self, store):
+        self._store = store
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+
+@pytest.mark.parametrize("overrides", [{}, {"loss.dalr.iml": False}], ids=["dalr", "cml-only"])
+def test_dalr_refuses_teachers_of_two_widths_before_any_compute(project, monkeypatch, overrides):
+    """DALR aggregates its text teachers' embeddings (App. B): teachers of two widths are refused
+    before the student is built, naming both widths and the way out; L_CMA's projected Q^{t2t}
+    aggregates them too, so a run with L_CMA alone is refused as well."""
+    import mmcse.training.loop as loop
+
+    load = loop.TrainData.load
+
+    def two_widths(*args, **kwargs):
+        data = load(*args, **kwargs)
+        data.text_captions[1] = _NarrowStore(data.text_captions[1])
+        return data
+
+    monkeypatch.setattr(loop.TrainData, "load", staticmethod(two_widths))
+    monkeypatch.setattr(loop, "load_backbone", lambda *a, **k: pytest.fail("the student was built"))
+    cfg = with_overrides(load_config("params.yaml"), {"train.method": "dalr", **overrides})
+    with pytest.raises(ValueError, match=r"widths \[7, 384\] cannot be aggregated.*teacher_space: raw"):
+        train(cfg, "data/raw", "data/teachers", project / "m", progress=False)
+    assert not (project / "m").exists()
+
+
+def test_dalr_weighted_similarities_train_with_teachers_of_two_widths(project, monkeypatch):
+    import mmcse.training.loop as loop
+
+    load = loop.TrainData.load
+
+    def two_widths(*args, **kwargs):
+        data = load(*args, **kwargs)
+        data.text_captions[1] = _NarrowStore(data.text_captions[1])
+        return data
+
+    monkeypatch.setattr(loop.TrainData, "load", staticmethod(two_widths))
+    cfg = with_overrides(load_config("params.yaml"), {
+        "train.method": "dalr", "train.max_steps": 2, "train.eval_steps": 2,
+        "loss.dalr.teacher_weighting": "similarities", "loss.dalr.teacher_space": "raw"})
+    assert train(cfg, "data/raw", "data/teachers", project / "m", progress=False).steps == 2

@@ -37,8 +37,8 @@ LENGTHS = [12, 8, 10, 6, 11, 7]  # real tokens per sentence ([CLS] … [SEP]); t
 METHOD_HEADS = {
     "simcse": {"mlp"},
     "mcse": {"mlp", "text_proj", "image_proj"},
-    "kdmcse": {"mlp", "text_proj", "teacher_text_proj", "teacher_image_proj"},
-    "dalr": {"mlp", "text_proj", "teacher_image_proj", "shared_text", "shared_image"},
+    "kdmcse": {"text_proj", "teacher_text_proj", "teacher_image_proj"},  # Algorithm 1: no SimCSE, no mlp
+    "dalr": {"mlp", "text_proj", "teacher_image_proj", "text_teacher_proj", "shared_text", "shared_image"},
     "mcseo": {"mlp", "text_proj", "image_proj"},
 }
 METHODS = sorted(METHOD_TERMS)
@@ -51,7 +51,8 @@ def tiny_config(method: str) -> Config:
 def tiny_student(cfg: Config, seed: int = 0, dropout: float | None = None) -> Student:
     """A fresh random student on the CPU; the same seed gives the same weights."""
     torch.manual_seed(seed)
-    return Student(load_backbone(cfg.model, dropout=dropout), IMAGE_DIM, cfg.model.proj_dim, JOINT_DIM)
+    return Student(load_backbone(cfg.model, dropout=dropout), IMAGE_DIM, cfg.model.proj_dim, JOINT_DIM,
+                   text_teacher_dim=TEXT_TEACHER_DIMS[0])
 
 
 def random_batch(vocab_size: int, seed: int = 0) -> dict[str, torch.Tensor]:

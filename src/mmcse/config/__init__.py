@@ -36,7 +36,7 @@ from mmcse.config.runs import (
     SweepConfig,
     TransferConfig,
 )
-from mmcse.config.schema import Config, active_terms
+from mmcse.config.schema import Config, active_terms, check_sweep_space
 from mmcse.config.training import (
     DALRLossConfig,
     DuetLossConfig,
@@ -54,6 +54,6 @@ __all__ = [
     "DuetModelConfig", "EvaluateConfig", "JointTeacherConfig", "KDMCSELossConfig", "LossConfig", "MCSEOLossConfig",
     "ModelConfig", "NdcgConfig", "RegionsConfig", "RetrievalConfig", "SourceConfig", "SourcesConfig", "SweepConfig",
     "TeachersConfig", "TextTeacherConfig", "TrainConfig", "TransferConfig", "active_terms", "apply_overrides",
-    "check_variable_keys", "expand_preset", "is_fixed", "list_presets", "load_config", "parse_config",
-    "read_keyed_yaml", "to_dict", "with_overrides",
+    "check_sweep_space", "check_variable_keys", "expand_preset", "is_fixed", "list_presets", "load_config",
+    "parse_config", "read_keyed_yaml", "to_dict", "with_overrides",
 ]

@@ -74,6 +74,23 @@ def active_terms(cfg: Config) -> dict[str, bool]:
     }
 
 
+def check_sweep_space(cfg: Config, where: str = "params.yaml") -> None:
+    """A sweep must move something its trials train with: ``loss.lambda_img`` weighs the image term
+    of mcse / mcseo and, only with ``loss.kdmcse.pair_objective: simcse_plus_kdmcse``, KDMCSE's Eq. 14
+    (Algorithm 1 trains it unweighted). Checked when a sweep starts, not at every load: the default
+    sweep space must not stop the other stages of a kdmcse configuration."""
+    if "loss.lambda_img" not in cfg.sweep.space:
+        return
+    on = active_terms(cfg)
+    weighted_kdmcse = on["kdmcse"] and cfg.loss.kdmcse.pair_objective == "simcse_plus_kdmcse"
+    if not (on["image"] or weighted_kdmcse):
+        why = ("trains image–caption batches on ℓ^KDMCSE alone (loss.kdmcse.pair_objective: kdmcse, "
+               "Algorithm 1), without λ" if on["kdmcse"] else "has no term it weighs")
+        fail(f"{where} (sweep.space)", "loss.lambda_img",
+             f"is swept, but train.method {cfg.train.method!r} {why}: drop it from sweep.space"
+             + (", or set loss.kdmcse.pair_objective: simcse_plus_kdmcse" if on["kdmcse"] else ""))
+
+
 def validate_terms(cfg: Config, where: str) -> None:
     if cfg.data.pairs == "none" and cfg.train.method != "simcse":
         fail(where, "data.pairs", f"none (text corpus only) trains SimCSE alone, but train.method is "

@@ -56,6 +56,9 @@ class ModelConfig:
     config_overrides: dict[str, Any] = field(default_factory=dict)
     max_seq_len: int = 32
     proj_dim: int = 256
+    # the projection heads g_φ1, g_φ2, g_φt, g_φv: tanh = dense + tanh (KDMCSE §4.1 'MLP Projection Heads',
+    # the MCSE / KDMCSE code) | linear = one Linear layer (mmcse's earlier heads)
+    projection_head: Literal["tanh", "linear"] = "tanh"
     duet: DuetModelConfig = field(default_factory=DuetModelConfig)
 
     def validate(self, where: str) -> None:
@@ -111,6 +114,12 @@ class KDMCSELossConfig:
     margin_similarity: Literal["within", "cross"] = "within"
     text_batches: Literal["simcse", "angular_margin"] = "simcse"
     text_margin: float = 0.1  # the constant angular margin of text_batches: angular_margin
+    # pair batches: kdmcse = ℓ^KDMCSE alone (Algorithm 1, App. D) | simcse_plus_kdmcse = SimCSE + λ·ℓ^KDMCSE
+    # (the authors' train_mix.py)
+    pair_objective: Literal["kdmcse", "simcse_plus_kdmcse"] = "kdmcse"
+    # the soft labels α (threshold filtering, Eq. 8; margin Δ): from the projections g_φt(t̂), g_φv(v̂)
+    # (Algorithm 1's tt_score / tv_score) | clip = from the raw CLIP features t̂, v̂
+    soft_labels: Literal["projections", "clip"] = "projections"
 
     @property
     def threshold_value(self) -> float | None:
@@ -152,9 +161,16 @@ class DALRLossConfig:
     # the text teachers combined as DALR App. B says (their [CLS] embeddings summed with their weights,
     # then one cosine matrix) or as a weighted sum of each teacher's cosine matrix
     teacher_weighting: Literal["embeddings", "similarities"] = "embeddings"
+    # Q^{t2t} / Q^{v2v} of L_CMA and L_IMA: projected = one h^t = g_φt(aggregated text teacher) and h^v =
+    # g_φv(v̂) for both (Eq. 3, 7, 11) | raw = L_CMA on the CLIP caption/image features, L_IMA on the
+    # text teachers' own similarity (mmcse's earlier reading)
+    teacher_space: Literal["projected", "raw"] = "projected"
 
     def validate(self, where: str) -> None:
         p = "loss.dalr."
+        check(self.teacher_space == "raw" or self.teacher_weighting == "embeddings", where, p + "teacher_space",
+              "projected projects one aggregated text-teacher embedding, which needs "
+              "loss.dalr.teacher_weighting: embeddings (or set teacher_space: raw)")
         for name in ("info_weight", "lambda_cml", "mu_iml", "consistency_margin"):
             check(getattr(self, name) >= 0, where, p + name, "must be >= 0")
         check(self.consistency_margin <= 1, where, p + "consistency_margin", "must be in [0, 1]")

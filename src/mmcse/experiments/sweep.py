@@ -23,7 +23,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from mmcse.config import Config, with_overrides
+from mmcse.config import Config, check_sweep_space, with_overrides
 from mmcse.io import ensure_sqlite_parent
 
 # A running trial records a heartbeat every HEARTBEAT_INTERVAL s (Optuna wants whole seconds);
@@ -85,6 +85,7 @@ def run_sweep(
     from mmcse.models.device import device_tags
     from mmcse.pipeline.train import run_train
 
+    check_sweep_space(cfg)  # before any storage or run is created
     n_trials = n_trials or cfg.sweep.n_trials
     study_name = study_name or cfg.sweep.study_name
     storage_url = ensure_sqlite_parent(storage or cfg.sweep.storage)

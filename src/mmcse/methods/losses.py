@@ -125,6 +125,17 @@ def kdmcse_term(
     return sum(adapacse_loss(s, teacher_proj, temperature, margin, margin_sim, keep) for s in (s1, s2))
 
 
+def kdmcse_soft_labels(text: torch.Tensor, image: torch.Tensor) -> dict[str, torch.Tensor]:
+    """KDMCSE's soft labels, kdmcse.txt Eq. 7 and App. D Algorithm 1 (``tt_score``, ``tv_score``): the
+    cosines α^{t,v}_{ij} = cos(t_i, v_j), α^{t,t}_{ij} = cos(t_i, t_j) and α^{v,v}_{ij} = cos(v_i, v_j)
+    ``(N, N)`` of the caption features ``text (N, k)`` and image features ``image (N, k)``. Algorithm 1
+    takes them on the projections g_φt(t̂), g_φv(v̂); `loss.kdmcse.soft_labels: clip` passes the raw CLIP
+    t̂, v̂. They are labels (threshold filtering, Eq. 8, and the margin's Δ), so no gradient flows
+    through them: the algorithm computes them as scores, and the paper is silent on gradients."""
+    with torch.no_grad():
+        return {"tv": cosine_matrix(text, image), "tt": cosine_matrix(text, text), "vv": cosine_matrix(image, image)}
+
+
 def kdmcse_objective(image_term: torch.Tensor, text_term: torch.Tensor) -> torch.Tensor:
     """KDMCSE paper Eq. 14: the mean of the visual and textual AdapACSE terms."""
     return (image_term + text_term) / 2.0
@@ -253,19 +264,25 @@ def weighted_teacher_similarity(features: list[torch.Tensor], weights: list[floa
     return sum(w * cosine_matrix(f, f) for f, w in zip(features, weights, strict=True))
 
 
-def aggregated_teacher_similarity(features: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
-    """DALR's multi-teacher text similarity (dalr.txt App. B 'Teacher Text Model': "the final teacher
-    representation is obtained through weighted aggregation"): the teachers' [CLS] embeddings
-    ``F_k (N, d)`` summed with their weights, t = Σ_k w_k F_k ``(N, d)``, then cos(t, t) ``(N, N)``. The
-    paper does not say whether F_k are normalised first: they are used as cached (the cache stores
-    unit vectors). The teachers must share a width."""
+def aggregated_teacher_embedding(features: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
+    """DALR's multi-teacher text representation (dalr.txt §3.3 and App. B 'Teacher Text Model': "a
+    weighted combination of [CLS] token embeddings yielding the final representation"): the teachers'
+    embeddings ``F_k (N, d)`` summed with their weights, f_t = Σ_k w_k F_k ``(N, d)``. The paper does not
+    say whether F_k are normalised first: they are used as cached (the cache stores unit vectors). The
+    teachers must share a width."""
     if len(features) != len(weights) or not features:
         raise ValueError("need one weight per teacher feature matrix")
     widths = sorted({f.shape[-1] for f in features})
     if len(widths) > 1:
         raise ValueError(f"teachers.text: embeddings of widths {widths} cannot be aggregated (DALR App. B); use "
                          "teachers of one width, or loss.dalr.teacher_weighting: similarities")
-    aggregated = sum(w * f for f, w in zip(features, weights, strict=True))  # (N, d)
+    return sum(w * f for f, w in zip(features, weights, strict=True))  # (N, d)
+
+
+def aggregated_teacher_similarity(features: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
+    """cos(f_t, f_t) ``(N, N)`` of DALR's aggregated text teacher (`aggregated_teacher_embedding`): the
+    teacher's own similarity lists, before any projection."""
+    aggregated = aggregated_teacher_embedding(features, weights)  # (N, d)
     return cosine_matrix(aggregated, aggregated)
 
 

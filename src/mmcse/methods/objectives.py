@@ -20,6 +20,7 @@ from mmcse.methods.losses import (
     info_nce,
     intra_modal_alignment_loss,
     kdmcse_objective,
+    kdmcse_soft_labels,
     kdmcse_term,
     listmle_loss,
     mcse_image_loss,
@@ -62,7 +63,8 @@ class StepEmbeddings:
     joint_image: torch.Tensor | None = None  # (N, k) v̂: raw cached joint-teacher image features
     shared_text: torch.Tensor | None = None  # (N, p) DALR consistency MLP on the sentence
     shared_image: torch.Tensor | None = None  # (N, p) DALR consistency MLP on the image
-    text_teacher_sim: torch.Tensor | None = None  # (N, N) weighted multi-teacher text similarity
+    text_teacher_sim: torch.Tensor | None = None  # (N, N) the text teachers' own similarity (L_rank; raw L_IMA)
+    text_teacher: torch.Tensor | None = None  # (N, p) DALR h^t = g_φt(Σ_k w_k F_k) (Eq. 3; projected Q^{t2t})
     phrases: torch.Tensor | None = None  # (T, p) projected phrase span means (MCSEO)
     objects: torch.Tensor | None = None  # (T, p) projected object-crop features (MCSEO)
     object_pair: torch.Tensor | None = None  # (T,) row of each object–phrase pair's caption
@@ -88,19 +90,23 @@ def text_term(cfg: Config, e: StepEmbeddings) -> torch.Tensor:
 def kdmcse_terms(cfg: Config, e: StepEmbeddings) -> dict[str, torch.Tensor]:
     """ℓ^{v'}, ℓ^{t'} (Eq. 9–13) and their mean (Eq. 14). Threshold filtering uses α^{t,v}
     (image term) and α^{t,t} (text term); the margin's Δ uses image–image and caption–caption
-    α (``within``, the authors' code) or the same cross-modal α^{t,m} (``cross``)."""
+    α (``within``, the authors' code) or the same cross-modal α^{t,m} (``cross``). The α are
+    `kdmcse_soft_labels` of the projections g_φt(t̂), g_φv(v̂) (Algorithm 1) or, with
+    ``soft_labels: clip``, of the raw CLIP features."""
     k, tau = cfg.loss.kdmcse, cfg.loss.temperature_img
-    t_hat, v_hat = _need(e.joint_text, "joint_text", "kdmcse"), _need(e.joint_image, "joint_image", "kdmcse")
     s1, s2 = _need(e.s1, "s1", "kdmcse"), _need(e.s2, "s2", "kdmcse")
-    with torch.no_grad():
-        alpha_tv = cosine_matrix(t_hat, v_hat)  # (N, N) caption i – image j
-        alpha_tt = cosine_matrix(t_hat, t_hat)
-        alpha_vv = cosine_matrix(v_hat, v_hat)
-    margin_v = alpha_vv if k.margin_similarity == "within" else alpha_tv
-    keep_v = threshold_keep_mask(alpha_tv, k.threshold_value)
-    keep_t = threshold_keep_mask(alpha_tt, k.threshold_value)
-    image = kdmcse_term(s1, s2, _need(e.teacher_image, "teacher_image", "kdmcse"), tau, k.margin, margin_v, keep_v)
-    text = kdmcse_term(s1, s2, _need(e.teacher_text, "teacher_text", "kdmcse"), tau, k.margin, alpha_tt, keep_t)
+    g_t = _need(e.teacher_text, "teacher_text", "kdmcse")  # (N, p) g_φt(t̂)
+    g_v = _need(e.teacher_image, "teacher_image", "kdmcse")  # (N, p) g_φv(v̂)
+    if k.soft_labels == "projections":
+        alpha = kdmcse_soft_labels(g_t, g_v)
+    else:
+        alpha = kdmcse_soft_labels(_need(e.joint_text, "joint_text", "kdmcse"),
+                                   _need(e.joint_image, "joint_image", "kdmcse"))
+    margin_v = alpha["vv"] if k.margin_similarity == "within" else alpha["tv"]
+    keep_v = threshold_keep_mask(alpha["tv"], k.threshold_value)
+    keep_t = threshold_keep_mask(alpha["tt"], k.threshold_value)
+    image = kdmcse_term(s1, s2, g_v, tau, k.margin, margin_v, keep_v)
+    text = kdmcse_term(s1, s2, g_t, tau, k.margin, alpha["tt"], keep_t)
     n = s1.shape[0]
     return {
         "kdmcse_image": image, "kdmcse_text": text, "kdmcse": kdmcse_objective(image, text),
@@ -108,6 +114,26 @@ def kdmcse_terms(cfg: Config, e: StepEmbeddings) -> dict[str, torch.Tensor]:
         f"{STAT}kdmcse_filtered_image": (~keep_v).sum() / (n * (n - 1)),
         f"{STAT}kdmcse_filtered_text": (~keep_t).sum() / (n * (n - 1)),
     }
+
+
+def dalr_teacher_targets(cfg: Config, e: StepEmbeddings, term: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The features of DALR's target distributions Q^{t2t}, Q^{v2v} (Eq. 7) for L_CMA: with
+    ``loss.dalr.teacher_space: projected`` the projected teachers h^t = g_φt(f_t(t)) and h^v =
+    g_φv(f_v(v)) of Eq. 3 (one h^t, also L_IMA's); with ``raw``, the cached CLIP caption and image
+    features. The equations carry no stop-gradient, so gradients reach g_φt and g_φv through Q."""
+    if cfg.loss.dalr.teacher_space == "projected":
+        return _need(e.text_teacher, "text_teacher", term), _need(e.teacher_image, "teacher_image", term)
+    return _need(e.joint_text, "joint_text", term), _need(e.joint_image, "joint_image", term)
+
+
+def dalr_text_target_similarity(cfg: Config, e: StepEmbeddings, term: str) -> torch.Tensor:
+    """The cosine matrix ``(N, N)`` behind L_IMA's Q^{t2t} (Eq. 11): cos(h^t, h^t) of the projected
+    text teacher (``teacher_space: projected``, the same h^t as L_CMA's) or the text teachers' own
+    similarity (``raw``)."""
+    if cfg.loss.dalr.teacher_space == "projected":
+        h_t = _need(e.text_teacher, "text_teacher", term)
+        return cosine_matrix(h_t, h_t)
+    return _need(e.text_teacher_sim, "text_teacher_sim", term)
 
 
 def dalr_info(cfg: Config, e: StepEmbeddings) -> torch.Tensor:
@@ -134,7 +160,9 @@ def step_objective(
 
     SimCSE + [pair batches] λ_img·MCSE image term (mcse: both views; α·l_img-cap for mcseo, MCSEO Eq. 3:
     one view, or both with ``loss.mcseo.image_views: 2``)
-    + λ_img·KDMCSE Eq. 14 (kdmcse) + w_info·L_info (dalr) + λ·(L_cons + L_CMA)
+    + λ_img·KDMCSE Eq. 14 (kdmcse with ``pair_objective: simcse_plus_kdmcse``; by default, as
+    Algorithm 1, an image–caption batch's KDMCSE loss is Eq. 14 alone, unweighted and without SimCSE)
+    + w_info·L_info (dalr) + λ·(L_cons + L_CMA)
     + μ·(L_rank + L_IMA) + β·l_obj-phra (mcseo); μ·L_IML also on text batches with
     ``loss.dalr.text_batches``. ``seed`` seeds the mismatched pairs and ranking ties;
     ``on`` is :func:`mmcse.config.active_terms` of ``cfg``, worked out once per run by callers
@@ -142,8 +170,13 @@ def step_objective(
     """
     on = on if on is not None else active_terms(cfg)
     loss_cfg, d = cfg.loss, cfg.loss.dalr
-    terms: dict[str, torch.Tensor] = {"simcse": text_term(cfg, e)}
-    loss = terms["simcse"]
+    # KDMCSE Algorithm 1 (App. D): an image–caption batch trains on ℓ^KDMCSE alone, without SimCSE or λ
+    kdmcse_alone = e.pair_batch and on["kdmcse"] and loss_cfg.kdmcse.pair_objective == "kdmcse"
+    terms: dict[str, torch.Tensor] = {}
+    loss = e.z1.new_zeros(())
+    if not kdmcse_alone:
+        terms["simcse"] = text_term(cfg, e)
+        loss = loss + terms["simcse"]
     if e.pair_batch:
         if on["image"]:
             v = _need(e.image, "image", "image")
@@ -155,7 +188,7 @@ def step_objective(
             loss = loss + loss_cfg.lambda_img * terms["image"]
         if on["kdmcse"]:
             terms |= kdmcse_terms(cfg, e)
-            loss = loss + loss_cfg.lambda_img * terms["kdmcse"]
+            loss = loss + (terms["kdmcse"] if kdmcse_alone else loss_cfg.lambda_img * terms["kdmcse"])
         if on["info"]:
             terms["info"] = dalr_info(cfg, e)
             loss = loss + d.info_weight * terms["info"]
@@ -169,9 +202,9 @@ def step_objective(
             )
             loss = loss + d.lambda_cml * terms["consistency"]
         if on["cma"]:
+            q_text, q_image = dalr_teacher_targets(cfg, e, "cma")
             terms["cma"] = cross_modal_alignment_loss(
-                _need(e.s1, "s1", "cma"), _need(e.teacher_image, "teacher_image", "cma"),
-                _need(e.joint_text, "joint_text", "cma"), _need(e.joint_image, "joint_image", "cma"),
+                _need(e.s1, "s1", "cma"), _need(e.teacher_image, "teacher_image", "cma"), q_text, q_image,
                 d.cma_student_temperature, d.cma_teacher_temperature,
             )
             loss = loss + d.lambda_cml * terms["cma"]
@@ -189,7 +222,7 @@ def step_objective(
             loss = loss + d.mu_iml * terms["rank"]
         if on["ima"]:
             terms["ima"] = intra_modal_alignment_loss(
-                e.z1, e.z2, _need(e.text_teacher_sim, "text_teacher_sim", "ima"),
+                e.z1, e.z2, dalr_text_target_similarity(cfg, e, "ima"),
                 d.ima_student_temperature, d.ima_teacher_temperature,
             )
             loss = loss + d.mu_iml * terms["ima"]
@@ -209,5 +242,7 @@ def needed_features(cfg: Config, pair_batch: bool) -> set[str]:
         if on["object"]:
             need.add("objects")
     if (pair_batch or cfg.loss.dalr.text_batches) and (on["rank"] or on["ima"]):
+        need.add("text_teachers")
+    if pair_batch and on["cma"] and cfg.loss.dalr.teacher_space == "projected":  # Q^{t2t} from h^t
         need.add("text_teachers")
     return need

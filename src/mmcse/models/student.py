@@ -80,11 +80,33 @@ class MLPPooler(nn.Module):
 
 
 def mlp_head(in_dim: int, out_dim: int) -> nn.Sequential:
-    """A two-layer projection to a shared space (DALR's modality-specific MLPs, §3.2)."""
+    """A two-layer projection to a shared space (DALR's modality-specific MLPs of L_cons, §3.2; the
+    paper gives neither their width nor their activation: mmcse's choice is Linear–ReLU–Linear)."""
     return nn.Sequential(nn.Linear(in_dim, out_dim), nn.ReLU(), nn.Linear(out_dim, out_dim))
 
 
-HEADS = ("mlp", "text_proj", "image_proj", "teacher_text_proj", "teacher_image_proj", "shared_text", "shared_image")
+PROJECTION_HEADS = ("tanh", "linear")
+
+
+def projection_head(in_dim: int, out_dim: int, kind: str) -> nn.Module:
+    """One projection head g_φ (``model.projection_head``).
+
+    ``tanh``: ``Linear(in_dim, out_dim)`` then tanh. KDMCSE §4.1 'MLP Projection Heads' names four MLP
+    modules g_φ1, g_φ2, g_φt, g_φv and states only their output widths (768 for text-only, 256
+    shared); the authors' code (and MCSE's, whose g_φ1/g_φ2 KDMCSE keeps) builds each as one dense
+    layer and a tanh, with no hidden layer, which gives the width and activation used here. DALR
+    App. B says "a MLP" into 256 dimensions without width or activation and builds on KDMCSE, so its
+    heads are the same. ``linear``: a single ``Linear`` (mmcse's earlier heads).
+    """
+    if kind == "tanh":
+        return nn.Sequential(nn.Linear(in_dim, out_dim), nn.Tanh())
+    if kind == "linear":
+        return nn.Linear(in_dim, out_dim)
+    raise ValueError(f"model.projection_head: {kind!r}; choose one of {', '.join(PROJECTION_HEADS)}")
+
+
+HEADS = ("mlp", "text_proj", "image_proj", "teacher_text_proj", "teacher_image_proj", "text_teacher_proj",
+         "shared_text", "shared_image")
 
 
 class Student(nn.Module):
@@ -93,23 +115,28 @@ class Student(nn.Module):
     ``text_proj`` g_φ1 / g_φg (MCSE Eq. 2, KDMCSE Eq. 4) and ``image_proj`` g_φ2 (MCSE Eq. 2,
     also MCSEO's object projection) map to ``proj_dim``; ``teacher_text_proj`` g_φt and
     ``teacher_image_proj`` g_φv (KDMCSE Eq. 5–6, DALR Eq. 3) project the cached joint
-    teacher features; ``shared_text`` / ``shared_image`` are DALR's consistency MLPs.
-    Only the backbone is kept for evaluation; heads without a loss get no gradient.
+    teacher features; ``text_teacher_proj`` is DALR's g_φt (Eq. 3) on the aggregated text teacher
+    (SimCSE + DiffCSE, width ``text_teacher_dim``); ``shared_text`` / ``shared_image`` are DALR's
+    consistency MLPs. The g_φ heads are `projection_head` of kind ``head``. Only the backbone is
+    kept for evaluation; heads without a loss get no gradient.
     """
 
-    def __init__(self, backbone: PreTrainedModel, image_dim: int, proj_dim: int, joint_dim: int = 0) -> None:
+    def __init__(self, backbone: PreTrainedModel, image_dim: int, proj_dim: int, joint_dim: int = 0,
+                 text_teacher_dim: int = 0, head: str = "tanh") -> None:
         super().__init__()
         hidden = backbone.config.hidden_size
         self.backbone = backbone
         self.mlp = MLPPooler(hidden)
-        self.text_proj = nn.Linear(hidden, proj_dim)
-        self.image_proj = nn.Linear(image_dim, proj_dim)
         joint = joint_dim or image_dim
-        self.teacher_text_proj = nn.Linear(joint, proj_dim)
-        self.teacher_image_proj = nn.Linear(joint, proj_dim)
+        self.text_proj = projection_head(hidden, proj_dim, head)
+        self.image_proj = projection_head(image_dim, proj_dim, head)
+        self.teacher_text_proj = projection_head(joint, proj_dim, head)
+        self.teacher_image_proj = projection_head(joint, proj_dim, head)
+        self.text_teacher_proj = projection_head(text_teacher_dim or hidden, proj_dim, head)
         self.shared_text = mlp_head(hidden, proj_dim)
         self.shared_image = mlp_head(joint, proj_dim)
-        self.image_dim, self.joint_dim = image_dim, joint
+        self.image_dim, self.joint_dim, self.proj_dim = image_dim, joint, proj_dim
+        self.text_teacher_dim, self.head = text_teacher_dim or hidden, head
 
     def token_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Last-layer token states ``(B, L, H)``; [CLS] before the pooler is ``[:, 0]``."""
@@ -137,8 +164,8 @@ def save_student(student: Student, tokenizer: PreTrainedTokenizerBase, folder: P
     tokenizer.save_pretrained(folder)
     save_file(student.heads_state(), str(folder / HEADS_FILE))
     (folder / HEADS_META).write_text(
-        json.dumps({"image_dim": student.image_dim, "proj_dim": student.text_proj.out_features,
-                    "joint_dim": student.joint_dim})
+        json.dumps({"image_dim": student.image_dim, "proj_dim": student.proj_dim, "joint_dim": student.joint_dim,
+                    "text_teacher_dim": student.text_teacher_dim, "projection_head": student.head})
     )
 
 
@@ -146,9 +173,12 @@ def load_student(folder: str | Path) -> tuple[Student, PreTrainedTokenizerBase]:
     folder = Path(folder)
     meta = json.loads((folder / HEADS_META).read_text())
     backbone = AutoModel.from_pretrained(folder, add_pooling_layer=False)
-    student = Student(backbone, meta["image_dim"], meta["proj_dim"], meta.get("joint_dim", 0))
+    # folders written before text_teacher_proj and model.projection_head: linear heads, no DALR g_φt
+    student = Student(backbone, meta["image_dim"], meta["proj_dim"], meta.get("joint_dim", 0),
+                      meta.get("text_teacher_dim", 0), meta.get("projection_head", "linear"))
     heads = load_file(str(folder / HEADS_FILE))
-    for name in HEADS:
+    names = HEADS if "projection_head" in meta else tuple(h for h in HEADS if h != "text_teacher_proj")
+    for name in names:
         prefix = f"{name}."
         getattr(student, name).load_state_dict(
             {k[len(prefix) :]: v for k, v in heads.items() if k.startswith(prefix)}

@@ -22,7 +22,7 @@ from mmcse.evaluation.geometry import POSITIVE_GOLD, check_sts_geometry, sts_geo
 from mmcse.evaluation.retrieval import image_head
 from mmcse.evaluation.sts import evaluate_sts, student_encoder
 from mmcse.io import write_json
-from mmcse.methods.losses import span_mean, text_teacher_similarity
+from mmcse.methods.losses import aggregated_teacher_embedding, span_mean, text_teacher_similarity
 from mmcse.methods.objectives import STAT, StepEmbeddings, needed_features, step_objective
 from mmcse.models.device import resolve_device
 from mmcse.models.export import EVAL_MAX_SEQ_LEN, export_sentence_transformers
@@ -145,9 +145,14 @@ def training_step_loss(
             e.shared_text = student.shared_text(cls[:n])  # (B, p)
             e.shared_image = student.shared_image(feats.joint_image)  # (B, p)
     if feats.text_teachers is not None:
-        with torch.no_grad():
-            e.text_teacher_sim = text_teacher_similarity(feats.text_teachers, feats.text_weights,
-                                                         cfg.loss.dalr.teacher_weighting)  # (B, B)
+        if on["rank"] or cfg.loss.dalr.teacher_space == "raw":
+            with torch.no_grad():
+                e.text_teacher_sim = text_teacher_similarity(feats.text_teachers, feats.text_weights,
+                                                             cfg.loss.dalr.teacher_weighting)  # (B, B)
+        if cfg.loss.dalr.teacher_space == "projected" and (on["cma"] or on["ima"]):
+            # DALR h^t = g_φt(f_t(t)) (Eq. 3): one projected text teacher for L_CMA's and L_IMA's Q^{t2t}
+            e.text_teacher = student.text_teacher_proj(
+                aggregated_teacher_embedding(feats.text_teachers, feats.text_weights))  # (B, p)
     if feats.objects is not None:
         phrase_states = span_mean(tokens[:n], feats.object_row, feats.object_start, feats.object_end)  # (T, H)
         e.phrases = student.text_proj(phrase_states)  # (T, p)
@@ -232,10 +237,12 @@ def train(
     check_sts_geometry(data.dev, POSITIVE_GOLD, str(data_dir / "sts" / "dev.jsonl"))
     on = active_terms(cfg)  # per run, not per step
     widths = sorted({store.dim for store in data.text_captions})
-    if (on["rank"] or on["ima"]) and cfg.loss.dalr.teacher_weighting == "embeddings" and len(widths) > 1:
+    aggregates = cfg.loss.dalr.teacher_weighting == "embeddings" and (
+        on["rank"] or on["ima"] or (on["cma"] and cfg.loss.dalr.teacher_space == "projected"))
+    if aggregates and len(widths) > 1:
         raise ValueError(f"teachers.text: embeddings of widths {widths} cannot be aggregated with "
                          "loss.dalr.teacher_weighting: embeddings (DALR App. B); use teachers of one width, or "
-                         "loss.dalr.teacher_weighting: similarities")
+                         "loss.dalr.teacher_weighting: similarities with loss.dalr.teacher_space: raw")
     if on["object"]:
         data.check_objects(cfg.detect.min_objects, cfg.model.max_seq_len, objects_dir)
     need = {kind: needed_features(cfg, pair_batch=kind == PAIR) for kind in (TEXT, PAIR)}
@@ -248,7 +255,8 @@ def train(
     tokenizer = load_tokenizer(cfg.model.name_or_path)
     tokens = data.token_tables(tokenizer, cfg.model.max_seq_len, data_dir.parent / "tokens")
     backbone = load_backbone(cfg.model, dropout=cfg.train.dropout)
-    student = Student(backbone, data.image_features.dim, cfg.model.proj_dim, data.joint_image.dim).to(device)
+    student = Student(backbone, data.image_features.dim, cfg.model.proj_dim, data.joint_image.dim,
+                      text_teacher_dim=widths[0], head=cfg.model.projection_head).to(device)
     if cfg.train.compile:
         # in place, so parameter names (checkpoints, resume points) do not change
         student.backbone.compile(dynamic=True)

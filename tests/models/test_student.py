@@ -1,0 +1,73 @@
+"""The student's projection heads (``model.projection_head``) and its folder round trip."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from mmcse.config import parse_config
+from mmcse.models.student import (
+    HEADS,
+    HEADS_FILE,
+    HEADS_META,
+    Student,
+    load_backbone,
+    load_student,
+    load_tokenizer,
+    projection_head,
+    save_student,
+)
+from tests.conftest import TINY_MODEL
+
+
+def test_tanh_head_is_dense_then_tanh_and_linear_is_one_layer():
+    """KDMCSE §4.1 / the authors' MLPLayer: g(x) = tanh(W x + b), no hidden layer."""
+    torch.manual_seed(0)
+    x = torch.randn(5, 6, dtype=torch.float64, requires_grad=True)
+    tanh = projection_head(6, 3, "tanh").double()
+    dense = tanh[0]
+    want = torch.tanh(x @ dense.weight.T + dense.bias)
+    torch.testing.assert_close(tanh(x), want, rtol=0, atol=1e-12)
+    # gradient: d tanh(u)/du = 1 − tanh(u)², through W
+    tanh(x).sum().backward()
+    torch.testing.assert_close(dense.weight.grad, ((1 - want.detach() ** 2).T @ x.detach()), rtol=0, atol=1e-12)
+    linear = projection_head(6, 3, "linear").double()
+    torch.testing.assert_close(linear(x), x @ linear.weight.T + linear.bias, rtol=0, atol=1e-12)
+    with pytest.raises(ValueError, match="model.projection_head: 'relu'; choose one of tanh, linear"):
+        projection_head(6, 3, "relu")
+
+
+def _student(head: str) -> tuple[Student, object]:
+    cfg = parse_config({"model": dict(TINY_MODEL, projection_head=head)}).model
+    torch.manual_seed(0)
+    return Student(load_backbone(cfg), 24, cfg.proj_dim, 16, text_teacher_dim=20, head=head), \
+        load_tokenizer(cfg.name_or_path)
+
+
+@pytest.mark.parametrize("head", ["tanh", "linear"])
+def test_a_saved_student_loads_with_the_same_heads(tmp_path, head):
+    student, tok = _student(head)
+    save_student(student, tok, tmp_path / "s")
+    meta = json.loads((tmp_path / "s" / HEADS_META).read_text())
+    assert meta == {"image_dim": 24, "proj_dim": 32, "joint_dim": 16, "text_teacher_dim": 20, "projection_head": head}
+    again, _ = load_student(tmp_path / "s")
+    x = torch.randn(3, 20)
+    torch.testing.assert_close(again.text_teacher_proj(x), student.text_teacher_proj(x), rtol=0, atol=0)
+    assert again.heads_state().keys() == student.heads_state().keys()
+    for k, v in student.heads_state().items():
+        assert torch.equal(again.heads_state()[k], v), k
+
+
+def test_a_folder_from_before_the_paper_heads_loads_as_linear(tmp_path):
+    """Folders written before model.projection_head and DALR's g_φt: single Linear heads, no
+    text_teacher_proj in heads.safetensors, and heads.json without the two fields."""
+    student, tok = _student("linear")
+    save_student(student, tok, tmp_path / "old")
+    old = {k: v for k, v in student.heads_state().items() if not k.startswith("text_teacher_proj.")}
+    save_file(old, str(tmp_path / "old" / HEADS_FILE))
+    (tmp_path / "old" / HEADS_META).write_text(json.dumps({"image_dim": 24, "proj_dim": 32, "joint_dim": 16}))
+    again, _ = load_student(tmp_path / "old")
+    assert again.head == "linear" and isinstance(again.image_proj, torch.nn.Linear)
+    assert torch.equal(again.image_proj.weight, student.image_proj.weight)
+    assert set(HEADS) == {n.split(".")[0] for n in again.heads_state()}
