@@ -83,6 +83,8 @@ def ablation_params(cfg: Config, jobs: list[Job]) -> dict[str, str]:
         "ablation.preset": cfg.ablate.preset,
         "ablation.title": cfg.ablate.title[:500],
         "ablation.reference": cfg.ablate.reference,
+        "ablation.test": cfg.ablate.test,
+        "ablation.profile": cfg.base.profile,  # the block of the paper's table it reproduces (mmcse report)
         "ablation.metric": table_metric(cfg),
         "ablation.seeds": ",".join(str(s) for s in cfg.ablate.seeds),
         "ablation.variants": ", ".join(cfg.ablate.variants)[:500],

@@ -140,6 +140,16 @@ def _cmd_plan(args: argparse.Namespace) -> None:
         print(plan_text(result, defaults_config(Path(args.params))), end="")
 
 
+def _cmd_report(args: argparse.Namespace) -> None:
+    from mmcse.config import load_config
+    from mmcse.experiments.report import write_report
+
+    cfg = load_config(args.params)
+    files = write_report(cfg, args.paper, args.table, args.out, Path(args.params).parent, log=not args.no_log)
+    print(files["md"].read_text(), end="")
+    print(f"\nwritten: {files['md']} and {files['html']} (one self-contained page)")
+
+
 def _log_figure(
     cfg: Config, fig: Figure, artifact: str, metrics: dict[str, float], log_run: str | None, run_name: str
 ) -> str:
@@ -392,6 +402,14 @@ def main(argv: list[str] | None = None) -> None:
     pl.add_argument("--params", default="params.yaml")
     pl.add_argument("--json", action="store_true", help="every row's whole configuration as JSON")
     pl.set_defaults(func=_cmd_plan)
+
+    rp = sub.add_parser("report", help="a paper's tables beside mmcse's reproduction (Markdown + HTML, from MLflow)")
+    rp.add_argument("paper", help="dalr, kdmcse, mcseo or duet (papers/<paper>.yaml)")
+    rp.add_argument("--table", default=None, help="one table or figure: 3, table3 or fig7 (default: all)")
+    rp.add_argument("--out", default="reports", help="folder of <paper>.md and <paper>.html")
+    rp.add_argument("--params", default="params.yaml", help="its store and prefix name the MLflow record read")
+    rp.add_argument("--no-log", action="store_true", help="do not log the report to the ablation runs it read")
+    rp.set_defaults(func=_cmd_report)
 
     fg = sub.add_parser("figures", help="figures comparing runs and teachers (PNG + MLflow)")
     fsub = fg.add_subparsers(dest="figure", required=True)

@@ -131,6 +131,11 @@ def tagged(tags: dict[str, str]) -> Iterator[None]:
 
 
 JOB_TAG = "mmcse.job"  # what a run computes into (its output folder): runs of one job share it
+# an ablation job's row and seed (`mmcse.experiments.ablate.run_job`), read back by `mmcse report`
+VARIANT_TAG, SEED_TAG = "ablation.variant", "ablation.seed"
+# a training run's wall-clock minutes, summed over its resumed sessions (DALR Table 7): MLflow only,
+# like the run id, since a DVC output must not change between two identical runs
+TRAIN_MINUTES = "train_minutes"
 # Which MLflow run holds a folder's record. Run ids are random, so they stay out of every DVC-tracked
 # output (models/student, ablation/): a fresh clone's `dvc repro` then reproduces dvc.lock. One small
 # file per (kind, folder) under mlruns/ (git-ignored, beside the default SQLite store).

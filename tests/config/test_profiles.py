@@ -29,8 +29,8 @@ EXPECTED = {
     "kdmcse-coco-roberta": (1e-5, 128, "kdmcse", "kdmcse-table3"),
     "dalr-flickr-bert": (2e-5, 128, "dalr", "dalr-table3"),
     "dalr-coco-roberta": (1e-5, 128, "dalr", "dalr-table3"),
-    "mcseo-flickr-bert": (3e-5, 64, "mcseo", "mcseo"),
-    "mcseo-flickr-roberta": (1e-5, 64, "mcseo", "mcseo"),
+    "mcseo-flickr-bert": (3e-5, 64, "mcseo", "mcseo-table1"),
+    "mcseo-flickr-roberta": (1e-5, 64, "mcseo", "mcseo-table1"),
     "duet-coco": (2e-5, 90, "duet", "duet-table2"),  # §5.2: Adam 2e-5, batch 90
     "duet-flickr": (2e-5, 90, "duet", "duet-table2"),
 }

@@ -63,8 +63,18 @@ PRESET_ROWS = {
     "dalr-table3": ["DALR", "w/o L_info", "w/o L_CML", "w/o L_cons", "w/o L_CMA", "w/o L_IML", "w/o L_rank",
                     "w/o L_IMA", "w/o L_IML & L_CML"],
     "kdmcse-table3": ["KDMCSE", "w/o AdapACSE", "w/o threshold filtering"],
-    "mcseo": ["MCSE", "MCSEO"],
-    "kdmcse-margin": [f"m={round(0.025 * i, 3)}" for i in range(1, 10)],
+    "mcseo-table1": ["SimCSE", "MCSE", "MCSEO"],
+    "kdmcse-table1": ["SimCSE (wiki)", "SimCSE", "MCSE", "KDMCSE"],
+    "kdmcse-table2": ["MCSE", "KDMCSE"],
+    "dalr-table1": ["SimCSE (wiki)", "SimCSE", "MCSE", "KDMCSE", "DALR"],
+    "dalr-table2": ["SimCSE (wiki)", "MCSE", "KDMCSE", "DALR"],
+    "dalr-table4": ["MCSE", "KDMCSE", "KDMCSE + CML", "DALR"],
+    "dalr-table5": ["SimCSE (wiki)", "MCSE", "KDMCSE", "KDMCSE + IML", "DALR"],
+    "dalr-table6": ["MCSE", "KDMCSE", "DALR"],
+    "dalr-table7": ["KDMCSE", "DALR"],
+    "dalr-table8": ["DALR", "w/o L_info", "w/o L_CML", "w/o L_cons", "w/o L_CMA", "w/o L_IML", "w/o L_rank",
+                    "w/o L_IMA", "w/o L_IML & L_CML"],
+    "kdmcse-fig7": [f"m={round(0.025 * i, 3)}" for i in range(1, 10)],
     "dalr-table9": [f"{image} + {text}" for image in ("CLIP", "ResNet")
                     for text in ("SimCSE", "DiffCSE", "SimCSE+DiffCSE", "SimCSE+RankCSE")],
     "kdmcse-table5": ["MCSE + CLIP text", "KDMCSE"],
@@ -82,8 +92,10 @@ def test_every_preset_loads_in_the_papers_row_order(preset):
 
     cfg = load_config(REPO / "params.yaml", {"ablate.preset": preset})
     assert list(cfg.ablate.variants) == PRESET_ROWS[preset]
-    assert cfg.ablate.title and cfg.ablate.reference == PRESET_ROWS[preset][
-        {"kdmcse-margin": 4, "dalr-table9": 2, "baselines": 1}.get(preset, 0)]
+    reference = {"kdmcse-fig7": "m=0.125", "dalr-table9": "CLIP + SimCSE+DiffCSE", "baselines": "MCSE",
+                 "mcseo-table1": "MCSE", "kdmcse-table1": "MCSE", "kdmcse-table2": "MCSE"}
+    assert cfg.ablate.title and cfg.ablate.reference == reference.get(
+        preset, "DALR" if preset.startswith("dalr") else PRESET_ROWS[preset][0])
     jobs = expand(cfg)
     assert len(jobs) == len(PRESET_ROWS[preset]) * len(cfg.ablate.seeds)
     terms = {j.variant: active_terms(job_config(cfg, j)) for j in jobs}
@@ -91,7 +103,20 @@ def test_every_preset_loads_in_the_papers_row_order(preset):
         assert cfg.ablate.seeds == [1, 2, 3, 4, 5] and cfg.ablate.reference == "MCSE"
         methods = {j.variant: job_config(cfg, j).train.method for j in jobs}
         assert methods == {"SimCSE": "simcse", "MCSE": "mcse", "KDMCSE": "kdmcse", "DALR": "dalr", "MCSEO": "mcseo"}
-    assert cfg.ablate.transfer == (preset == "dalr-table3")  # DALR's TR (Avg.): the jobs probe transfer tasks
+    # DALR's TR (Avg.) and Table 2: the jobs probe transfer tasks
+    assert cfg.ablate.transfer == (preset in ("dalr-table2", "dalr-table3", "dalr-table8"))
+    if preset in ("dalr-table1", "dalr-table2", "dalr-table5", "kdmcse-table1"):  # the wiki row: no pairs
+        wiki = next(job_config(cfg, j) for j in jobs if j.variant == "SimCSE (wiki)")
+        assert (wiki.data.pairs, wiki.train.method) == ("none", "simcse")
+        assert all(job_config(cfg, j).data.pairs == cfg.data.pairs for j in jobs if j.variant != "SimCSE (wiki)")
+    if preset in ("kdmcse-table1", "kdmcse-table2", "baselines"):
+        assert cfg.ablate.test == "independent"
+    if preset == "dalr-table8":  # Table 3's rows (rows_of), its own title
+        table3 = load_config(REPO / "params.yaml", {"ablate.preset": "dalr-table3"}).ablate
+        assert cfg.ablate.variants == table3.variants and cfg.ablate.title != table3.title
+    if preset == "dalr-table5":
+        assert {tuple(job_config(cfg, j).evaluate.mteb) for j in jobs} == {("Reranking", "Classification",
+                                                                            "Retrieval", "STS")}
     if preset == "dalr-table3":
         assert all(job_config(cfg, j).ablate.transfer for j in jobs)
         for name, removed in DALR_REMOVED.items():
@@ -100,7 +125,7 @@ def test_every_preset_loads_in_the_papers_row_order(preset):
         kd = {j.variant: job_config(cfg, j).loss.kdmcse for j in jobs}
         assert kd["w/o AdapACSE"].margin == 0 and kd["w/o AdapACSE"].threshold_value == 0.9
         assert kd["w/o threshold filtering"].threshold_value is None and kd["w/o threshold filtering"].margin == 0.125
-    if preset == "mcseo":
+    if preset == "mcseo-table1":
         assert terms["MCSEO"]["object"] and not terms["MCSE"]["object"]
         assert {job_config(cfg, j).loss.lambda_img for j in jobs} == {0.01}
     if preset in ("dalr-table9", "kdmcse-table5"):  # teacher comparisons: only the teachers' key moves
@@ -113,7 +138,7 @@ def test_every_preset_loads_in_the_papers_row_order(preset):
         kd = {j.variant: job_config(cfg, j).loss.kdmcse for j in jobs}
         assert kd["MCSE + CLIP text"].threshold_value is None and kd["MCSE + CLIP text"].margin == 0
         assert kd["KDMCSE"].threshold_value == 0.9 and kd["KDMCSE"].margin == 0.125
-    if preset == "kdmcse-margin":
+    if preset == "kdmcse-fig7":
         assert cfg.ablate.plot_x == "loss.kdmcse.margin"
         assert [job_config(cfg, j).loss.kdmcse.margin for j in jobs[::len(cfg.ablate.seeds)]] == pytest.approx(
             [0.025 * i for i in range(1, 10)])
@@ -122,10 +147,30 @@ def test_every_preset_loads_in_the_papers_row_order(preset):
 def test_unknown_preset_lists_the_available_ones():
     from mmcse.config import ConfigError, load_config
 
-    presets = ("baselines, dalr-table3, dalr-table9, duet-table1, duet-table2, kdmcse-margin, kdmcse-table3, "
-               "kdmcse-table5, mcseo")
+    presets = ("baselines, dalr-table1, dalr-table2, dalr-table3, dalr-table4, dalr-table5, dalr-table6, "
+               "dalr-table7, dalr-table8, dalr-table9, duet-table1, duet-table2, kdmcse-fig7, kdmcse-table1, "
+               "kdmcse-table2, kdmcse-table3, kdmcse-table5, mcseo-table1")
     with pytest.raises(ConfigError, match=f"ablate.preset.*{presets}"):
-        load_config(REPO / "params.yaml", {"ablate.preset": "dalr-table4"})
+        load_config(REPO / "params.yaml", {"ablate.preset": "dalr-table99"})
+
+
+def test_rows_of_takes_the_other_presets_keys_and_refuses_a_cycle(tmp_path):
+    from mmcse.config import ConfigError, load_config
+
+    (tmp_path / "ablations").mkdir()
+    (tmp_path / "ablations/a.yaml").write_text("reference: y\nmetric: alignment\nvariants:\n  x: {}\n  y: {}\n")
+    (tmp_path / "ablations/b.yaml").write_text("description: b on other data\nrows_of: a\n")
+    (tmp_path / "ablations/c.yaml").write_text("rows_of: d\n")
+    (tmp_path / "ablations/d.yaml").write_text("rows_of: c\n")
+    (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
+    cfg = load_config(tmp_path / "params.yaml", {"ablate.preset": "b"}).ablate
+    assert (list(cfg.variants), cfg.reference, cfg.metric) == (["x", "y"], "y", "alignment")
+    assert cfg.title == "b on other data"
+    with pytest.raises(ConfigError, match=r"rows_of 'c' makes a cycle \(c -> d -> c\)"):
+        load_config(tmp_path / "params.yaml", {"ablate.preset": "c"})
+    (tmp_path / "ablations/b.yaml").write_text("rows_of: e\n")
+    with pytest.raises(ConfigError, match="b.yaml: rows_of.*no preset file .*e.yaml"):
+        load_config(tmp_path / "params.yaml", {"ablate.preset": "b"})
 
 
 def test_preset_variant_with_a_bad_key_fails_at_load(tmp_path):

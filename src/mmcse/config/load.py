@@ -54,7 +54,25 @@ def list_presets(folder: Path) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
 
 
-PRESET_KEYS = ("description", "base", "reference", "variants", "plot_x", "seeds", "transfer", "metric", "test")
+PRESET_KEYS = ("description", "base", "reference", "variants", "plot_x", "seeds", "transfer", "metric", "test",
+               "rows_of")
+
+
+def read_preset(folder: Path, name: str, where: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Preset ``name`` from ``folder``; ``rows_of: <other>`` takes every key of preset ``<other>`` that
+    this file does not set itself (a table that repeats another's rows on other data, e.g. DALR
+    Table 8 = Table 3 on wiki+coco)."""
+    file = folder / f"{name}.yaml"
+    if not file.is_file():
+        fail(where, "ablate.preset" if not seen else f"{folder / seen[-1]}.yaml: rows_of",
+             f"no preset file {file}; presets: {', '.join(list_presets(folder)) or 'none'}")
+    preset = dict(read_keyed_yaml(file, PRESET_KEYS))
+    other = preset.pop("rows_of", None)
+    if other is None:
+        return preset
+    if str(other) in (*seen, name):
+        raise ConfigError(f"{file}: rows_of {other!r} makes a cycle ({' -> '.join((*seen, name, str(other)))})")
+    return {**read_preset(folder, str(other), where, (*seen, name)), **preset}
 
 
 def expand_preset(raw: Mapping[str, Any], root: Path, where: str) -> dict[str, Any]:
@@ -69,9 +87,7 @@ def expand_preset(raw: Mapping[str, Any], root: Path, where: str) -> dict[str, A
     name = str(ablate["preset"])
     folder = root / str(ablate.get("presets_dir", AblateConfig.presets_dir))
     file = folder / f"{name}.yaml"
-    if not file.is_file():
-        fail(where, "ablate.preset", f"no preset file {file}; presets: {', '.join(list_presets(folder)) or 'none'}")
-    preset = read_keyed_yaml(file, PRESET_KEYS)
+    preset = read_preset(folder, name, where)
     base = preset.get("base") or {}
     variants = preset.get("variants") or {}
     if not isinstance(base, Mapping) or not isinstance(variants, Mapping) or not variants:

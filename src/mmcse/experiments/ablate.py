@@ -59,7 +59,11 @@ def parent_run_name(cfg: Config) -> str:
 
 
 def job_config(cfg: Config, job: Job) -> Config:
-    return with_overrides(cfg, job.overrides, where=f"params.yaml (ablate.variants.{job.variant})")
+    """``cfg`` with the job's overrides. Its ablate section keeps only the job's own variant (the
+    others were checked against ``cfg``; checked against a row that drops the image–caption pairs,
+    e.g. a wiki-only SimCSE row, every other row would fail). `job_hash` leaves the section out."""
+    own = {"ablate.variants": {job.variant: job.overrides}, "ablate.reference": job.variant}
+    return with_overrides(cfg, {**job.overrides, **own}, where=f"params.yaml (ablate.variants.{job.variant})")
 
 
 def job_hash(job_cfg: Config, data_seed: int | None = None) -> str:
@@ -141,7 +145,9 @@ def run_job(
         return done | {"skipped": True}
     paths = Paths.of(job_cfg)
     where = device_tags(job_cfg.base.device)
-    with tracking.tagged({**where, **(tags or {})}):
+    # the job's row and seed on its run: `mmcse.experiments.report` reads each row's training minutes
+    with tracking.tagged({**where, **(tags or {}), tracking.VARIANT_TAG: job.variant,
+                          tracking.SEED_TAG: str(job.seed)}):
         summary = run_train(
             job_cfg, paths, out_dir=folder, experiment_name="ablate",
             run_name=job_run_name(job), parent_run_id=parent_run_id, progress=False,

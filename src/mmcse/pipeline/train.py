@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,10 @@ from mmcse.integrity.keys import Upstream
 from mmcse.io import write_json
 from mmcse.pipeline.features import region_sets_for
 from mmcse.pipeline.paths import Paths
+from mmcse.tracking import TRAIN_MINUTES
+
+# summary keys kept out of summary.json (a DVC output): they differ between two identical runs
+VOLATILE = ("run_id", TRAIN_MINUTES)
 
 
 def write_curves(history: list[dict[str, float]], plots_dir: Path, title: str = "dev geometry",
@@ -104,6 +109,11 @@ def run_train(
             mlflow.set_tag("mmcse.resumed_from_step", str(resumed_step))
         duet = cfg.train.method == "duet"
         region_sets: dict[str, Path] = {}
+        # wall-clock minutes of training (model and data loading, dev evaluations included: DALR
+        # Table 7's "total time"), summed over the run's resumed sessions (`tracking.TRAIN_MINUTES`)
+        started = time.perf_counter()
+        before = (mlflow.get_run(active.info.run_id).data.metrics.get(TRAIN_MINUTES, 0.0)
+                  if resumed_run else 0.0)
         if duet:  # DUET: a retrieval model on region features; dev = val rsum (`mmcse.training.duet`)
             from mmcse.training.duet import train_duet
 
@@ -120,6 +130,8 @@ def run_train(
             figures.append((geometry_trajectory(result.history, title, result.best_step), "geometry_trajectory.png"))
         for fig, name in figures:
             mlflow.log_artifact(str(save_figure(fig, out_dir / name)), "figures")
+        minutes = before + (time.perf_counter() - started) / 60.0
+        mlflow.log_metric(TRAIN_MINUTES, minutes)
         best_geometry = {f"best_{k}": v for k, v in result.best_geometry.items()}  # best_dev_alignment, ...
         dev_key = "best_dev_rsum" if duet else "best_dev_sts"  # val R@K rsum | dev STS Spearman ×100
         mlflow.log_metrics({dev_key: result.best_score, "best_step": result.best_step, **best_geometry})
@@ -131,6 +143,7 @@ def run_train(
             "best_step": result.best_step,
             **best_geometry,
             "steps": result.steps,
+            TRAIN_MINUTES: minutes,
             "checkpoint": str(result.best_dir),
             "artifacts": up.keys,
             "data_dir": str(up.raw),
@@ -139,5 +152,5 @@ def run_train(
             "region_sets": {split: str(folder) for split, folder in region_sets.items()},
         }
     # the run id stays out of the folder (a DVC output): `tracking.folder_run_id(out_dir)` finds it
-    write_json(out_dir / "summary.json", {k: v for k, v in summary.items() if k != "run_id"})
+    write_json(out_dir / "summary.json", {k: v for k, v in summary.items() if k not in VOLATILE})
     return summary

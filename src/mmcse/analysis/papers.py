@@ -1,0 +1,240 @@
+"""The papers' printed numbers as data: ``papers/<paper>.yaml``.
+
+A paper file lists its numbered tables and figures (``table<N>`` / ``fig<N>``). Each names the
+ablation preset that reproduces it (``<paper>-table<N>``, a file in ``ablations/``), its columns
+(the paper's header -> the metric a job reports, e.g. ``STS-B: STSBenchmark``) and its cells in
+*blocks*: one per training context a profile sets, keyed ``<data>-<encoder>`` (``flickr-bert``) or
+``<data>`` (DUET), the part of a profile name after the paper (``kdmcse-flickr-bert``). A block maps
+each row, named as the preset's variant, to the printed cells::
+
+    MCSE: {line: 176, label: MCSE-BERT ◇, cells: [71.4±0.9, 81.8±1.3, …]}
+
+``line`` is the line (or lines, concatenated) of the paper's text copy the cells are read from, so a
+test can check every number against it (`check_against_text`); ``ocr`` maps a value to how the copy
+misprints it (``{74.0: /4.0}``). A cell is printed ``mean``, ``mean±std`` or ``mean*±std`` (``*``:
+the paper's significance marker), or null where the paper prints nothing. A row the preset cannot
+produce says why (``not_reproduced``); a row of differences names its two rows (``difference:
+[DALR, KDMCSE]``). Tables whose copy scrambles the cells' order say ``order: scrambled``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mmcse.config import TRANSFER_TASKS, ConfigError
+from mmcse.data.senteval import STS_TASKS
+
+PAPERS_DIR = "papers"
+PAPERS = ("dalr", "kdmcse", "mcseo", "duet")
+TABLE_KEY = re.compile(r"(table|fig)(\d+)")
+PAPER_FIELDS = ("paper", "text", "tables")
+TABLE_FIELDS = ("title", "source", "preset", "columns", "blocks", "order")
+ROW_FIELDS = ("line", "label", "cells", "ocr", "not_reproduced", "difference")
+CELL = re.compile(r"([-+]?\d+(?:\.\d+)?)(\*?)(?:±(\d+(?:\.\d+)?))?")
+# the numbers of a line of the text copy: a decimal comma is what the copy printed, kept as printed
+PRINTED_NUMBER = re.compile(r"[-+]?\d+(?:[.,]\d+)?")
+
+# Metrics a job reports (`mmcse.pipeline.evaluate`, `mmcse.experiments.ablate`), by pattern.
+RETRIEVAL_SET = r"(demo|flickr30k|coco_5k|coco_1k)"
+METRIC_PATTERNS = (
+    "|".join(re.escape(t) for t in (*STS_TASKS, "avg", *TRANSFER_TASKS, "transfer_avg", "alignment", "uniformity",
+                                     "train_minutes")),
+    r"mteb_type_(Reranking|Classification|Retrieval|STS)",
+    rf"{RETRIEVAL_SET}_(i2t|t2i)_R@(1|5|10)",
+    rf"{RETRIEVAL_SET}_rsum",
+    rf"{RETRIEVAL_SET}_((i2t|t2i)_)?NDCG@25_(rouge_l|spice)",
+)
+
+
+def known_metric(name: str) -> bool:
+    return any(re.fullmatch(p, name) for p in METRIC_PATTERNS)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One printed cell: ``mean`` (None: the paper prints nothing), ``std``, the significance marker."""
+
+    printed: str | None
+    mean: float | None
+    std: float | None = None
+    marked: bool = False
+
+    @classmethod
+    def parse(cls, value: Any, where: str) -> Cell:
+        if value is None:
+            return cls(None, None)
+        text = str(value).strip()
+        m = CELL.fullmatch(text)
+        if m is None:
+            raise ConfigError(f"{where}: cell {text!r} is not 'mean', 'mean±std' or 'mean*±std'")
+        return cls(text, float(m.group(1)), float(m.group(3)) if m.group(3) else None, bool(m.group(2)))
+
+    def numbers(self) -> list[str]:
+        """The numbers as printed, in order (mean, then std)."""
+        if self.printed is None:
+            return []
+        m = CELL.fullmatch(self.printed)
+        assert m is not None
+        return [m.group(1)] + ([m.group(3)] if m.group(3) else [])
+
+
+@dataclass(frozen=True)
+class PaperRow:
+    variant: str
+    label: str
+    lines: tuple[int, ...]
+    cells: tuple[Cell, ...]
+    ocr: dict[str, str] = field(default_factory=dict)
+    not_reproduced: str = ""
+    difference: tuple[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class PaperTable:
+    key: str  # table3 / fig7
+    title: str
+    source: str
+    preset: str
+    columns: dict[str, str]  # the paper's header -> the metric
+    blocks: dict[str, dict[str, PaperRow]]
+    order: str = "printed"
+
+    @property
+    def kind(self) -> str:
+        return "figure" if self.key.startswith("fig") else "table"
+
+    @property
+    def number(self) -> int:
+        m = TABLE_KEY.fullmatch(self.key)
+        assert m is not None
+        return int(m.group(2))
+
+    @property
+    def name(self) -> str:
+        return f"{'Figure' if self.kind == 'figure' else 'Table'} {self.number}"
+
+
+@dataclass(frozen=True)
+class Paper:
+    name: str  # dalr
+    title: str
+    text: str  # the text copy's file name (under ../shared/papers)
+    tables: dict[str, PaperTable]
+    file: Path
+
+
+def _mapping(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def _known(raw: dict[str, Any], fields: tuple[str, ...], where: str) -> None:
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ConfigError(f"{where}: unknown keys {unknown}; valid keys: {', '.join(fields)}")
+
+
+def _row(variant: str, raw: Any, n_columns: int, where: str) -> PaperRow:
+    raw = _mapping(raw, where)
+    _known(raw, ROW_FIELDS, where)
+    for key in ("line", "label", "cells"):
+        if key not in raw:
+            raise ConfigError(f"{where}: needs '{key}'")
+    lines = raw["line"] if isinstance(raw["line"], list) else [raw["line"]]
+    if not lines or not all(isinstance(n, int) and n >= 1 for n in lines):
+        raise ConfigError(f"{where}: line must be a line number >= 1 or a list of them, got {raw['line']!r}")
+    cells = raw["cells"]
+    if not isinstance(cells, list) or len(cells) != n_columns:
+        raise ConfigError(f"{where}: cells must list one value per column ({n_columns}), got {cells!r}")
+    difference = raw.get("difference")
+    if difference is not None and (not isinstance(difference, list) or len(difference) != 2):
+        raise ConfigError(f"{where}: difference must name two rows, got {difference!r}")
+    return PaperRow(variant, str(raw["label"]), tuple(lines), tuple(Cell.parse(c, where) for c in cells),
+                    {str(k): str(v) for k, v in _mapping(raw.get("ocr") or {}, f"{where}.ocr").items()},
+                    str(raw.get("not_reproduced") or ""), tuple(difference) if difference else None)
+
+
+def _table(paper: str, key: str, raw: Any, where: str) -> PaperTable:
+    raw = _mapping(raw, where)
+    _known(raw, TABLE_FIELDS, where)
+    if TABLE_KEY.fullmatch(key) is None:
+        raise ConfigError(f"{where}: a table key is table<N> or fig<N>, got {key!r}")
+    preset = str(raw.get("preset") or "")
+    if preset != f"{paper}-{key}":
+        raise ConfigError(f"{where}: preset must be {paper}-{key} (one preset per numbered table), got {preset!r}")
+    columns = {str(k): str(v) for k, v in _mapping(raw.get("columns") or {}, f"{where}.columns").items()}
+    unknown = [m for m in columns.values() if not known_metric(m)]
+    if unknown:
+        raise ConfigError(f"{where}.columns: {unknown} are not metrics a job reports")
+    order = str(raw.get("order", "printed"))
+    if order not in ("printed", "scrambled"):
+        raise ConfigError(f"{where}.order: printed or scrambled, got {order!r}")
+    blocks: dict[str, dict[str, PaperRow]] = {}
+    for block, rows in _mapping(raw.get("blocks") or {}, f"{where}.blocks").items():
+        blocks[str(block)] = {str(v): _row(str(v), r, len(columns), f"{where}.blocks.{block}.{v}")
+                              for v, r in _mapping(rows, f"{where}.blocks.{block}").items()}
+        for row in blocks[str(block)].values():
+            missing = [v for v in row.difference or () if v not in blocks[str(block)]]
+            if missing:
+                raise ConfigError(f"{where}.blocks.{block}.{row.variant}: difference names {missing}, not rows of "
+                                  "the block")
+    if blocks and not columns:
+        raise ConfigError(f"{where}: cells need columns")
+    return PaperTable(key, str(raw.get("title", key)), str(raw.get("source", "")), preset, columns, blocks, order)
+
+
+def load_paper(name: str, root: Path | str = ".") -> Paper:
+    """``papers/<name>.yaml`` under ``root``, checked: one line naming the file and key on error."""
+    file = Path(root) / PAPERS_DIR / f"{name}.yaml"
+    if not file.is_file():
+        raise ConfigError(f"no paper file {file}; papers: {', '.join(list_papers(root)) or 'none'}")
+    raw = _mapping(yaml.safe_load(file.read_text(encoding="utf-8")), str(file))
+    _known(raw, PAPER_FIELDS, str(file))
+    tables = {str(k): _table(name, str(k), t, f"{file}: tables.{k}")
+              for k, t in _mapping(raw.get("tables") or {}, f"{file}: tables").items()}
+    return Paper(name, str(raw.get("paper", name)), str(raw.get("text", f"{name}.txt")), tables, file)
+
+
+def list_papers(root: Path | str = ".") -> list[str]:
+    folder = Path(root) / PAPERS_DIR
+    return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
+
+
+def printed_numbers(line: str) -> list[str]:
+    return PRINTED_NUMBER.findall(line)
+
+
+def check_against_text(paper: Paper, text: str) -> list[str]:
+    """Every transcribed number against the paper's text copy: the cells of a row, each as the copy
+    prints it (``ocr``), are found in its line(s) in order (``order: scrambled``: each somewhere in
+    them). Returns one message per row that does not match (empty: all match)."""
+    lines = text.splitlines()
+    problems = []
+    for table in paper.tables.values():
+        for block, rows in table.blocks.items():
+            for row in rows.values():
+                where = f"{paper.file}: tables.{table.key}.blocks.{block}.{row.variant}"
+                if max(row.lines) > len(lines):
+                    problems.append(f"{where}: line {max(row.lines)} is past the end of {paper.text}")
+                    continue
+                found = [n for i in row.lines for n in printed_numbers(lines[i - 1])]
+                wanted = [row.ocr.get(n, n) for c in row.cells for n in c.numbers()]
+                if table.order == "scrambled":
+                    missing = [n for n in wanted if n not in found]
+                else:  # in order: each number after the previous one's place (the line may print more)
+                    missing, place = [], 0
+                    for n in wanted:
+                        if n in found[place:]:
+                            place = found.index(n, place) + 1
+                        else:
+                            missing.append(n)
+                if missing:
+                    problems.append(f"{where}: {missing} not in line(s) {list(row.lines)} of {paper.text} "
+                                    f"(it prints {found})")
+    return problems

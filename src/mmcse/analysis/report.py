@@ -1,0 +1,262 @@
+"""A paper's tables beside their reproduction: paper value, mmcse's mean ± std over seeds, Δ, and the
+table's own significance test, as Markdown and as one self-contained HTML page.
+
+Pure: `Reproduction` holds what one finished (or running) ablation of a table's preset produced
+under one profile (`mmcse.experiments.report` reads it from MLflow); `paper_report` lays the paper's
+blocks and those reproductions out as `Section` grids that `to_markdown` and `to_html` render.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from mmcse.analysis.papers import Paper, PaperRow, PaperTable
+
+ALPHA = 0.05  # the significance level of KDMCSE Table 1's marker
+DEMO = "demo"
+DEMO_WARNING = ("Demo data: these numbers come from the offline demo world (the packaged MiniLM student, "
+                "synthetic images and captions, a few training steps). They test the pipeline and are NOT "
+                "comparable with the paper's; no Δ is given.")
+
+
+@dataclass(frozen=True)
+class RunCell:
+    """mmcse's cell of one row and metric: ``mean ± std`` over ``n`` runs, ``p`` of the table's test."""
+
+    mean: float
+    std: float = math.nan
+    n: int = 0
+    p: float = math.nan
+
+
+@dataclass
+class Reproduction:
+    """One ablation of a table's preset under one profile (its MLflow parent run)."""
+
+    profile: str
+    run_id: str
+    status: str  # FINISHED / RUNNING / FAILED / KILLED
+    reference: str
+    test: str
+    rows: dict[str, dict[str, RunCell]]  # variant -> metric -> cell
+    row_status: dict[str, str] = field(default_factory=dict)  # variant -> ok / failed / partial …
+    devices: dict[str, str] = field(default_factory=dict)  # variant -> the device its jobs trained on
+    figure_png: bytes | None = None
+
+    @property
+    def block(self) -> str:
+        """The paper block a profile's runs reproduce: ``kdmcse-flickr-bert`` -> ``flickr-bert``."""
+        return self.profile.split("-", 1)[1] if "-" in self.profile else self.profile
+
+
+@dataclass
+class Section:
+    """A heading, lines of text, and optionally one grid (header + rows of cells) and a figure."""
+
+    heading: str
+    level: int = 2
+    lines: list[str] = field(default_factory=list)
+    header: list[str] = field(default_factory=list)
+    rows: list[list[str]] = field(default_factory=list)
+    figure_png: bytes | None = None
+
+
+def _fmt(x: float, digits: int) -> str:
+    return f"{x:.{digits}f}"
+
+
+def _digits(row: PaperRow | None, i: int) -> int:
+    """As many decimals as the paper prints in that cell (2 where it prints no cell)."""
+    printed = row.cells[i].printed if row is not None else None
+    if not printed:
+        return 2
+    mean = printed.split("±")[0].rstrip("*")
+    return len(mean.split(".")[1]) if "." in mean else 0
+
+
+def mmcse_cell(cell: RunCell | None, digits: int, reference: bool) -> str:
+    if cell is None or not math.isfinite(cell.mean):
+        return "—"
+    marker = "*" if not reference and math.isfinite(cell.p) and cell.p < ALPHA else ""
+    spread = f" ± {_fmt(cell.std, digits)}" if math.isfinite(cell.std) and cell.n > 1 else ""
+    return f"{_fmt(cell.mean, digits)}{marker}{spread} ({cell.n})"
+
+
+def delta(paper: float | None, ours: RunCell | None, digits: int) -> str:
+    if paper is None or ours is None or not math.isfinite(ours.mean):
+        return ""
+    return f"{ours.mean - paper:+.{digits}f}"
+
+
+def _difference(rows: dict[str, dict[str, RunCell]], pair: tuple[str, str], metric: str) -> RunCell | None:
+    a, b = (rows.get(v, {}).get(metric) for v in pair)
+    if a is None or b is None:
+        return None
+    return RunCell(a.mean - b.mean, math.nan, min(a.n, b.n))
+
+
+def block_grid(table: PaperTable, paper_rows: dict[str, PaperRow], found: Reproduction | None,
+               demo: bool = False) -> tuple[list[str], list[list[str]]]:
+    """Rows ``[row, source, cell…]``: for each paper row its printed cells, then mmcse's mean ± std
+    (n) with ``*`` where the table's test gives p < 0.05 against its reference, then Δ (mmcse −
+    paper; none for demo runs); preset rows the paper lacks follow with mmcse's cells alone."""
+    metrics = list(table.columns.values())
+    header = ["row", "", *table.columns]
+    grid: list[list[str]] = []
+    variants = list(paper_rows) + [v for v in (found.rows if found else {}) if v not in paper_rows]
+    for variant in variants:
+        row = paper_rows.get(variant)
+        if row is not None:
+            grid.append([variant, f"paper ({row.label})", *[c.printed or "" for c in row.cells]])
+        if row is not None and row.not_reproduced:
+            grid.append(["", "mmcse", f"not reproduced: {row.not_reproduced}", *[""] * (len(metrics) - 1)])
+            continue
+        if found is None:
+            continue
+        if row is not None and row.difference:
+            ours = {m: _difference(found.rows, row.difference, m) for m in metrics}
+        elif variant in found.rows:
+            ours = found.rows[variant]
+        else:
+            grid.append(["" if row else variant, "mmcse", "not run yet", *[""] * (len(metrics) - 1)])
+            continue
+        is_reference = variant == found.reference
+        status = found.row_status.get(variant, "ok")
+        label = "mmcse" + ("" if status == "ok" else f" ({status})")
+        grid.append(["" if row else variant, label,
+                     *[mmcse_cell(ours.get(m), _digits(row, i), is_reference) for i, m in enumerate(metrics)]])
+        if row is not None and not demo:
+            grid.append(["", "Δ", *[delta(row.cells[i].mean, ours.get(m), _digits(row, i))
+                                    for i, m in enumerate(metrics)]])
+    return header, grid
+
+
+def _run_command(paper: Paper, table: PaperTable, block: str) -> str:
+    profile = f"{paper.name}-{block}"
+    return f"mmcse profile {profile} && dvc exp run -S ablate.preset={table.preset}"
+
+
+def table_sections(paper: Paper, table: PaperTable, found: Sequence[Reproduction],
+                   preset_exists: bool) -> list[Section]:
+    """The sections of one table: its heading and source, then one per paper block (with the
+    reproduction of that block's profile, or how to run it) and one per reproduction whose
+    profile matches no block (the demo's: with the demo warning)."""
+    head = Section(f"{paper.name.upper()} {table.name}: {table.title}",
+                   lines=[f"Source: {table.source}." if table.source else "", f"Preset: `{table.preset}`."])
+    if not preset_exists:
+        head.lines.append(f"No preset yet: `ablations/{table.preset}.yaml` does not exist, so no command "
+                          "reproduces this table yet.")
+    if not table.blocks:
+        head.lines.append("The paper prints no numbers for it: the reproduction is the figure (or examples) "
+                          "its preset's ablation draws.")
+    sections = [head]
+    by_block = {r.block: r for r in found}
+    for block, rows in table.blocks.items():
+        run = by_block.get(block)
+        section = Section(f"{block}", level=3)
+        if run is None:
+            section.lines.append("Not run yet" + (f": `{_run_command(paper, table, block)}`" if preset_exists else "."))
+        else:
+            section.lines.append(_run_line(run))
+        section.header, section.rows = block_grid(table, rows, run)
+        sections.append(section)
+    first = next(iter(table.blocks.values()), {})
+    for run in found:
+        if run.block in table.blocks:
+            continue
+        demo = run.profile == DEMO
+        section = Section(f"{run.profile}" + (" (demo data)" if demo else " (no block of the paper's table)"),
+                          level=3, lines=[_run_line(run)])
+        if demo:
+            section.lines.insert(0, f"**{DEMO_WARNING}** Beside them: the paper's first block "
+                                    f"({next(iter(table.blocks), 'none')}) for orientation.")
+        section.header, section.rows = block_grid(table, first, run, demo=True) if table.columns else ([], [])
+        section.figure_png = run.figure_png
+        sections.append(section)
+    for run in found:
+        if run.block in table.blocks and run.figure_png:
+            sections.append(Section(f"{run.block}: figure", level=3, figure_png=run.figure_png))
+    return sections
+
+
+def _run_line(run: Reproduction) -> str:
+    devices = sorted(set(run.devices.values()))
+    return (f"mmcse: profile `{run.profile}`, MLflow run `{run.run_id}` ({run.status}); * = p < {ALPHA} "
+            f"({run.test} t-test) against {run.reference}; cells: mean ± std (runs); —: a metric these runs do "
+            "not report"
+            + (f"; trained on {', '.join(devices)}" if devices else "") + ".")
+
+
+def paper_report(paper: Paper, found: dict[str, list[Reproduction]], presets: set[str],
+                 tables: Sequence[str] | None = None) -> list[Section]:
+    """Every table of ``paper`` (or those in ``tables``, e.g. ``["table3"]``) in the paper's order."""
+    keys = [k for k in paper.tables if tables is None or k in tables]
+    intro = Section(f"{paper.title}: the paper's numbers beside mmcse's", level=1, lines=[
+        "Each block compares the paper's printed cell (paper), mmcse's mean ± std over seeds with the number "
+        "of runs (mmcse) and their difference (Δ = mmcse − paper), from the latest ablation of the table's preset "
+        "under the block's profile (MLflow experiment `<prefix>-ablate`).",
+    ])
+    if any(r.profile == DEMO for k in keys for r in found.get(k, [])):
+        intro.lines.append(f"**{DEMO_WARNING}**")
+    sections = [intro]
+    for key in keys:
+        table = paper.tables[key]
+        sections += table_sections(paper, table, found.get(key, []), table.preset in presets)
+    return sections
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def to_markdown(sections: Sequence[Section]) -> str:
+    out: list[str] = []
+    for s in sections:
+        out += [f"{'#' * s.level} {s.heading}", ""]
+        out += [line for line in s.lines if line] + ([""] if any(s.lines) else [])
+        if s.header:
+            out.append("| " + " | ".join(_md_cell(h) for h in s.header) + " |")
+            out.append("|" + "---|" * len(s.header))
+            out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in s.rows]
+            out.append("")
+        if s.figure_png:
+            out += ["(figure: in the HTML report)", ""]
+    return "\n".join(out).rstrip() + "\n"
+
+
+STYLE = ("body{font-family:sans-serif;margin:2em;max-width:80em}table{border-collapse:collapse;margin:1em 0}"
+         "td,th{border:1px solid #bbb;padding:2px 6px;text-align:right;font-size:90%}"
+         "td:first-child,td:nth-child(2){text-align:left}tr.paper td{background:#f4f4f4}"
+         "tr.delta td{color:#555}img{max-width:100%}")
+
+
+def to_html(sections: Sequence[Section], title: str) -> str:
+    """One page, no external resource: styles inline, figures as data URIs (opens offline)."""
+    def inline(text: str) -> str:  # **bold** and `code` of the Markdown lines
+        parts = html.escape(text).split("**")
+        text = "".join(f"<strong>{p}</strong>" if i % 2 else p for i, p in enumerate(parts))
+        parts = text.split("`")
+        return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+
+    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">', f"<title>{html.escape(title)}</title>",
+           f"<style>{STYLE}</style></head><body>"]
+    for s in sections:
+        level = min(s.level, 6)
+        out.append(f"<h{level}>{html.escape(s.heading)}</h{level}>")
+        out += [f"<p>{inline(line)}</p>" for line in s.lines if line]
+        if s.header:
+            out.append("<table><thead><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in s.header)
+                       + "</tr></thead><tbody>")
+            for row in s.rows:
+                kind = "paper" if row[1].startswith("paper") else "delta" if row[1] == "Δ" else "mmcse"
+                out.append(f'<tr class="{kind}">' + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>")
+            out.append("</tbody></table>")
+        if s.figure_png:
+            data = base64.b64encode(s.figure_png).decode("ascii")
+            out.append(f'<img alt="{html.escape(s.heading)}" src="data:image/png;base64,{data}">')
+    out.append("</body></html>")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,117 @@
+"""papers/<paper>.yaml: the papers' printed numbers, checked against the papers' text copies and
+against the presets that reproduce them."""
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from mmcse.analysis.papers import PAPERS, Cell, check_against_text, list_papers, load_paper
+from mmcse.config import ConfigError, load_config
+from tests.conftest import REPO
+
+PAPER_TEXTS = Path(os.environ.get("MMCSE_PAPERS_DIR", REPO.parent / "shared" / "papers"))
+# Numbered figures that are illustrations (examples, architecture): no preset reproduces them.
+ILLUSTRATIONS = {"dalr": {1, 2}, "kdmcse": {1, 2, 3, 4}, "mcseo": {1, 2}, "duet": {1}}
+
+
+def _text(paper) -> str:
+    path = PAPER_TEXTS / paper.text
+    if not path.is_file():
+        pytest.skip(f"no paper text copy at {path}")
+    return path.read_text(encoding="utf-8")
+
+
+def test_every_paper_has_its_numbers_file():
+    assert list_papers(REPO) == sorted(PAPERS)
+
+
+@pytest.mark.parametrize("name", PAPERS)
+def test_every_transcribed_number_is_printed_in_its_line_of_the_paper(name):
+    paper = load_paper(name, REPO)
+    assert check_against_text(paper, _text(paper)) == []
+
+
+@pytest.mark.parametrize("name", PAPERS)
+def test_every_numbered_table_and_figure_of_the_paper_is_listed(name):
+    """Captions in the text copy ("Table 3:", "Figure 8:", DUET's "Table 1.") against the file's keys."""
+    paper = load_paper(name, REPO)
+    text = _text(paper)
+    tables = {int(n) for n in re.findall(r"^Table (\d+)[:.]", text, re.M)}
+    figures = {int(n) for n in re.findall(r"^Figure (\d+)[:.]", text, re.M)} - ILLUSTRATIONS[name]
+    assert {t.number for t in paper.tables.values() if t.kind == "table"} == tables
+    assert {t.number for t in paper.tables.values() if t.kind == "figure"} == figures
+
+
+def test_the_check_finds_a_wrong_number_and_a_missing_misprint(tmp_path):
+    (tmp_path / "papers").mkdir()
+    (tmp_path / "papers/p.yaml").write_text(
+        "text: p.txt\ntables:\n  table1:\n    preset: p-table1\n    columns: {Avg.: avg, STS-B: STSBenchmark}\n"
+        "    blocks:\n      flickr-bert:\n        A: {line: 2, label: A, cells: [70.1±0.5, '80.2']}\n"
+        "        B: {line: 3, label: B, cells: [74.0±1.0, '81.0'], ocr: {'74.0': '4.0'}}\n")
+    good = "Model Avg. STS-B\nA 70.1 ± 0.5 80.2\nB /4.0 ± 1.0 81.0\n"
+    paper = load_paper("p", tmp_path)
+    assert check_against_text(paper, good) == []
+    problems = check_against_text(paper, good.replace("80.2", "80.3"))
+    assert len(problems) == 1 and "tables.table1.blocks.flickr-bert.A: ['80.2'] not in line(s) [2]" in problems[0]
+    # the cells must come in the printed order
+    assert check_against_text(paper, good.replace("A 70.1 ± 0.5 80.2", "A 80.2 70.1 ± 0.5")) != []
+    # without its ocr entry the misprinted 74.0 is not found
+    file = tmp_path / "papers/p.yaml"
+    file.write_text(file.read_text().replace(", ocr: {'74.0': '4.0'}", ""))
+    assert "['74.0'] not in line(s) [3]" in check_against_text(load_paper("p", tmp_path), good)[0]
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    ("tables:\n  table1: {preset: p-table1, colour: red}\n", r"tables.table1: unknown keys \['colour'\]; valid keys"),
+    ("tables:\n  table1: {preset: p-table2}\n", "preset must be p-table1"),
+    ("tables:\n  tab1: {preset: p-tab1}\n", "table<N> or fig<N>"),
+    ("tables:\n  table1: {preset: p-table1, columns: {X: sts_average}}\n", r"\['sts_average'\] are not metrics"),
+    ("tables:\n  table1:\n    preset: p-table1\n    columns: {Avg.: avg}\n    blocks: {b: {A: {line: 1, label: A, "
+     "cells: ['1.0', '2.0']}}}\n", r"cells must list one value per column \(1\)"),
+    ("tables:\n  table1:\n    preset: p-table1\n    columns: {Avg.: avg}\n    blocks: {b: {A: {line: 1, label: A, "
+     "cells: [1.0 +- 2]}}}\n", "is not 'mean', 'mean±std'"),
+    ("tables:\n  table1:\n    preset: p-table1\n    columns: {Avg.: avg}\n    blocks: {b: {D: {line: 1, label: D, "
+     "cells: ['+1.0'], difference: [A, B]}}}\n", r"difference names \['A', 'B'\], not rows"),
+])
+def test_a_bad_paper_file_is_one_line_naming_file_and_key(tmp_path, text, error):
+    (tmp_path / "papers").mkdir()
+    (tmp_path / "papers/p.yaml").write_text(text)
+    with pytest.raises(ConfigError, match=error) as err:
+        load_paper("p", tmp_path)
+    assert str(tmp_path / "papers/p.yaml") in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="no paper file .*papers: p"):
+        load_paper("q", tmp_path)
+
+
+def test_cells_parse_as_printed():
+    assert Cell.parse("74.4*±1.4", "w") == Cell("74.4*±1.4", 74.4, 1.4, True)
+    assert Cell.parse("-2.350", "w") == Cell("-2.350", -2.35, None, False)
+    assert Cell.parse("+0.85", "w").mean == 0.85 and Cell.parse(None, "w").mean is None
+    assert Cell.parse("290", "w").numbers() == ["290"] and Cell.parse("67.8±1.6", "w").numbers() == ["67.8", "1.6"]
+
+
+def _preset_rows(preset: str) -> list[str] | None:
+    if not (REPO / "ablations" / f"{preset}.yaml").is_file():
+        return None
+    return list(load_config(REPO / "params.yaml", {"ablate.preset": preset}).ablate.variants)
+
+
+@pytest.mark.parametrize("name", PAPERS)
+def test_every_preset_row_has_its_paper_row_and_every_paper_row_its_preset_row(name):
+    """Each paper row is a preset variant (unless it says why not, or is a difference of two rows),
+    and each variant of the table's preset is a row of some block; tables whose preset does not
+    exist yet are the report's "no preset yet"."""
+    paper = load_paper(name, REPO)
+    for table in paper.tables.values():
+        rows = _preset_rows(table.preset)
+        if rows is None or not table.blocks:
+            continue
+        printed = {v for block in table.blocks.values() for v, r in block.items()
+                   if not r.not_reproduced and not r.difference}
+        assert printed <= set(rows), (table.key, sorted(printed - set(rows)))
+        assert set(rows) <= printed, (table.key, sorted(set(rows) - printed))
+        for block in table.blocks.values():  # a row the preset lacks says why
+            for row in block.values():
+                assert row.variant in rows or row.not_reproduced or row.difference, (table.key, row.variant)

@@ -1,0 +1,129 @@
+"""`mmcse report`: the record of ablation runs in MLflow read back beside the papers' numbers."""
+
+import math
+import runpy
+
+import pytest
+import yaml
+
+from mmcse import tracking
+from mmcse.config import ConfigError, load_config
+from tests.conftest import REPO
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """An empty MLflow store in a scratch folder (the repo's papers/ and ablations/ are read in place)."""
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(REPO / "params.yaml")
+    tracking.configure(cfg)
+    return cfg
+
+
+def _ablation(cfg, preset: str, profile: str, reference: str, rows: list[dict], minutes: dict | None = None,
+              test: str = "independent") -> str:
+    """A parent run as `flows.ablations` leaves it: its params, its table, its jobs' runs."""
+    import mlflow
+    import pandas as pd
+
+    with tracking.run(cfg, "ablate", run_name=f"ablation {preset}") as parent:
+        mlflow.log_params({"ablation.preset": preset, "ablation.profile": profile, "ablation.reference": reference,
+                           "ablation.test": test})
+        mlflow.log_table(pd.DataFrame(rows), artifact_file="ablation_table.json")
+        for variant, values in (minutes or {}).items():
+            for seed, value in enumerate(values, 1):
+                with tracking.tagged({tracking.VARIANT_TAG: variant, "device": "cuda NVIDIA A100"}), \
+                        tracking.run(cfg, "ablate", run_name=f"{variant}-seed{seed}",
+                                     parent_run_id=parent.info.run_id):
+                    mlflow.log_metric(tracking.TRAIN_MINUTES, value)
+        return parent.info.run_id
+
+
+def _row(variant: str, seeds: int, **cells) -> dict:
+    row = {"variant": variant, "status": "ok", "seeds": seeds, "test": "independent"}
+    for metric, (mean, std, p) in cells.items():
+        row |= {f"{metric}_mean": mean, f"{metric}_std": std, f"{metric}_p": p}
+    return row
+
+
+def test_the_report_reads_the_latest_ablation_of_each_profile(store, tmp_path):
+    import mlflow
+
+    from mmcse.experiments.report import write_report
+
+    old = _ablation(store, "kdmcse-table3", "kdmcse-flickr-bert", "KDMCSE",
+                    [_row("KDMCSE", 5, avg=(10.0, 1.0, math.nan))])
+    new = _ablation(store, "kdmcse-table3", "kdmcse-flickr-bert", "KDMCSE", [
+        _row("KDMCSE", 5, avg=(78.9, 0.41, math.nan), STSBenchmark=(81.0, 0.5, math.nan)),
+        _row("w/o AdapACSE", 5, avg=(78.0, 0.3, 0.01), STSBenchmark=(80.9, 0.2, 0.6)),
+    ])
+    files = write_report(store, "kdmcse", "3", tmp_path / "reports", root=REPO)
+    text = files["md"].read_text()
+    assert files["md"].name == "kdmcse-table3.md" and "## KDMCSE Table 1" not in text  # one table asked for
+    assert f"MLflow run `{new}` (FINISHED)" in text and old not in text
+    # beside the paper's 78.6 / 81.3: mmcse's mean ± std (runs), the table's own test's marker, Δ
+    assert "| KDMCSE | paper (KDMCSE-BERT) | 74.4 | 83.1 | 76.3 | 83.7 | 78.8 | 81.3 | 73.0 | 78.6 |" in text
+    assert "|  | mmcse | — | — | — | — | — | 81.0 ± 0.5 (5) | — | 78.9 ± 0.4 (5) |" in text
+    assert "|  | Δ |  |  |  |  |  | -0.3 |  | +0.3 |" in text
+    assert "|  | mmcse | — | — | — | — | — | 80.9 ± 0.2 (5) | — | 78.0* ± 0.3 (5) |" in text  # p 0.01 on avg
+    assert "(independent t-test) against KDMCSE" in text
+    # the same report, as one page, in the files and on the ablation run it read
+    assert "78.0* ± 0.3 (5)" in files["html"].read_text()
+    logged = {a.path for a in mlflow.MlflowClient().list_artifacts(new, "report")}
+    assert logged == {"report/kdmcse-table3.md", "report/kdmcse-table3.html"}
+
+
+def test_training_minutes_come_from_the_jobs_runs(store, tmp_path):
+    from mmcse.experiments.report import build_report
+
+    _ablation(store, "dalr-table7", "dalr-coco-bert", "DALR", [_row("KDMCSE", 2), _row("DALR", 2)],
+              minutes={"KDMCSE": [400.0, 420.0], "DALR": [350.0]})
+    markdown, page, runs = build_report(store, "dalr", "table7", root=REPO)
+    coco = markdown.split("### coco-bert")[1].split("###")[0]
+    assert "|  | mmcse | 410 ± 14 (2) |" in coco and "|  | Δ | -30 |" in coco  # paper: 440 min
+    assert "|  | mmcse | 350 (1) |" in coco and "|  | Δ | -20 |" in coco  # paper: 370 min
+    assert "trained on cuda NVIDIA A100" in coco
+    assert "Not run yet: `mmcse profile dalr-flickr-bert && dvc exp run -S ablate.preset=dalr-table7`" in markdown
+    assert len(runs) == 1
+
+
+def test_every_table_is_listed_and_unknown_tables_are_refused(store, tmp_path):
+    from mmcse.experiments.report import build_report
+
+    markdown, _, runs = build_report(store, "dalr", root=REPO)
+    assert runs == []
+    for n in range(1, 11):
+        assert f"## DALR Table {n}:" in markdown
+    assert "## DALR Figure 3:" in markdown and "## DALR Figure 4:" in markdown
+    assert "No preset yet: `ablations/dalr-table10.yaml` does not exist" in markdown
+    with pytest.raises(ConfigError, match="no 'table11'; tables: table1, table2"):
+        build_report(store, "dalr", "11", root=REPO)
+    with pytest.raises(ConfigError, match="no paper file .*papers: dalr, duet, kdmcse, mcseo"):
+        build_report(store, "simcse", root=REPO)
+
+
+@pytest.mark.slow
+def test_the_report_runs_on_the_demo_outputs_end_to_end(project, capsys):
+    """The real path: the ablate stage runs a paper's preset on the demo data, then `mmcse report`
+    reads it back and says that the demo numbers are not the paper's."""
+    import shutil
+
+    from mmcse.cli import main
+
+    for folder in ("ablations", "papers", "profiles", "recipes"):  # the presets and the papers' numbers
+        shutil.copytree(REPO / folder, project / folder)
+    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw["ablate"] |= {"preset": "kdmcse-table3", "seeds": [1]}
+    raw["train"] |= {"max_steps": 2, "eval_steps": 2, "checkpoint_steps": 2}
+    (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    runpy.run_path(str(REPO / "stages/ablate.py"), run_name="__main__")
+    main(["report", "kdmcse", "--table", "3"])
+    out = capsys.readouterr().out
+    assert "### demo (demo data)" in out and "NOT comparable with the paper's" in out
+    demo = out.split("### demo (demo data)")[1]
+    assert load_config("params.yaml").ablate.preset == "kdmcse-table3"
+    for variant in ("KDMCSE", "w/o AdapACSE", "w/o threshold filtering"):
+        line = next(li for li in demo.splitlines() if li.startswith(f"| {variant} | paper"))
+        mmcse = demo.splitlines()[demo.splitlines().index(line) + 1]
+        assert mmcse.startswith("|  | mmcse |") and mmcse.rstrip(" |").endswith("(1)"), mmcse
+    assert (project / "reports/kdmcse-table3.html").read_text().count("<table>") == 2
