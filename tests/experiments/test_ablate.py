@@ -63,7 +63,7 @@ PRESET_ROWS = {
     "dalr-table3": ["DALR", "w/o L_info", "w/o L_CML", "w/o L_cons", "w/o L_CMA", "w/o L_IML", "w/o L_rank",
                     "w/o L_IMA", "w/o L_IML & L_CML"],
     "kdmcse-table3": ["KDMCSE", "w/o AdapACSE", "w/o threshold filtering"],
-    "mcseo-table1": ["SimCSE", "MCSE", "MCSEO"],
+    "mcseo-table1": ["untrained", "SimCSE", "MCSE", "MCSEO"],
     "kdmcse-table1": ["SimCSE (wiki)", "SimCSE", "MCSE", "KDMCSE"],
     "kdmcse-table2": ["MCSE", "KDMCSE"],
     "dalr-table1": ["SimCSE (wiki)", "SimCSE", "MCSE", "KDMCSE", "DALR"],

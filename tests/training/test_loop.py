@@ -406,3 +406,22 @@ def test_dalr_weighted_similarities_train_with_teachers_of_two_widths(project, m
         "train.method": "dalr", "train.max_steps": 2, "train.eval_steps": 2,
         "loss.dalr.teacher_weighting": "similarities", "loss.dalr.teacher_space": "raw"})
     assert train(cfg, "data/raw", "data/teachers", project / "m", progress=False).steps == 2
+
+
+def test_zero_epochs_evaluates_the_initial_encoder_without_a_step(project):
+    """train.epochs: 0 (MCSEO Table 1's untrained BERT / RoBERTa rows): no training step; the best
+    checkpoint is the encoder as loaded, scored once on dev, and a rerun finds it finished."""
+    from mmcse.config import ConfigError
+    from mmcse.models.student import load_backbone
+
+    cfg = with_overrides(load_config("params.yaml"), {"train.epochs": 0, "train.max_steps": 0})
+    result = train(cfg, "data/raw", "data/teachers", project / "m", progress=False)
+    assert (result.steps, result.best_step) == (0, 0) and [e["step"] for e in result.history] == [0]
+    best = load_file(str(result.best_dir / "model.safetensors"))
+    torch.manual_seed(cfg.base.seed)  # as `train` draws the random-init test encoder
+    initial = load_backbone(cfg.model, dropout=cfg.train.dropout).state_dict()
+    assert best.keys() <= initial.keys() and all(torch.equal(best[k], initial[k]) for k in best)
+    again = train(cfg, "data/raw", "data/teachers", project / "m", progress=False)
+    assert (again.steps, again.best_score) == (0, result.best_score)
+    with pytest.raises(ConfigError, match="train.epochs.*>= 1 with train.method duet"):
+        with_overrides(cfg, {"train.method": "duet"})

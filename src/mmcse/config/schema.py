@@ -96,6 +96,8 @@ def validate_terms(cfg: Config, where: str) -> None:
         fail(where, "data.pairs", f"none (text corpus only) trains SimCSE alone, but train.method is "
               f"{cfg.train.method!r}: set train.method: simcse, or choose image–caption pairs (demo, flickr30k, coco)")
     if cfg.train.method == "duet":
+        check(cfg.train.epochs >= 1, where, "train.epochs", "must be >= 1 with train.method duet (0, no training, "
+              "evaluates a sentence encoder as it was loaded)")
         check(cfg.data.pairs != "none", where, "data.pairs", "none has no images; train.method duet retrieves images")
         check("val" not in cfg.data.splits or cfg.data.pairs == "demo", where, "data.splits",
                "must not include val with train.method duet: the val split's R@K picks its best checkpoint")

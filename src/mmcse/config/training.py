@@ -78,7 +78,7 @@ class ModelConfig:
 class TrainConfig:
     method: Literal["simcse", "mcse", "kdmcse", "dalr", "mcseo", "duet"] = "mcse"
     batch_size: int = 64
-    epochs: int = 1
+    epochs: int = 1  # 0: no training step: the initial encoder is evaluated (MCSEO Table 1's BERT, RoBERTa rows)
     max_steps: int = 0  # 0: run all epochs
     learning_rate: float = 3e-5
     weight_decay: float = 0.0
@@ -93,7 +93,7 @@ class TrainConfig:
 
     def validate(self, where: str) -> None:
         check(self.batch_size >= 2, where, "train.batch_size", "must be >= 2 (in-batch negatives)")
-        check(self.epochs >= 1, where, "train.epochs", "must be >= 1")
+        check(self.epochs >= 0, where, "train.epochs", "must be >= 0 (0: no training, the encoder is evaluated)")
         check(self.max_steps >= 0, where, "train.max_steps", "must be >= 0 (0: all epochs)")
         check(self.learning_rate > 0, where, "train.learning_rate", "must be > 0")
         check(self.weight_decay >= 0, where, "train.weight_decay", "must be >= 0")

@@ -345,6 +345,9 @@ def train(
         evaluate_now()
         if best_weights is not None:
             write_best()
+        if total == 0:  # train.epochs: 0, the initial encoder evaluated (MCSEO Table 1's untrained rows)
+            flush()
+            save_resume_point(last_dir, student, optimizer, scheduler, scaler, state, config_hash)
 
     student.train()
     bar = tqdm(total=total, initial=state.step, desc=f"train {cfg.train.method}", unit="step", disable=not progress)
