@@ -40,7 +40,7 @@ from mmcse.experiments.ablate import (
     remember_parent,
     run_job,
 )
-from mmcse.experiments.ablation_record import log_ablation
+from mmcse.experiments.ablation_record import log_ablation, log_ablation_figures
 from mmcse.pipeline.paths import Paths
 from mmcse.tracking import prefect_tags
 
@@ -274,6 +274,7 @@ def ablations(
         files = write_table(rows, paths.ablations, table_metric(cfg), cfg.ablate.reference, cfg.ablate.title,
                             environment_notes(results))
         log_ablation(cfg, rows, files, paths, results, run_id=parent_id, step=len(results))
+        log_ablation_figures(cfg, results, parent_id)
     print(files["md"].read_text())
     return rows
 

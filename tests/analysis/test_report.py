@@ -99,10 +99,11 @@ def test_html_is_one_self_contained_page(paper):
     png = base64.b64decode("iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6k"
                            "gAAAABJRU5ErkJggg==")
     found = run(A={"avg": RunCell(77.0, 0.2, 5, 0.01)})
-    found.figure_png = png
+    found.figures = {"figures/ablation.png": png}
     page = to_html(paper_report(paper, {"table1": [found]}, {"p-table1"}), "report <p>")
     assert page.startswith("<!DOCTYPE html>") and "<title>report &lt;p&gt;</title>" in page
     assert f'src="data:image/png;base64,{base64.b64encode(png).decode()}"' in page
+    assert "<figcaption>figures/ablation.png</figcaption>" in page
     # nothing fetched from elsewhere: no external source, stylesheet or script
     assert not re.search(r'(src|href)="(?!data:)', page) and "<script" not in page
     assert '<tr class="paper"><td>A</td><td>paper (A-BERT)</td><td>80.1±0.5</td><td>77.30</td></tr>' in page

@@ -45,7 +45,7 @@ class Reproduction:
     rows: dict[str, dict[str, RunCell]]  # variant -> metric -> cell
     row_status: dict[str, str] = field(default_factory=dict)  # variant -> ok / failed / partial …
     devices: dict[str, str] = field(default_factory=dict)  # variant -> the device its jobs trained on
-    figure_png: bytes | None = None
+    figures: dict[str, bytes] = field(default_factory=dict)  # artifact name -> PNG (figures/ablation.png …)
 
     @property
     def block(self) -> str:
@@ -62,7 +62,7 @@ class Section:
     lines: list[str] = field(default_factory=list)
     header: list[str] = field(default_factory=list)
     rows: list[list[str]] = field(default_factory=list)
-    figure_png: bytes | None = None
+    figures: dict[str, bytes] = field(default_factory=dict)  # caption -> PNG
 
 
 def _fmt(x: float, digits: int) -> str:
@@ -175,11 +175,11 @@ def table_sections(paper: Paper, table: PaperTable, found: Sequence[Reproduction
             section.lines.insert(0, f"**{DEMO_WARNING}** Beside them: the paper's first block "
                                     f"({next(iter(table.blocks), 'none')}) for orientation.")
         section.header, section.rows = block_grid(table, first, run, demo=True) if table.columns else ([], [])
-        section.figure_png = run.figure_png
+        section.figures = run.figures
         sections.append(section)
     for run in found:
-        if run.block in table.blocks and run.figure_png:
-            sections.append(Section(f"{run.block}: figure", level=3, figure_png=run.figure_png))
+        if run.block in table.blocks and run.figures:
+            sections.append(Section(f"{run.block}: figures", level=3, figures=run.figures))
     return sections
 
 
@@ -223,8 +223,8 @@ def to_markdown(sections: Sequence[Section]) -> str:
             out.append("|" + "---|" * len(s.header))
             out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in s.rows]
             out.append("")
-        if s.figure_png:
-            out += ["(figure: in the HTML report)", ""]
+        if s.figures:
+            out += [f"(figures in the HTML report: {', '.join(s.figures)})", ""]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -255,8 +255,9 @@ def to_html(sections: Sequence[Section], title: str) -> str:
                 kind = "paper" if row[1].startswith("paper") else "delta" if row[1] == "Δ" else "mmcse"
                 out.append(f'<tr class="{kind}">' + "".join(f"<td>{html.escape(c)}</td>" for c in row) + "</tr>")
             out.append("</tbody></table>")
-        if s.figure_png:
-            data = base64.b64encode(s.figure_png).decode("ascii")
-            out.append(f'<img alt="{html.escape(s.heading)}" src="data:image/png;base64,{data}">')
+        for caption, png in s.figures.items():
+            data = base64.b64encode(png).decode("ascii")
+            out.append(f'<figure><img alt="{html.escape(caption)}" src="data:image/png;base64,{data}">'
+                       f"<figcaption>{html.escape(caption)}</figcaption></figure>")
     out.append("</body></html>")
     return "\n".join(out) + "\n"

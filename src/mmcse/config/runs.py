@@ -90,6 +90,9 @@ class EvaluateConfig:
         check(len(set(self.mteb)) == len(self.mteb), where, "evaluate.mteb", "task names repeat")
 
 
+ABLATION_FIGURES = ("sts_scatter",)  # `ablate.figures` (`mmcse.experiments.ablation_record.log_ablation_figures`)
+
+
 @dataclass(frozen=True)
 class AblateConfig:
     # name -> {dotted.param.key: value}; the empty override is the reference configuration.
@@ -116,9 +119,14 @@ class AblateConfig:
     # The significance test of each row against the reference: paired by seed (every row trains on
     # the same seeds), or independent (Student's two-sample t-test: KDMCSE Table 1, its presets).
     test: Literal["paired", "independent"] = "paired"
+    # Figures drawn from every row's job once the table is made (a paper figure comparing models):
+    # sts_scatter = gold against cosine similarity of each row's model on the STS test pairs (DALR Fig. 4)
+    figures: list[str] = field(default_factory=list)
 
     def validate(self, where: str) -> None:
         check(len(self.variants) >= 1, where, "ablate.variants", "needs at least one variant")
+        unknown = sorted(set(self.figures) - set(ABLATION_FIGURES))
+        check(not unknown, where, "ablate.figures", f"unknown {unknown}; figures: {', '.join(ABLATION_FIGURES)}")
         if self.plot_x:
             for name, overrides in self.variants.items():
                 value = overrides.get(self.plot_x) if isinstance(overrides, Mapping) else None

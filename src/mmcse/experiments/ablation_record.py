@@ -81,3 +81,30 @@ def log_ablation(cfg: Config, rows: list[dict[str, Any]], files: dict[str, Path]
         for r in rows
     }
     write_json(paths.metrics / "ablate.json", {"metric": metric, "preset": cfg.ablate.preset, "variants": summary})
+
+
+def first_runs(results: list[dict[str, Any]]) -> dict[str, str]:
+    """``{variant: run_id}`` of each row's finished job with the lowest seed, in the rows' order."""
+    out: dict[str, str] = {}
+    for r in sorted((r for r in results if r.get("status") == "ok" and r.get("run_id")), key=lambda r: r["seed"]):
+        out.setdefault(r["variant"], r["run_id"])
+    return {v: out[v] for v in dict.fromkeys(r["variant"] for r in results) if v in out}
+
+
+def log_ablation_figures(cfg: Config, results: list[dict[str, Any]], run_id: str) -> list[str]:
+    """``ablate.figures`` into the parent run ``run_id`` (``figures/<name>.png``), each from the job
+    of every row with the lowest seed: ``sts_scatter``, the model's cosine against the gold score of
+    the STS test pairs, one panel per row (DALR Fig. 4; `mmcse.evaluation.figures.sts_scatter_runs`).
+    Returns the artifacts logged."""
+    import mlflow
+
+    from mmcse.evaluation.figures import load_sts_predictions, sts_scatter_runs
+
+    logged = []
+    runs = first_runs(results)
+    for name in cfg.ablate.figures:
+        if name == "sts_scatter" and runs:
+            fig = sts_scatter_runs({variant: load_sts_predictions(job) for variant, job in runs.items()})
+            mlflow.MlflowClient().log_figure(run_id, fig, f"figures/{name}.png")
+            logged.append(f"figures/{name}.png")
+    return logged

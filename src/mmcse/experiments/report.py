@@ -3,7 +3,7 @@
 For every table of ``papers/<paper>.yaml`` the latest ablation (the parent run ``ablation <preset>``
 in experiment ``<prefix>-ablate``) of the table's preset under each profile is read back: its table
 (``ablation_table.json``: mean, std and the table's own test per row and metric), its jobs' training
-minutes and devices (the runs tagged ``ablation.variant``) and its figure. `mmcse.analysis.report`
+minutes and devices (the runs tagged ``ablation.variant``) and its figures. `mmcse.analysis.report`
 lays them beside the paper's numbers; the Markdown and the self-contained HTML page go to
 ``reports/<paper>.{md,html}`` and, as artifacts under ``report/``, to every ablation run they read.
 """
@@ -24,7 +24,7 @@ from mmcse.io import write_text
 from mmcse.tracking import TRAIN_MINUTES, VARIANT_TAG
 
 TABLE_ARTIFACT = "ablation_table.json"
-FIGURE_ARTIFACT = "figures/ablation.png"
+FIGURES = "figures"  # the parent run's figures: ablation.png, and those of ablate.figures
 REPORT_DIR = "reports"
 
 
@@ -72,11 +72,14 @@ def reproduction(client: Any, run: Any, experiment_id: str) -> Reproduction:
         mean = sum(values) / len(values)
         std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else math.nan
         rows.setdefault(variant, {})[TRAIN_MINUTES] = RunCell(mean, std, len(values))
-    figure = _artifact(client, run.info.run_id, FIGURE_ARTIFACT)
+    figures = {}
+    for artifact in client.list_artifacts(run.info.run_id, FIGURES):
+        if artifact.path.endswith(".png") and (path := _artifact(client, run.info.run_id, artifact.path)) is not None:
+            figures[artifact.path] = path.read_bytes()
     return Reproduction(
         profile=profile_of(run), run_id=run.info.run_id, status=run.info.status,
         reference=params.get("ablation.reference", ""), test=params.get("ablation.test", "paired"), rows=rows,
-        row_status=row_status, devices=devices, figure_png=figure.read_bytes() if figure is not None else None,
+        row_status=row_status, devices=devices, figures=figures,
     )
 
 
