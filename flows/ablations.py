@@ -274,7 +274,7 @@ def ablations(
         files = write_table(rows, paths.ablations, table_metric(cfg), cfg.ablate.reference, cfg.ablate.title,
                             environment_notes(results))
         log_ablation(cfg, rows, files, paths, results, run_id=parent_id, step=len(results))
-        log_ablation_figures(cfg, results, parent_id)
+        log_ablation_figures(cfg, results, parent_id, paths.ablations)
     print(files["md"].read_text())
     return rows
 

@@ -386,3 +386,22 @@ def test_sts_scatter_cli_reads_runs_and_ablation_jobs(tmp_path, monkeypatch):
         main(["figures", "sts-scatter", "--ablation", "nope", "--parent", parent.info.run_id, "--tracking-uri", uri,
               "--no-mlflow"])
     assert err.value.code == 2
+
+
+def test_tsne_panels_draw_one_map_per_model_of_the_same_sentences():
+    """DALR Fig. 3 for several models: a model whose embeddings separate the captions' images gets
+    purity 1; one with random embeddings does not; every model must embed the same sentences."""
+    import numpy as np
+
+    from mmcse.evaluation.figures import tsne_panels
+
+    rng = np.random.default_rng(0)
+    images = np.repeat(np.arange(4), 10)  # 40 captions of 4 images
+    centres = rng.normal(size=(4, 16)) * 10
+    separated = centres[images] + rng.normal(size=(40, 16)) * 0.1
+    fig, metrics = tsne_panels({"good": separated, "random": rng.normal(size=(40, 16))}, n_clusters=4, groups=images)
+    assert len(fig.axes) == 2 and [ax.get_title().split("\n")[0] for ax in fig.axes] == ["good", "random"]
+    assert metrics["good"]["purity"] == 1.0 and metrics["random"]["purity"] < 0.8
+    assert metrics["good"]["silhouette"] > metrics["random"]["silhouette"]
+    with pytest.raises(ValueError, match="same sentences"):
+        tsne_panels({"a": separated, "b": separated[:30]})

@@ -73,6 +73,7 @@ PRESET_ROWS = {
     "dalr-table6": ["MCSE", "KDMCSE", "DALR"],
     "dalr-table7": ["KDMCSE", "DALR"],
     "dalr-fig4": ["SimCSE", "MCSE", "KDMCSE", "DALR"],
+    "dalr-fig3": ["DALR", "w/o L_info", "w/o L_CML", "w/o L_IML"],
     "dalr-table8": ["DALR", "w/o L_info", "w/o L_CML", "w/o L_cons", "w/o L_CMA", "w/o L_IML", "w/o L_rank",
                     "w/o L_IMA", "w/o L_IML & L_CML"],
     "kdmcse-fig7": [f"m={round(0.025 * i, 3)}" for i in range(1, 10)],
@@ -148,9 +149,9 @@ def test_every_preset_loads_in_the_papers_row_order(preset):
 def test_unknown_preset_lists_the_available_ones():
     from mmcse.config import ConfigError, load_config
 
-    presets = ("baselines, dalr-fig4, dalr-table1, dalr-table2, dalr-table3, dalr-table4, dalr-table5, dalr-table6, "
-               "dalr-table7, dalr-table8, dalr-table9, duet-table1, duet-table2, kdmcse-fig7, kdmcse-table1, "
-               "kdmcse-table2, kdmcse-table3, kdmcse-table5, mcseo-table1")
+    presets = ("baselines, dalr-fig3, dalr-fig4, dalr-table1, dalr-table2, dalr-table3, dalr-table4, "
+               "dalr-table5, dalr-table6, dalr-table7, dalr-table8, dalr-table9, duet-table1, duet-table2, "
+               "kdmcse-fig7, kdmcse-table1, kdmcse-table2, kdmcse-table3, kdmcse-table5, mcseo-table1")
     with pytest.raises(ConfigError, match=f"ablate.preset.*{presets}"):
         load_config(REPO / "params.yaml", {"ablate.preset": "dalr-table99"})
 

@@ -90,7 +90,8 @@ class EvaluateConfig:
         check(len(set(self.mteb)) == len(self.mteb), where, "evaluate.mteb", "task names repeat")
 
 
-ABLATION_FIGURES = ("sts_scatter",)  # `ablate.figures` (`mmcse.experiments.ablation_record.log_ablation_figures`)
+# `ablate.figures` (`mmcse.experiments.ablation_record.log_ablation_figures`)
+ABLATION_FIGURES = ("sts_scatter", "tsne_clusters")
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,8 @@ class AblateConfig:
     # the same seeds), or independent (Student's two-sample t-test: KDMCSE Table 1, its presets).
     test: Literal["paired", "independent"] = "paired"
     # Figures drawn from every row's job once the table is made (a paper figure comparing models):
-    # sts_scatter = gold against cosine similarity of each row's model on the STS test pairs (DALR Fig. 4)
+    # sts_scatter = gold against cosine similarity of each row's model on the STS test pairs (DALR Fig. 4);
+    # tsne_clusters = t-SNE + 50 KMeans clusters of each row's embeddings of the same test captions (DALR Fig. 3)
     figures: list[str] = field(default_factory=list)
 
     def validate(self, where: str) -> None:

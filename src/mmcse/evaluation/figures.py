@@ -141,6 +141,42 @@ def tsne_figure(
     return fig, metrics
 
 
+def tsne_panels(
+    embeddings: Mapping[str, np.ndarray],
+    n_clusters: int = TSNE_CLUSTERS,
+    seed: int = 0,
+    groups: Sequence[Any] | None = None,
+) -> tuple[plt.Figure, dict[str, dict[str, float]]]:
+    """DALR Figure 3 for several models in one picture: the t-SNE map of each model's embeddings
+    ``(N, d)`` of the same N sentences (the mapping's order, one panel each), coloured by that
+    model's own KMeans clusters, titled with its silhouette (and purity against ``groups``).
+    Returns the figure and `tsne_clusters`' metrics per model."""
+    if not embeddings:
+        raise ValueError("tsne_panels needs at least one model's embeddings")
+    sizes = {name: len(e) for name, e in embeddings.items()}
+    if len(set(sizes.values())) != 1:
+        raise ValueError(f"tsne_panels: every model must embed the same sentences, got {sizes}")
+    n = len(embeddings)
+    cols = min(4, n)
+    rows = int(np.ceil(n / cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 3.4 * rows), squeeze=False)
+    metrics = {}
+    for ax, (name, emb) in zip(axes.flat, embeddings.items(), strict=False):
+        k = min(n_clusters, len(emb) - 1)
+        coords, labels, metrics[name] = tsne_clusters(np.asarray(emb), k, seed, groups)
+        ax.scatter(coords[:, 0], coords[:, 1], c=labels, cmap="nipy_spectral", s=4, alpha=0.8)
+        quality = f"silhouette={metrics[name]['silhouette']:.3f}"
+        if "purity" in metrics[name]:
+            quality += f", purity={metrics[name]['purity']:.3f}"
+        ax.set_title(f"{name}\n{k} clusters, {quality}", fontsize=8)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    for ax in axes.flat[n:]:
+        fig.delaxes(ax)
+    fig.tight_layout()
+    return fig, metrics
+
+
 # --------------------------------------------------------------------------- STS scatter of runs
 
 Predictions = Mapping[str, tuple[Sequence[float], Sequence[float]]]  # task -> (cosine, gold)

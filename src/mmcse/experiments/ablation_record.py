@@ -83,28 +83,103 @@ def log_ablation(cfg: Config, rows: list[dict[str, Any]], files: dict[str, Path]
     write_json(paths.metrics / "ablate.json", {"metric": metric, "preset": cfg.ablate.preset, "variants": summary})
 
 
-def first_runs(results: list[dict[str, Any]]) -> dict[str, str]:
-    """``{variant: run_id}`` of each row's finished job with the lowest seed, in the rows' order."""
-    out: dict[str, str] = {}
+FIG3_SENTENCES = 5000  # DALR §4.4: "we randomly sample 5,000 image-text pairs from the MSCOCO test set"
+
+
+def first_jobs(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """``{variant: result}`` of each row's finished job with the lowest seed, in the rows' order."""
+    out: dict[str, dict[str, Any]] = {}
     for r in sorted((r for r in results if r.get("status") == "ok" and r.get("run_id")), key=lambda r: r["seed"]):
-        out.setdefault(r["variant"], r["run_id"])
+        out.setdefault(r["variant"], r)
     return {v: out[v] for v in dict.fromkeys(r["variant"] for r in results) if v in out}
 
 
-def log_ablation_figures(cfg: Config, results: list[dict[str, Any]], run_id: str) -> list[str]:
+def figure_sentences(raw: Path, n: int, seed: int) -> tuple[list[str], list[str] | None]:
+    """At most ``n`` distinct test sentences (a seeded sample) and the image each describes: the
+    retrieval test captions (DALR Fig. 3: COCO test captions), else the STS test sentences
+    (no images: a text-only data set)."""
+    import numpy as np
+
+    from mmcse.io import read_jsonl
+
+    captions = raw / "retrieval" / "captions.jsonl"
+    if captions.is_file():
+        image_of = {}
+        for row in read_jsonl(captions):
+            image_of.setdefault(str(row["caption"]), str(row["image_id"]))
+        sentences = sorted(image_of)
+    else:
+        sentences = sorted({s for row in read_jsonl(raw / "sts" / "test.jsonl") for s in (row["s1"], row["s2"])})
+        image_of = None
+    if len(sentences) > n:
+        keep = np.sort(np.random.default_rng(seed).choice(len(sentences), n, replace=False))
+        sentences = [sentences[i] for i in keep]
+    return sentences, [image_of[s] for s in sentences] if image_of is not None else None
+
+
+def _tsne_clusters(cfg: Config, jobs: dict[str, dict[str, Any]], ablations: Path) -> tuple[Any, dict[str, float]]:
+    """Each row's best checkpoint encodes the same test captions; one t-SNE panel per row."""
+    import numpy as np
+
+    from mmcse.evaluation.figures import TSNE_CLUSTERS, tsne_panels
+    from mmcse.evaluation.sts import TextEncoder, encode_unique
+    from mmcse.experiments.ablate import Job
+    from mmcse.models.device import resolve_device
+
+    sentences, groups = figure_sentences(Paths.of(cfg).raw, FIG3_SENTENCES, cfg.base.seed)
+    device = str(resolve_device(cfg.base.device))
+    embeddings = {}
+    for variant, job in jobs.items():
+        best = Job(variant, job["seed"], {}).folder(ablations) / "best"
+        if not best.is_dir():
+            raise FileNotFoundError(f"{best}: the best checkpoint of row {variant!r} (seed {job['seed']}) is not here")
+        encoder = TextEncoder(str(best), cfg.evaluate.pooler, device, precision=cfg.train.precision)
+        vectors = encode_unique(encoder, sentences, cfg.evaluate.batch_size, desc=f"t-SNE {variant}")
+        embeddings[variant] = np.stack([vectors[s] for s in sentences])
+    fig, metrics = tsne_panels(embeddings, TSNE_CLUSTERS, cfg.base.seed, groups)
+    flat = {f"{variant}/cluster_{k}": v for variant, m in metrics.items() for k, v in m.items()
+            if k in ("silhouette", "purity")}
+    return fig, flat
+
+
+def log_ablation_figures(cfg: Config, results: list[dict[str, Any]], run_id: str,
+                         ablations: Path | None = None) -> list[str]:
     """``ablate.figures`` into the parent run ``run_id`` (``figures/<name>.png``), each from the job
-    of every row with the lowest seed: ``sts_scatter``, the model's cosine against the gold score of
-    the STS test pairs, one panel per row (DALR Fig. 4; `mmcse.evaluation.figures.sts_scatter_runs`).
-    Returns the artifacts logged."""
+    of every row with the lowest seed:
+
+    - ``sts_scatter``: the model's cosine against the gold score of the STS test pairs, one panel
+      per row (DALR Fig. 4; `mmcse.evaluation.figures.sts_scatter_runs`);
+    - ``tsne_clusters``: each row's best checkpoint (under ``ablations``, default the ablation
+      folder) encodes the same test captions, t-SNE + 50 KMeans clusters per row (DALR Fig. 3; the
+      clusters' silhouette and purity against the captions' images go to the parent's metrics).
+
+    A figure that cannot be drawn does not undo the table: its error goes to the parent's tag
+    ``figure.<name>.error`` and is printed. Returns the artifacts logged."""
+    import math
+
     import mlflow
 
     from mmcse.evaluation.figures import load_sts_predictions, sts_scatter_runs
 
+    client = mlflow.MlflowClient()
+    jobs = first_jobs(results)
     logged = []
-    runs = first_runs(results)
     for name in cfg.ablate.figures:
-        if name == "sts_scatter" and runs:
-            fig = sts_scatter_runs({variant: load_sts_predictions(job) for variant, job in runs.items()})
-            mlflow.MlflowClient().log_figure(run_id, fig, f"figures/{name}.png")
-            logged.append(f"figures/{name}.png")
+        if not jobs:
+            break
+        try:
+            metrics: dict[str, float] = {}
+            if name == "sts_scatter":
+                fig = sts_scatter_runs({v: load_sts_predictions(j["run_id"]) for v, j in jobs.items()})
+            else:  # tsne_clusters
+                fig, metrics = _tsne_clusters(cfg, jobs, ablations or Paths.of(cfg).ablations)
+        except Exception as err:  # noqa: BLE001 - the table is the record; the figure says why it is missing
+            client.set_tag(run_id, f"figure.{name}.error", str(err)[:500])
+            print(f"ablation figure {name} not drawn: {err}")
+            continue
+        client.log_figure(run_id, fig, f"figures/{name}.png")
+        for key, value in metrics.items():
+            if math.isfinite(value):
+                client.log_metric(run_id, key, value)
+        logged.append(f"figures/{name}.png")
     return logged
