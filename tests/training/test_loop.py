@@ -369,43 +369,41 @@ class _NarrowStore:
         return getattr(self._store, name)
 
 
+@pytest.fixture
+def two_teacher_widths(project, monkeypatch):
+    """The project's training data with its second text teacher reporting width 7 (the first: 384)."""
+    import mmcse.training.loop as loop
+
+    load = loop.TrainData.load
+
+    def two_widths(*args, **kwargs):
+        data = load(*args, **kwargs)
+        data.text_captions[1] = _NarrowStore(data.text_captions[1])
+        return data
+
+    monkeypatch.setattr(loop.TrainData, "load", staticmethod(two_widths))
+    return project
+
+
 @pytest.mark.parametrize("overrides", [{}, {"loss.dalr.iml": False}], ids=["dalr", "cml-only"])
-def test_dalr_refuses_teachers_of_two_widths_before_any_compute(project, monkeypatch, overrides):
+def test_dalr_refuses_teachers_of_two_widths_before_any_compute(two_teacher_widths, monkeypatch, overrides):
     """DALR aggregates its text teachers' embeddings (App. B): teachers of two widths are refused
     before the student is built, naming both widths and the way out; L_CMA's projected Q^{t2t}
     aggregates them too, so a run with L_CMA alone is refused as well."""
     import mmcse.training.loop as loop
 
-    load = loop.TrainData.load
-
-    def two_widths(*args, **kwargs):
-        data = load(*args, **kwargs)
-        data.text_captions[1] = _NarrowStore(data.text_captions[1])
-        return data
-
-    monkeypatch.setattr(loop.TrainData, "load", staticmethod(two_widths))
     monkeypatch.setattr(loop, "load_backbone", lambda *a, **k: pytest.fail("the student was built"))
     cfg = with_overrides(load_config("params.yaml"), {"train.method": "dalr", **overrides})
     with pytest.raises(ValueError, match=r"widths \[7, 384\] cannot be aggregated.*teacher_space: raw"):
-        train(cfg, "data/raw", "data/teachers", project / "m", progress=False)
-    assert not (project / "m").exists()
+        train(cfg, "data/raw", "data/teachers", two_teacher_widths / "m", progress=False)
+    assert not (two_teacher_widths / "m").exists()
 
 
-def test_dalr_weighted_similarities_train_with_teachers_of_two_widths(project, monkeypatch):
-    import mmcse.training.loop as loop
-
-    load = loop.TrainData.load
-
-    def two_widths(*args, **kwargs):
-        data = load(*args, **kwargs)
-        data.text_captions[1] = _NarrowStore(data.text_captions[1])
-        return data
-
-    monkeypatch.setattr(loop.TrainData, "load", staticmethod(two_widths))
+def test_dalr_weighted_similarities_train_with_teachers_of_two_widths(two_teacher_widths):
     cfg = with_overrides(load_config("params.yaml"), {
         "train.method": "dalr", "train.max_steps": 2, "train.eval_steps": 2,
         "loss.dalr.teacher_weighting": "similarities", "loss.dalr.teacher_space": "raw"})
-    assert train(cfg, "data/raw", "data/teachers", project / "m", progress=False).steps == 2
+    assert train(cfg, "data/raw", "data/teachers", two_teacher_widths / "m", progress=False).steps == 2
 
 
 def test_zero_epochs_evaluates_the_initial_encoder_without_a_step(project):

@@ -35,11 +35,13 @@ def _float(value: Any) -> float:
         return math.nan
 
 
-def _artifact(client: Any, run_id: str, path: str) -> Path | None:
-    try:
-        return Path(client.download_artifacts(run_id, path, tempfile.mkdtemp(prefix="mmcse-report-")))
-    except Exception:  # not logged (yet): a running or failed ablation
-        return None
+def _artifact(client: Any, run_id: str, path: str) -> bytes | None:
+    """The bytes of one artifact of a run (None: not logged, e.g. a running or failed ablation)."""
+    with tempfile.TemporaryDirectory(prefix="mmcse-report-") as tmp:
+        try:
+            return Path(client.download_artifacts(run_id, path, tmp)).read_bytes()
+        except Exception:
+            return None
 
 
 def reproduction(client: Any, run: Any, experiment_id: str) -> Reproduction:
@@ -49,7 +51,7 @@ def reproduction(client: Any, run: Any, experiment_id: str) -> Reproduction:
     row_status: dict[str, str] = {}
     table = _artifact(client, run.info.run_id, TABLE_ARTIFACT)
     if table is not None:
-        raw = json.loads(table.read_text())
+        raw = json.loads(table)
         for values in raw.get("data", []):
             row = dict(zip(raw["columns"], values, strict=True))
             variant, n = str(row["variant"]), int(_float(row.get("seeds")) or 0)
@@ -74,8 +76,8 @@ def reproduction(client: Any, run: Any, experiment_id: str) -> Reproduction:
         rows.setdefault(variant, {})[TRAIN_MINUTES] = RunCell(mean, std, len(values))
     figures = {}
     for artifact in client.list_artifacts(run.info.run_id, FIGURES):
-        if artifact.path.endswith(".png") and (path := _artifact(client, run.info.run_id, artifact.path)) is not None:
-            figures[artifact.path] = path.read_bytes()
+        if artifact.path.endswith(".png") and (png := _artifact(client, run.info.run_id, artifact.path)) is not None:
+            figures[artifact.path] = png
     return Reproduction(
         profile=profile_of(run), run_id=run.info.run_id, status=run.info.status,
         reference=params.get("ablation.reference", ""), test=params.get("ablation.test", "paired"), rows=rows,
