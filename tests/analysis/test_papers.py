@@ -115,3 +115,15 @@ def test_every_preset_row_has_its_paper_row_and_every_paper_row_its_preset_row(n
         for block in table.blocks.values():  # a row the preset lacks says why
             for row in block.values():
                 assert row.variant in rows or row.not_reproduced or row.difference, (table.key, row.variant)
+
+
+@pytest.mark.parametrize("name", PAPERS)
+def test_every_table_and_figure_has_its_preset_and_every_figure_draws_something(name):
+    """One command per numbered table / figure: its preset file exists and loads; a figure's preset
+    draws a picture (``ablate.figures``) unless it is a table of numbers over a swept value."""
+    paper = load_paper(name, REPO)
+    for table in paper.tables.values():
+        assert (REPO / "ablations" / f"{table.preset}.yaml").is_file(), (table.key, table.preset)
+        cfg = load_config(REPO / "params.yaml", {"ablate.preset": table.preset})
+        if table.kind == "figure":
+            assert cfg.ablate.figures or cfg.ablate.plot_x, (table.key, "draws nothing")

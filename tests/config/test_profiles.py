@@ -20,7 +20,8 @@ PROFILES = REPO / "profiles"
 def test_every_paper_has_four_profiles_and_duet_one_per_dataset():
     students = [f"{paper}-{data}-{model}" for paper in ("dalr", "kdmcse", "mcseo")
                 for data in ("flickr", "coco") for model in ("bert", "roberta")]
-    assert sorted(list_profiles(REPO)) == sorted([*students, "duet-coco", "duet-flickr", "demo"])
+    cc12m = [f"kdmcse-cc12m{k}-{model}" for k in (1, 2) for model in ("bert", "roberta")]  # KDMCSE Table 4
+    assert sorted(list_profiles(REPO)) == sorted([*students, *cc12m, "duet-coco", "duet-flickr", "demo"])
 
 
 # (lr, batch, method, preset) as each paper prints them
@@ -49,7 +50,11 @@ def test_each_profile_gives_valid_params_with_the_papers_numbers(project, name):
     comments = [line.split("#", 1)[1].strip() for line in lines if "#" in line]
     assert [c for c in comments if c not in text] == []
     assert cfg.model.name_or_path == {"bert": "bert-base-uncased", "roberta": "roberta-base"}[model]
-    assert cfg.data.pairs == {"flickr": "flickr30k", "coco": "coco"}[data]
+    assert cfg.data.pairs == {"flickr": "flickr30k", "coco": "coco", "cc12m1": "cc12m", "cc12m2": "cc12m"}[data]
+    if cfg.data.pairs == "cc12m":  # KDMCSE Table 4: two subsets of one million pairs
+        assert (cfg.data.image_limit, cfg.data.cc12m_subset) == (1_000_000, int(data[-1]))
+    # DALR scores every model's retrieval on Flickr30k (Table 4); the others on their own test split
+    assert cfg.data.retrieval_test == ("flickr30k" if (paper, data) == ("dalr", "coco") else "same")
     assert cfg.model.max_seq_len == 32 and cfg.train.max_steps == 0 and cfg.ablate.seeds == [1, 2, 3, 4, 5]
     if paper == "duet":  # a retrieval model: no corpus or STS; 30 epochs, val rsum every 2,000 steps
         assert (cfg.train.epochs, cfg.train.eval_steps, cfg.model.duet.joint_dim) == (30, 2000, 1024)

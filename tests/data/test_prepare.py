@@ -305,3 +305,112 @@ def test_val_keys_are_validated_and_fixed():
     with pytest.raises(ConfigError, match="data.demo.retrieval_val_images"):
         parse_config({"data": {"demo": {"retrieval_val_images": 9}}})
     assert is_fixed("data.val_images") and is_fixed("data.demo.retrieval_val_images")
+
+
+def test_the_retrieval_test_set_of_another_data_set(tmp_path):
+    """DALR Table 4: a wiki+coco model scored on the Flickr30k test split (data.retrieval_test)."""
+    from mmcse.config import ConfigError, parse_config
+    from mmcse.data.prepare import prepare_data
+    from mmcse.io import read_jsonl
+
+    folder, dl = _karpathy_folder(tmp_path), tmp_path / "dl"
+    manifest = prepare_data(_real(folder, pairs="coco", retrieval_test="flickr30k"), 0, tmp_path / "raw", dl)
+    raw = tmp_path / "raw"
+    assert [r["image_id"] for r in read_jsonl(raw / "images.jsonl")] == ["coco-9"]  # coco trains
+    assert [r["image_id"] for r in read_jsonl(raw / "retrieval/images.jsonl")] == ["flickr30k-5"]
+    assert read_jsonl(raw / "retrieval/captions.jsonl") == [{"image_id": "flickr30k-5", "caption": "A test image ."}]
+    assert manifest["retrieval_set"] == "flickr30k_1k" and manifest["retrieval_val_set"] == "coco_val"
+    assert "flickr30k_images" in manifest["sources"]
+    same = prepare_data(_real(folder, pairs="coco"), 0, tmp_path / "same", dl)
+    assert same["retrieval_set"] == "coco_5k"
+    assert [r["image_id"] for r in read_jsonl(tmp_path / "same/retrieval/images.jsonl")] == ["coco-73"]
+    with pytest.raises(ConfigError, match="data.retrieval_test.*demo world.*use same"):
+        parse_config({"data": {"pairs": "demo", "retrieval_test": "coco"}})
+    with pytest.raises(ConfigError, match="retrieval_test"):
+        parse_config({"data": {"pairs": "coco", "retrieval_test": "demo"}})
+
+
+def _cc12m_folder(tmp_path):
+    """Two webdataset shards laid out like pixparse/cc12m-wds: 4 + 3 samples, one without its
+    caption (shard 0) and one unreadable image (shard 1)."""
+    import io
+    import tarfile
+
+    from PIL import Image
+
+    def jpeg(shade: int) -> bytes:
+        buf = io.BytesIO()
+        Image.new("RGB", (12, 10), (shade, 30, 90)).save(buf, format="JPEG")
+        return buf.getvalue()
+
+    def shard(path, samples):
+        with tarfile.open(path, "w") as tar:
+            for name, data in samples.items():
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+
+    folder = tmp_path / "cc12m"
+    folder.mkdir()
+    shard(folder / "cc12m-train-0000.tar", {
+        "000000000.jpg": jpeg(10), "000000000.txt": b"a red  kite over the sea",
+        "000000001.jpg": jpeg(20), "000000001.txt": b"two dogs",
+        "000000002.jpg": jpeg(30),  # no caption
+        "000000003.jpg": jpeg(40), "000000003.txt": b"a bowl of soup"})
+    shard(folder / "cc12m-train-0001.tar", {
+        "000010000.jpg": jpeg(50), "000010000.txt": b"a train at night",
+        "000010001.jpg": b"not a jpeg", "000010001.txt": b"broken",
+        "000010002.jpg": jpeg(70), "000010002.txt": b"a small boat"})
+    return folder
+
+
+def test_cc12m_subsets_are_disjoint_blocks_of_readable_captioned_samples(tmp_path):
+    """KDMCSE Table 4: subset k of N pairs = the k-th block of N usable samples in shard order."""
+    from mmcse.data.prepare import prepare_data
+    from mmcse.io import read_jsonl
+
+    folder, dl = _cc12m_folder(tmp_path), tmp_path / "dl"
+    data = {"pairs": "cc12m", "image_limit": 2, "sources": {"cc12m": {"path": str(folder)}}}
+    one = prepare_data(_real(tmp_path, **{**data, "cc12m_subset": 1}), 0, tmp_path / "one", dl)
+    two = prepare_data(_real(tmp_path, **{**data, "cc12m_subset": 2}), 0, tmp_path / "two", dl)
+    pairs1, pairs2 = read_jsonl(tmp_path / "one/pairs.jsonl"), read_jsonl(tmp_path / "two/pairs.jsonl")
+    assert [p["caption"] for p in pairs1] == ["a red kite over the sea", "two dogs"]  # whitespace folded
+    assert [p["caption"] for p in pairs2] == ["a bowl of soup", "a train at night"]  # across the shard boundary
+    assert [p["image_id"] for p in pairs2] == ["cc12m-000000003", "cc12m-000010000"]
+    rows = read_jsonl(tmp_path / "two/images.jsonl")
+    assert (tmp_path / "two" / rows[1]["file"]).read_bytes()[:2] == b"\xff\xd8"
+    assert one["counts"]["captions_missing"] == 0 and two["counts"]["captions_missing"] == 1  # met on the way
+    assert one["retrieval_set"] is None and one["retrieval_val_set"] is None  # CC12M has no test or val split
+    assert two["counts"]["images"] == 2 and set(two["sources"]) == {"cc12m/cc12m-train-0000", "cc12m/cc12m-train-0001"}
+    three = prepare_data(_real(tmp_path, **{**data, "cc12m_subset": 4, "image_limit": 1}), 0, tmp_path / "three", dl)
+    assert [p["caption"] for p in read_jsonl(tmp_path / "three/pairs.jsonl")] == ["a train at night"]
+    assert three["counts"]["images_unreadable"] == 0  # never reached: the subset was full before it
+    with pytest.raises(ValueError, match="subset 2 of 3 pairs needs 6 samples, the shards hold 5"):
+        prepare_data(_real(tmp_path, **{**data, "cc12m_subset": 2, "image_limit": 3}), 0, tmp_path / "four", dl)
+
+
+def test_cc12m_shards_come_from_a_url_pattern_and_keys_are_checked(tmp_path, server):
+    from mmcse.config import ConfigError, parse_config
+    from mmcse.data.fetch import DownloadError
+    from mmcse.data.prepare import prepare_data
+    from mmcse.io import read_jsonl
+
+    files, url = server
+    for shard in _cc12m_folder(tmp_path).glob("*.tar"):
+        (files / shard.name).write_bytes(shard.read_bytes())
+    sources = {"cc12m": {"url": f"{url}/cc12m-train-{{shard:04d}}.tar"}}
+    manifest = prepare_data(_real(tmp_path, pairs="cc12m", image_limit=4, sources=sources), 0, tmp_path / "raw",
+                            tmp_path / "dl")
+    assert [p["caption"] for p in read_jsonl(tmp_path / "raw/pairs.jsonl")][-1] == "a train at night"
+    assert manifest["sources"]["cc12m/cc12m-train-0001"]["origin"].endswith("/cc12m-train-0001.tar")
+    with pytest.raises(DownloadError, match=r"cc12m-train-0002.tar: HTTP 404.*shards 0-1 hold too few"):
+        prepare_data(_real(tmp_path, pairs="cc12m", image_limit=6, sources=sources), 0, tmp_path / "more",
+                     tmp_path / "dl")
+    with pytest.raises(ConfigError, match=r"data.sources.cc12m.url.*\{shard\}"):
+        parse_config({"data": {"sources": {"cc12m": {"url": f"{url}/one.tar"}}}})
+    with pytest.raises(ConfigError, match="data.image_limit.*remote"):
+        parse_config({"data": {"pairs": "cc12m"}})
+    with pytest.raises(ConfigError, match="data.splits.*one split"):
+        parse_config({"data": {"pairs": "cc12m", "image_limit": 5, "splits": ["train", "restval"]}})
+    with pytest.raises(ConfigError, match="cc12m has no val split"):
+        parse_config({"data": {"pairs": "cc12m", "image_limit": 5}, "train": {"method": "duet"}})

@@ -12,11 +12,18 @@ from mmcse.evaluation.figures import (
     cached_joint_teacher,
     cluster_purity,
     default_task,
+    dropout_statistics,
+    dropout_tsne_panels,
+    dropout_views,
     load_sts_predictions,
+    nearest_sentences,
+    neighbours_figure,
     run_labels,
     sample_sentences,
     sts_run_statistics,
     sts_scatter_runs,
+    teacher_rank_figure,
+    teacher_similarity_figure,
     threshold_figure,
     threshold_metrics,
     threshold_statistics,
@@ -405,3 +412,144 @@ def test_tsne_panels_draw_one_map_per_model_of_the_same_sentences():
     assert metrics["good"]["silhouette"] > metrics["random"]["silhouette"]
     with pytest.raises(ValueError, match="same sentences"):
         tsne_panels({"a": separated, "b": separated[:30]})
+
+
+# --------------------------------------------------------------------------- dropout views (KDMCSE Figs. 8-12)
+
+
+class _DropoutEncoder:
+    """A fixed vector per sentence through one dropout layer: an ``EncodeFn`` and its model."""
+
+    def __init__(self, d: int = 12, p: float = 0.3):
+        import torch
+
+        self.model = torch.nn.Dropout(p)
+        self.table: dict[str, torch.Tensor] = {}
+        self.d = d
+
+    def __call__(self, sentences):
+        import torch
+
+        for s in sentences:
+            self.table.setdefault(s, torch.randn(self.d, generator=torch.Generator().manual_seed(len(s))))
+        return self.model(torch.stack([self.table[s] for s in sentences])).numpy()
+
+
+def test_dropout_views_draw_one_mask_per_view_seeded_and_restore_eval_mode():
+    enc = _DropoutEncoder()
+    sentences = ["a dog", "a brown dog", "two girls stand"]
+    views = dropout_views(enc, enc.model, sentences, masks=5, batch_size=4, seed=3)
+    assert views.shape == (3, 5, 12) and not enc.model.training
+    for s in range(3):  # every view a different mask of the same vector
+        assert len({tuple(v) for v in views[s]}) == 5
+        base = enc.table[sentences[s]].numpy()
+        kept = views[s] != 0
+        assert np.allclose(views[s][kept], (np.broadcast_to(base, views[s].shape) / 0.7)[kept], atol=1e-6)
+    assert np.array_equal(views, dropout_views(enc, enc.model, sentences, masks=5, batch_size=4, seed=3))
+    with pytest.raises(ValueError, match="at least 2 masks"):
+        dropout_views(enc, enc.model, sentences, masks=1)
+
+
+def test_dropout_statistics_against_a_direct_transcription():
+    rng = np.random.default_rng(1)
+    views = rng.normal(size=(3, 4, 5))
+
+    def unit(x):
+        return x / np.linalg.norm(x)
+
+    x = [[unit(v) for v in s] for s in views]
+    centres = [unit(sum(s) / len(s)) for s in x]
+    spread = np.mean([1 - float(v @ centres[i]) for i, s in enumerate(x) for v in s])
+    flat = [v for s in x for v in s]
+    labels = [i for i, s in enumerate(x) for _ in s]
+    n = len(flat)
+    dist = [[1 - float(flat[i] @ flat[j]) for j in range(n)] for i in range(n)]
+    sil = []
+    for i in range(n):
+        own = [dist[i][j] for j in range(n) if labels[j] == labels[i] and j != i]
+        a = sum(own) / len(own)
+        b = min(np.mean([dist[i][j] for j in range(n) if labels[j] == c]) for c in set(labels) if c != labels[i])
+        sil.append((b - a) / max(a, b))
+    got = dropout_statistics(views)
+    assert got["spread"] == pytest.approx(spread)
+    assert got["separation_1_3"] == pytest.approx(1 - float(centres[0] @ centres[2]))
+    assert got["silhouette"] == pytest.approx(np.mean(sil))
+    assert set(got) == {"spread", "separation_1_2", "separation_1_3", "separation_2_3", "silhouette"}
+
+
+def test_dropout_tsne_panels_one_panel_per_model_coloured_by_sentence():
+    rng = np.random.default_rng(0)
+    tight = rng.normal(size=(3, 1, 8)) * 5 + rng.normal(size=(3, 20, 8)) * 0.05
+    loose = rng.normal(size=(3, 20, 8))
+    fig, metrics = dropout_tsne_panels({"KDMCSE": tight, "MCSE": loose}, ["s1", "s2", "s3"], seed=0)
+    axes = [ax for ax in fig.axes if ax.collections]
+    assert [ax.get_title().split("\n")[0] for ax in axes] == ["KDMCSE", "MCSE"]
+    assert all(len(ax.collections) == 3 for ax in axes)  # one scatter per sentence
+    assert metrics["KDMCSE"]["spread"] < metrics["MCSE"]["spread"]
+    assert metrics["KDMCSE"]["silhouette"] > 0.9 > metrics["MCSE"]["silhouette"]
+    with pytest.raises(ValueError, match="views"):
+        dropout_tsne_panels({"a": tight, "b": loose[:2]}, ["s1", "s2", "s3"])
+
+
+# --------------------------------------------------------------------------- neighbours (DALR Table 10)
+
+
+def test_nearest_sentences_against_a_loop_and_never_the_query_itself():
+    rng = np.random.default_rng(2)
+    pool = rng.normal(size=(9, 4))
+    names = [f"p{i}" for i in range(9)]
+    queries = np.stack([pool[4], rng.normal(size=4)])
+    got = nearest_sentences(queries, pool, names, ["p4", "new query"], k=3)
+    for q, hits in zip(queries, got, strict=True):
+        cos = {n: float(q @ p / np.linalg.norm(q) / np.linalg.norm(p)) for n, p in zip(names, pool, strict=True)}
+        want = sorted(((n, c) for n, c in cos.items() if not (hits is got[0] and n == "p4")), key=lambda t: -t[1])[:3]
+        assert [n for n, _ in hits] == [n for n, _ in want]
+        assert [c for _, c in hits] == pytest.approx([c for _, c in want])
+    assert "p4" not in [n for n, _ in got[0]]
+    tied = nearest_sentences(np.ones((1, 2)), np.ones((3, 2)), ["a", "b", "c"], ["q"], k=2)
+    assert [n for n, _ in tied[0]] == ["a", "b"]  # ties keep the pool's order
+    with pytest.raises(ValueError, match="pool vectors"):
+        nearest_sentences(queries, pool, names[:3], ["a", "b"])
+
+
+def test_neighbours_figure_prints_every_query_and_neighbour():
+    found = {"KDMCSE": [[("a dog runs", 0.91), ("a cat", 0.5), ("a car", 0.1)]],
+             "DALR": [[("a dog walks", 0.95), ("a dog runs", 0.9), ("a pup", 0.8)]]}
+    fig = neighbours_figure(["a dog"], found)
+    texts = [t.get_text() for t in fig.texts]
+    assert "Query: a dog" in texts and "KDMCSE" in texts and "DALR" in texts
+    assert "a dog walks (0.950)" in texts and "a car (0.100)" in texts and texts.count("#3") == 2
+    with pytest.raises(ValueError, match="neighbour lists"):
+        neighbours_figure(["q1", "q2"], found)
+
+
+def test_the_teacher_figures_draw_figure_5_and_figure_6_alone():
+    s = threshold_summary(T, V, OWNER, (0.5, 0.7), text_anchors=None)
+    ranks = teacher_rank_figure(s)
+    assert len(ranks.axes) == 1 and "rank" in ranks.axes[0].get_xlabel()
+    sims = teacher_similarity_figure(s, threshold=0.85)
+    assert len(sims.axes) == 2
+    solid = [line for line in sims.axes[0].lines if line.get_linestyle() == "-" and line.get_xdata()[0] == 0.85]
+    assert len(solid) == 1  # the configured threshold, beside the dotted candidates
+    assert ranks.get_size_inches()[0] * 100 <= 1400 and sims.get_size_inches()[0] * 100 <= 1400
+
+
+def test_a_job_manifest_reads_its_sets_from_the_lookup_folders(tmp_path):
+    import shutil
+
+    rng = np.random.default_rng(5)
+    v = rng.normal(size=(4, 3)).astype(np.float32)
+    owner = np.repeat(np.arange(4), 2)
+    t = (v[owner] + rng.normal(size=(8, 3))).astype(np.float32)
+    _teacher_cache(tmp_path, t, v, owner)
+    cache = tmp_path / "data/teachers"
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    for folder in [f for f in cache.iterdir() if f.is_dir()]:
+        shutil.move(str(folder), shared / folder.name)
+    manifest = tmp_path / "job.json"
+    shutil.move(str(cache / "manifest.json"), manifest)
+    got_t, got_v, rows = cached_joint_teacher(cache, tmp_path / "data/raw", manifest, [shared])
+    assert np.array_equal(got_t, t) and np.array_equal(got_v[rows], v[owner])
+    with pytest.raises(FileNotFoundError, match="in none of"):
+        cached_joint_teacher(cache, tmp_path / "data/raw", manifest)

@@ -78,8 +78,13 @@ PRESET_ROWS = {
                     "w/o L_IMA", "w/o L_IML & L_CML"],
     "kdmcse-fig7": [f"m={round(0.025 * i, 3)}" for i in range(1, 10)],
     "dalr-table9": [f"{image} + {text}" for image in ("CLIP", "ResNet")
-                    for text in ("SimCSE", "DiffCSE", "SimCSE+DiffCSE", "SimCSE+RankCSE")],
+                    for text in ("SimCSE", "DiffCSE", "CLIP", "SimCSE+DiffCSE", "SimCSE+RankCSE")],
+    "dalr-table10": ["KDMCSE", "DALR"],
+    "kdmcse-table4": ["MCSE", "KDMCSE"],
     "kdmcse-table5": ["MCSE + CLIP text", "KDMCSE"],
+    "kdmcse-fig5": ["CLIP teacher (KDMCSE recipe, untrained encoder)"],
+    "kdmcse-fig6": ["CLIP teacher (KDMCSE recipe, untrained encoder)"],
+    **{f"kdmcse-fig{n}": ["KDMCSE", "MCSE"] for n in range(8, 13)},
 }
 DALR_TERMS = {"info", "consistency", "cma", "rank", "ima"}
 DALR_REMOVED = {"DALR": set(), "w/o L_info": {"info"}, "w/o L_CML": {"consistency", "cma"},
@@ -135,11 +140,20 @@ def test_every_preset_loads_in_the_papers_row_order(preset):
 
         keys = [artifact_keys(job_config(cfg, j), cfg.base.seed) for j in jobs[::len(cfg.ablate.seeds)]]
         assert {(k["data"], k["objects"]) for k in keys} == {tuple(artifact_keys(cfg).values())[:2]}
-        assert len({k["teachers"] for k in keys}) == (8 if preset == "dalr-table9" else 1)
-    if preset == "kdmcse-table5":
-        kd = {j.variant: job_config(cfg, j).loss.kdmcse for j in jobs}
-        assert kd["MCSE + CLIP text"].threshold_value is None and kd["MCSE + CLIP text"].margin == 0
-        assert kd["KDMCSE"].threshold_value == 0.9 and kd["KDMCSE"].margin == 0.125
+        assert len({k["teachers"] for k in keys}) == (10 if preset == "dalr-table9" else 1)
+    if preset == "dalr-table9":  # the "CLIP" text teacher is the joint teacher's text side
+        texts = {j.variant: [t.teacher for t in job_config(cfg, j).teachers.text] for j in jobs}
+        assert texts["CLIP + CLIP"] == texts["ResNet + CLIP"] == ["joint"]
+    if preset == "kdmcse-table5":  # MCSE with a CLIP-text term beside its image term, against KDMCSE
+        assert terms["MCSE + CLIP text"]["image"] and terms["MCSE + CLIP text"]["clip_text"]
+        assert not terms["MCSE + CLIP text"]["kdmcse"] and terms["KDMCSE"]["kdmcse"]
+        assert not terms["KDMCSE"]["clip_text"]
+    if preset.startswith("kdmcse-fig") and preset != "kdmcse-fig7":  # pictures of one model per row
+        assert cfg.ablate.seeds == [1] and cfg.ablate.figures
+        if cfg.ablate.figures == ["dropout_tsne"]:
+            assert len(cfg.ablate.sentences) == 3
+        else:  # the teacher's statistics: nothing trains
+            assert [job_config(cfg, j).train.epochs for j in jobs] == [0]
     if preset == "kdmcse-fig7":
         assert cfg.ablate.plot_x == "loss.kdmcse.margin"
         assert [job_config(cfg, j).loss.kdmcse.margin for j in jobs[::len(cfg.ablate.seeds)]] == pytest.approx(
@@ -149,9 +163,10 @@ def test_every_preset_loads_in_the_papers_row_order(preset):
 def test_unknown_preset_lists_the_available_ones():
     from mmcse.config import ConfigError, load_config
 
-    presets = ("baselines, dalr-fig3, dalr-fig4, dalr-table1, dalr-table2, dalr-table3, dalr-table4, "
+    presets = ("baselines, dalr-fig3, dalr-fig4, dalr-table1, dalr-table10, dalr-table2, dalr-table3, dalr-table4, "
                "dalr-table5, dalr-table6, dalr-table7, dalr-table8, dalr-table9, duet-table1, duet-table2, "
-               "kdmcse-fig7, kdmcse-table1, kdmcse-table2, kdmcse-table3, kdmcse-table5, mcseo-table1")
+               "kdmcse-fig10, kdmcse-fig11, kdmcse-fig12, kdmcse-fig5, kdmcse-fig6, kdmcse-fig7, kdmcse-fig8, "
+               "kdmcse-fig9, kdmcse-table1, kdmcse-table2, kdmcse-table3, kdmcse-table4, kdmcse-table5, mcseo-table1")
     with pytest.raises(ConfigError, match=f"ablate.preset.*{presets}"):
         load_config(REPO / "params.yaml", {"ablate.preset": "dalr-table99"})
 

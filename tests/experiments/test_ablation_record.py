@@ -68,6 +68,94 @@ def test_each_rows_checkpoint_draws_its_tsne_panel_and_a_missing_one_is_named(pr
 
 
 def test_an_unknown_figure_is_refused_listing_the_known_ones():
-    with pytest.raises(ConfigError, match=r"ablate.figures': unknown \['tsne'\]; figures: sts_scatter, tsne_clusters"):
+    with pytest.raises(ConfigError, match=r"ablate.figures': unknown \['tsne'\]; figures: sts_scatter, tsne_clusters, "
+                                          r"dropout_tsne, neighbours, teacher_ranks, teacher_similarities"):
         with_overrides(load_config(REPO / "params.yaml"), {"ablate.figures": ["tsne"]})
     assert load_config(REPO / "params.yaml", {"ablate.preset": "dalr-fig4"}).ablate.figures == ["sts_scatter"]
+
+
+def _checkpoints(cfg, root, variants):
+    import torch
+
+    from mmcse.models.student import Student, load_backbone, load_tokenizer, save_student
+
+    for i, variant in enumerate(variants):
+        torch.manual_seed(11 + i)
+        save_student(Student(load_backbone(cfg.model), 8, 8), load_tokenizer(cfg.model.name_or_path),
+                     root / variant / "seed1" / "best")
+    return [{"variant": v, "seed": 1, "status": "ok", "run_id": "r"} for v in variants]
+
+
+def test_dropout_views_and_neighbours_of_every_row_in_one_picture_each(project):
+    """KDMCSE Figs. 8-12 and DALR Table 10 from the rows' checkpoints: the neighbours are those a
+    direct encoding of the pool gives, the dropout metrics differ between the two models."""
+    import mlflow
+    import numpy as np
+
+    from mmcse.evaluation.sts import TextEncoder
+    from mmcse.experiments.ablation_record import neighbour_pool
+    from mmcse.pipeline.paths import Paths
+
+    queries = ["a dog runs on the beach", "two people ride bikes"]
+    cfg = with_overrides(load_config("params.yaml"), {"ablate.figures": ["dropout_tsne", "neighbours"],
+                                                      "ablate.sentences": queries + ["a red wall"]})
+    results = _checkpoints(cfg, project / "abl", ["KDMCSE", "MCSE"])
+    tracking.configure(cfg)
+    with tracking.run(cfg, "ablate", run_name="ablation figs") as parent:
+        pass
+    assert log_ablation_figures(cfg, results, parent.info.run_id, project / "abl") == [
+        "figures/dropout_tsne.png", "figures/neighbours.png"]
+    client = mlflow.MlflowClient()
+    metrics = client.get_run(parent.info.run_id).data.metrics
+    assert metrics["KDMCSE/dropout_spread"] != metrics["MCSE/dropout_spread"]
+    assert {"KDMCSE/dropout_separation_1_3", "MCSE/dropout_silhouette", "KDMCSE/neighbour_cosine"} <= set(metrics)
+    table = mlflow.artifacts.load_dict(f"runs:/{parent.info.run_id}/figures/neighbours.json")
+    pool = neighbour_pool(Paths.of(cfg).raw)
+    assert table["pool"] == len(pool) == len(set(pool)) > 3
+    assert [q["query"] for q in table["queries"]] == queries + ["a red wall"]
+    enc = TextEncoder(str(project / "abl/MCSE/seed1/best"), cfg.evaluate.pooler)
+    p, q = enc(pool), enc([queries[0]])
+    cos = (p / np.linalg.norm(p, axis=1, keepdims=True)) @ (q[0] / np.linalg.norm(q[0]))
+    got = table["queries"][0]["MCSE"]
+    assert [h["cosine"] for h in got] == pytest.approx(np.sort(cos)[::-1][:3], abs=1e-5)  # the top 3 cosines
+    for hit in got:  # and the sentences that have them (batching moves a cosine by < 1e-5; near-ties may swap)
+        assert cos[pool.index(hit["sentence"])] == pytest.approx(hit["cosine"], abs=1e-5)
+
+
+def test_a_dropout_figure_needs_its_sentences_and_sentences_need_a_figure():
+    cfg = load_config(REPO / "params.yaml")
+    with pytest.raises(ConfigError, match="dropout_tsne needs at least 2 sentences"):
+        with_overrides(cfg, {"ablate.figures": ["dropout_tsne"]})
+    with pytest.raises(ConfigError, match="no figure reads them; figures that do: dropout_tsne, neighbours"):
+        with_overrides(cfg, {"ablate.sentences": ["a dog"]})
+    fig8 = load_config(REPO / "params.yaml", {"ablate.preset": "kdmcse-fig8"}).ablate
+    assert fig8.figures == ["dropout_tsne"] and len(fig8.sentences) == 3 and list(fig8.variants) == ["KDMCSE", "MCSE"]
+
+
+def test_the_teacher_figures_read_the_first_rows_teacher_cache(project):
+    """KDMCSE Figs. 5 and 6 from the joint teacher the row's configuration caches: the numbers on
+    the parent are `threshold_metrics` of that cache."""
+    import mlflow
+
+    from mmcse.evaluation.figures import DEFAULT_THRESHOLDS, cached_joint_teacher, threshold_metrics, threshold_summary
+    from mmcse.pipeline.paths import Paths
+
+    row = {"train.method": "kdmcse", "train.epochs": 0}  # kdmcse-fig5's row
+    cfg = load_config("params.yaml", {"ablate.variants": {"CLIP teacher": row}, "ablate.reference": "CLIP teacher",
+                                      "ablate.figures": ["teacher_ranks", "teacher_similarities"]})
+    variant = next(iter(cfg.ablate.variants))
+    tracking.configure(cfg)
+    with tracking.run(cfg, "ablate", run_name="ablation fig5") as parent:
+        pass
+    results = [{"variant": variant, "seed": 1, "status": "ok", "run_id": "r"}]
+    assert log_ablation_figures(cfg, results, parent.info.run_id, project / "abl") == [
+        "figures/teacher_ranks.png", "figures/teacher_similarities.png"]
+    got = mlflow.MlflowClient().get_run(parent.info.run_id).data.metrics
+    paths = Paths.of(cfg)
+    threshold = cfg.loss.kdmcse.threshold_value
+    candidates = (*DEFAULT_THRESHOLDS, *(() if threshold in DEFAULT_THRESHOLDS else (threshold,)))
+    s = threshold_summary(*cached_joint_teacher(paths.teachers, paths.raw), candidates, seed=cfg.base.seed)
+    want = threshold_metrics(s)
+    assert got["teacher/rank_mean"] == pytest.approx(want["rank_mean"])
+    assert got["teacher/teacher_i2t_R1"] == pytest.approx(want["teacher_i2t_R@1"])
+    assert got["teacher/tv_neg_above_0.9"] == pytest.approx(want["tv_neg_above_0.9"])

@@ -130,15 +130,22 @@ def test_the_teacher_comparison_preset_computes_each_teacher_set_once_offline(pr
     shutil.copytree(REPO / "ablations", project / "ablations")
     cfg = load_config("params.yaml", {"ablate.preset": "dalr-table9", "ablate.seeds": [1]})
     paths = Paths.of(cfg)
-    grids, text_sets = set(), set()
+    grids, text_sets, joint_rows = set(), set(), set()
     for job in expand(cfg):
         job_cfg = job_config(cfg, job)
         up = resolve(job_cfg, paths, cfg.base.seed)
         sets = read_json(up.teacher_manifest)["sets"]
         assert [(t["pooler"], t["weight"]) for t in sets["text"]] == [
             (t.pooler, t.weight) for t in job_cfg.teachers.text]
-        text_sets |= {(t["pooler"], t["caption"]) for t in sets["text"]}
         joint = next(d / sets["joint_image"] for d in up.teacher_dirs if (d / sets["joint_image"]).is_dir())
-        grids.add(read_json(joint / "index.json")["teacher"]["image"]["grid"])
+        grid = read_json(joint / "index.json")["teacher"]["image"]["grid"]
+        grids.add(grid)
+        for t in sets["text"]:
+            if t["teacher"] == "joint":  # the "CLIP" text teacher: the row's own joint text side, not a new set
+                assert t["caption"] == sets["joint_text"]
+                joint_rows.add((grid, t["caption"]))
+            else:
+                text_sets.add((t["pooler"], t["caption"]))
     assert len({pooler for pooler, _ in text_sets}) == 3 == len(text_sets)  # one set per pooler, shared by rows
     assert grids == {4, 2}  # the "CLIP" and "ResNet" stand-ins
+    assert len(joint_rows) == 2 == len({grid for grid, _ in joint_rows})  # one joint text side per image teacher

@@ -378,8 +378,8 @@ def test_mcseo_image_caption_term_is_its_eq3_on_one_view_and_both_with_image_vie
 
 def test_active_terms_resolve_auto_per_method():
     assert active_terms(_cfg(**{"train.method": "mcse"})) == {
-        "simcse": True, "image": True, "kdmcse": False, "info": False, "consistency": False, "cma": False,
-        "rank": False, "ima": False, "object": False}
+        "simcse": True, "image": True, "clip_text": False, "kdmcse": False, "info": False, "consistency": False,
+        "cma": False, "rank": False, "ima": False, "object": False}
     dalr = active_terms(_cfg(**DALR))
     assert all(dalr[t] for t in ("info", "consistency", "cma", "rank", "ima")) and not dalr["image"]
     assert active_terms(_cfg(**{"train.method": "simcse", "loss.dalr.iml": True}))["rank"]
@@ -418,3 +418,36 @@ def test_adapacse_zero_margin_is_infonce_inside_the_objective(device):
     assert float(terms["kdmcse_image"]) == pytest.approx(float(image), abs=1e-9)
     assert float(adapacse_loss(e.s1, e.teacher_image, 0.05)) == pytest.approx(
         float(info_nce(e.s1, e.teacher_image, 0.05)), abs=1e-9)
+
+
+def test_mcse_plus_clip_text_adds_eq3_against_the_teacher_text_with_its_gradients(device):
+    """KDMCSE Table 5's "MCSE + CLIP text": SimCSE + λ·Eq. 3 on the images + λ·Eq. 3 on g_φt(t̂),
+    both dropout views, written out term by term; the gradients reach s1, s2 and g_φt(t̂)."""
+    e = _embeddings(12)
+    for name in ("s1", "s2", "teacher_text"):
+        setattr(e, name, getattr(e, name).clone().requires_grad_(True))
+    cfg = _cfg(**{"train.method": "mcse", "loss.lambda_img": 0.2, "loss.temperature_img": 0.1,
+                  "loss.mcse.clip_text": True})
+    terms = step_objective(cfg, e, 0)
+    assert set(terms) == {"simcse", "image", "clip_text", "loss"}
+    n = e.s1.shape[0]
+
+    def eq3(s, targets):  # -log softmax over the batch's targets at τ' = 0.1, mean over captions
+        cos = torch.nn.functional.cosine_similarity
+        out = 0.0
+        for i in range(n):
+            logits = torch.stack([cos(s[i], targets[j], dim=0) / 0.1 for j in range(n)])
+            out = out - torch.log(torch.exp(logits[i]) / torch.exp(logits).sum())
+        return out / n
+
+    clip_text = eq3(e.s1, e.teacher_text) + eq3(e.s2, e.teacher_text)
+    image = eq3(e.s1, e.image) + eq3(e.s2, e.image)
+    assert float(terms["clip_text"].detach()) == pytest.approx(float(clip_text.detach()), abs=1e-9)
+    want = terms["simcse"] + 0.2 * (image + clip_text)
+    assert float(terms["loss"].detach()) == pytest.approx(float(want.detach()), abs=1e-9)
+    got = torch.autograd.grad(terms["loss"], [e.s1, e.s2, e.teacher_text])
+    ref = torch.autograd.grad(want, [e.s1, e.s2, e.teacher_text])
+    for g, r in zip(got, ref, strict=True):
+        assert torch.allclose(g, r, atol=1e-9) and g.abs().sum() > 0
+    for other in ({"loss.image_term": False}, {"train.method": "kdmcse"}):  # MCSE's term, with its image term
+        assert not active_terms(_cfg(**{"train.method": "mcse", "loss.mcse.clip_text": True, **other}))["clip_text"]

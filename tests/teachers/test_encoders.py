@@ -3,6 +3,7 @@ transformers, open_clip. Features of the right shape, equal to a direct forward 
 ids fail fast; the pipeline caches them and a cache hit builds no model."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -193,3 +194,68 @@ def test_pipeline_caches_real_teachers_and_a_hit_builds_no_model(project, tiny_c
     monkeypatch.setattr(tm, "load_clip", no_model)
     again = run_cache_teachers(cfg, Paths.of(cfg))
     assert all(again["hits"].values()) and again["sets"] == sets
+
+
+def test_the_joint_teachers_text_side_as_a_text_teacher(project, tiny_clip):
+    """DALR Table 9's "CLIP" text teacher (teachers.text: joint): captions get the joint teacher's
+    t̂ itself, corpus sentences CLIP's text feature computed directly; the CCA stand-in gives the
+    fitted text side of its own text teacher's corpus features."""
+    from mmcse.config import ConfigError, load_config, with_overrides
+    from mmcse.io import read_jsonl
+    from mmcse.pipeline.features import run_cache_teachers
+    from mmcse.pipeline.paths import Paths
+    from mmcse.teachers.cache import FeatureStore, fit_cca
+
+    corpus = [s for s in Path("data/raw/corpus.txt").read_text().splitlines() if s.strip()]
+    clip = with_overrides(load_config("params.yaml"), {
+        "teachers.joint.kind": "clip", "teachers.joint.model": str(tiny_clip), "teachers.num_workers": 0,
+        "teachers.text": [{"teacher": "joint"}, {"teacher": "packaged:all-MiniLM-L6-v2", "pooler": "avg"}]})
+    sets = run_cache_teachers(clip, Paths.of(clip))["sets"]
+    joint, minilm = sets["text"]
+    assert joint["teacher"] == "joint" and joint["caption"] == sets["joint_text"]
+    got = np.asarray(FeatureStore.open(f"data/teachers/{joint['corpus']}").features)
+    one_image = [Path("data/raw") / next(iter(read_jsonl("data/raw/images.jsonl")))["file"]]
+    want, _ = tm.clip_features(str(tiny_clip), corpus, one_image, 8, 0, torch.device("cpu"))
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert FeatureStore.open(f"data/teachers/{minilm['corpus']}").dim == 384  # the other teacher as before
+
+    cca = with_overrides(load_config("params.yaml"), {"teachers.text": [{"teacher": "joint"}]})
+    sets = run_cache_teachers(cca, Paths.of(cca))["sets"]
+    (joint,) = sets["text"]
+    j = cca.teachers.joint
+    source = next(x for x in run_cache_teachers(
+        with_overrides(cca, {"teachers.text": [{"teacher": j.text_teacher, "pooler": j.text_pooler}]}),
+        Paths.of(cca))["sets"]["text"])
+    fitted_on = np.asarray(FeatureStore.open(f"data/teachers/{source['caption']}").features)
+    images = FeatureStore.open(f"data/teachers/{sets['image']}")
+    pair_images = images.rows([p["image_id"] for p in read_jsonl("data/raw/pairs.jsonl")])
+    fit = fit_cca(fitted_on, pair_images, j.dim, j.regularization)
+    corpus_source = np.asarray(FeatureStore.open(f"data/teachers/{source['corpus']}").features)
+    np.testing.assert_allclose(np.asarray(FeatureStore.open(f"data/teachers/{joint['corpus']}").features),
+                               fit.text(corpus_source), atol=1e-5)
+    assert joint["caption"] == sets["joint_text"]
+    with pytest.raises(ConfigError, match=r"teachers.text\[0\].pooler.*pools its own way"):
+        with_overrides(cca, {"teachers.text": [{"teacher": "joint", "pooler": "cls_before_pooler"}]})
+
+
+def test_a_clip_model_as_a_text_teacher_gives_its_projected_text_feature(tiny_clip):
+    """teachers.text pooler clip (DALR Table 9's "CLIP" text teacher beside a ResNet image teacher):
+    the projection of CLIP's pooled EOS state, L2-normalised, computed directly here."""
+    from transformers import CLIPModel, CLIPTokenizer
+
+    from mmcse.config import ConfigError, parse_config
+    from mmcse.teachers.cache import text_teacher_features
+
+    sentences = ["a red box", "two dogs run on a beach", "a cat"]
+    got = text_teacher_features(str(tiny_clip), sentences, ["clip"], batch_size=2)["clip"]
+    model, tok = CLIPModel.from_pretrained(tiny_clip).eval(), CLIPTokenizer.from_pretrained(tiny_clip)
+    with torch.no_grad():
+        for i, s in enumerate(sentences):
+            ids = tok([s], return_tensors="pt")
+            out = model.text_model(**ids)
+            want = model.text_projection(out.pooler_output)[0]
+            np.testing.assert_allclose(got[i], (want / want.norm()).numpy(), atol=1e-5)
+    with pytest.raises(ValueError, match="CLIP model .*no \\['avg'\\] pooling"):
+        text_teacher_features(str(tiny_clip), sentences, ["clip", "avg"], batch_size=2)
+    with pytest.raises(ConfigError, match="a CLIP model \\(pooler clip\\) has no other pooler"):
+        parse_config({"teachers": {"text": [{"teacher": "m", "pooler": "clip"}, {"teacher": "m", "pooler": "avg"}]}})

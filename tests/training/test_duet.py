@@ -260,9 +260,22 @@ def test_duet_presets_and_profiles_resolve(tmp_path):
     flickr = load_config(REPO / "params.yaml", profile_values("duet-flickr", REPO))
     assert table_metric(flickr) == "flickr30k_1k_rsum" and flickr.regions.source == "npy"
     table1 = load_config(REPO / "params.yaml", {"ablate.preset": "duet-table1"})
-    vse = table1.ablate.variants["VSE++-style"]
-    assert vse["model.duet.shared_layers"] == 0 and vse["loss.duet.lambda_box"] == 0
-    assert vse["loss.duet.lambda_norm"] == 0 and vse["train.method"] == "duet"
+    assert list(table1.ablate.variants) == ["VSE++", "DUET"] and table1.ablate.variants["VSE++"] == {
+        "train.method": "vsepp"}
+    from mmcse.experiments.plan import plan
+
+    params = tmp_path / "params.yaml"
+    params.write_text((REPO / "params.yaml").read_text())
+    for folder in ("recipes", "profiles", "ablations"):
+        (tmp_path / folder).symlink_to(REPO / folder)
+    from mmcse.config.profiles import apply_profile
+
+    apply_profile(params, "duet-coco")
+    rows = {row["variant"]: row["config"] for row in plan(params, "duet-table1")["rows"]}
+    vsepp = rows["VSE++"]  # its own recipe: the authors' train.py defaults
+    assert (vsepp["train"]["learning_rate"], vsepp["train"]["batch_size"], vsepp["train"]["lr_decay_epochs"],
+            vsepp["train"]["max_grad_norm"], vsepp["loss"]["vsepp"]["margin"]) == (2e-4, 128, 15, 2.0, 0.2)
+    assert (vsepp["data"]["splits"], vsepp["regions"]["source"]) == (["train", "restval"], "tsv")  # the table's data
 
 
 def test_a_sweep_can_name_duets_margin_shared_layers_and_lambdas():
@@ -274,3 +287,71 @@ def test_a_sweep_can_name_duets_margin_shared_layers_and_lambdas():
     assert set(cfg.sweep.space) == set(space)
     trial = with_overrides(cfg, {"loss.duet.margin": 0.25, "model.duet.shared_layers": 0})
     assert (trial.loss.duet.margin, trial.model.duet.shared_layers) == (0.25, 0)
+
+
+# --------------------------------------------------------------------------- VSE++ (DUET Table 1's baseline)
+
+
+def test_vsepp_trains_resumes_and_is_scored_by_the_same_loop(duet_cwd, tmp_path):
+    """train.method vsepp through DUET's loop: its checkpoint (vocabulary, weights, architecture)
+    loads back to the embeddings it was scored with, the dev score is the best checkpoint's val rsum,
+    the learning rate follows the step schedule and a killed run resumes to the same weights."""
+    from mmcse.methods.vsepp import VseppModel
+    from mmcse.models.tokens import cached_tokens
+    from mmcse.training.duet import VSEPP_META, VSEPP_WEIGHTS
+
+    cfg = with_overrides(load_config("params.yaml"), {
+        "train.method": "vsepp", "model.vsepp.joint_dim": 24, "model.vsepp.word_dim": 12,
+        "model.vsepp.min_word_count": 2, "train.learning_rate": 2e-3, "train.lr_decay_epochs": 1,
+        "train.max_grad_norm": 2.0})
+    sets = region_sets(duet_cwd)
+    lrs = []
+    result = train_duet(cfg, "data/raw", sets, tmp_path / "m", progress=False,
+                        log_metrics=lambda entries: lrs.extend((s, m["lr"]) for m, s in entries if "lr" in m))
+    best = tmp_path / "m/best"
+    assert {VSEPP_META, VSEPP_WEIGHTS, "tokenizer.json", "train_state.json"} <= {f.name for f in best.iterdir()}
+    assert json.loads((best / "train_state.json").read_text())["method"] == "vsepp"
+    model, tokenizer = load_duet(best)
+    assert isinstance(model, VseppModel) and tokenizer.convert_ids_to_tokens([0, 1, 2, 3]) == [
+        "<pad>", "<start>", "<end>", "<unk>"]
+    val = RetrievalSplit.load(Path("data/raw/retrieval/val_images.jsonl"),
+                              Path("data/raw/retrieval/val_captions.jsonl"), RegionStore.open(sets["val"]))
+    tokens = cached_tokens(tmp_path / "tok", "val", tokenizer, val.captions, cfg.model.max_seq_len)
+    images, texts = split_embeddings(model, val, tokens, 16, torch.device("cpu"))
+    assert retrieval_metrics(images, texts, val.text_image)["rsum"] == pytest.approx(result.best_score, abs=1e-6)
+    # after s steps the rate is 2e-3 · 0.1^(s // steps an epoch): 48 pairs, 6 steps an epoch
+    per_epoch = len(read_jsonl("data/raw/pairs.jsonl")) // cfg.train.batch_size
+    assert per_epoch == 6 and lrs
+    assert [lr for _, lr in lrs] == pytest.approx([2e-3 * 0.1 ** (s // per_epoch) for s, _ in lrs])
+    # killed after step 6 (resume point at 4), run again: the same history and weights as one run
+    def kill_at_6(step: int, score: float) -> None:
+        if step == 6:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train_duet(cfg, "data/raw", sets, tmp_path / "resumed", on_eval=kill_at_6, progress=False)
+    resumed = train_duet(cfg, "data/raw", sets, tmp_path / "resumed", progress=False)
+    assert resumed.steps == result.steps == 8 and resumed.history == result.history
+    a = load_file(str(tmp_path / "resumed/last/student.safetensors"))
+    b = load_file(str(tmp_path / "m/last/student.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_vsepp_checkpoint_is_evaluated_as_duets_are(duet_cwd, tmp_path):
+    from mmcse.pipeline.evaluate import evaluate_duet
+
+    cfg = with_overrides(load_config("params.yaml"), {
+        "train.method": "vsepp", "model.vsepp.joint_dim": 16, "model.vsepp.word_dim": 8, "train.max_steps": 2})
+    sets = region_sets(duet_cwd)
+    train_duet(cfg, "data/raw", sets, tmp_path / "m", progress=False)
+    scores = evaluate_duet(cfg, Paths.of(cfg), tmp_path / "m/best", {"test": sets["test"]})
+    model, tokenizer = load_duet(tmp_path / "m/best")
+    test = RetrievalSplit.load(Path("data/raw/retrieval/images.jsonl"), Path("data/raw/retrieval/captions.jsonl"),
+                               RegionStore.open(sets["test"]))
+    from mmcse.models.tokens import cached_tokens
+
+    tokens = cached_tokens(tmp_path / "tok", "test", tokenizer, test.captions, cfg.model.max_seq_len)
+    images, texts = split_embeddings(model, test, tokens, 16, torch.device("cpu"))
+    direct = retrieval_metrics(images, texts, test.text_image)
+    assert scores["demo_rsum"] == pytest.approx(direct["rsum"], abs=1e-6)
+    assert scores["demo_t2i_R@1"] == pytest.approx(direct["t2i_R@1"], abs=1e-6)

@@ -423,3 +423,58 @@ def test_zero_epochs_evaluates_the_initial_encoder_without_a_step(project):
     assert (again.steps, again.best_score) == (0, result.best_score)
     with pytest.raises(ConfigError, match="train.epochs.*>= 1 with train.method duet"):
         with_overrides(cfg, {"train.method": "duet"})
+
+
+def test_dalr_trains_with_the_joint_teachers_text_side_as_its_text_teacher(project):
+    """DALR Table 9's "CLIP / CLIP" row: one text teacher, the joint teacher's text side (width = the
+    joint space's), read from the manifest cache_teachers writes for it."""
+    from mmcse.pipeline.features import run_cache_teachers
+    from mmcse.pipeline.paths import Paths
+
+    cfg = with_overrides(load_config("params.yaml"), {
+        "train.method": "dalr", "train.max_steps": 2, "train.eval_steps": 2, "teachers.text": [{"teacher": "joint"}]})
+    run_cache_teachers(cfg, Paths.of(cfg))
+    result = train(cfg, "data/raw", "data/teachers", project / "m", progress=False)
+    assert result.steps == 2
+    heads = json.loads((result.best_dir / "heads.json").read_text())
+    assert heads["text_teacher_dim"] == cfg.teachers.joint.dim
+
+
+def test_the_step_schedule_divides_the_rate_by_ten_every_n_epochs_and_clipping_bounds_the_update():
+    """train.lr_decay_epochs (VSE++'s --lr_update) and train.max_grad_norm (its --grad_clip)."""
+    from mmcse.training.loop import build_optimizer, clipped_update
+
+    model = torch.nn.Linear(3, 2)
+    cfg = with_overrides(load_config("params.yaml"), {"train.learning_rate": 0.5, "train.lr_decay_epochs": 2})
+    optimizer, scheduler = build_optimizer(model, cfg, total_steps=100, steps_per_epoch=3)
+    rates = []
+    for _ in range(13):
+        rates.append(scheduler.get_last_lr()[0])
+        optimizer.step()
+        scheduler.step()
+    assert rates == pytest.approx([0.5] * 6 + [0.05] * 6 + [0.005])  # ÷10 after 2 epochs of 3 steps
+    with pytest.raises(ValueError, match="steps an epoch"):
+        build_optimizer(model, cfg, total_steps=100)
+    linear = with_overrides(cfg, {"train.lr_decay_epochs": 0})
+    opt, decay = build_optimizer(model, linear, total_steps=4)
+    assert decay.get_last_lr()[0] == pytest.approx(0.5)
+    opt.step()
+    decay.step()
+    assert decay.get_last_lr()[0] == pytest.approx(0.375)  # linear to 0 over 4 steps
+
+    clip = with_overrides(cfg, {"train.max_grad_norm": 2.0, "train.lr_decay_epochs": 0, "train.learning_rate": 1.0})
+    for limit, config in ((2.0, clip), (None, with_overrides(clip, {"train.max_grad_norm": 0.0}))):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 2)
+        before = [p.detach().clone() for p in model.parameters()]
+        sgd = torch.optim.SGD(model.parameters(), lr=1.0)
+        (model(torch.full((4, 3), 10.0)).sum() * 100).backward()
+        norm = torch.sqrt(sum(p.grad.pow(2).sum() for p in model.parameters()))
+        assert norm > 2.0
+        clipped_update(model, config, sgd, torch.amp.GradScaler("cpu", enabled=False))
+        step = torch.sqrt(sum((p.detach() - b).pow(2).sum() for p, b in zip(model.parameters(), before, strict=True)))
+        assert float(step) == pytest.approx(2.0 if limit else float(norm), rel=1e-5)
+    from mmcse.config import ConfigError
+
+    with pytest.raises(ConfigError, match="train.warmup_ratio.*step schedule"):
+        with_overrides(cfg, {"train.warmup_ratio": 0.1})

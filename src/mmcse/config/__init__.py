@@ -38,6 +38,7 @@ from mmcse.config.runs import (
 )
 from mmcse.config.schema import Config, active_terms, check_sweep_space
 from mmcse.config.training import (
+    RETRIEVAL_METHODS,
     DALRLossConfig,
     DuetLossConfig,
     DuetModelConfig,
@@ -49,7 +50,8 @@ from mmcse.config.training import (
 )
 
 __all__ = [
-    "FIXED_KEYS", "KARPATHY_SPLITS", "POOLERS", "TRANSFER_TASKS", "UPSTREAM_KEYS", "AblateConfig", "BaseConfig",
+    "FIXED_KEYS", "KARPATHY_SPLITS", "POOLERS", "RETRIEVAL_METHODS", "TRANSFER_TASKS", "UPSTREAM_KEYS",
+    "AblateConfig", "BaseConfig",
     "Config", "ConfigError", "DALRLossConfig", "DataConfig", "DemoDataConfig", "DetectConfig", "DuetLossConfig",
     "DuetModelConfig", "EvaluateConfig", "JointTeacherConfig", "KDMCSELossConfig", "LossConfig", "MCSEOLossConfig",
     "ModelConfig", "NdcgConfig", "RegionsConfig", "RetrievalConfig", "SourceConfig", "SourcesConfig", "SweepConfig",

@@ -115,10 +115,22 @@ class SourcesConfig:
     # SimCSE's copy of the SentEval data: downstream/{STS,SICK,MR,CR,SUBJ,MPQA,SST,TREC,MRPC}
     senteval: SourceConfig = field(default_factory=lambda: SourceConfig(
         hub="princeton-nlp/datasets-for-simcse", file="senteval.tar"))
+    # Conceptual 12M as webdataset shards (<key>.jpg + <key>.txt per sample): a hub file or URL
+    # pattern with {shard} (shards 0, 1, … fetched until data.image_limit pairs are in), or a
+    # local folder of shards (*.tar) or of extracted samples (img2dataset's `files` output)
+    cc12m: SourceConfig = field(default_factory=lambda: SourceConfig(
+        hub="pixparse/cc12m-wds", file="cc12m-train-{shard:04d}.tar"))
 
     def validate(self, where: str) -> None:
         for f in dataclasses.fields(self):
             getattr(self, f.name).validate(where, f"data.sources.{f.name}")
+        c = self.cc12m
+        if c.url or c.hub:
+            key = "data.sources.cc12m." + ("url" if c.url else "file")
+            check("{shard" in (c.url or c.file), where, key, "must be a shard pattern with {shard} "
+                  "(e.g. cc12m-train-{shard:04d}.tar)")
+            check(not c.sha256, where, "data.sources.cc12m.sha256",
+                  "one digest cannot check many shards; leave it out (each shard's is recorded)")
 
 
 KARPATHY_SPLITS = ("train", "restval", "val", "test")
@@ -136,12 +148,20 @@ class DataConfig:
     # Image–caption pairs. demo: the generated scene world; flickr30k / coco: the real images
     # with Karpathy's splits (sources.karpathy_splits + the image archives); none: no pairs at
     # all, the text corpus only (SimCSE's "wiki" setting: needs train.method simcse).
-    pairs: Literal["demo", "flickr30k", "coco", "none"] = "demo"
+    # cc12m: Conceptual 12M (one caption per image, no test split; KDMCSE Table 4), in subsets of
+    # data.image_limit pairs.
+    pairs: Literal["demo", "flickr30k", "coco", "cc12m", "none"] = "demo"
     splits: list[str] = field(default_factory=lambda: ["train"])  # coco papers: train + restval
-    image_limit: int = 0  # first N images of the chosen splits (0: all)
+    image_limit: int = 0  # first N images of the chosen splits (0: all); cc12m: the subset size
+    # cc12m: which block of data.image_limit pairs, in shard order (KDMCSE Table 4's subsets 1 and 2)
+    cc12m_subset: int = 1
     # The retrieval validation set: the first N images of Karpathy's val split (0: all); none
     # when data.splits trains on val
     val_images: int = 1000
+    # The retrieval test set: same = Karpathy's test split of data.pairs (demo: its own test
+    # scenes); flickr30k / coco = that data set's test split whatever trains (DALR Table 4 scores its
+    # wiki+coco models on Flickr30k). No pairs (none): no image head, no retrieval test set.
+    retrieval_test: Literal["same", "flickr30k", "coco"] = "same"
     verify_images: bool = True  # decode every image once; unreadable ones are dropped and counted
     # Phrase boxes for detect.backend annotations on real pairs: none | flickr30k_entities
     annotations: Literal["none", "flickr30k_entities"] = "none"
@@ -167,6 +187,18 @@ class DataConfig:
                    f"unknown split {split!r}; valid: {', '.join(KARPATHY_SPLITS)}")
         check("test" not in self.splits or self.pairs == "demo", where, "data.splits",
                "must not include test: Karpathy's test split is the retrieval test set (evaluate.retrieval)")
+        check(self.cc12m_subset >= 1, where, "data.cc12m_subset", "must be >= 1")
+        if self.pairs == "cc12m":
+            check(self.splits == ["train"], where, "data.splits", "CC12M has one split: leave data.splits at [train]")
+            check(self.image_limit > 0 or self.cc12m_subset == 1, where, "data.cc12m_subset",
+                  "needs data.image_limit (the subset size; KDMCSE Table 4: 1000000)")
+            c = self.sources.cc12m
+            check(self.image_limit > 0 or bool(c.path), where, "data.image_limit",
+                  "must be > 0 with a remote data.sources.cc12m (all of CC12M is ~2,000 shards); "
+                  "0 reads a local folder whole")
+        check(self.retrieval_test == "same" or self.pairs != "demo", where, "data.retrieval_test",
+               f"{self.retrieval_test} is a real data set's test split; the demo world (data.pairs: demo) is "
+               "scored on its own test scenes: use same")
         check(self.annotations == "none" or self.pairs == "flickr30k", where, "data.annotations",
                "flickr30k_entities annotates Flickr30k images: needs data.pairs: flickr30k")
         check(bool(self.downloads_dir.strip()), where, "data.downloads_dir", "must not be empty")
@@ -245,12 +277,18 @@ class DetectConfig:
                    f"{self.sam2_config!r} is not a config bundled with sam2; bundled: {', '.join(bundled)}")
 
 
+JOINT_TEXT_TEACHER = "joint"  # teachers.text[*].teacher: the joint teacher's text side
+
+
 @dataclass(frozen=True)
 class TextTeacherConfig:
     # HF id, local folder or packaged:<name>; any SimCSE pooler that needs no trained MLP head
-    # (a frozen teacher has none of ours).
+    # (a frozen teacher has none of ours). joint: the joint teacher's own text embedding
+    # (teachers.joint: CLIP's projected text feature, DALR Table 9's "CLIP" text teacher; the CCA's
+    # text side offline), pooled its own way: leave pooler out.
     teacher: str = "packaged:all-MiniLM-L6-v2"
-    pooler: Literal["avg", "cls_before_pooler", "avg_first_last", "avg_top2"] = "avg"
+    # clip: a CLIP model's projected text feature (teacher = a transformers CLIP id or folder)
+    pooler: Literal["avg", "cls_before_pooler", "avg_first_last", "avg_top2", "clip"] = "avg"
     weight: float = 1.0
 
 
@@ -302,8 +340,13 @@ class TeachersConfig:
         for i, t in enumerate(self.text):
             check(bool(t.teacher.strip()), where, f"teachers.text[{i}].teacher", "must not be empty")
             check(t.weight > 0, where, f"teachers.text[{i}].weight", "must be > 0")
+            check(t.teacher != JOINT_TEXT_TEACHER or t.pooler == "avg", where, f"teachers.text[{i}].pooler",
+                  "the joint text teacher pools its own way (CLIP's projection, the CCA's text side): leave pooler out")
         keys = [(t.teacher, t.pooler) for t in self.text]
         check(len(set(keys)) == len(keys), where, "teachers.text", "lists the same teacher and pooler twice")
+        clip = {t.teacher for t in self.text if t.pooler == "clip"}
+        mixed = sorted({t.teacher for t in self.text if t.pooler != "clip"} & clip)
+        check(not mixed, where, "teachers.text", f"{mixed}: a CLIP model (pooler clip) has no other pooler")
         check(1 <= self.image_grid <= 16, where, "teachers.image_grid", "must be in [1, 16]")
         check(2 <= self.colour_bins <= 16, where, "teachers.colour_bins", "must be in [2, 16]")
         self.joint.validate(where)

@@ -14,7 +14,7 @@ FIXED_KEYS = (
     "base.experiment_prefix", "base.profile",
     "data.source", "data.senteval_dir", "data.transfer_tasks", "data.downloads_dir", "data.sources",
     "data.demo.min_objects", "data.demo.max_objects", "data.demo.sts_dev_pairs", "data.demo.sts_test_pairs",
-    "data.demo.retrieval_images", "data.demo.retrieval_val_images", "data.val_images",
+    "data.demo.retrieval_images", "data.demo.retrieval_val_images", "data.val_images", "data.retrieval_test",
     "teachers.cache_dir", "regions.cache_dir",
     "ablate", "sweep",
 )

@@ -55,7 +55,7 @@ def list_presets(folder: Path) -> list[str]:
 
 
 PRESET_KEYS = ("description", "base", "reference", "variants", "plot_x", "seeds", "transfer", "metric", "test",
-               "rows_of", "figures")
+               "rows_of", "figures", "sentences")
 
 
 def read_preset(folder: Path, name: str, where: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -105,6 +105,8 @@ def expand_preset(raw: Mapping[str, Any], root: Path, where: str) -> dict[str, A
         ablate["test"] = preset["test"]
     if "figures" in preset:  # a paper figure drawn from every row's model (DALR Fig. 4)
         ablate["figures"] = preset["figures"]
+    if "sentences" in preset:  # what those figures encode (KDMCSE Figs. 8-12, DALR Table 10's queries)
+        ablate["sentences"] = preset["sentences"]
     if "transfer" in preset:
         if not isinstance(preset["transfer"], bool):
             raise ConfigError(f"{file}: 'transfer' must be true or false, got {preset['transfer']!r}")

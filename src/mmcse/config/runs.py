@@ -91,7 +91,9 @@ class EvaluateConfig:
 
 
 # `ablate.figures` (`mmcse.experiments.ablation_record.log_ablation_figures`)
-ABLATION_FIGURES = ("sts_scatter", "tsne_clusters")
+ABLATION_FIGURES = ("sts_scatter", "tsne_clusters", "dropout_tsne", "neighbours", "teacher_ranks",
+                    "teacher_similarities")
+SENTENCE_FIGURES = ("dropout_tsne", "neighbours")  # figures that read ablate.sentences
 
 
 @dataclass(frozen=True)
@@ -123,12 +125,26 @@ class AblateConfig:
     # Figures drawn from every row's job once the table is made (a paper figure comparing models):
     # sts_scatter = gold against cosine similarity of each row's model on the STS test pairs (DALR Fig. 4);
     # tsne_clusters = t-SNE + 50 KMeans clusters of each row's embeddings of the same test captions (DALR Fig. 3)
+    # dropout_tsne = t-SNE of ablate.sentences under repeated dropout masks per row (KDMCSE Figs. 8-12);
+    # neighbours = top-3 neighbours of queries among one caption per training image, rows side by side
+    # (DALR Table 10); teacher_ranks / teacher_similarities = the joint teacher's statistics (KDMCSE Figs. 5 / 6)
     figures: list[str] = field(default_factory=list)
+    # The sentences a figure encodes: dropout_tsne's sentences, neighbours' queries (sampled when empty)
+    sentences: list[str] = field(default_factory=list)
 
     def validate(self, where: str) -> None:
         check(len(self.variants) >= 1, where, "ablate.variants", "needs at least one variant")
         unknown = sorted(set(self.figures) - set(ABLATION_FIGURES))
         check(not unknown, where, "ablate.figures", f"unknown {unknown}; figures: {', '.join(ABLATION_FIGURES)}")
+        for i, sentence in enumerate(self.sentences):
+            check(isinstance(sentence, str) and bool(sentence.strip()), where, f"ablate.sentences[{i}]",
+                  "must be a non-empty sentence")
+        if self.sentences:
+            check(any(f in SENTENCE_FIGURES for f in self.figures), where, "ablate.sentences",
+                  f"no figure reads them; figures that do: {', '.join(SENTENCE_FIGURES)}")
+        if "dropout_tsne" in self.figures:
+            check(len(self.sentences) >= 2, where, "ablate.sentences",
+                  "dropout_tsne needs at least 2 sentences to encode (KDMCSE Figs. 8-12 use 3)")
         if self.plot_x:
             for name, overrides in self.variants.items():
                 value = overrides.get(self.plot_x) if isinstance(overrides, Mapping) else None

@@ -11,7 +11,7 @@ from mmcse.config.coercion import apply_overrides, build, resolve_path, to_dict
 from mmcse.config.inputs import BaseConfig, DataConfig, DetectConfig, RegionsConfig, TeachersConfig
 from mmcse.config.keys import check_variable_keys
 from mmcse.config.runs import AblateConfig, EvaluateConfig, SweepConfig
-from mmcse.config.training import LossConfig, ModelConfig, TrainConfig
+from mmcse.config.training import RETRIEVAL_METHODS, LossConfig, ModelConfig, TrainConfig
 
 
 @dataclass(frozen=True)
@@ -62,8 +62,10 @@ def active_terms(cfg: Config) -> dict[str, bool]:
     cml = _switch(loss.dalr.cml, method == "dalr") and method != "simcse"  # simcse trains on text only
     iml = _switch(loss.dalr.iml, method == "dalr")
     return {
-        "simcse": method != "duet",  # DUET is a retrieval model: its terms are loss.duet's (Eq. 33)
+        # DUET and VSE++ are retrieval models: their terms are loss.duet's (Eq. 33) / loss.vsepp's
+        "simcse": method not in RETRIEVAL_METHODS,
         "image": method in ("mcse", "mcseo") and loss.image_term,
+        "clip_text": method == "mcse" and loss.image_term and loss.mcse.clip_text,
         "kdmcse": method == "kdmcse" and loss.image_term,
         "info": method == "dalr" and loss.dalr.info,
         "consistency": cml and loss.dalr.consistency,
@@ -95,13 +97,16 @@ def validate_terms(cfg: Config, where: str) -> None:
     if cfg.data.pairs == "none" and cfg.train.method != "simcse":
         fail(where, "data.pairs", f"none (text corpus only) trains SimCSE alone, but train.method is "
               f"{cfg.train.method!r}: set train.method: simcse, or choose image–caption pairs (demo, flickr30k, coco)")
-    if cfg.train.method == "duet":
-        check(cfg.train.epochs >= 1, where, "train.epochs", "must be >= 1 with train.method duet (0, no training, "
+    if cfg.train.method in RETRIEVAL_METHODS:
+        m = cfg.train.method
+        check(cfg.train.epochs >= 1, where, "train.epochs", f"must be >= 1 with train.method {m} (0, no training, "
               "evaluates a sentence encoder as it was loaded)")
-        check(cfg.data.pairs != "none", where, "data.pairs", "none has no images; train.method duet retrieves images")
+        check(cfg.data.pairs != "none", where, "data.pairs", f"none has no images; train.method {m} retrieves images")
+        check(cfg.data.pairs != "cc12m", where, "data.pairs",
+              f"cc12m has no val split, and train.method {m} picks its checkpoint by the val split's R@K")
         check("val" not in cfg.data.splits or cfg.data.pairs == "demo", where, "data.splits",
-               "must not include val with train.method duet: the val split's R@K picks its best checkpoint")
+               f"must not include val with train.method {m}: the val split's R@K picks its best checkpoint")
         check(cfg.evaluate.retrieval.enabled, where, "evaluate.retrieval.enabled",
-               "must be true with train.method duet: it is scored by image–text retrieval alone")
+               f"must be true with train.method {m}: it is scored by image–text retrieval alone")
     if cfg.loss.dalr.text_batches and cfg.loss.dalr.iml is False:
         fail(where, "loss.dalr.text_batches", "adds L_IML to text batches, but loss.dalr.iml is false")

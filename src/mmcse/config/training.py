@@ -47,6 +47,23 @@ class DuetModelConfig:
 
 
 @dataclass(frozen=True)
+class VseppModelConfig:
+    # train.method vsepp (Faghri et al. 2018, VSE++; the authors' code fartashf/vsepp defaults):
+    # word embeddings → a GRU whose last state is the caption's embedding; a linear map of the image
+    # feature; both L2-normalised into a joint_dim space. Words: lowercased, split at whitespace and
+    # punctuation, those seen min_word_count times in the training captions (rarer: <unk>).
+    word_dim: int = 300
+    joint_dim: int = 1024
+    gru_layers: int = 1
+    min_word_count: int = 4
+
+    def validate(self, where: str) -> None:
+        p = "model.vsepp."
+        for name in ("word_dim", "joint_dim", "gru_layers", "min_word_count"):
+            check(getattr(self, name) >= 1, where, p + name, "must be >= 1")
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     # HF id, local folder, or "packaged:all-MiniLM-L6-v2" (weights shipped in a pip package).
     name_or_path: str = "packaged:all-MiniLM-L6-v2"
@@ -60,9 +77,11 @@ class ModelConfig:
     # the MCSE / KDMCSE code) | linear = one Linear layer (mmcse's earlier heads)
     projection_head: Literal["tanh", "linear"] = "tanh"
     duet: DuetModelConfig = field(default_factory=DuetModelConfig)
+    vsepp: VseppModelConfig = field(default_factory=VseppModelConfig)
 
     def validate(self, where: str) -> None:
         self.duet.validate(where)
+        self.vsepp.validate(where)
         check(bool(self.name_or_path.strip()), where, "model.name_or_path", "must not be empty")
         check(
             not self.config_overrides or self.init == "random",
@@ -76,13 +95,18 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    method: Literal["simcse", "mcse", "kdmcse", "dalr", "mcseo", "duet"] = "mcse"
+    # duet / vsepp: image–text retrieval models (RETRIEVAL_METHODS), trained on region sets
+    method: Literal["simcse", "mcse", "kdmcse", "dalr", "mcseo", "duet", "vsepp"] = "mcse"
     batch_size: int = 64
     epochs: int = 1  # 0: no training step: the initial encoder is evaluated (MCSEO Table 1's BERT, RoBERTa rows)
     max_steps: int = 0  # 0: run all epochs
     learning_rate: float = 3e-5
     weight_decay: float = 0.0
     warmup_ratio: float = 0.0
+    # 0: the learning rate decays linearly to 0 over training (after warmup_ratio); N: it is divided
+    # by 10 every N epochs, no warm-up (VSE++: 15)
+    lr_decay_epochs: int = 0
+    max_grad_norm: float = 0.0  # clip the gradient's global L2 norm to this before each update (VSE++: 2); 0: off
     eval_steps: int = 125
     checkpoint_steps: int = 125
     dropout: float = 0.1
@@ -98,10 +122,16 @@ class TrainConfig:
         check(self.learning_rate > 0, where, "train.learning_rate", "must be > 0")
         check(self.weight_decay >= 0, where, "train.weight_decay", "must be >= 0")
         check(0 <= self.warmup_ratio < 1, where, "train.warmup_ratio", "must be in [0, 1)")
+        check(self.lr_decay_epochs >= 0, where, "train.lr_decay_epochs", "must be >= 0 (0: linear decay)")
+        check(self.lr_decay_epochs == 0 or self.warmup_ratio == 0, where, "train.warmup_ratio",
+              "must be 0 with train.lr_decay_epochs (the step schedule has no warm-up)")
+        check(self.max_grad_norm >= 0, where, "train.max_grad_norm", "must be >= 0 (0: no clipping)")
         check(self.eval_steps >= 1, where, "train.eval_steps", "must be >= 1")
         check(self.checkpoint_steps >= 1, where, "train.checkpoint_steps", "must be >= 1")
         check(0 <= self.dropout < 1, where, "train.dropout", "must be in [0, 1)")
 
+
+RETRIEVAL_METHODS = ("duet", "vsepp")  # image–text retrieval models: region sets in, R@K out, no STS
 
 Switch = bool | Literal["auto"]  # auto: on when train.method's paper uses the term
 
@@ -180,6 +210,13 @@ class DALRLossConfig:
 
 
 @dataclass(frozen=True)
+class MCSELossConfig:
+    # train.method mcse: "MCSE + CLIP text" (KDMCSE Table 5): beside the image term, the same
+    # grounding InfoNCE (KDMCSE Eq. 3) against the joint teacher's text embedding g_φt(t̂), weighted λ.
+    clip_text: bool = False
+
+
+@dataclass(frozen=True)
 class MCSEOLossConfig:
     # train.method mcseo: l_text + α·l_img-cap + β·l_obj-phra (Eq. 8); α is loss.lambda_img.
     object_phrase: bool = True
@@ -210,18 +247,30 @@ class DuetLossConfig:
 
 
 @dataclass(frozen=True)
+class VseppLossConfig:
+    # train.method vsepp: VSE++'s max-violation hinge (its Eq. 5 = DUET Eq. 28–29), summed over the batch
+    margin: float = 0.2
+
+    def validate(self, where: str) -> None:
+        check(self.margin >= 0, where, "loss.vsepp.margin", "must be >= 0")
+
+
+@dataclass(frozen=True)
 class LossConfig:
     temperature: float = 0.05
     image_term: bool = True  # the sentence–image term of mcse / kdmcse / mcseo
     temperature_img: float = 0.05
     lambda_img: float = 0.01
+    mcse: MCSELossConfig = field(default_factory=MCSELossConfig)
     kdmcse: KDMCSELossConfig = field(default_factory=KDMCSELossConfig)
     dalr: DALRLossConfig = field(default_factory=DALRLossConfig)
     mcseo: MCSEOLossConfig = field(default_factory=MCSEOLossConfig)
     duet: DuetLossConfig = field(default_factory=DuetLossConfig)
+    vsepp: VseppLossConfig = field(default_factory=VseppLossConfig)
 
     def validate(self, where: str) -> None:
         self.duet.validate(where)
+        self.vsepp.validate(where)
         check(self.temperature > 0, where, "loss.temperature", "must be > 0")
         check(self.temperature_img > 0, where, "loss.temperature_img", "must be > 0")
         check(self.lambda_img >= 0, where, "loss.lambda_img", "must be >= 0")

@@ -40,7 +40,7 @@ from tqdm.auto import tqdm
 from mmcse.config import DataConfig, SourceConfig
 from mmcse.data import demo
 from mmcse.data.senteval import available_transfer_tasks, read_sts_task, read_sts_tasks, read_transfer_task
-from mmcse.data.sources import Fetched, fetch_source, real_pairs, senteval_folder
+from mmcse.data.sources import Fetched, cc12m_pairs, fetch_source, real_pairs, senteval_folder
 from mmcse.io import atomic_path, sha256_file, write_bytes, write_json, write_jsonl, write_text
 
 log = logging.getLogger(__name__)
@@ -124,6 +124,12 @@ def retrieval_set_name(pairs: str) -> str:
     return {"flickr30k": "flickr30k_1k", "coco": "coco_5k"}.get(pairs, pairs)
 
 
+def retrieval_source(cfg: DataConfig) -> str:
+    """The data set whose test split is the retrieval test set: ``data.pairs``, or the one
+    ``data.retrieval_test`` names."""
+    return cfg.pairs if cfg.retrieval_test == "same" else cfg.retrieval_test
+
+
 def retrieval_val_set_name(pairs: str) -> str:
     """The retrieval validation set of ``data.pairs``: Karpathy's val split (``flickr30k_val``,
     ``coco_val``; cut to ``data.val_images``) or the demo world's val scenes (``demo_val``)."""
@@ -135,13 +141,15 @@ def _retrieval_test_set(cfg: DataConfig, seed: int, out: Path, downloads: Path,
     """Images and every caption of the retrieval test set (``retrieval/images.jsonl``: the
     images.jsonl fields; ``retrieval/captions.jsonl``: image_id, caption), all captions per
     image whatever ``data.captions`` picks for training."""
-    if cfg.pairs == "none":  # text only: no images to retrieve
+    if cfg.pairs == "none" or retrieval_source(cfg) == "cc12m":  # text only, or CC12M: no test split
         return [], []
     if cfg.pairs == "demo":
         images, pairs = _generate_pairs(cfg, seed, out, "test")
     else:
-        # Karpathy's test split; data.splits cannot name it (config validation), so no test image trains
-        test_cfg = dataclasses.replace(cfg, splits=["test"], image_limit=0, annotations="none")
+        # Karpathy's test split (of data.retrieval_test's data set when it names another); data.splits
+        # cannot name it (config validation), so no test image trains
+        test_cfg = dataclasses.replace(cfg, pairs=retrieval_source(cfg), splits=["test"], image_limit=0,
+                                       annotations="none")
         images, pairs, test_report = real_pairs(test_cfg, out, downloads, allow_empty=True)
         report["sources"] |= test_report["sources"]
         for key in ("images_missing", "images_unreadable"):
@@ -157,7 +165,7 @@ def _retrieval_val_set(cfg: DataConfig, seed: int, out: Path, downloads: Path,
     first ``data.val_images`` images of Karpathy's val split (0: all). Empty for ``data.pairs:
     none``, and when ``data.splits`` trains on val: those images cannot select checkpoints (a
     method that needs the set refuses that configuration at load; the download itself is valid)."""
-    if cfg.pairs == "none":
+    if cfg.pairs in ("none", "cc12m"):  # CC12M has no val split
         return [], []
     if cfg.pairs == "demo":
         images, pairs = _generate_pairs(cfg, seed, out, "val")
@@ -252,6 +260,8 @@ def _build(cfg: DataConfig, seed: int, out: Path, downloads: Path, senteval: Pat
         images, pairs = [], []
     elif cfg.pairs == "demo":
         images, pairs = _generate_pairs(cfg, seed, out)
+    elif cfg.pairs == "cc12m":
+        images, pairs, report = cc12m_pairs(cfg, out, downloads)
     else:
         images, pairs, report = real_pairs(cfg, out, downloads)
     pairs = select_captions(pairs, cfg.captions, seed)
@@ -301,7 +311,8 @@ def _build(cfg: DataConfig, seed: int, out: Path, downloads: Path, senteval: Pat
         "retrieval_val_captions": len(val_captions),
         **{f"transfer_{task}": len(rows) for task, rows in transfer.items()},
     }
-    for key in ("images_missing", "images_unreadable", "images_without_entities", "retrieval_images_missing",
+    for key in ("images_missing", "images_unreadable", "images_without_entities", "captions_missing",
+                "retrieval_images_missing",
                 "retrieval_images_unreadable", "retrieval_val_images_missing", "retrieval_val_images_unreadable"):
         if key in report:
             counts[key] = report[key]
@@ -309,7 +320,7 @@ def _build(cfg: DataConfig, seed: int, out: Path, downloads: Path, senteval: Pat
         "source": cfg.source,
         "pairs": cfg.pairs,
         "splits": list(cfg.splits) if cfg.pairs not in ("demo", "none") else [],
-        "retrieval_set": retrieval_set_name(cfg.pairs) if test_images else None,
+        "retrieval_set": retrieval_set_name(retrieval_source(cfg)) if test_images else None,
         "retrieval_val_set": retrieval_val_set_name(cfg.pairs) if val_images else None,
         "seed": seed,
         "counts": counts,

@@ -1,5 +1,5 @@
 """Real datasets for the ``download`` stage: Flickr30k and MS-COCO 2014 with Karpathy's splits,
-Flickr30k Entities phrase boxes, Wiki1M and SimCSE's SentEval archive.
+Conceptual 12M webdataset shards, Flickr30k Entities phrase boxes, Wiki1M and SimCSE's SentEval archive.
 
 Every source is declared in ``params.yaml`` (``data.sources.<name>``) as a URL (plain HTTP,
 resumed with Range requests), a Hugging Face hub file (the hub client's cache and offline
@@ -11,11 +11,13 @@ sources hold (digests, sizes) goes into the download manifest, which later stage
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
 import shutil
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -332,6 +334,106 @@ def real_pairs(cfg: DataConfig, out: Path, downloads: Path, allow_empty: bool = 
         v.save()
     if not images:
         raise ValueError(f"no readable {dataset} images among {len(entries)} listed (see the warnings above)")
+    return images, pairs, report
+
+
+# --------------------------------------------------------------------------- Conceptual 12M
+
+
+def _cc12m_shards(spec: SourceConfig, downloads: Path) -> Iterator[tuple[str, Path, dict[str, Any]]]:
+    """``(name, folder, record)`` of each CC12M shard in order, fetched and extracted lazily (the
+    caller stops when it has its subset): the pattern's shards 0, 1, …, or a local folder's
+    ``*.tar`` shards, or the folder itself when it holds extracted samples."""
+    if spec.path:
+        root = fetch_source(spec, "cc12m", downloads).path
+        if not root.is_dir():
+            raise ValueError(f"params.yaml: data.sources.cc12m.path={spec.path!r} must be a folder of shards "
+                             "(*.tar) or of samples (<key>.jpg + <key>.txt)")
+        tars = sorted(root.glob("*.tar"))
+        if not tars:
+            yield root.name, root, {"origin": f"path:{root}"}
+            return
+        for tar in tars:
+            yield tar.stem, *_extracted(SourceConfig(path=str(tar)), f"cc12m/{tar.stem}", downloads)
+        return
+    for shard in itertools.count():
+        if spec.url:
+            one = SourceConfig(url=spec.url.format(shard=shard))
+            name = one.url.rstrip("/").rsplit("/", 1)[-1].split("?")[0]
+        else:
+            one = SourceConfig(hub=spec.hub, file=spec.file.format(shard=shard), revision=spec.revision)
+            name = Path(one.file).name
+        stem = name.removesuffix(".tar")
+        try:
+            folder, record = _extracted(one, f"cc12m/{stem}", downloads)
+        except DownloadError as err:
+            if shard == 0:
+                raise
+            # past the last shard, or a shard that failed: either way the subset is not complete
+            raise DownloadError(f"data.sources.cc12m: {err}; shards 0-{shard - 1} hold too few usable samples "
+                                "for data.cc12m_subset × data.image_limit") from None
+        yield stem, folder, record
+
+
+def _extracted(spec: SourceConfig, name: str, downloads: Path) -> tuple[Path, dict[str, Any]]:
+    fetched = extracted_source(spec, name, downloads)
+    return fetched.path, fetched.record
+
+
+def cc12m_pairs(cfg: DataConfig, out: Path, downloads: Path) -> tuple[list[dict], list[dict], dict[str, Any]]:
+    """Images (linked under ``out/images/cc12m/``) and their captions of CC12M subset
+    ``data.cc12m_subset``: the samples ``(k-1)·N … k·N-1`` (N = ``data.image_limit``; 0: all) in
+    shard order, counting only samples with a caption and a readable image, so the subsets of one
+    N never overlap (KDMCSE Table 4's two 1M subsets: k = 1, 2). A sample is ``<key>.jpg`` and
+    ``<key>.txt`` (webdataset / img2dataset); one without its caption, or unreadable, is skipped
+    and counted."""
+    n, k = cfg.image_limit, cfg.cc12m_subset
+    skip = (k - 1) * n
+    images: list[dict] = []
+    pairs: list[dict] = []
+    report: dict[str, Any] = {"sources": {}, "images_missing": 0, "images_unreadable": 0, "captions_missing": 0}
+    seen = 0
+    bar = tqdm(total=n or None, desc=f"download: cc12m subset {k}", unit="img")
+    for name, folder, record in _cc12m_shards(cfg.sources.cc12m, downloads):
+        report["sources"][f"cc12m/{name}"] = record
+        verdicts = _Verdicts(folder, Path(downloads).resolve() in folder.resolve().parents)
+        for jpg in sorted(folder.rglob("*.jpg")):
+            caption_file = jpg.with_suffix(".txt")
+            if not caption_file.is_file():
+                report["captions_missing"] += 1
+                continue
+            caption = " ".join(caption_file.read_text(encoding="utf-8", errors="replace").split())
+            if not caption:
+                report["captions_missing"] += 1
+                continue
+            verdict = verdicts.inspect(jpg, decode=cfg.verify_images)
+            if cfg.verify_images and not verdict["readable"]:
+                log.warning("%s: unreadable or truncated image; skipped", jpg)
+                report["images_unreadable"] += 1
+                continue
+            seen += 1
+            if seen <= skip:
+                continue
+            key = jpg.stem
+            rel = f"images/cc12m/{key}.jpg"
+            _place(jpg, out / rel)
+            image_id = f"cc12m-{key}"
+            images.append({"image_id": image_id, "file": rel, "split": "train", "sha256": verdict["sha256"],
+                           "bytes": verdict["bytes"]})
+            pairs.append({"pair_id": f"{image_id}-c0", "image_id": image_id, "caption": caption, "phrases": []})
+            bar.update()
+            if n and len(images) == n:
+                break
+        verdicts.save()
+        if n and len(images) == n:
+            break
+    bar.close()
+    if not images:
+        raise ValueError(f"data.sources.cc12m: no readable image–caption sample in subset {k} "
+                         f"({seen} samples before it)")
+    if n and len(images) < n:
+        raise ValueError(f"data.sources.cc12m: subset {k} of {n:,} pairs needs {k * n:,} samples, the shards "
+                         f"hold {seen:,}")
     return images, pairs, report
 
 

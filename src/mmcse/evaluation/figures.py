@@ -15,7 +15,7 @@ the numbers can be logged and tested; figures are saved with :func:`mmcse.evalua
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -175,6 +175,161 @@ def tsne_panels(
         fig.delaxes(ax)
     fig.tight_layout()
     return fig, metrics
+
+
+# --------------------------------------------------------------------------- dropout-mask views
+
+DROPOUT_MASKS = 100  # KDMCSE App. E encodes each sentence "repeatedly"; the count is not printed
+SENTENCE_COLOURS = ("tab:orange", "tab:blue", "tab:green")  # KDMCSE Figs. 8-12: two close captions, one far
+
+
+def dropout_views(
+    encode: Callable[[list[str]], np.ndarray], model: Any, sentences: Sequence[str], masks: int = DROPOUT_MASKS,
+    batch_size: int = 64, seed: int = 0,
+) -> np.ndarray:
+    """Each sentence encoded ``masks`` times with dropout on: ``(S, masks, d)``.
+
+    ``model`` is the torch module whose dropout layers ``encode`` runs through (a
+    `mmcse.evaluation.sts.TextEncoder`'s ``model``); it is put in train mode for the call and
+    back in eval mode after. Each row of a batch draws its own mask, so a sentence repeated in
+    one batch gets ``masks`` different views; ``seed`` fixes the masks."""
+    import torch
+
+    if masks < 2:
+        raise ValueError(f"dropout_views needs at least 2 masks per sentence, got {masks}")
+    repeated = [s for s in sentences for _ in range(masks)]
+    torch.manual_seed(seed)
+    model.train()
+    try:
+        chunks = [np.asarray(encode(repeated[i : i + batch_size]), dtype=np.float64)
+                  for i in range(0, len(repeated), batch_size)]
+    finally:
+        model.eval()
+    views = np.concatenate(chunks)
+    return views.reshape(len(sentences), masks, views.shape[-1])
+
+
+def dropout_statistics(views: np.ndarray) -> dict[str, float]:
+    """How tight each sentence's dropout views are and how far apart the sentences lie, on the
+    unit vectors of ``views (S, M, d)``: ``spread`` = mean cosine distance of a view to its own
+    sentence's mean direction; ``separation_<i>_<j>`` = cosine distance between the mean
+    directions of sentences i and j (1-based); ``silhouette`` of the sentences as clusters
+    (cosine)."""
+    from sklearn.metrics import silhouette_score
+
+    x = unit_rows(np.asarray(views, dtype=np.float64).reshape(-1, views.shape[-1])).reshape(views.shape)
+    centres = unit_rows(x.mean(axis=1))  # (S, d)
+    out = {"spread": float((1.0 - np.einsum("smd,sd->sm", x, centres)).mean())}
+    for i in range(len(centres)):
+        for j in range(i + 1, len(centres)):
+            out[f"separation_{i + 1}_{j + 1}"] = float(1.0 - centres[i] @ centres[j])
+    labels = np.repeat(np.arange(views.shape[0]), views.shape[1])
+    out["silhouette"] = float(silhouette_score(x.reshape(-1, x.shape[-1]), labels, metric="cosine"))
+    return out
+
+
+def dropout_tsne_panels(
+    views_by_model: Mapping[str, np.ndarray], sentences: Sequence[str], seed: int = 0,
+) -> tuple[plt.Figure, dict[str, dict[str, float]]]:
+    """KDMCSE Figures 8-12 for several models in one picture: each model's dropout views
+    ``(S, M, d)`` of the same ``sentences``, L2-normalised and mapped by t-SNE, one panel per
+    model, one colour per sentence (the paper's orange / blue / green), the sentences printed
+    under the panels. Returns the figure and `dropout_statistics` per model."""
+    from sklearn.manifold import TSNE
+
+    if not views_by_model:
+        raise ValueError("dropout_tsne_panels needs at least one model's views")
+    shapes = {name: np.shape(v)[:2] for name, v in views_by_model.items()}
+    if set(shapes.values()) != {(len(sentences), next(iter(shapes.values()))[1])}:
+        raise ValueError(f"dropout_tsne_panels: every model must give (S={len(sentences)}, M) views, got {shapes}")
+    n = len(views_by_model)
+    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 4.6), squeeze=False)
+    colours = [SENTENCE_COLOURS[i % len(SENTENCE_COLOURS)] for i in range(len(sentences))]
+    metrics = {}
+    for ax, (name, views) in zip(axes[0], views_by_model.items(), strict=True):
+        views = np.asarray(views, dtype=np.float64)
+        x = unit_rows(views.reshape(-1, views.shape[-1]))
+        perplexity = float(min(30.0, (len(x) - 1) / 3))
+        coords = TSNE(2, perplexity=perplexity, init="pca", random_state=seed).fit_transform(x)
+        coords = coords.reshape(views.shape[0], views.shape[1], 2)
+        metrics[name] = dropout_statistics(views)
+        for i, colour in enumerate(colours):
+            ax.scatter(coords[i, :, 0], coords[i, :, 1], s=8, color=colour, alpha=0.8, label=f"sentence {i + 1}")
+        ax.set_title(f"{name}\nspread={metrics[name]['spread']:.3f}, silhouette={metrics[name]['silhouette']:.3f}",
+                     fontsize=8)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    axes[0][0].legend(fontsize=7, loc="best")
+    caption = "\n".join(f"{i + 1}: {s[:110]}" for i, s in enumerate(sentences))
+    fig.text(0.01, 0.01, caption, fontsize=7, va="bottom", ha="left")
+    fig.tight_layout(rect=(0, 0.04 * len(sentences), 1, 1))
+    return fig, metrics
+
+
+# --------------------------------------------------------------------------- nearest neighbours
+
+NEIGHBOURS = 3  # DALR Table 10: top-3 sentences per query
+
+
+def nearest_sentences(
+    queries: np.ndarray, pool: np.ndarray, pool_sentences: Sequence[str], query_sentences: Sequence[str],
+    k: int = NEIGHBOURS,
+) -> list[list[tuple[str, float]]]:
+    """For each query ``(Q, d)`` the ``k`` pool sentences ``(P, d)`` of highest cosine, best
+    first, as ``(sentence, cosine)``; the query's own sentence is never its neighbour (DALR
+    Table 10 retrieves other captions). Ties keep the pool's order."""
+    q, p = unit_rows(np.asarray(queries, dtype=np.float64)), unit_rows(np.asarray(pool, dtype=np.float64))
+    if len(pool_sentences) != len(p) or len(query_sentences) != len(q):
+        raise ValueError(f"nearest_sentences: {len(p)} pool vectors for {len(pool_sentences)} sentences, "
+                         f"{len(q)} query vectors for {len(query_sentences)} sentences")
+    sim = q @ p.T  # (Q, P)
+    out = []
+    for row, query in zip(sim, query_sentences, strict=True):
+        order = np.argsort(-row, kind="stable")
+        hits = [(pool_sentences[j], float(row[j])) for j in order if pool_sentences[j] != query][:k]
+        out.append(hits)
+    return out
+
+
+def neighbours_figure(
+    queries: Sequence[str], neighbours_by_model: Mapping[str, Sequence[Sequence[tuple[str, float]]]],
+    wrap: int = 48,
+) -> plt.Figure:
+    """DALR Table 10 as one picture: a block per query, one column per model, its top-k
+    neighbours with their cosines (the paper prints KDMCSE beside DALR)."""
+    import textwrap
+
+    models = list(neighbours_by_model)
+    if not models:
+        raise ValueError("neighbours_figure needs at least one model")
+    for name, lists in neighbours_by_model.items():
+        if len(lists) != len(queries):
+            raise ValueError(f"neighbours_figure: {name} has {len(lists)} neighbour lists for {len(queries)} queries")
+
+    def cell(text: str) -> str:
+        return "\n".join(textwrap.wrap(text, wrap)) or " "
+
+    lines_per_query = [1 + max(sum(cell(s).count("\n") + 1 for s, _ in neighbours_by_model[m][q]) for m in models)
+                       for q in range(len(queries))]
+    total = sum(lines_per_query) + len(queries) + 1
+    fig = plt.figure(figsize=(min(13.5, 1.2 + 4.1 * len(models)), max(2.0, 0.16 * total + 0.6)))
+    y, step = 1.0, 1.0 / total
+    for m, name in enumerate(models):
+        fig.text(0.09 + m * 0.9 / len(models), y - step, name, fontsize=9, weight="bold", va="top")
+    y -= 1.6 * step
+    for q, query in enumerate(queries):
+        fig.text(0.01, y, f"Query: {query}", fontsize=8, style="italic", va="top")
+        y -= step
+        for m, name in enumerate(models):
+            yy = y
+            x = 0.09 + m * 0.9 / len(models)
+            for rank, (sentence, cos) in enumerate(neighbours_by_model[name][q], start=1):
+                text = cell(f"{sentence} ({cos:.3f})")
+                fig.text(x - 0.03, yy, f"#{rank}", fontsize=7, va="top")
+                fig.text(x, yy, text, fontsize=7, va="top")
+                yy -= step * (text.count("\n") + 1)
+        y -= step * (lines_per_query[q] - 1) + step * 0.6
+    return fig
 
 
 # --------------------------------------------------------------------------- STS scatter of runs
@@ -377,11 +532,9 @@ def threshold_metrics(s: ThresholdSummary) -> dict[str, float]:
     return out
 
 
-def threshold_figure(s: ThresholdSummary, threshold: float | None = None) -> plt.Figure:
-    """Three panels: α^{t,v} of negatives vs true pairs (KDMCSE Fig. 6), α^{t,t} of other-image
-    vs same-image captions, and the rank of each image's best / worst true caption (Fig. 5);
-    candidate thresholds as dotted lines, the configured ``threshold`` solid."""
-    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
+def _similarity_panels(axes: Sequence[Any], s: ThresholdSummary, threshold: float | None) -> None:
+    """α^{t,v} of negatives vs true pairs (KDMCSE Fig. 6) and α^{t,t} of other-image vs
+    same-image captions, candidate thresholds dotted and the configured ``threshold`` solid."""
     width = s.edges[1] - s.edges[0]
     centres = (s.edges[:-1] + s.edges[1:]) / 2
 
@@ -412,7 +565,9 @@ def threshold_figure(s: ThresholdSummary, threshold: float | None = None) -> plt
             a.axvline(threshold, color="tab:red", linewidth=1.2, label=f"threshold {threshold:g}")
         a.legend(fontsize=7, loc="upper left")
 
-    ax = axes[2]
+
+def _rank_panel(ax: Any, s: ThresholdSummary) -> None:
+    """Where each image's best and worst true caption ranks among all captions (KDMCSE Fig. 5)."""
     top = max(int(s.worst_rank.max()), 1)
     if top <= 50:  # one bar per rank
         rank_edges = np.arange(1, top + 2) - 0.5
@@ -427,6 +582,31 @@ def threshold_figure(s: ThresholdSummary, threshold: float | None = None) -> plt
     r1 = 100.0 * (s.best_rank <= 1).mean()
     ax.set_title(f"teacher image→text rank (R@1={r1:.1f}, mean={s.best_rank.mean():.1f})", fontsize=9)
     ax.legend(fontsize=7)
+
+
+def threshold_figure(s: ThresholdSummary, threshold: float | None = None) -> plt.Figure:
+    """Three panels: α^{t,v} of negatives vs true pairs (KDMCSE Fig. 6), α^{t,t} of other-image
+    vs same-image captions, and the rank of each image's best / worst true caption (Fig. 5);
+    candidate thresholds as dotted lines, the configured ``threshold`` solid."""
+    fig, axes = plt.subplots(1, 3, figsize=(15, 3.8))
+    _similarity_panels(axes[:2], s, threshold)
+    _rank_panel(axes[2], s)
+    fig.tight_layout()
+    return fig
+
+
+def teacher_similarity_figure(s: ThresholdSummary, threshold: float | None = None) -> plt.Figure:
+    """KDMCSE Figure 6 alone: the teacher's caption–image and caption–caption similarities."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    _similarity_panels(axes, s, threshold)
+    fig.tight_layout()
+    return fig
+
+
+def teacher_rank_figure(s: ThresholdSummary) -> plt.Figure:
+    """KDMCSE Figure 5 alone: the rank of each image's true captions under the teacher."""
+    fig, ax = plt.subplots(figsize=(5.5, 3.8))
+    _rank_panel(ax, s)
     fig.tight_layout()
     return fig
 
@@ -447,22 +627,34 @@ def threshold_statistics(
     return threshold_metrics(s), threshold_figure(s, threshold)
 
 
-def cached_joint_teacher(teachers_dir: str | Path, raw_dir: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def cached_joint_teacher(
+    teachers_dir: str | Path, raw_dir: str | Path, manifest: str | Path | None = None,
+    set_dirs: Sequence[str | Path] = (),
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The joint teacher's cached ``t̂ (N_txt, k)``, ``v̂ (N_img, k)`` and the image row of each
-    caption ``(N_txt,)``, from ``<teachers_dir>/manifest.json`` and ``<raw_dir>/pairs.jsonl``."""
+    caption ``(N_txt,)``, from the manifest (default ``<teachers_dir>/manifest.json``; an
+    ablation job's own manifest, `mmcse.integrity.keys.Upstream`) and ``<raw_dir>/pairs.jsonl``.
+    A set is looked up in ``teachers_dir``, then in ``set_dirs`` in order."""
     from mmcse.io import read_json, read_jsonl
     from mmcse.teachers.cache import FeatureStore
 
     teachers_dir, raw_dir = Path(teachers_dir), Path(raw_dir)
-    manifest_file = teachers_dir / "manifest.json"
+    manifest_file = Path(manifest) if manifest is not None else teachers_dir / "manifest.json"
     if not manifest_file.is_file():
         raise FileNotFoundError(f"{manifest_file}: no teacher cache; run the cache_teachers stage first")
     sets = read_json(manifest_file).get("sets", {})
     missing = [k for k in ("joint_text", "joint_image") if k not in sets]
     if missing:
         raise KeyError(f"{manifest_file}: no {', '.join(missing)} set listed; rerun the cache_teachers stage")
-    text = FeatureStore.open(teachers_dir / sets["joint_text"])
-    image = FeatureStore.open(teachers_dir / sets["joint_image"])
+
+    def store(name: str) -> FeatureStore:
+        for folder in (teachers_dir, *map(Path, set_dirs)):
+            if (folder / sets[name]).is_dir():
+                return FeatureStore.open(folder / sets[name])
+        raise FileNotFoundError(f"{manifest_file}: set {sets[name]} ({name}) is in none of "
+                                f"{', '.join(str(f) for f in (teachers_dir, *set_dirs))}")
+
+    text, image = store("joint_text"), store("joint_image")
     pairs = {p["pair_id"]: p["image_id"] for p in read_jsonl(raw_dir / "pairs.jsonl")}
     try:
         owners = [pairs[i] for i in text.ids]

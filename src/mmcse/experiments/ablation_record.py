@@ -117,24 +117,37 @@ def figure_sentences(raw: Path, n: int, seed: int) -> tuple[list[str], list[str]
     return sentences, [image_of[s] for s in sentences] if image_of is not None else None
 
 
+def _best_checkpoints(jobs: dict[str, dict[str, Any]], ablations: Path) -> dict[str, Path]:
+    from mmcse.experiments.ablate import Job
+
+    out = {}
+    for variant, job in jobs.items():
+        best = Job(variant, job["seed"], {}).folder(ablations) / "best"
+        if not best.is_dir():
+            raise FileNotFoundError(f"{best}: the best checkpoint of row {variant!r} (seed {job['seed']}) is not here")
+        out[variant] = best
+    return out
+
+
+def _encoder(cfg: Config, best: Path) -> Any:
+    from mmcse.evaluation.sts import TextEncoder
+    from mmcse.models.device import resolve_device
+
+    return TextEncoder(str(best), cfg.evaluate.pooler, str(resolve_device(cfg.base.device)),
+                       precision=cfg.train.precision)
+
+
 def _tsne_clusters(cfg: Config, jobs: dict[str, dict[str, Any]], ablations: Path) -> tuple[Any, dict[str, float]]:
     """Each row's best checkpoint encodes the same test captions; one t-SNE panel per row."""
     import numpy as np
 
     from mmcse.evaluation.figures import TSNE_CLUSTERS, tsne_panels
-    from mmcse.evaluation.sts import TextEncoder, encode_unique
-    from mmcse.experiments.ablate import Job
-    from mmcse.models.device import resolve_device
+    from mmcse.evaluation.sts import encode_unique
 
     sentences, groups = figure_sentences(Paths.of(cfg).raw, FIG3_SENTENCES, cfg.base.seed)
-    device = str(resolve_device(cfg.base.device))
     embeddings = {}
-    for variant, job in jobs.items():
-        best = Job(variant, job["seed"], {}).folder(ablations) / "best"
-        if not best.is_dir():
-            raise FileNotFoundError(f"{best}: the best checkpoint of row {variant!r} (seed {job['seed']}) is not here")
-        encoder = TextEncoder(str(best), cfg.evaluate.pooler, device, precision=cfg.train.precision)
-        vectors = encode_unique(encoder, sentences, cfg.evaluate.batch_size, desc=f"t-SNE {variant}")
+    for variant, best in _best_checkpoints(jobs, ablations).items():
+        vectors = encode_unique(_encoder(cfg, best), sentences, cfg.evaluate.batch_size, desc=f"t-SNE {variant}")
         embeddings[variant] = np.stack([vectors[s] for s in sentences])
     fig, metrics = tsne_panels(embeddings, TSNE_CLUSTERS, cfg.base.seed, groups)
     flat = {f"{variant}/cluster_{k}": v for variant, m in metrics.items() for k, v in m.items()
@@ -142,16 +155,110 @@ def _tsne_clusters(cfg: Config, jobs: dict[str, dict[str, Any]], ablations: Path
     return fig, flat
 
 
+def _dropout_tsne(cfg: Config, jobs: dict[str, dict[str, Any]], ablations: Path) -> tuple[Any, dict[str, float]]:
+    """KDMCSE Figs. 8-12: ``ablate.sentences`` each encoded under repeated dropout masks by every
+    row's best checkpoint, one t-SNE panel per row."""
+    from mmcse.evaluation.figures import DROPOUT_MASKS, dropout_tsne_panels, dropout_views
+
+    sentences = list(cfg.ablate.sentences)
+    if len(sentences) < 2:
+        raise ValueError("dropout_tsne needs ablate.sentences (the figure's sentences, at least 2)")
+    views = {}
+    for variant, best in _best_checkpoints(jobs, ablations).items():
+        encoder = _encoder(cfg, best)
+        views[variant] = dropout_views(encoder, encoder.model, sentences, DROPOUT_MASKS,
+                                       cfg.evaluate.batch_size, cfg.base.seed)
+    fig, metrics = dropout_tsne_panels(views, sentences, cfg.base.seed)
+    return fig, {f"{variant}/dropout_{k}": v for variant, m in metrics.items() for k, v in m.items()}
+
+
+def neighbour_pool(raw: Path) -> list[str]:
+    """DALR Table 10's retrieval data: one caption per image of the training pairs (Flickr30k:
+    ~30k images, the paper's "30k captions"), the first listed, in the images' order."""
+    from mmcse.io import read_jsonl
+
+    first: dict[str, str] = {}
+    for row in read_jsonl(raw / "pairs.jsonl"):
+        first.setdefault(str(row["image_id"]), str(row["caption"]))
+    return list(dict.fromkeys(first.values()))
+
+
+NEIGHBOUR_QUERIES = 4  # DALR Table 10 shows four queries
+
+
+def _neighbours(cfg: Config, jobs: dict[str, dict[str, Any]], ablations: Path,
+                raw: Path) -> tuple[Any, dict[str, float], dict[str, Any]]:
+    """DALR Table 10: the top-3 neighbours of each query among the pool, every row side by side.
+    Queries: ``ablate.sentences``, else a seeded sample of the pool (the paper picks at random)."""
+    import numpy as np
+
+    from mmcse.evaluation.figures import NEIGHBOURS, nearest_sentences, neighbours_figure
+    from mmcse.evaluation.sts import encode_unique
+
+    pool = neighbour_pool(raw)
+    if len(pool) <= NEIGHBOURS:
+        raise ValueError(f"{raw / 'pairs.jsonl'}: {len(pool)} captions, too few to retrieve {NEIGHBOURS} neighbours")
+    queries = list(cfg.ablate.sentences)
+    if not queries:
+        pick = np.random.default_rng(cfg.base.seed).choice(len(pool), min(NEIGHBOUR_QUERIES, len(pool)), replace=False)
+        queries = [pool[i] for i in sorted(pick)]
+    found, metrics = {}, {}
+    for variant, best in _best_checkpoints(jobs, ablations).items():
+        vectors = encode_unique(_encoder(cfg, best), [*pool, *queries], cfg.evaluate.batch_size,
+                                desc=f"neighbours {variant}")
+        found[variant] = nearest_sentences(np.stack([vectors[s] for s in queries]),
+                                           np.stack([vectors[s] for s in pool]), pool, queries)
+        metrics[f"{variant}/neighbour_cosine"] = float(np.mean([c for hits in found[variant] for _, c in hits]))
+    table = {"pool": len(pool), "queries": [
+        {"query": q, **{v: [{"sentence": s, "cosine": c} for s, c in found[v][i]] for v in found}}
+        for i, q in enumerate(queries)]}
+    return neighbours_figure(queries, found), metrics, table
+
+
+def _teacher_statistics(cfg: Config, jobs: dict[str, dict[str, Any]], figure: str) -> tuple[Any, dict[str, float]]:
+    """KDMCSE Figs. 5 and 6 from the joint teacher the first row trained with (its own cached
+    sets, `mmcse.experiments.upstream`), its threshold marked."""
+    from mmcse.evaluation.figures import (
+        DEFAULT_THRESHOLDS,
+        cached_joint_teacher,
+        teacher_rank_figure,
+        teacher_similarity_figure,
+        threshold_metrics,
+        threshold_summary,
+    )
+    from mmcse.experiments.ablate import Job, job_config
+    from mmcse.experiments.upstream import resolve
+
+    variant, job = next(iter(jobs.items()))
+    job_cfg = job_config(cfg, Job(variant, job["seed"], {**cfg.ablate.variants[variant], "base.seed": job["seed"]}))
+    up = resolve(job_cfg, Paths.of(job_cfg), cfg.base.seed)
+    t, v, owners = cached_joint_teacher(up.teachers, up.raw, up.teacher_manifest, up.teacher_dirs)
+    threshold = job_cfg.loss.kdmcse.threshold_value
+    candidates = tuple(DEFAULT_THRESHOLDS) + (() if threshold is None or threshold in DEFAULT_THRESHOLDS
+                                              else (threshold,))
+    s = threshold_summary(t, v, owners, candidates, seed=cfg.base.seed)
+    fig = teacher_rank_figure(s) if figure == "teacher_ranks" else teacher_similarity_figure(s, threshold)
+    return fig, {f"teacher/{k}": val for k, val in threshold_metrics(s).items()}
+
+
 def log_ablation_figures(cfg: Config, results: list[dict[str, Any]], run_id: str,
                          ablations: Path | None = None) -> list[str]:
     """``ablate.figures`` into the parent run ``run_id`` (``figures/<name>.png``), each from the job
-    of every row with the lowest seed:
+    of every row with the lowest seed (its best checkpoint under ``ablations``, default the
+    ablation folder):
 
     - ``sts_scatter``: the model's cosine against the gold score of the STS test pairs, one panel
       per row (DALR Fig. 4; `mmcse.evaluation.figures.sts_scatter_runs`);
-    - ``tsne_clusters``: each row's best checkpoint (under ``ablations``, default the ablation
-      folder) encodes the same test captions, t-SNE + 50 KMeans clusters per row (DALR Fig. 3; the
-      clusters' silhouette and purity against the captions' images go to the parent's metrics).
+    - ``tsne_clusters``: every row encodes the same test captions, t-SNE + 50 KMeans clusters per
+      row (DALR Fig. 3; the clusters' silhouette and purity against the captions' images go to
+      the parent's metrics);
+    - ``dropout_tsne``: ``ablate.sentences`` under repeated dropout masks, a t-SNE panel per row
+      (KDMCSE Figs. 8-12; each sentence's spread and the sentences' separation as metrics);
+    - ``neighbours``: the top-3 neighbours of the queries (``ablate.sentences``, else sampled)
+      among one caption per training image, the rows side by side (DALR Table 10; also
+      ``figures/neighbours.json``);
+    - ``teacher_ranks`` / ``teacher_similarities``: the joint teacher's statistics on the first
+      row's data (KDMCSE Figs. 5 / 6; the numbers of `threshold_metrics` under ``teacher/``).
 
     A figure that cannot be drawn does not undo the table: its error goes to the parent's tag
     ``figure.<name>.error`` and is printed. Returns the artifacts logged."""
@@ -160,26 +267,37 @@ def log_ablation_figures(cfg: Config, results: list[dict[str, Any]], run_id: str
     import mlflow
 
     from mmcse.evaluation.figures import load_sts_predictions, sts_scatter_runs
+    from mmcse.tracking import metric_name
 
     client = mlflow.MlflowClient()
     jobs = first_jobs(results)
+    folder = ablations or Paths.of(cfg).ablations
     logged = []
     for name in cfg.ablate.figures:
         if not jobs:
             break
+        table = None
         try:
             metrics: dict[str, float] = {}
             if name == "sts_scatter":
                 fig = sts_scatter_runs({v: load_sts_predictions(j["run_id"]) for v, j in jobs.items()})
-            else:  # tsne_clusters
-                fig, metrics = _tsne_clusters(cfg, jobs, ablations or Paths.of(cfg).ablations)
+            elif name == "tsne_clusters":
+                fig, metrics = _tsne_clusters(cfg, jobs, folder)
+            elif name == "dropout_tsne":
+                fig, metrics = _dropout_tsne(cfg, jobs, folder)
+            elif name == "neighbours":
+                fig, metrics, table = _neighbours(cfg, jobs, folder, Paths.of(cfg).raw)
+            else:  # teacher_ranks, teacher_similarities
+                fig, metrics = _teacher_statistics(cfg, jobs, name)
         except Exception as err:  # noqa: BLE001 - the table is the record; the figure says why it is missing
             client.set_tag(run_id, f"figure.{name}.error", str(err)[:500])
             print(f"ablation figure {name} not drawn: {err}")
             continue
         client.log_figure(run_id, fig, f"figures/{name}.png")
+        if table is not None:
+            client.log_dict(run_id, table, f"figures/{name}.json")
         for key, value in metrics.items():
             if math.isfinite(value):
-                client.log_metric(run_id, key, value)
+                client.log_metric(run_id, metric_name(key), value)
         logged.append(f"figures/{name}.png")
     return logged

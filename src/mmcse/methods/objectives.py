@@ -160,6 +160,7 @@ def step_objective(
 
     SimCSE + [pair batches] λ_img·MCSE image term (mcse: both views; α·l_img-cap for mcseo, MCSEO Eq. 3:
     one view, or both with ``loss.mcseo.image_views: 2``)
+    + λ_img·the same term against g_φt(t̂) (mcse with ``loss.mcse.clip_text``: KDMCSE Table 5's "MCSE + CLIP text")
     + λ_img·KDMCSE Eq. 14 (kdmcse with ``pair_objective: simcse_plus_kdmcse``; by default, as
     Algorithm 1, an image–caption batch's KDMCSE loss is Eq. 14 alone, unweighted and without SimCSE)
     + w_info·L_info (dalr) + λ·(L_cons + L_CMA)
@@ -186,6 +187,11 @@ def step_objective(
                 terms["image"] = mcse_image_loss(_need(e.s1, "s1", "image"), _need(e.s2, "s2", "image"), v,
                                                  loss_cfg.temperature_img)
             loss = loss + loss_cfg.lambda_img * terms["image"]
+        if on["clip_text"]:  # MCSE + CLIP text (KDMCSE Table 5): the image term's InfoNCE against g_φt(t̂)
+            terms["clip_text"] = mcse_image_loss(_need(e.s1, "s1", "clip_text"), _need(e.s2, "s2", "clip_text"),
+                                                 _need(e.teacher_text, "teacher_text", "clip_text"),
+                                                 loss_cfg.temperature_img)
+            loss = loss + loss_cfg.lambda_img * terms["clip_text"]
         if on["kdmcse"]:
             terms |= kdmcse_terms(cfg, e)
             loss = loss + (terms["kdmcse"] if kdmcse_alone else loss_cfg.lambda_img * terms["kdmcse"])
@@ -237,7 +243,7 @@ def needed_features(cfg: Config, pair_batch: bool) -> set[str]:
     if pair_batch:
         if on["image"]:
             need.add("image")
-        if on["kdmcse"] or on["info"] or on["consistency"] or on["cma"]:
+        if on["kdmcse"] or on["info"] or on["consistency"] or on["cma"] or on["clip_text"]:
             need.add("joint")
         if on["object"]:
             need.add("objects")

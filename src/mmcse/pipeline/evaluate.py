@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mmcse.config import Config
+from mmcse.config import RETRIEVAL_METHODS, Config
 from mmcse.io import read_json, read_jsonl, write_text
 from mmcse.pipeline.features import relevance_for
 from mmcse.pipeline.paths import Paths
@@ -51,7 +51,7 @@ def run_evaluate(
     from mmcse.evaluation.transfer import evaluate_transfer
     from mmcse.models.device import resolve_device
 
-    if cfg.train.method == "duet":  # an image–text retrieval model: no sentence-embedding tasks
+    if cfg.train.method in RETRIEVAL_METHODS:  # an image–text retrieval model: no sentence-embedding tasks
         return evaluate_duet(cfg, paths, model_dir, region_sets or {}, run_id, plots_dir, experiment_name, data_dir)
     # MTEB names and datasets are checked before any model loads: offline, a missing dataset is named here
     mteb_tasks = prepare_tasks(cfg.evaluate.mteb, "evaluate.mteb") if cfg.evaluate.mteb else []
@@ -145,13 +145,9 @@ def evaluate_duet(cfg: Config, paths: Paths, model_dir: Path, region_sets: dict[
     ``cluster_purity``); ``sts_scatter.png`` says that a retrieval model has no STS scores."""
     import matplotlib.pyplot as plt
 
-    from mmcse.detection.regions import RegionStore
     from mmcse.evaluation.figures import TSNE_CLUSTERS, TSNE_POINTS, tsne_figure
     from mmcse.evaluation.ndcg import test_set_ndcg
     from mmcse.evaluation.retrieval import neighbours_markdown, sentence_neighbours, test_set_metrics, unit_rows
-    from mmcse.models.device import resolve_device
-    from mmcse.models.tokens import cached_tokens
-    from mmcse.training.duet import RetrievalSplit, load_duet, split_embeddings
 
     raw = data_dir or paths.raw
     manifest = read_json(raw / "manifest.json")
@@ -161,13 +157,7 @@ def evaluate_duet(cfg: Config, paths: Paths, model_dir: Path, region_sets: dict[
     if "test" not in region_sets:
         raise FileNotFoundError(f"{model_dir}: no test region set recorded for this training; rerun it "
                                 "(dvc repro train)")
-    device = resolve_device(cfg.base.device)
-    model, tokenizer = load_duet(model_dir, device)
-    split = RetrievalSplit.load(raw / "retrieval" / "images.jsonl", raw / "retrieval" / "captions.jsonl",
-                                RegionStore.open(region_sets["test"]))
-    tokens = cached_tokens(raw.parent / "tokens", "test_captions", tokenizer, split.captions, cfg.model.max_seq_len)
-    image_emb, text_emb = split_embeddings(model, split, tokens, cfg.evaluate.batch_size, device,
-                                           cfg.train.precision)
+    split, image_emb, text_emb = duet_test_embeddings(cfg, raw, model_dir, region_sets["test"])
     block = cfg.evaluate.retrieval.block_size
     scores = test_set_metrics(set_name, image_emb, text_emb, split.text_image, block)
     if cfg.evaluate.ndcg.relevance:
@@ -178,18 +168,39 @@ def evaluate_duet(cfg: Config, paths: Paths, model_dir: Path, region_sets: dict[
     examples = None
     if r.examples:
         rows = sentence_neighbours(split.captions, text_emb, split.text_image, r.examples, r.examples_k)
-        examples = neighbours_markdown(rows, f"Nearest test captions ({set_name}, DUET v_C in the joint space)")
+        examples = neighbours_markdown(
+            rows, f"Nearest test captions ({set_name}, {cfg.train.method} v_C in the joint space)")
     tsne = None
     if plots_dir is not None:  # the captions of each image should share a cluster: purity against the image
         tsne, clusters = tsne_figure(unit_rows(text_emb), n_clusters=TSNE_CLUSTERS, seed=cfg.base.seed,
-                                     groups=split.text_image, max_points=TSNE_POINTS, title="duet captions")
+                                     groups=split.text_image, max_points=TSNE_POINTS,
+                                     title=f"{cfg.train.method} captions")
         scores |= {f"cluster_{k}": v for k, v in clusters.items() if k in ("silhouette", "purity")}
     no_sts, ax = plt.subplots(figsize=(5, 2))
     ax.axis("off")
-    ax.text(0.5, 0.5, "train.method duet is an image–text retrieval model:\nno STS scores (see eval.json: R@K, NDCG)",
+    ax.text(0.5, 0.5, f"train.method {cfg.train.method} is an image–text retrieval model:\n"
+            "no STS scores (see eval.json: R@K, NDCG)",
             ha="center", va="center")
     record_evaluation(cfg, scores, run_id, experiment_name, plots_dir, examples, no_sts, tsne, log_scatter=False)
     return scores
+
+
+def duet_test_embeddings(cfg: Config, raw: Path, model_dir: Path, test_regions: Path) -> tuple[Any, Any, Any]:
+    """The test split of ``raw`` (`mmcse.training.duet.RetrievalSplit` on the region set ``test_regions``)
+    and a DUET checkpoint's v_I ``(N_img, D)`` and v_C ``(N_txt, D)`` of it (Eq. 27)."""
+    from mmcse.detection.regions import RegionStore
+    from mmcse.models.device import resolve_device
+    from mmcse.models.tokens import cached_tokens
+    from mmcse.training.duet import RetrievalSplit, load_duet, split_embeddings
+
+    device = resolve_device(cfg.base.device)
+    model, tokenizer = load_duet(model_dir, device)
+    split = RetrievalSplit.load(raw / "retrieval" / "images.jsonl", raw / "retrieval" / "captions.jsonl",
+                                RegionStore.open(test_regions))
+    tokens = cached_tokens(raw.parent / "tokens", "test_captions", tokenizer, split.captions, cfg.model.max_seq_len)
+    image_emb, text_emb = split_embeddings(model, split, tokens, cfg.evaluate.batch_size, device,
+                                           cfg.train.precision)
+    return split, image_emb, text_emb
 
 
 def retrieval_test_set(cfg: Config, paths: Paths, encoder: Any, raw: Path, teacher_manifest: Path | None = None,
@@ -221,7 +232,7 @@ def checkpoint_retrieval(cfg: Config, paths: Paths, encoder: Any, model_dir: Pat
     from mmcse.integrity.keys import require_top_level
 
     state_file = Path(model_dir) / "train_state.json"
-    if state_file.is_file() and read_json(state_file).get("method") == "duet":
+    if state_file.is_file() and read_json(state_file).get("method") in RETRIEVAL_METHODS:
         return checkpoint_duet_retrieval(cfg, paths, Path(model_dir), read_json(state_file))
     if encoder.student is None or not state_file.is_file():
         raise FileNotFoundError(f"{state_file}: not an mmcse best checkpoint; --retrieval scores a student's "
@@ -244,6 +255,13 @@ def checkpoint_duet_retrieval(cfg: Config, paths: Paths, model_dir: Path, state:
     from mmcse.integrity.keys import require_top_level
 
     up = require_top_level(cfg, paths)
+    return evaluate_duet(cfg, paths, model_dir, {"test": checkpoint_test_regions(paths, model_dir, state)},
+                         data_dir=up.raw)
+
+
+def checkpoint_test_regions(paths: Paths, model_dir: Path, state: dict[str, Any]) -> Path:
+    """The test region set a DUET checkpoint's training recorded (``train_state.json``), in the
+    cache_regions folder or ``<data>/upstream/regions``."""
     name = (state.get("region_sets") or {}).get("test")
     folders = [d / name for d in (paths.regions, paths.raw.parent / "upstream" / "regions")] if name else []
     found = [f for f in folders if (f / "index.json").is_file()]
@@ -251,4 +269,4 @@ def checkpoint_duet_retrieval(cfg: Config, paths: Paths, model_dir: Path, state:
         raise FileNotFoundError(f"{model_dir / 'train_state.json'}: its test region set "
                                 f"{name or '(not recorded)'} is in neither {paths.regions} nor "
                                 f"{paths.raw.parent / 'upstream' / 'regions'}: rerun cache_regions (dvc repro)")
-    return evaluate_duet(cfg, paths, model_dir, {"test": found[0]}, data_dir=up.raw)
+    return found[0]

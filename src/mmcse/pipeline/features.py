@@ -29,6 +29,7 @@ def run_cache_teachers(
     """
     import numpy as np
 
+    from mmcse.config.inputs import JOINT_TEXT_TEACHER
     from mmcse.errors import CorruptArtifact
     from mmcse.integrity.files import image_size_mismatch
     from mmcse.integrity.keys import artifact_keys
@@ -61,7 +62,8 @@ def run_cache_teachers(
             raise CorruptArtifact(file, problem, "rerun the download stage (dvc repro download)")
     # Resolve every model first: an offline id fails here, before anything is computed.
     image_teacher, encode_images = image_encoder(t, device)
-    wanted = [(x.teacher, x.pooler) for x in t.text]
+    # `joint` text teachers are the joint teacher's text side, computed with it below
+    wanted = [(x.teacher, x.pooler) for x in t.text if x.teacher != JOINT_TEXT_TEACHER]
     if t.joint.kind == "cca":
         wanted.append((t.joint.text_teacher, t.joint.text_pooler))
         joint_teacher: dict[str, Any] = {
@@ -109,7 +111,8 @@ def run_cache_teachers(
     def text_features(model: str, pooler: str, kind: str) -> Callable[[], np.ndarray]:
         def compute() -> np.ndarray:
             if (model, kind) not in computed:
-                computed[(model, kind)] = text_teacher_features(model, texts[kind][0], poolers_of[model], t.batch_size)
+                computed[(model, kind)] = text_teacher_features(model, texts[kind][0], poolers_of[model],
+                                                                t.batch_size, device=device)
             return computed[(model, kind)].pop(pooler)  # stored right after: free it (Wiki1M is GBs)
 
         return compute
@@ -121,13 +124,6 @@ def run_cache_teachers(
                 f"text_{kind}", key, fingerprint, ids, text_features(model, pooler, kind),
                 role=f"text_{kind}:{model}:{pooler}",
             )
-    for x in t.text:
-        result["sets"]["text"].append({
-            "teacher": x.teacher, "pooler": x.pooler, "weight": x.weight,
-            "caption": text_stores[(x.teacher, x.pooler, "caption")].folder.name,
-            "corpus": text_stores[(x.teacher, x.pooler, "corpus")].folder.name,
-        })
-
     # Joint text–image teacher: pretrained (CLIP), or a CCA fitted on (caption, its image) pairs.
     fingerprint = manifest["sha256"]["pairs.jsonl"] + manifest["sha256"]["images.jsonl"]
     joint: dict[str, Any] = {}
@@ -156,6 +152,27 @@ def run_cache_teachers(
     joint_image = store("joint_image", joint_teacher, fingerprint, [r["image_id"] for r in images],
                         lambda: joint_sides()[1])
     result["sets"] |= {"joint_text": joint_text.folder.name, "joint_image": joint_image.folder.name}
+    if any(x.teacher == JOINT_TEXT_TEACHER for x in t.text):
+        # The joint teacher's text side as a text teacher (DALR Table 9's CLIP text teacher): its
+        # caption features are joint_text itself; corpus sentences go through the same text side.
+        def joint_corpus() -> np.ndarray:
+            if t.joint.kind == "cca":
+                joint_sides()
+                source = text_stores[(t.joint.text_teacher, t.joint.text_pooler, "corpus")].features
+                return joint["cca"].text(np.asarray(source))
+            return joint_features(corpus, image_files[:1])[0]  # one image keeps the image batch non-empty
+
+        text_stores[(JOINT_TEXT_TEACHER, "avg", "caption")] = joint_text
+        _, corpus_ids, corpus_fingerprint = texts["corpus"]
+        text_stores[(JOINT_TEXT_TEACHER, "avg", "corpus")] = store(
+            "text_corpus", {"joint": joint_teacher, "side": "text"}, fingerprint + corpus_fingerprint, corpus_ids,
+            joint_corpus, role=f"text_corpus:{JOINT_TEXT_TEACHER}")
+    for x in t.text:
+        result["sets"]["text"].append({
+            "teacher": x.teacher, "pooler": x.pooler, "weight": x.weight,
+            "caption": text_stores[(x.teacher, x.pooler, "caption")].folder.name,
+            "corpus": text_stores[(x.teacher, x.pooler, "corpus")].folder.name,
+        })
     if test_image_store is not None:  # v̂ of the test images: the CCA is fitted on the training pairs above
         joint_test = store("retrieval_joint_image", joint_teacher, fingerprint + test_fingerprint, test_ids,
                            joint_test_images)

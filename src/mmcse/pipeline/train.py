@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mmcse.config import Config
+from mmcse.config import RETRIEVAL_METHODS, Config
 from mmcse.integrity.keys import Upstream
 from mmcse.io import write_json
 from mmcse.pipeline.features import region_sets_for
@@ -107,7 +107,7 @@ def run_train(
             tracking.log_config(cfg)
         else:
             mlflow.set_tag("mmcse.resumed_from_step", str(resumed_step))
-        duet = cfg.train.method == "duet"
+        duet = cfg.train.method in RETRIEVAL_METHODS  # DUET, VSE++: retrieval models on region sets
         region_sets: dict[str, Path] = {}
         # wall-clock minutes of training (model and data loading, dev evaluations included: DALR
         # Table 7's "total time"), summed over the run's resumed sessions (`tracking.TRAIN_MINUTES`)

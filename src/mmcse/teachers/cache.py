@@ -87,17 +87,27 @@ def text_teacher_features(
     poolers: Sequence[str],
     batch_size: int,
     max_len: int = 128,
+    device: torch.device | None = None,
 ) -> dict[str, np.ndarray]:
     """Frozen text-teacher embeddings ``{pooler: (N, d)}``, L2-normalised float32, from one
-    forward pass per batch however many poolers are asked for."""
+    forward pass per batch however many poolers are asked for. Pooler ``clip`` is a CLIP
+    model's projected text feature (`mmcse.teachers.encoders.clip_text_features`), its only pooler."""
     from transformers import AutoModel, AutoTokenizer
 
     from mmcse.hub import resolve_model
     from mmcse.models.student import pool
 
+    device = device or torch.device("cpu")
+    if "clip" in poolers:
+        if set(poolers) != {"clip"}:
+            raise ValueError(f"teachers.text: {name_or_path} is a CLIP model (pooler clip); it has no "
+                             f"{sorted(set(poolers) - {'clip'})} pooling of hidden states")
+        from mmcse.teachers.encoders import clip_text_features
+
+        return {"clip": clip_text_features(name_or_path, sentences, batch_size, device)}
     location = resolve_model(name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(location)
-    model = AutoModel.from_pretrained(location).eval()
+    model = AutoModel.from_pretrained(location).eval().to(device)
     order = np.argsort([len(s) for s in sentences], kind="stable")
     out = {p: np.zeros((len(sentences), model.config.hidden_size), np.float32) for p in poolers}
     with torch.inference_mode():
@@ -105,11 +115,11 @@ def text_teacher_features(
             idx = order[start : start + batch_size]
             batch = tokenizer(
                 [sentences[i] for i in idx], padding=True, truncation=True, max_length=max_len, return_tensors="pt"
-            )
+            ).to(device)
             hidden = model(**batch, output_hidden_states=True).hidden_states
             for pooler, features in out.items():
                 emb = pool(pooler, hidden, batch["attention_mask"])
-                features[idx] = torch.nn.functional.normalize(emb, dim=-1).numpy()
+                features[idx] = torch.nn.functional.normalize(emb.float(), dim=-1).cpu().numpy()
     return out
 
 

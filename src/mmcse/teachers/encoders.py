@@ -206,21 +206,35 @@ def clip_features(
     teacher's t̂, v̂: KDMCSE Eq. 5–6), each L2-normalised float32."""
     model, processor = loaded or load_clip(model_id)
     model = model.to(device)
-    text_chunks, image_chunks = [], []
-    max_len = model.config.text_config.max_position_embeddings
+    text = clip_text_features(model_id, captions, batch_size, device, (model, processor))
+    image_chunks = []
     with torch.inference_mode(), _autocast(device):
-        for start in tqdm(range(0, len(captions), batch_size), desc=f"teacher {model_id}: text", unit="batch"):
-            batch = processor.tokenizer(list(captions[start : start + batch_size]), padding=True, truncation=True,
-                                        max_length=max_len, return_tensors="pt").to(device)
-            text_chunks.append(_features(model.get_text_features(input_ids=batch["input_ids"],
-                                                                 attention_mask=batch["attention_mask"])))
 
         def transform(img: Image.Image) -> torch.Tensor:
             return processor.image_processor(images=img, return_tensors="pt")["pixel_values"][0]
 
         for pixels in _image_batches(image_files, transform, batch_size, num_workers, f"teacher {model_id}: images"):
             image_chunks.append(_features(model.get_image_features(pixel_values=pixels.to(device))))
-    return _normalised(text_chunks), _normalised(image_chunks)
+    return text, _normalised(image_chunks)
+
+
+def clip_text_features(model_id: str, sentences: Sequence[str], batch_size: int, device: torch.device,
+                       loaded: Any = None) -> np.ndarray:
+    """CLIP's projected text feature of each sentence ``(N, d)``, L2-normalised float32 (the joint
+    teacher's t̂; as a text teacher, DALR Table 9's "CLIP"), truncated to CLIP's context length."""
+    model, processor = loaded or load_clip(model_id)
+    model = model.to(device)
+    chunks = []
+    max_len = model.config.text_config.max_position_embeddings
+    with torch.inference_mode(), _autocast(device):
+        for start in tqdm(range(0, len(sentences), batch_size), desc=f"teacher {model_id}: text", unit="batch"):
+            batch = processor.tokenizer(list(sentences[start : start + batch_size]), padding=True, truncation=True,
+                                        max_length=max_len, return_tensors="pt").to(device)
+            chunks.append(_features(model.get_text_features(input_ids=batch["input_ids"],
+                                                            attention_mask=batch["attention_mask"])))
+    if not chunks:
+        return np.zeros((0, model.config.projection_dim), np.float32)
+    return _normalised(chunks)
 
 
 def resolve_open_clip(architecture: str, pretrained: str) -> str | None:

@@ -1,4 +1,6 @@
-"""The ``train`` stage for ``train.method: duet``: DUET (`mmcse.methods.duet`) on image–caption pairs.
+"""The ``train`` stage for the retrieval methods on image–caption pairs: ``train.method: duet``, DUET
+(`mmcse.methods.duet`), and ``vsepp``, VSE++ (`mmcse.methods.vsepp`: its own word vocabulary,
+`mmcse.models.vocabulary`, GRU and image projection, the hinge of ``loss.vsepp``).
 
 DUET is an image–text retrieval model, not a sentence encoder, so its loop differs from the
 students' (`mmcse.training.loop`) in what it reads and scores, and shares everything else:
@@ -15,7 +17,8 @@ students' (`mmcse.training.loop`) in what it reads and scores, and shares everyt
 
 ``<out>/best`` is the text stream as an HF folder (``config.json``, ``model.safetensors``, the
 tokenizer) plus ``duet.safetensors`` (every other DUET parameter) and ``duet.json`` (the
-architecture), so `load_duet` rebuilds the model without params.yaml.
+architecture), so `load_duet` rebuilds the model without params.yaml; a VSE++ ``best`` holds its
+vocabulary (``tokenizer.json``), ``vsepp.safetensors`` and ``vsepp.json``.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from mmcse.evaluation.retrieval import check_text_image, retrieval_metrics
 from mmcse.integrity.files import check_model_folder
 from mmcse.io import read_json, read_jsonl, write_json
 from mmcse.methods.duet import DuetModel, duet_objective
+from mmcse.methods.vsepp import VseppModel, vsepp_objective
 from mmcse.models.device import resolve_device
 from mmcse.models.precision import autocast, check_precision, configure_kernels, grad_scaler
 from mmcse.models.student import load_backbone, load_tokenizer
@@ -57,6 +61,7 @@ from mmcse.training.loop import (
     StepLogger,
     TrainResult,
     build_optimizer,
+    clipped_update,
     is_out_of_memory,
     out_of_memory_message,
     read_back,
@@ -65,6 +70,9 @@ from mmcse.training.loop import (
 log = logging.getLogger(__name__)
 DUET_WEIGHTS, DUET_META = "duet.safetensors", "duet.json"
 BEST_REQUIRED = ("config.json", "model.safetensors", DUET_WEIGHTS, DUET_META)
+VSEPP_WEIGHTS, VSEPP_META = "vsepp.safetensors", "vsepp.json"
+VSEPP_REQUIRED = ("tokenizer.json", VSEPP_WEIGHTS, VSEPP_META)
+RetrievalModel = DuetModel | VseppModel
 TEXT_PREFIX = "text."  # the text stream's parameters: saved as the HF folder, not in duet.safetensors
 DEV_METRIC = "rsum"  # the dev score: R@1+5+10 both ways on the val split (×100, max 600)
 
@@ -76,6 +84,21 @@ def duet_architecture(cfg: Config, region_dim: int) -> dict[str, Any]:
             "joint_dim": d.joint_dim, "box_layer": d.box_layer or None, "heads": d.heads, "ff_dim": d.ff_dim,
             "dropout": d.dropout, "visual_dim": d.visual_dim or None, "region_norm": d.region_norm,
             "tie_shared": d.tie_shared, "spatial": d.spatial}
+
+
+def vsepp_architecture(cfg: Config, region_dim: int, tokenizer: Any) -> dict[str, Any]:
+    """`VseppModel`'s keyword arguments from ``model.vsepp`` and the caption vocabulary ``tokenizer``."""
+    v = cfg.model.vsepp
+    return {"vocab_size": len(tokenizer), "region_dim": int(region_dim), "word_dim": v.word_dim,
+            "joint_dim": v.joint_dim, "gru_layers": v.gru_layers, "pad_id": int(tokenizer.pad_token_id)}
+
+
+def save_vsepp(model: VseppModel, tokenizer: Any, architecture: dict[str, Any], folder: Path) -> None:
+    """VSE++: its vocabulary (``tokenizer.json``), weights (``vsepp.safetensors``), architecture (``vsepp.json``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save_pretrained(folder)
+    save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(folder / VSEPP_WEIGHTS))
+    write_json(folder / VSEPP_META, {"architecture": architecture})
 
 
 def build_duet(cfg: Config, region_dim: int) -> DuetModel:
@@ -93,12 +116,21 @@ def save_duet(model: DuetModel, tokenizer: Any, architecture: dict[str, Any], fo
     write_json(folder / DUET_META, {"architecture": architecture})
 
 
-def load_duet(folder: str | Path, device: torch.device | str = "cpu") -> tuple[DuetModel, Any]:
-    """A DUET checkpoint folder (`save_duet`) as ``(model in eval mode on device, tokenizer)``;
-    a damaged or foreign folder is named before anything loads."""
+def load_duet(folder: str | Path, device: torch.device | str = "cpu") -> tuple[RetrievalModel, Any]:
+    """A DUET checkpoint folder (`save_duet`), or a VSE++ one (`save_vsepp`), as ``(model in eval
+    mode on device, tokenizer)``; a damaged or foreign folder is named before anything loads."""
     from transformers import AutoModel, AutoTokenizer
 
     folder = Path(folder)
+    if (folder / VSEPP_META).is_file():
+        check_model_folder(folder, "retrain it (dvc repro train)", required=VSEPP_REQUIRED)
+        model = VseppModel(**read_json(folder / VSEPP_META)["architecture"])
+        try:
+            model.load_state_dict(load_file(str(folder / VSEPP_WEIGHTS)))
+        except RuntimeError as err:
+            raise ValueError(f"{folder / VSEPP_WEIGHTS}: does not match {folder / VSEPP_META} "
+                             f"({str(err).splitlines()[0]}); retrain it") from None
+        return model.to(device).eval(), AutoTokenizer.from_pretrained(folder)
     check_model_folder(folder, "retrain it (dvc repro train)", required=BEST_REQUIRED)
     architecture = read_json(folder / DUET_META)["architecture"]
     # built as `mmcse.models.student.load_backbone` builds it (no pooler: DUET reads the token states)
@@ -187,7 +219,7 @@ def same_image_mask(image_ids: Sequence[str], device: torch.device) -> torch.Ten
 
 
 @torch.no_grad()
-def encode_split_images(model: DuetModel, regions: RegionStore, image_ids: Sequence[str], batch_size: int,
+def encode_split_images(model: RetrievalModel, regions: RegionStore, image_ids: Sequence[str], batch_size: int,
                         device: torch.device, precision: str = "fp32") -> np.ndarray:
     """v_I (Eq. 27) of every image, ``(N, joint_dim)`` float32 (raw: retrieval normalises)."""
     rows = regions.row_indices(image_ids)
@@ -201,7 +233,7 @@ def encode_split_images(model: DuetModel, regions: RegionStore, image_ids: Seque
 
 
 @torch.no_grad()
-def encode_split_captions(model: DuetModel, tokens: TokenTable, batch_size: int, device: torch.device,
+def encode_split_captions(model: RetrievalModel, tokens: TokenTable, batch_size: int, device: torch.device,
                           precision: str = "fp32") -> np.ndarray:
     """v_C (Eq. 27) of every caption of a token table, ``(N, joint_dim)`` float32."""
     n = len(tokens.lengths)
@@ -214,7 +246,7 @@ def encode_split_captions(model: DuetModel, tokens: TokenTable, batch_size: int,
     return torch.cat(out).numpy() if out else np.zeros((0, model.joint_dim), np.float32)
 
 
-def split_embeddings(model: DuetModel, split: RetrievalSplit, tokens: TokenTable, batch_size: int,
+def split_embeddings(model: RetrievalModel, split: RetrievalSplit, tokens: TokenTable, batch_size: int,
                      device: torch.device, precision: str = "fp32") -> tuple[np.ndarray, np.ndarray]:
     """``(image_emb (N_img, d), text_emb (N_txt, d))`` of a retrieval split, the model left as it was."""
     was_training = model.training
@@ -230,21 +262,24 @@ def split_embeddings(model: DuetModel, split: RetrievalSplit, tokens: TokenTable
 # --------------------------------------------------------------------------- training
 
 
-def duet_step_loss(model: DuetModel, cfg: Config, batch: dict[str, torch.Tensor],
+def duet_step_loss(model: RetrievalModel, cfg: Config, batch: dict[str, torch.Tensor],
                    regions: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
                    ignore: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Eq. 33's terms (`duet_objective` with ``loss.duet``) of one batch: captions ``batch``
     (``input_ids``, ``attention_mask`` (B, l)) and their images' ``regions`` = (regions (B, n, d),
-    boxes (B, n, 5), mask (B, n)); ``ignore`` (B, B): `same_image_mask`."""
+    boxes (B, n, 5), mask (B, n)); ``ignore`` (B, B): `same_image_mask`. VSE++: its hinge
+    (`vsepp_objective` with ``loss.vsepp``)."""
     r, boxes, mask = regions
     out = model(batch["input_ids"], batch["attention_mask"], r, boxes, mask)
+    if isinstance(model, VseppModel):
+        return vsepp_objective(out.v_img.float(), out.v_txt.float(), cfg.loss.vsepp.margin, ignore)
     c = cfg.loss.duet
     # the objective in fp32: the hinge compares cosines that differ in the third decimal
     return duet_objective(out.v_img.float(), out.v_txt.float(), out.box_pred.float(), boxes, mask, margin=c.margin,
                           lambda_box=c.lambda_box, lambda_norm=c.lambda_norm, reduction=c.reduction, ignore=ignore)
 
 
-def duet_optimizer_step(model: DuetModel, cfg: Config, batch: dict[str, torch.Tensor],
+def duet_optimizer_step(model: RetrievalModel, cfg: Config, batch: dict[str, torch.Tensor],
                         regions: tuple[torch.Tensor, torch.Tensor, torch.Tensor], ignore: torch.Tensor | None,
                         optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
                         device: torch.device) -> dict[str, torch.Tensor]:
@@ -255,8 +290,7 @@ def duet_optimizer_step(model: DuetModel, cfg: Config, batch: dict[str, torch.Te
         terms = duet_step_loss(model, cfg, batch, regions, ignore)
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(terms["loss"]).backward()
-    scaler.step(optimizer)
-    scaler.update()
+    clipped_update(model, cfg, optimizer, scaler)
     return terms
 
 
@@ -284,12 +318,22 @@ def train_duet(
     torch.manual_seed(cfg.base.seed)
     torch.use_deterministic_algorithms(True, warn_only=True)
 
-    tokenizer = load_tokenizer(cfg.model.name_or_path)
+    vsepp = cfg.train.method == "vsepp"
+    if vsepp:  # VSE++: its own word vocabulary of the training captions, a GRU and an image projection
+        from mmcse.models.vocabulary import word_tokenizer
+
+        tokenizer = word_tokenizer(data.captions, cfg.model.vsepp.min_word_count)
+        architecture = vsepp_architecture(cfg, data.regions.dim, tokenizer)
+        model: RetrievalModel = VseppModel(**architecture).to(device)
+        save_model, required = save_vsepp, VSEPP_REQUIRED
+    else:
+        tokenizer = load_tokenizer(cfg.model.name_or_path)
+        architecture = duet_architecture(cfg, data.regions.dim)
+        model = DuetModel(load_backbone(cfg.model, dropout=cfg.train.dropout), **architecture).to(device)
+        save_model, required = save_duet, BEST_REQUIRED
     token_dir = data_dir.parent / "tokens"
     captions = cached_tokens(token_dir, "captions", tokenizer, data.captions, cfg.model.max_seq_len)
     val_tokens = cached_tokens(token_dir, "val_captions", tokenizer, data.val.captions, cfg.model.max_seq_len)
-    architecture = duet_architecture(cfg, data.regions.dim)
-    model = DuetModel(load_backbone(cfg.model, dropout=cfg.train.dropout), **architecture).to(device)
 
     b = cfg.train.batch_size
     per_epoch = len(data.captions) // b
@@ -298,13 +342,13 @@ def train_duet(
     total = per_epoch * cfg.train.epochs
     if cfg.train.max_steps:
         total = min(total, cfg.train.max_steps)
-    optimizer, scheduler = build_optimizer(model, cfg, total, device)  # weight_decay 0: Adam, as §5.2
+    optimizer, scheduler = build_optimizer(model, cfg, total, device, per_epoch)  # weight_decay 0: Adam, as §5.2
     scaler = grad_scaler(cfg.train.precision, device)
 
     config_hash = run_definition_hash(cfg)
     last_dir, best_dir = out_dir / "last", out_dir / "best"
     state = load_resume_point(last_dir, model, optimizer, scheduler, scaler, config_hash,
-                               best_required=BEST_REQUIRED) or TrainState()
+                               best_required=required) or TrainState()
     if state.step >= total and best_dir.is_dir():
         return TrainResult(state.best_score, state.best_step, state.step, best_dir, state.history)
     resumed_from = state.step if state.step else None
@@ -342,9 +386,9 @@ def train_duet(
             return
 
         def save(tmp: Path) -> None:
-            save_duet(model, tokenizer, architecture, tmp)
+            save_model(model, tokenizer, architecture, tmp)
             write_json(tmp / "train_state.json", {"step": state.best_step, "dev": state.best_score, "dev_metric":
-                                                  f"val {DEV_METRIC}", "method": "duet", "image_head": None,
+                                                  f"val {DEV_METRIC}", "method": cfg.train.method, "image_head": None,
                                                   "region_sets": {k: v.name for k, v in region_sets.items()}})
 
         write_weights_folder(model, best_weights, best_dir, save)
@@ -355,7 +399,8 @@ def train_duet(
         write_best()
 
     model.train()
-    bar = tqdm(total=total, initial=state.step, desc="train duet", unit="step", disable=not progress)
+    bar = tqdm(total=total, initial=state.step, desc=f"train {cfg.train.method}", unit="step",
+               disable=not progress)
     last_dev = state.history[-1]["dev"] if state.history and "dev" in state.history[-1] else math.nan
     order_epoch, order = -1, np.zeros(0, np.int64)
     try:

@@ -94,9 +94,11 @@ def read_back(pending: list[tuple[dict[str, Any], int]]) -> list[tuple[dict[str,
     return entries
 
 
-def build_optimizer(student: torch.nn.Module, cfg: Config, total_steps: int, device: torch.device | None = None):
-    """AdamW (no weight decay on biases and LayerNorm) with linear warmup and decay to 0;
-    fused (one kernel for all parameters) on CUDA."""
+def build_optimizer(student: torch.nn.Module, cfg: Config, total_steps: int, device: torch.device | None = None,
+                    steps_per_epoch: int = 0):
+    """AdamW (no weight decay on biases and LayerNorm), fused (one kernel for all parameters) on
+    CUDA, with linear warmup and decay to 0, or with ``train.lr_decay_epochs`` = N the rate ÷10
+    every N epochs of ``steps_per_epoch`` steps (VSE++'s schedule)."""
     decay, no_decay = [], []
     for name, p in student.named_parameters():
         (no_decay if p.ndim < 2 or "LayerNorm" in name else decay).append(p)
@@ -105,8 +107,25 @@ def build_optimizer(student: torch.nn.Module, cfg: Config, total_steps: int, dev
         [{"params": decay, "weight_decay": cfg.train.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=cfg.train.learning_rate, fused=fused or None,
     )
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.train.warmup_ratio * total_steps), total_steps)
+    if cfg.train.lr_decay_epochs:
+        if steps_per_epoch < 1:
+            raise ValueError("train.lr_decay_epochs needs the number of steps an epoch has")
+        every = cfg.train.lr_decay_epochs * steps_per_epoch
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.1 ** (step // every))
+    else:
+        scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.train.warmup_ratio * total_steps), total_steps)
     return optimizer, scheduler
+
+
+def clipped_update(model: torch.nn.Module, cfg: Config, optimizer: torch.optim.Optimizer,
+                   scaler: torch.amp.GradScaler) -> None:
+    """The optimizer update after backward, the gradient's global L2 norm first clipped to
+    ``train.max_grad_norm`` when it is set (on the unscaled gradient under fp16)."""
+    if cfg.train.max_grad_norm > 0:
+        scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
+    scaler.step(optimizer)
+    scaler.update()
 
 
 def training_step_loss(
@@ -131,14 +150,14 @@ def training_step_loss(
     e = StepEmbeddings(z1=z[:n], z2=z[n:], pair_batch=pair_batch)
     on = on if on is not None else active_terms(cfg)
     feats = feats or BatchFeatures()
-    if pair_batch and (on["image"] or on["kdmcse"] or on["info"] or on["cma"] or on["object"]):
+    if pair_batch and (on["image"] or on["clip_text"] or on["kdmcse"] or on["info"] or on["cma"] or on["object"]):
         s = student.text_proj(cls)  # (2B, p): g_φ1 on [CLS] (MCSE Eq. 2)
         e.s1, e.s2 = s[:n], s[n:]
     if feats.image is not None:
         e.image = student.image_proj(feats.image)  # (B, p): g_φ2 on frozen image features
     if feats.joint_text is not None:
         e.joint_text, e.joint_image = feats.joint_text, feats.joint_image
-        if on["kdmcse"]:  # only KDMCSE's text term uses g_φt
+        if on["kdmcse"] or on["clip_text"]:  # KDMCSE's text term and MCSE's CLIP-text term use g_φt
             e.teacher_text = student.teacher_text_proj(feats.joint_text)  # (B, p): g_φt(t̂)
         e.teacher_image = student.teacher_image_proj(feats.joint_image)  # (B, p): g_φv(v̂)
         if on["consistency"]:
@@ -180,8 +199,7 @@ def optimizer_step(
         terms = training_step_loss(student, cfg, batch, feats, pair_batch, seed, on)
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(terms["loss"]).backward()
-    scaler.step(optimizer)
-    scaler.update()
+    clipped_update(student, cfg, optimizer, scaler)
     return terms
 
 
@@ -265,7 +283,7 @@ def train(
     total = len(batches) * cfg.train.epochs
     if cfg.train.max_steps:
         total = min(total, cfg.train.max_steps)
-    optimizer, scheduler = build_optimizer(student, cfg, total, device)
+    optimizer, scheduler = build_optimizer(student, cfg, total, device, steps_per_epoch=len(batches))
     scaler = grad_scaler(cfg.train.precision, device)
 
     config_hash = run_definition_hash(cfg)
