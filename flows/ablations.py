@@ -25,7 +25,7 @@ from typing import Any
 from prefect import flow, task
 
 from mmcse.analysis.tables import aggregate, aggregate_metrics, environment_notes, table_metric, write_table
-from mmcse.config import Config, load_config
+from mmcse.config import Config, check_params, load_config
 from mmcse.experiments.ablate import (
     Job,
     ablation_hash,
@@ -279,5 +279,14 @@ def ablations(
     return rows
 
 
+def main(params_path: str) -> None:
+    """``python flows/ablations.py [params.yaml]``: the params checked before the flow (and its
+    temporary Prefect server) starts, then the flow."""
+    check_params(params_path)
+    ablations(params_path)
+
+
 if __name__ == "__main__":
-    ablations(sys.argv[1] if len(sys.argv) > 1 else "params.yaml")
+    from mmcse.entry import run_entry
+
+    run_entry(lambda: main(sys.argv[1] if len(sys.argv) > 1 else "params.yaml"))

@@ -19,6 +19,21 @@ if TYPE_CHECKING:
     from mmcse.config import Config
 
 
+def _local_model_problems(model: str) -> list[str]:
+    """What is wrong with ``--model`` when it names a packaged model or a local folder (no hub
+    lookup: a hub id is checked when it loads, after the cheap checks)."""
+    from mmcse.hub import ModelUnavailableError, resolve_model
+
+    if not (model.startswith(("packaged:", ".", "/", "~")) or Path(model).expanduser().exists()
+            or model.count("/") > 1):
+        return []
+    try:
+        resolve_model(model)
+    except ModelUnavailableError as err:
+        return [f"--model {err}"]
+    return []
+
+
 def _cmd_eval(args: argparse.Namespace) -> None:
     from mmcse.config import TransferConfig
     from mmcse.data.senteval import (
@@ -31,12 +46,24 @@ def _cmd_eval(args: argparse.Namespace) -> None:
     from mmcse.evaluation.sts import TextEncoder, evaluate_sts
     from mmcse.evaluation.transfer import evaluate_transfer
 
+    # every argument checked before the first expensive step, all problems named at once
+    problems = _local_model_problems(args.model)
     if args.senteval_dir is None and not args.mteb and not args.retrieval:
-        raise ValueError("--senteval-dir is required unless --mteb names tasks or --retrieval is given")
+        problems.append("--senteval-dir is required unless --mteb names tasks or --retrieval is given")
     if args.senteval_dir is None and args.transfer is not None:
-        raise ValueError("--transfer needs --senteval-dir")
+        problems.append("--transfer needs --senteval-dir")
     if args.senteval_dir is not None and not args.senteval_dir.is_dir():
-        raise FileNotFoundError(f"{args.senteval_dir}: SentEval folder not found")
+        problems.append(f"{args.senteval_dir}: SentEval folder not found")
+    mteb_tasks = []
+    if args.mteb:
+        from mmcse.evaluation.mteb import prepare_tasks
+
+        try:  # names checked and every data set loaded (offline: from the HF cache) before the model loads
+            mteb_tasks = prepare_tasks(args.mteb, "--mteb")
+        except (ValueError, FileNotFoundError, KeyError) as err:
+            problems.append(str(err))
+    if problems:
+        raise ValueError("; ".join(problems))
     transfer: list[str] = []
     if args.transfer is not None:
         present = available_transfer_tasks(args.senteval_dir)
@@ -50,12 +77,6 @@ def _cmd_eval(args: argparse.Namespace) -> None:
                                     f"{', '.join(missing) or 'any'} (present: {', '.join(present) or 'none'})")
         probe = TransferConfig(kfold=args.kfold)
         probe.validate("--kfold")
-    mteb_tasks = []
-    if args.mteb:
-        from mmcse.evaluation.mteb import prepare_tasks
-
-        # names checked and every data set loaded (offline: from the HF cache) before the model loads
-        mteb_tasks = prepare_tasks(args.mteb, "--mteb")
     cfg = None
     if args.retrieval:
         from mmcse.config import load_config

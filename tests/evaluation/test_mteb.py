@@ -216,7 +216,8 @@ def test_cli_eval_mteb_end_to_end(monkeypatch, capsys):
     ("argv", "message"),
     [([], "--senteval-dir is required unless --mteb"),
      (["--mteb", "NoSuchTaskXYZ"], "unknown MTEB task(s) 'NoSuchTaskXYZ'"),  # before the (missing) model loads
-     (["--transfer", "--mteb", "STS12"], "--transfer needs --senteval-dir")],
+     (["--transfer", "--mteb", "STS12"], "--transfer needs --senteval-dir"),
+     (["--senteval-dir", "/nonexistent/senteval"], "/nonexistent/senteval: SentEval folder not found")],
 )
 def test_cli_eval_rejects_bad_arguments_in_one_line(argv, message, capsys):
     from mmcse.cli import main
@@ -224,7 +225,9 @@ def test_cli_eval_rejects_bad_arguments_in_one_line(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["eval", "--model", "/nonexistent/model", *argv])
     assert exit_.value.code == 2
-    assert message in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and "--model /nonexistent/model: model folder not found" in err  # all problems at once
+    assert err.count("\n") == 1
 
 
 def test_offline_missing_dataset_fails_before_encoding_or_loading_the_model(tmp_path):
@@ -270,4 +273,6 @@ def test_offline_missing_dataset_fails_before_encoding_or_loading_the_model(tmp_
     stage = next(line for line in proc.stdout.splitlines() if line.startswith("STAGE:"))
     assert "STS12: mteb/sts12-sts (revision " in stage
     err = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
-    assert len(err) == 1 and "STS12: mteb/sts12-sts" in err[0] and "/nonexistent/model" not in err[0]
+    # every argument's problem in the one line, the model never loaded
+    assert len(err) == 1 and "STS12: mteb/sts12-sts" in err[0]
+    assert "/nonexistent/model: model folder not found" in err[0]

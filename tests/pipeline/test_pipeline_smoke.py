@@ -95,3 +95,29 @@ def test_dvc_exp_run_reruns_only_what_changed(repo_copy):
     assert '"avg"' in shown and "0.05" in shown
     _run(["dvc", "plots", "show", "-o", "dvc_plots"], root, env)
     assert (root / "dvc_plots/index.html").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("bad", ["loss.kdmcse.threshold=1.5", "train.method=foo"])
+def test_an_invalid_value_through_dvc_fails_first_and_loses_nothing(repo_copy, bad):
+    """`dvc exp run -S` with a bad value: the check_params stage fails before DVC removes any
+    stage's outputs, so every committed output stays and at most params.yaml differs."""
+    root, env = repo_copy
+    _run(["git", "add", "-A"], root, env)
+    _run(["git", "commit", "-qm", "the pipeline's outputs", "--allow-empty"], root, env)
+    kept = {p: (root / p).read_bytes() for p in ("metrics/teachers.json", "metrics/threshold.json",
+                                                 "plots/kdmcse_threshold.png", "metrics/train.json",
+                                                 "plots/train_loss.csv")}
+    out = subprocess.run(["dvc", "exp", "run", "-S", bad], cwd=root, env=env, capture_output=True, text=True,
+                         timeout=300)
+    try:
+        log = out.stdout + out.stderr
+        assert out.returncode != 0 and "Running stage 'check_params'" in log
+        assert bad.split("=")[0] in log
+        for stage in ("download", "cache_teachers", "train"):
+            assert f"Running stage '{stage}'" not in log
+        status = subprocess.run(["git", "status", "--porcelain"], cwd=root, env=env, capture_output=True, text=True,
+                                check=True).stdout
+        assert set(status.splitlines()) <= {" M params.yaml"}, status  # (DVC 3.67 puts params.yaml back, too)
+        assert {p: (root / p).read_bytes() for p in kept} == kept
+    finally:
+        _run(["git", "checkout", "--", "params.yaml"], root, env)

@@ -34,6 +34,35 @@ def test_out_of_range_value_fails_before_compute(tmp_path):
     assert not (tmp_path / "data").exists()
 
 
+def test_check_params_names_a_bad_variant_or_sweep_range_in_one_line_and_writes_nothing(tmp_path):
+    """The first stage DVC runs: the ablation rows and the sweep space's ends are checked too."""
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["ablate"] |= {"variants": {"ok": {}, "too high": {"loss.kdmcse.threshold": 1.5}}, "reference": "ok"}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    out = _stage("check_params", tmp_path)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1
+    assert "ablate.variants.too high" in out.stderr and "loss.kdmcse.threshold" in out.stderr
+    raw["ablate"]["variants"] = {"ok": {}}
+    raw["sweep"]["space"] = {"loss.temperature": {"type": "float", "low": 0.0, "high": 0.1}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    out = _stage("check_params", tmp_path)
+    assert out.returncode == 2 and "sweep.space.loss.temperature: 0.0" in out.stderr and "must be > 0" in out.stderr
+    assert not (tmp_path / "data").exists()
+    raw["sweep"]["space"] = {"loss.temperature": {"type": "float", "low": 0.01, "high": 0.1}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    assert _stage("check_params", tmp_path).returncode == 0
+    assert (tmp_path / "data/params_checked.json").read_text() == '{\n  "params.yaml": "valid"\n}\n'
+
+
+def test_the_ablate_stage_names_a_bad_variant_before_any_prefect_server(tmp_path):
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["ablate"] |= {"variants": {"ok": {}, "bad": {"train.method": "foo"}}, "reference": "ok"}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
+    out = _stage("ablate", tmp_path)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "train.method" in out.stderr
+    assert "prefect" not in (out.stdout + out.stderr).lower()
+
+
 def test_offline_model_id_fails_fast_in_detect(project):
     raw = yaml.safe_load((project / "params.yaml").read_text())
     raw["model"] = {**raw["model"], "name_or_path": "no-such-org/no-such-model"}

@@ -26,7 +26,15 @@ from mmcse.config.inputs import (
     TextTeacherConfig,
 )
 from mmcse.config.keys import FIXED_KEYS, UPSTREAM_KEYS, check_variable_keys, is_fixed
-from mmcse.config.load import expand_preset, list_presets, load_config, parse_config, read_keyed_yaml, with_overrides
+from mmcse.config.load import (
+    check_params,
+    expand_preset,
+    list_presets,
+    load_config,
+    parse_config,
+    read_keyed_yaml,
+    with_overrides,
+)
 from mmcse.config.runs import (
     POOLERS,
     AblateConfig,
@@ -56,6 +64,6 @@ __all__ = [
     "DuetModelConfig", "EvaluateConfig", "JointTeacherConfig", "KDMCSELossConfig", "LossConfig", "MCSEOLossConfig",
     "ModelConfig", "NdcgConfig", "RegionsConfig", "RetrievalConfig", "SourceConfig", "SourcesConfig", "SweepConfig",
     "TeachersConfig", "TextTeacherConfig", "TrainConfig", "TransferConfig", "active_terms", "apply_overrides",
-    "check_sweep_space", "check_variable_keys", "expand_preset", "is_fixed", "list_presets", "load_config",
-    "parse_config", "read_keyed_yaml", "to_dict", "with_overrides",
+    "check_params", "check_sweep_space", "check_variable_keys", "expand_preset", "is_fixed", "list_presets",
+    "load_config", "parse_config", "read_keyed_yaml", "to_dict", "with_overrides",
 ]

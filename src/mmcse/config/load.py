@@ -118,3 +118,17 @@ def expand_preset(raw: Mapping[str, Any], root: Path, where: str) -> dict[str, A
 def with_overrides(config: Config, overrides: Mapping[str, Any], where: str = "overrides") -> Config:
     """A new validated config with dotted overrides applied (ablation variants, sweep trials)."""
     return parse_config(apply_overrides(to_dict(config), overrides, where), where=where)
+
+
+def check_params(path: str | Path = "params.yaml") -> Config:
+    """Everything ``path`` asks for, checked at once and before any stage runs (DVC stage
+    ``check_params``; the ablate stage and ``mmcse`` commands call it first): `load_config` (every
+    section, each ablation row with its recipe, the preset), then both ends of every numeric
+    ``sweep.space`` dimension and each categorical choice, applied as a trial applies them, so a
+    range that leaves a key's valid values fails now, not in trial 5. Raises :class:`ConfigError`."""
+    cfg = load_config(path)
+    for key, spec in cfg.sweep.space.items():
+        values = spec["choices"] if spec["type"] == "categorical" else (spec["low"], spec["high"])
+        for value in values:
+            with_overrides(cfg, {key: value}, where=f"{path} (sweep.space.{key}: {value!r})")
+    return cfg

@@ -7,6 +7,10 @@ from pathlib import Path
 
 from mmcse.config import Config
 
+# Written by the check_params stage once params.yaml is valid; every other stage depends on it
+# (dvc.yaml), so DVC runs the check before it removes any stage's outputs.
+CHECKED_PARAMS = Path("data/params_checked.json")
+
 
 @dataclass(frozen=True)
 class Paths:
