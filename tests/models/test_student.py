@@ -71,3 +71,23 @@ def test_a_folder_from_before_the_paper_heads_loads_as_linear(tmp_path):
     assert again.head == "linear" and isinstance(again.image_proj, torch.nn.Linear)
     assert torch.equal(again.image_proj.weight, student.image_proj.weight)
     assert set(HEADS) == {n.split(".")[0] for n in again.heads_state()}
+
+
+def test_save_tokenizer_writes_the_loaded_state_whatever_calls_ran_before(tmp_path):
+    """A tokenizer call with truncation / padding rewrites the fast backend's state, which
+    save_pretrained writes out; save_tokenizer writes the state as loaded and leaves the current one."""
+    from mmcse.models.student import load_tokenizer, save_tokenizer
+
+    fresh = load_tokenizer("packaged:all-MiniLM-L6-v2")
+    save_tokenizer(fresh, tmp_path / "fresh")
+    used = load_tokenizer("packaged:all-MiniLM-L6-v2")
+    used(["a short one", "two"], truncation=True, max_length=7, padding=True)
+    state = (used.backend_tokenizer.truncation, used.backend_tokenizer.padding)
+    assert state[0]["max_length"] == 7  # the call did change it
+    save_tokenizer(used, tmp_path / "used")
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (tmp_path / "fresh" / name).exists():
+            assert (tmp_path / "used" / name).read_bytes() == (tmp_path / "fresh" / name).read_bytes(), name
+    assert (used.backend_tokenizer.truncation, used.backend_tokenizer.padding) == state
+    used.save_pretrained(tmp_path / "plain")  # what the checkpoint held before: the last call's state
+    assert (tmp_path / "plain/tokenizer.json").read_bytes() != (tmp_path / "fresh/tokenizer.json").read_bytes()

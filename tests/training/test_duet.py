@@ -181,6 +181,31 @@ def test_a_killed_duet_run_resumes_to_the_same_weights(duet_cwd, tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_a_checkpoint_has_the_same_bytes_with_cold_and_warm_token_caches(duet_cwd, tmp_path):
+    """Tokenizing the captions (cold cache) sets the fast tokenizer's truncation and padding; the
+    saved tokenizer is the loaded one either way, so models/student hashes the same."""
+    import hashlib
+    import shutil
+
+    from mmcse.models.student import load_tokenizer
+
+    cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 2, "train.eval_steps": 2})
+    sets = region_sets(duet_cwd)
+    shutil.rmtree("data/tokens", ignore_errors=True)
+    train_duet(cfg, "data/raw", sets, tmp_path / "cold", progress=False)
+    assert any(Path("data/tokens").glob("captions-*"))
+    train_duet(cfg, "data/raw", sets, tmp_path / "warm", progress=False)
+
+    def digests(folder: Path) -> dict[str, str]:
+        return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(folder.rglob("*")) if p.is_file()}
+
+    cold, warm = digests(tmp_path / "cold/best"), digests(tmp_path / "warm/best")
+    assert "tokenizer.json" in cold and cold == warm
+    load_tokenizer(cfg.model.name_or_path).save_pretrained(tmp_path / "as_loaded")  # no call made on it
+    assert (tmp_path / "cold/best/tokenizer.json").read_bytes() == (tmp_path / "as_loaded/tokenizer.json").read_bytes()
+
+
 def test_the_dev_score_is_the_val_rsum_of_the_best_checkpoint(duet_cwd, tmp_path):
     cfg = load_config("params.yaml")
     sets = region_sets(duet_cwd)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import weakref
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -17,8 +19,50 @@ HEADS_FILE = "heads.safetensors"
 HEADS_META = "heads.json"
 
 
+# The truncation / padding state of each fast tokenizer's backend as it was loaded or built: every
+# call with ``truncation=True, max_length=…`` or ``padding=…`` overwrites that state, and
+# ``save_pretrained`` writes whatever the last call left (`save_tokenizer` writes this one instead).
+_LOADED_STATE: weakref.WeakKeyDictionary[Any, tuple[Any, Any]] = weakref.WeakKeyDictionary()
+
+
+def remember_loaded_state(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """Note the backend's truncation and padding as they are now (right after loading or building)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None:
+        _LOADED_STATE[tokenizer] = (backend.truncation, backend.padding)
+    return tokenizer
+
+
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
-    return AutoTokenizer.from_pretrained(resolve_model(name_or_path), use_fast=True)
+    return remember_loaded_state(AutoTokenizer.from_pretrained(resolve_model(name_or_path), use_fast=True))
+
+
+def _set_backend_state(backend: Any, truncation: dict[str, Any] | None, padding: dict[str, Any] | None) -> None:
+    if truncation is None:
+        backend.no_truncation()
+    else:
+        backend.enable_truncation(**truncation)
+    if padding is None:
+        backend.no_padding()
+    else:
+        backend.enable_padding(**padding)
+
+
+def save_tokenizer(tokenizer: PreTrainedTokenizerBase, folder: Path) -> None:
+    """``tokenizer.save_pretrained(folder)`` with its backend's truncation and padding as loaded
+    (`remember_loaded_state`; one never noted: none), so a checkpoint's bytes do not depend on
+    which tokenizer calls ran before it was saved (cached token tables or not); the tokenizer is
+    left as it was."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        tokenizer.save_pretrained(folder)
+        return
+    now = (backend.truncation, backend.padding)
+    _set_backend_state(backend, *_LOADED_STATE.get(tokenizer, (None, None)))
+    try:
+        tokenizer.save_pretrained(folder)
+    finally:
+        _set_backend_state(backend, *now)
 
 
 def load_backbone(cfg: ModelConfig, dropout: float | None = None) -> PreTrainedModel:
@@ -161,7 +205,7 @@ def save_student(student: Student, tokenizer: PreTrainedTokenizerBase, folder: P
     """An HF model folder (safetensors) that any HF loader reads, plus the heads beside it."""
     folder.mkdir(parents=True, exist_ok=True)
     student.backbone.save_pretrained(folder, safe_serialization=True)
-    tokenizer.save_pretrained(folder)
+    save_tokenizer(tokenizer, folder)
     save_file(student.heads_state(), str(folder / HEADS_FILE))
     (folder / HEADS_META).write_text(
         json.dumps({"image_dim": student.image_dim, "proj_dim": student.proj_dim, "joint_dim": student.joint_dim,

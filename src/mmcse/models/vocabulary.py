@@ -13,6 +13,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from mmcse.models.student import remember_loaded_state
+
 SPECIAL_TOKENS = ("<pad>", "<start>", "<end>", "<unk>")  # ids 0..3, VSE++'s order
 
 
@@ -45,5 +47,6 @@ def word_tokenizer(captions: Sequence[str], min_count: int = 4) -> Any:
     tokenizer.normalizer, tokenizer.pre_tokenizer = _normalise_and_split()
     tokenizer.post_processor = processors.TemplateProcessing(
         single="<start> $A <end>", special_tokens=[("<start>", vocab["<start>"]), ("<end>", vocab["<end>"])])
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", unk_token="<unk>",
-                                   bos_token="<start>", eos_token="<end>", model_max_length=10**6)
+    return remember_loaded_state(PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="<pad>", unk_token="<unk>", bos_token="<start>", eos_token="<end>",
+        model_max_length=10**6))

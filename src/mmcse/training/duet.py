@@ -46,7 +46,7 @@ from mmcse.methods.duet import DuetModel, duet_objective
 from mmcse.methods.vsepp import VseppModel, vsepp_objective
 from mmcse.models.device import resolve_device
 from mmcse.models.precision import autocast, check_precision, configure_kernels, grad_scaler
-from mmcse.models.student import load_backbone, load_tokenizer
+from mmcse.models.student import load_backbone, load_tokenizer, save_tokenizer
 from mmcse.models.tokens import TokenTable, cached_tokens, to_device
 from mmcse.training.checkpoints import (
     TrainState,
@@ -96,7 +96,7 @@ def vsepp_architecture(cfg: Config, region_dim: int, tokenizer: Any) -> dict[str
 def save_vsepp(model: VseppModel, tokenizer: Any, architecture: dict[str, Any], folder: Path) -> None:
     """VSE++: its vocabulary (``tokenizer.json``), weights (``vsepp.safetensors``), architecture (``vsepp.json``)."""
     folder.mkdir(parents=True, exist_ok=True)
-    tokenizer.save_pretrained(folder)
+    save_tokenizer(tokenizer, folder)
     save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(folder / VSEPP_WEIGHTS))
     write_json(folder / VSEPP_META, {"architecture": architecture})
 
@@ -110,7 +110,7 @@ def save_duet(model: DuetModel, tokenizer: Any, architecture: dict[str, Any], fo
     """The text stream as an HF folder, the rest in ``duet.safetensors``, the architecture in ``duet.json``."""
     folder.mkdir(parents=True, exist_ok=True)
     model.text.save_pretrained(folder, safe_serialization=True)
-    tokenizer.save_pretrained(folder)
+    save_tokenizer(tokenizer, folder)
     rest = {k: v.detach().contiguous() for k, v in model.state_dict().items() if not k.startswith(TEXT_PREFIX)}
     save_file(rest, str(folder / DUET_WEIGHTS))
     write_json(folder / DUET_META, {"architecture": architecture})
