@@ -41,6 +41,7 @@ from mmcse.experiments.ablate import (
     run_job,
 )
 from mmcse.experiments.ablation_record import log_ablation, log_ablation_figures
+from mmcse.experiments.prefect_server import claim_temporary_server, stop_stale_temporary_servers
 from mmcse.pipeline.paths import Paths
 from mmcse.tracking import prefect_tags
 
@@ -280,9 +281,12 @@ def ablations(
 
 
 def main(params_path: str) -> None:
-    """``python flows/ablations.py [params.yaml]``: the params checked before the flow (and its
-    temporary Prefect server) starts, then the flow."""
+    """``python flows/ablations.py [params.yaml]`` and the ablate stage: the params checked before
+    the flow (and its temporary Prefect server) starts; a server a killed run of this project left
+    behind is stopped first (`mmcse.experiments.prefect_server`); then the flow."""
     check_params(params_path)
+    stop_stale_temporary_servers()
+    claim_temporary_server()
     ablations(params_path)
 
 

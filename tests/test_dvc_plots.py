@@ -85,9 +85,9 @@ def dvc(repo: Path, *args: str) -> subprocess.CompletedProcess:
     return proc
 
 
-def git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", "-c", "user.name=test", "-c", "user.email=test@example.invalid",
-                    "-c", "commit.gpgsign=false", *args], cwd=repo, check=True, capture_output=True)
+def git(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-c", "user.name=test", "-c", "user.email=test@example.invalid",
+                           "-c", "commit.gpgsign=false", *args], cwd=repo, check=True, capture_output=True, text=True)
 
 
 def template_path() -> Path:
@@ -335,6 +335,34 @@ def test_plots_diff_renders_both_revisions_offline(plots_repo: tuple[Path, dict[
     for path in image_plots:
         assert old[path] != new[path]
         assert sorted(shown[path]) == [("HEAD", old[path]), ("workspace", new[path])], path
+
+
+def test_a_fresh_clone_draws_every_committed_revision_of_the_data_plots(
+        plots_repo: tuple[Path, dict[str, dict]], tmp_path: Path) -> None:
+    """With the repo's .gitignore the plot data (CSV) is in git and the images are not: a clone
+    made without any DVC cache or remote draws both committed revisions of every data plot."""
+    repo, plots = plots_repo
+    shutil.copyfile(REPO / ".gitignore", repo / ".gitignore")
+    data_plots = sorted(p for p in plots if Path(p).suffix.lower() in VEGA_EXT)
+    old = write_plots(repo, plots, scale=1.0)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "plots, first revision")
+    new = write_plots(repo, plots, scale=2.0)
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "plots, second revision")
+    tracked = git(repo, "ls-files", "plots").stdout.split()
+    assert sorted(tracked) == data_plots  # the data in git, no image
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", str(repo), str(clone))
+    out = tmp_path / "diff"
+    dvc(clone, "plots", "diff", "HEAD~1", "--out", str(out), "--targets", *data_plots)  # images need a remote
+    charts = by_title(specs((out / "index.html").read_text(encoding="utf-8")))
+    for path in data_plots:
+        x, y = plots[path].get("x", "step"), plots[path].get("y", "value")
+        per_rev: dict[str, list[dict]] = {}
+        for v in charts[path]["data"]["values"]:
+            per_rev.setdefault(v["rev"], []).append({x: v[x], y: v[y]})
+        assert per_rev == {"HEAD~1": old[path], "workspace": new[path]}, path
 
 
 def chromium() -> str | None:

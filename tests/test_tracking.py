@@ -102,6 +102,57 @@ def test_kill_9_then_resume_is_one_run_and_the_dead_run_is_marked_killed(project
     assert {5, 10} <= losses
 
 
+def test_a_retrain_from_step_0_gets_its_own_run_and_the_old_one_says_why(project):
+    """A damaged best/ makes the training restart from step 0: a new run with one history, the old
+    (finished) run tagged with the reason and its successor; only a true resume continues a run."""
+    from mmcse.config import with_overrides
+    from mmcse.pipeline.paths import Paths
+    from mmcse.pipeline.train import run_train
+
+    cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 4, "train.eval_steps": 2,
+                                                        "train.checkpoint_steps": 2})
+    first = run_train(cfg, Paths.of(cfg), out_dir=project / "m", progress=False)
+    weights = project / "m/best/model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:200])  # truncated
+    second = run_train(cfg, Paths.of(cfg), out_dir=project / "m", progress=False)
+    assert second["run_id"] != first["run_id"] and second["best_dev_sts"] == first["best_dev_sts"]
+    old, new = mlflow.get_run(first["run_id"]), mlflow.get_run(second["run_id"])
+    assert old.info.status == "FINISHED" and old.data.tags["mmcse.superseded_by"] == second["run_id"]
+    assert "model.safetensors" in old.data.tags["mmcse.superseded_reason"]
+    assert new.data.tags["mmcse.restarted_from_run"] == first["run_id"]
+    assert "mmcse.resumed_from_step" not in new.data.tags
+    steps = [m.step for m in mlflow.MlflowClient().get_metric_history(second["run_id"], "dev_sts")]
+    assert steps == [0, 2, 4]  # logged once each, in its own run
+    third = run_train(cfg, Paths.of(cfg), out_dir=project / "m", progress=False)  # finished: a true resume
+    assert third["run_id"] == second["run_id"]
+    assert mlflow.get_run(second["run_id"]).data.tags["mmcse.resumed_from_step"] == "4"
+
+
+def test_a_killed_run_that_restarts_from_step_0_ends_killed(project):
+    """A resume point whose weights are damaged: the remembered run, left RUNNING by a killed
+    process, ends KILLED with the reason when the restart opens its own run."""
+    from mmcse.config import with_overrides
+    from mmcse.pipeline.paths import Paths
+    from mmcse.pipeline.train import run_train
+
+    cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 4, "train.eval_steps": 2,
+                                                        "train.checkpoint_steps": 2})
+
+    def stop(step: int, score: float) -> None:
+        if step == 4:
+            raise SystemExit("killed")
+
+    with pytest.raises(SystemExit):
+        run_train(cfg, Paths.of(cfg), out_dir=project / "m", progress=False, on_eval=stop)
+    dead = tracking.remembered_run(project / "m")["run_id"]
+    mlflow.MlflowClient().update_run(dead, status="RUNNING")  # as a SIGKILL leaves it
+    trainer = project / "m/last/trainer.pt"
+    trainer.write_bytes(trainer.read_bytes()[:-50])
+    summary = run_train(cfg, Paths.of(cfg), out_dir=project / "m", progress=False)
+    assert summary["run_id"] != dead and _status(dead) == "KILLED"
+    assert "trainer.pt" in mlflow.get_run(dead).data.tags["mmcse.superseded_reason"]
+
+
 # --- how the runs read in the MLflow UI: the model-training view, run names, parent runs ---
 
 

@@ -56,14 +56,18 @@ def _cmd_eval(args: argparse.Namespace) -> None:
         problems.append(f"{args.senteval_dir}: SentEval folder not found")
     mteb_tasks = []
     if args.mteb:
-        from mmcse.evaluation.mteb import prepare_tasks
+        from mmcse.evaluation.mteb import resolve_tasks
 
-        try:  # names checked and every data set loaded (offline: from the HF cache) before the model loads
-            mteb_tasks = prepare_tasks(args.mteb, "--mteb")
-        except (ValueError, FileNotFoundError, KeyError) as err:
+        try:
+            mteb_tasks = resolve_tasks(args.mteb, "--mteb")
+        except (ValueError, KeyError) as err:
             problems.append(str(err))
     if problems:
         raise ValueError("; ".join(problems))
+    if mteb_tasks:  # every data set loaded (offline: from the HF cache) before the model loads
+        from mmcse.evaluation.mteb import load_task_data
+
+        load_task_data(mteb_tasks)
     transfer: list[str] = []
     if args.transfer is not None:
         present = available_transfer_tasks(args.senteval_dir)

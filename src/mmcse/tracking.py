@@ -195,6 +195,21 @@ def existing_run(run_id: str | None) -> str | None:
     return run_id if found.info.lifecycle_stage == "active" else None
 
 
+def supersede_run(run_id: str | None, new_run_id: str, reason: str) -> None:
+    """Close the record of a training that restarts from step 0 in a new run ``new_run_id``: the
+    old run (if the store still holds it) is tagged with the reason and its successor, and ends
+    KILLED when it was left RUNNING (a killed process); a FINISHED or FAILED run keeps its status."""
+    import mlflow
+
+    if existing_run(run_id) is None or run_id == new_run_id:
+        return
+    client = mlflow.MlflowClient()
+    client.set_tag(run_id, "mmcse.superseded_by", new_run_id)
+    client.set_tag(run_id, "mmcse.superseded_reason", reason[:500])
+    if client.get_run(run_id).info.status == "RUNNING":
+        client.set_terminated(run_id, status="KILLED")
+
+
 def _process_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

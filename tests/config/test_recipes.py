@@ -36,6 +36,10 @@ def test_a_profile_gives_the_same_params_whatever_was_applied_before(project):
     text = _applied(project, "mcseo-flickr-bert", "dalr-flickr-bert").decode()
     assert "sam2" not in yaml.safe_load(text)["detect"]["backend"]  # mcseo's detect backend is gone
     assert yaml.safe_load(text)["teachers"]["image_encoder"] == "colour-edge-grid"  # and its ResNet-50
+
+
+@pytest.mark.slow  # every profile, applied twice each
+def test_every_profile_composes_with_demo_and_duet(project):
     original = (REPO / "params.yaml").read_bytes()
     for name in list_profiles(REPO):
         assert _applied(project, name, "demo") == original, f"{name} then demo is not the offline params.yaml"

@@ -376,3 +376,28 @@ def test_val_scenes_have_regions_and_a_folder_without_the_val_table_still_reads(
         next(regions_from_objects(old, objects, ["val00000"], encode))
     assert "val_images.jsonl" not in str(err.value)  # names the tables it searched
     assert objects_source(old, objects, key, encode).fingerprint != with_val
+
+
+def test_a_same_size_image_swap_is_named_before_any_region_is_encoded(demo, tmp_path):
+    """Another image of the same byte size passes a size check; its recorded SHA-256 does not."""
+    import shutil
+
+    from mmcse.errors import CorruptArtifact
+
+    root, key, encode = demo
+    raw = tmp_path / "raw"
+    shutil.copytree(root / "raw", raw)
+    rows = read_jsonl(raw / "images.jsonl")
+    target = raw / rows[1]["file"]
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0x55  # same size, other bytes
+    target.write_bytes(bytes(data))
+    calls = []
+
+    def counting(files, what):
+        calls.append(len(files))
+        return encode(files, what)
+
+    with pytest.raises(CorruptArtifact, match=rf"{rows[1]['file']}: SHA-256 .* differs .*images.jsonl records"):
+        list(regions_from_objects(raw, root / "objects", [r["image_id"] for r in rows], counting, max_regions=36))
+    assert calls == []  # named before anything was encoded

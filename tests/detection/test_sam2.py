@@ -109,6 +109,7 @@ def sam2_file(tmp_path_factory):
     return path, model.state_dict()
 
 
+@pytest.mark.slow  # end to end: real stages, models or subprocesses (the full suite runs it)
 def test_sam2_masks_have_the_image_shape_and_crops_follow_them(sam2_file, world, demo):
     path, reference = sam2_file
     torch.manual_seed(1)  # other random init: equality below means the file's weights were loaded
@@ -209,6 +210,7 @@ def test_florence_grounder_generates_and_post_processes(tiny_florence, world, de
     assert parsed == {TASK: {"bboxes": [[0, 0, 31, 47]], "labels": ["a big red circle"]}}
 
 
+@pytest.mark.slow  # end to end: real stages, models or subprocesses (the full suite runs it)
 def test_backend_runs_from_params_with_both_models(tiny_florence, sam2_file, demo, tokenizer, tmp_path, monkeypatch):
     cfg = DetectConfig(backend="sam2", grounding_model=str(tiny_florence), sam2_checkpoint=str(sam2_file[0]),
                        max_new_tokens=12, num_beams=1, batch_size=2, shard_size=2)
@@ -224,6 +226,7 @@ def test_backend_runs_from_params_with_both_models(tiny_florence, sam2_file, dem
     assert again["shards_reused"] == 2 and {**again, "shards_reused": 0} == stats
 
 
+@pytest.mark.slow  # end to end: real stages, models or subprocesses (the full suite runs it)
 def test_backend_segments_with_sam2_loaded_from_the_checkpoint(sam2_file, demo, world, tokenizer, tmp_path):
     raw = tmp_path / "raw"  # two images: SAM 2 embeds each at 1024 px (seconds on a CPU)
     shutil.copytree(demo / "data/raw", raw)

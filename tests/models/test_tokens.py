@@ -75,7 +75,7 @@ def test_truncated_cache_is_named_and_rebuilt(tokenizer, tmp_path, capsys):
     assert open_table(folder).ids.shape == (len(TEXTS), 16)
 
 
-@pytest.mark.parametrize("damage", ["no header", "wrong rows", "bad lengths"])
+@pytest.mark.parametrize("damage", ["no header", "wrong rows", "bad lengths", "ids overwritten", "foreign header"])
 def test_damaged_cache_folders_are_rebuilt(tokenizer, tmp_path, damage):
     good = cached_tokens(tmp_path, "corpus", tokenizer, TEXTS, 16)
     want_ids, want_lengths = np.array(good.ids), np.array(good.lengths)
@@ -85,10 +85,18 @@ def test_damaged_cache_folders_are_rebuilt(tokenizer, tmp_path, damage):
         header.unlink()
     elif damage == "wrong rows":
         header.write_text(header.read_text().replace(f'"rows": {len(TEXTS)}', '"rows": 99'))
-    else:
+    elif damage == "bad lengths":
         np.save(folder / "lengths.npy", np.zeros(len(TEXTS), dtype=np.int32))
-    with pytest.raises(TokenCacheError):
-        open_table(folder)
+    elif damage == "ids overwritten":  # the right shape, dtype and lengths: only the digest tells
+        ids = np.array(good.ids)
+        ids[ids > 1000] = 1997
+        np.save(folder / "ids.npy", ids)
+    else:  # another key's header (and arrays) copied in
+        other = cached_tokens(tmp_path, "other", tokenizer, TEXTS[::-1], 16).folder
+        for name in ("tokens.json", "ids.npy", "lengths.npy"):
+            (folder / name).write_bytes((other / name).read_bytes())
+    with pytest.raises(TokenCacheError, match=str(folder)):
+        open_table(folder, folder.name.split("-", 1)[1])
     rebuilt = cached_tokens(tmp_path, "corpus", tokenizer, TEXTS, 16)
     np.testing.assert_array_equal(rebuilt.ids, want_ids)
     np.testing.assert_array_equal(rebuilt.lengths, want_lengths)

@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from tests.conftest import REPO
@@ -73,6 +74,7 @@ def test_offline_model_id_fails_fast_in_detect(project):
     assert (project / "data/objects/objects.jsonl").read_bytes() == before  # nothing lost
 
 
+@pytest.mark.slow  # end to end: real stages, models or subprocesses (the full suite runs it)
 def test_train_stage_without_upstream_outputs_says_what_to_run(tmp_path):
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
@@ -90,6 +92,7 @@ def _truncated_teacher_set(project, role="image"):
     return file.relative_to(project), data
 
 
+@pytest.mark.slow  # end to end: real stages, models or subprocesses (the full suite runs it)
 def test_train_stage_names_a_truncated_teacher_set_in_one_line(project):
     file, _ = _truncated_teacher_set(project)
     out = _stage("train", project)

@@ -276,3 +276,23 @@ def test_image_changed_after_download_is_named_with_the_stage_to_rerun(project):
     assert str(err.value) == (f"{Path('data/raw/images/img00002.png')}: {image.stat().st_size} bytes, images.jsonl "
                               f"records {image.stat().st_size + 10} (changed or damaged since the download stage); "
                               "rerun the download stage (dvc repro download)")
+
+
+def test_a_same_size_image_swap_is_named_when_a_set_is_built(project):
+    """The size check passes a same-size swap; building a teacher set checks the recorded SHA-256
+    first, so the wrong image is never encoded under its row's key."""
+    import shutil
+
+    from mmcse.config import load_config
+    from mmcse.pipeline.features import run_cache_teachers
+    from mmcse.pipeline.paths import Paths
+
+    cfg = load_config("params.yaml")
+    for built in (project / "data/teachers").glob("image-*"):  # the image set must be built again
+        shutil.rmtree(built)
+    image, other = project / "data/raw/images/img00006.png", project / "data/raw/images/img00007.png"
+    swapped = bytearray(other.read_bytes()[: image.stat().st_size].ljust(image.stat().st_size, b"\0"))
+    image.write_bytes(bytes(swapped))
+    with pytest.raises(CorruptArtifact, match=r"img00006.png: SHA-256 .* differs .* images.jsonl records"):
+        run_cache_teachers(cfg, Paths.of(cfg))
+    assert not list((project / "data/teachers").glob("image-*"))  # nothing cached under its key

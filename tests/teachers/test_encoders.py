@@ -168,6 +168,7 @@ def test_open_clip_unknown_or_uncached_checkpoints_fail_fast(monkeypatch, tmp_pa
         tm.resolve_open_clip("ViT-B-32", "openai")
 
 
+@pytest.mark.slow  # end to end: real stages, models or subprocesses (the full suite runs it)
 def test_pipeline_caches_real_teachers_and_a_hit_builds_no_model(project, tiny_clip, monkeypatch):
     """cache_teachers with ResNet-50 and CLIP (random weights): sets of the right widths;
     rerun = all hits, and neither model is built."""

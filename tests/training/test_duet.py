@@ -104,6 +104,7 @@ def test_a_saved_duet_loads_to_the_same_embeddings_with_its_layers_still_tied(tm
         assert torch.equal(model.encode_text(ids, mask), loaded.encode_text(ids, mask))
 
 
+@pytest.mark.slow  # end to end: real stages, models or subprocesses (the full suite runs it)
 def test_duet_trains_and_evaluates_through_the_stage_scripts(duet_cwd, capsys):
     runpy.run_path(str(REPO / "stages/train.py"), run_name="__main__")
     runpy.run_path(str(REPO / "stages/evaluate.py"), run_name="__main__")
@@ -204,6 +205,38 @@ def test_a_checkpoint_has_the_same_bytes_with_cold_and_warm_token_caches(duet_cw
     assert "tokenizer.json" in cold and cold == warm
     load_tokenizer(cfg.model.name_or_path).save_pretrained(tmp_path / "as_loaded")  # no call made on it
     assert (tmp_path / "cold/best/tokenizer.json").read_bytes() == (tmp_path / "as_loaded/tokenizer.json").read_bytes()
+
+
+def test_a_damaged_stage_region_set_is_passed_by_and_its_rebuilt_copy_used(duet_cwd, tmp_path):
+    """With the cache_regions stage's set damaged, the lookup a training makes rebuilds the set under
+    data/upstream/regions and hands out that copy, never the damaged one (which it does not touch)."""
+    import shutil
+
+    from mmcse.integrity.keys import require_top_level
+    from mmcse.pipeline.features import region_sets_for
+
+    cfg = load_config("params.yaml")
+    paths = Paths.of(cfg)
+    stage_sets = region_sets(duet_cwd)
+    damaged = stage_sets["train"]
+    backup = tmp_path / "backup"
+    shutil.copytree(damaged, backup)
+    try:
+        data = bytearray((damaged / "regions.npy").read_bytes())
+        data[-64:] = b"\x07" * 64  # same size, other values (the tail may be zero padding): only the digest tells
+        (damaged / "regions.npy").write_bytes(bytes(data))
+        found = region_sets_for(cfg, paths, require_top_level(cfg, paths))
+        assert found["train"] == paths.raw.parent / "upstream" / "regions" / damaged.name
+        assert found["val"] == stage_sets["val"]  # intact sets are still read where they are
+        RegionStore.open(found["train"])  # the copy handed out is sound
+        assert (damaged / "regions.npy").read_bytes() == bytes(data)  # the stage's output is not written
+        result = train_duet(with_overrides(cfg, {"train.max_steps": 2, "train.eval_steps": 2}), "data/raw", found,
+                            tmp_path / "m", progress=False)
+        assert result.steps == 2
+    finally:
+        shutil.rmtree(damaged)
+        shutil.copytree(backup, damaged)
+        shutil.rmtree(paths.raw.parent / "upstream" / "regions" / damaged.name, ignore_errors=True)
 
 
 def test_the_dev_score_is_the_val_rsum_of_the_best_checkpoint(duet_cwd, tmp_path):

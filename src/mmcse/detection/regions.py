@@ -92,6 +92,7 @@ from mmcse.detection.region_files import (
 from mmcse.errors import CorruptArtifact
 from mmcse.integrity.files import (
     HashingWriter,
+    check_image_digests,
     check_npy,
     file_sha256,
     find_cached_set,
@@ -211,6 +212,9 @@ def regions_from_objects(
             plans: list[list[tuple[str, str, list[float]]]] = []
             sizes: list[tuple[int, int]] = []
             render: dict[str, Path] = {}  # crop id → file to encode (rendered here or detect's crop file)
+            # the recorded bytes: a changed image is named, never encoded under this set's key
+            check_image_digests([rows[i] for i in ids], [raw_dir / rows[i]["file"] for i in ids],
+                                "rerun the download stage")
             for image_id in ids:
                 row = rows[image_id]
                 file = raw_dir / row["file"]

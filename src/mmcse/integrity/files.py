@@ -238,6 +238,25 @@ def image_size_mismatch(path: Path, recorded: int | None) -> str | None:
     return None
 
 
+def check_image_digests(rows: Iterable[dict[str, Any]], files: Iterable[Path],
+                        fix: str = "rerun the download stage (dvc repro download)") -> None:
+    """Each image file against the SHA-256 its row records (images.jsonl, written by the download
+    stage), before any feature is computed from it: a changed image of any size is named and never
+    encoded under its row's key (a set's key holds the tables' digests, so the recorded bytes).
+    Each file is hashed at most once per process while it is unchanged (`file_sha256`)."""
+    for row, file in zip(rows, files, strict=True):
+        recorded = row.get("sha256")
+        if not recorded:
+            continue
+        try:
+            got = file_sha256(file)
+        except FileNotFoundError:
+            raise CorruptArtifact(file, "missing (images.jsonl lists it)", fix) from None
+        if got != recorded:
+            raise CorruptArtifact(file, f"SHA-256 {got[:16]}… differs from the {recorded[:16]}… images.jsonl "
+                                  "records (changed since the download stage)", fix)
+
+
 def find_cached_set(set_name: str, cache_dir: Path, read_only: Iterable[str | Path], open_set: Callable[[Path], T],
                     what: str = "cached set", verb: str = "computing") -> T | None:
     """A cached set ``set_name`` that opens cleanly (``open_set`` checks it): first in the

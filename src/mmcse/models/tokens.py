@@ -3,9 +3,11 @@
 Tokenizing per batch costs host time on every step (and Wiki1M is re-tokenized every
 epoch); here each text set is tokenized once per (tokenizer, max length, texts) key and
 kept beside the teacher features as ``ids.npy (N, L) int32`` (right-padded) and
-``lengths.npy (N,)``. A batch gathers its rows and cuts them to its longest sentence, which
-gives exactly the ``input_ids`` / ``attention_mask`` of ``tokenizer(..., padding=True,
-truncation=True, max_length=L)`` for right-padding tokenizers.
+``lengths.npy (N,)``, with their SHA-256 and the key in ``tokens.json``: a table whose bytes no
+longer match (overwritten ids of the right shape, a truncated file) is rebuilt, never trained on.
+A batch gathers its rows and cuts them to its longest sentence, which gives exactly the
+``input_ids`` / ``attention_mask`` of ``tokenizer(..., padding=True, truncation=True,
+max_length=L)`` for right-padding tokenizers.
 """
 
 from __future__ import annotations
@@ -23,9 +25,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from mmcse.io import read_json, sha256_json, write_json
+from mmcse.io import read_json, sha256_file, sha256_json, write_json
 
-FORMAT = 1
+FORMAT = 2  # 2: the arrays' SHA-256 and the key in tokens.json
 _CHUNK = 4096  # sentences per tokenizer call: the fast tokenizer batches internally
 
 
@@ -111,15 +113,27 @@ def cache_key(tokenizer: Any, texts: Sequence[str], max_len: int) -> str:
                         "texts": texts_digest(texts)})[:16]
 
 
-def open_table(folder: Path) -> TokenTable:
-    """Open a cached table, checking the arrays against the header written with them."""
+ARRAYS = ("ids.npy", "lengths.npy")
+
+
+def open_table(folder: Path, key: str | None = None) -> TokenTable:
+    """Open a cached table, checking the arrays against the header written with them: their
+    SHA-256, shapes and lengths, and (given ``key``) that the header is of that key."""
     header = folder / "tokens.json"
     try:
         meta = read_json(header)
         n, width = int(meta["rows"]), int(meta["max_len"])
+        digests = dict(meta["sha256"])
+        if key is not None and meta.get("key") != key:
+            raise TokenCacheError(f"{folder}: its header is of key {meta.get('key')!r}, not {key!r}")
+        changed = [name for name in ARRAYS if sha256_file(folder / name) != digests.get(name)]
+        if changed:
+            raise TokenCacheError(f"{folder}: {', '.join(changed)} no longer match the SHA-256 written with them")
         ids = np.load(folder / "ids.npy", mmap_mode="r")
         lengths = np.load(folder / "lengths.npy")
     except (OSError, ValueError, KeyError, TypeError) as err:  # truncated .npy: "mmap length is greater than file size"
+        if isinstance(err, TokenCacheError):
+            raise
         raise TokenCacheError(f"{folder}: unreadable token cache ({err})") from err
     if ids.shape != (n, width) or lengths.shape != (n,) or ids.dtype != np.int32:
         raise TokenCacheError(f"{folder}: arrays {ids.shape}/{lengths.shape} do not match the header ({n}, {width})")
@@ -131,10 +145,11 @@ def open_table(folder: Path) -> TokenTable:
 def cached_tokens(cache_dir: str | Path, name: str, tokenizer: Any, texts: Sequence[str], max_len: int) -> TokenTable:
     """The token table of ``texts`` from ``cache_dir/<name>-<key>``, tokenized and written
     (atomically: a temporary folder renamed) when absent; a corrupt folder is rebuilt."""
-    folder = Path(cache_dir) / f"{name}-{cache_key(tokenizer, texts, max_len)}"
+    key = cache_key(tokenizer, texts, max_len)
+    folder = Path(cache_dir) / f"{name}-{key}"
     if folder.exists():
         try:
-            return open_table(folder)
+            return open_table(folder, key)
         except TokenCacheError as err:
             print(f"{err}: rebuilding it")
             shutil.rmtree(folder)
@@ -146,9 +161,10 @@ def cached_tokens(cache_dir: str | Path, name: str, tokenizer: Any, texts: Seque
     np.save(tmp / "ids.npy", table.ids)
     np.save(tmp / "lengths.npy", table.lengths)
     write_json(tmp / "tokens.json", {"rows": len(table), "max_len": max_len, "pad_id": table.pad_id,
-                                     "tokenizer": getattr(tokenizer, "name_or_path", ""), "format": FORMAT})
+                                     "tokenizer": getattr(tokenizer, "name_or_path", ""), "format": FORMAT,
+                                     "key": key, "sha256": {n: sha256_file(tmp / n) for n in ARRAYS}})
     try:
         os.replace(tmp, folder)
     except OSError:  # written meanwhile by another job with the same key: keep theirs
         shutil.rmtree(tmp)
-    return open_table(folder)
+    return open_table(folder, key)

@@ -31,7 +31,7 @@ def run_cache_teachers(
 
     from mmcse.config.inputs import JOINT_TEXT_TEACHER
     from mmcse.errors import CorruptArtifact
-    from mmcse.integrity.files import image_size_mismatch
+    from mmcse.integrity.files import check_image_digests, image_size_mismatch
     from mmcse.integrity.keys import artifact_keys
     from mmcse.models.device import resolve_device
     from mmcse.teachers.cache import (
@@ -81,8 +81,12 @@ def run_cache_teachers(
         result["hits"][role or name] = hit
         return features
 
+    def encode_checked(rows: list[dict[str, Any]], files: list[Path], what: str) -> np.ndarray:
+        check_image_digests(rows, files)  # only when a set is built: a cached one was built from checked bytes
+        return encode_images(files, what)
+
     image_store = store("image", image_teacher, manifest["sha256"]["images.jsonl"], [r["image_id"] for r in images],
-                        lambda: encode_images(image_files, "images"))
+                        lambda: encode_checked(images, image_files, "images"))
     crop_files = sorted({o["crop"] for row in objects for o in row["objects"]})
     crops_from = sha256_file(paths.objects / "objects.jsonl") + manifest["sha256"]["images.jsonl"]  # boxes + pixels
     object_store = store("object", image_teacher, crops_from, crop_files,
@@ -98,7 +102,8 @@ def run_cache_teachers(
     test_ids = [r["image_id"] for r in test_images]
     test_fingerprint = manifest["sha256"].get("retrieval/images.jsonl", "")
     test_image_store = (store("retrieval_image", image_teacher, test_fingerprint, test_ids,
-                              lambda: encode_images(test_files, "retrieval test images")) if test_images else None)
+                              lambda: encode_checked(test_images, test_files, "retrieval test images"))
+                        if test_images else None)
     if test_image_store is not None:
         result["sets"]["retrieval_image"] = test_image_store.folder.name
 
@@ -137,6 +142,7 @@ def run_cache_teachers(
                 joint["sides"] = cca.text(source), cca.image(np.asarray(image_store.features))
                 joint["cca"] = cca
             else:
+                check_image_digests(images, image_files)
                 joint["sides"] = joint_features(captions, image_files)
         return joint["sides"]
 
@@ -145,6 +151,7 @@ def run_cache_teachers(
             joint_sides()
             return joint["cca"].image(np.asarray(test_image_store.features))
         # images only: one caption keeps the text side's batch non-empty (its output is dropped)
+        check_image_digests(test_images, test_files)
         return joint_features(captions[:1], test_files)[1]
 
     joint_text = store("joint_text", joint_teacher, fingerprint, [p["pair_id"] for p in pairs],
@@ -228,7 +235,7 @@ def run_cache_regions(cfg: Config, paths: Paths, raw: Path | None = None, object
     raw, objects = raw or paths.raw, objects or paths.objects
     source = region_source(cfg, raw, objects, teacher_manifest or paths.teachers / "manifest.json",
                            (paths.teachers,) if teacher_dirs is None else teacher_dirs)
-    result: dict[str, Any] = {"sets": {}, "hits": {}, "images": {}, "source": cfg.regions.source}
+    result: dict[str, Any] = {"sets": {}, "hits": {}, "images": {}, "folders": {}, "source": cfg.regions.source}
     for split, table in REGION_SPLITS.items():
         ids = [row["image_id"] for row in read_jsonl(raw / table)] if (raw / table).is_file() else []
         if not ids:
@@ -236,14 +243,15 @@ def run_cache_regions(cfg: Config, paths: Paths, raw: Path | None = None, object
         store, hit = build_region_cache(out_dir or paths.regions, ids, source, cfg.regions.max_regions,
                                         cfg.regions.dtype, read_only)
         result["sets"][split], result["hits"][split], result["images"][split] = store.folder.name, hit, len(ids)
+        result["folders"][split] = store.folder  # where the intact set is: a damaged read-only one is passed by
         result["dim"] = store.dim
     return result
 
 
 def region_sets_for(cfg: Config, paths: Paths, up: Any) -> dict[str, Path]:
     """The region sets of a training's upstream artifacts ``up`` (`mmcse.integrity.keys.Upstream`): opened
-    from the cache_regions stage's folder when it holds them, else built once (under a file lock:
-    concurrent jobs share the work) in ``<data>/upstream/regions``. ``{split: folder}``."""
+    (and checked) from the cache_regions stage's folder when it holds them intact, else built once
+    (under a file lock: concurrent jobs share the work) in ``<data>/upstream/regions``. ``{split: folder}``."""
     from filelock import FileLock
 
     shared = paths.raw.parent / "upstream" / "regions"
@@ -251,8 +259,9 @@ def region_sets_for(cfg: Config, paths: Paths, up: Any) -> dict[str, Path]:
     with FileLock(str(shared / ".lock")):
         result = run_cache_regions(cfg, paths, up.raw, up.objects, up.teacher_manifest, up.teacher_dirs,
                                    out_dir=shared, read_only=(paths.regions,))
-    return {split: (paths.regions / name if (paths.regions / name / "index.json").is_file() else shared / name)
-            for split, name in result["sets"].items()}
+    # the folder the lookup opened and checked: a damaged set in the stage's folder is never used,
+    # its rebuilt copy under `shared` is
+    return dict(result["folders"])
 
 
 def run_relevance(cfg: Config, paths: Paths) -> dict[str, Any]:

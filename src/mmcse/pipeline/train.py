@@ -81,6 +81,7 @@ def run_train(
     from mmcse.models.precision import check_precision
     from mmcse.training.batches import check_inputs
     from mmcse.training.checkpoints import resume_point_run
+    from mmcse.training.duet import best_checkpoint_files
     from mmcse.training.loop import train
 
     if data_seed is not None and resolve_upstream is None:
@@ -91,15 +92,25 @@ def run_train(
     if up is not None:
         check_inputs(up.raw, up.teachers, up.teacher_manifest, up.teacher_dirs)
     check_precision(cfg.train.precision, resolve_device(cfg.base.device))  # before a run is started
+    duet = cfg.train.method in RETRIEVAL_METHODS  # DUET, VSE++: retrieval models on region sets
+    region_sets: dict[str, Path] = {}
+    if up is not None and duet:  # pre-flight: a set that cannot be had fails before a run is started
+        region_sets = region_sets_for(cfg, paths, up)
     tracking.configure(cfg)
-    resumed_run, resumed_step = resume_point_run(out_dir, cfg)
-    resumed_run = tracking.existing_run(resumed_run)
+    # continue the folder's run only when training will continue its resume point (a damaged best or
+    # resume point restarts from step 0: a new run, the old one closed with the reason)
+    decision = resume_point_run(out_dir, cfg, best_checkpoint_files(cfg.train.method) if duet else ())
+    resumed_run, resumed_step = tracking.existing_run(decision.run_id), decision.step
     with tracking.run(
         cfg, experiment_name or cfg.train.method, run_name=run_name or train_run_name(cfg), run_id=resumed_run,
         parent_run_id=parent_run_id, tags=artifact_tags(keys),
         job=str(out_dir.resolve()),
     ) as active:
         tracking.remember_run(out_dir, active.info.run_id)  # not in out_dir: a DVC output holds nothing random
+        if decision.stale_run and resumed_run is None:
+            tracking.supersede_run(decision.stale_run, active.info.run_id, decision.reason)
+            mlflow.set_tags({"mmcse.restarted_from_run": decision.stale_run,
+                             "mmcse.restart_reason": decision.reason[:500]})
         if up is None:
             up = resolve_upstream(cfg, paths, data_seed)
             check_inputs(up.raw, up.teachers, up.teacher_manifest, up.teacher_dirs)
@@ -107,8 +118,6 @@ def run_train(
             tracking.log_config(cfg)
         else:
             mlflow.set_tag("mmcse.resumed_from_step", str(resumed_step))
-        duet = cfg.train.method in RETRIEVAL_METHODS  # DUET, VSE++: retrieval models on region sets
-        region_sets: dict[str, Path] = {}
         # wall-clock minutes of training (model and data loading, dev evaluations included: DALR
         # Table 7's "total time"), summed over the run's resumed sessions (`tracking.TRAIN_MINUTES`)
         started = time.perf_counter()
@@ -117,7 +126,7 @@ def run_train(
         if duet:  # DUET: a retrieval model on region features; dev = val rsum (`mmcse.training.duet`)
             from mmcse.training.duet import train_duet
 
-            region_sets = region_sets_for(cfg, paths, up)
+            region_sets = region_sets or region_sets_for(cfg, paths, up)
             result = train_duet(cfg, up.raw, region_sets, out_dir, tracking.log_metric_steps, on_eval, progress)
         else:
             result = train(cfg, up.raw, up.teachers, out_dir, tracking.log_metric_steps, on_eval, progress,

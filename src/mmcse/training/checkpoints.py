@@ -116,25 +116,70 @@ def run_definition_hash(cfg: Config) -> str:
     return sha256_json(run_def)
 
 
-def resume_point_run(out_dir: Path, cfg: Config) -> tuple[str | None, int]:
-    """The MLflow run id and step of the resume point ``train`` would continue in ``out_dir``
-    (``(None, 0)`` when it would start afresh), so the caller continues that run's record. The
-    run id is the folder's remembered run (`mmcse.tracking.remembered_run`), not part of the resume
-    point: a tracked output holds nothing random (a resume point written by an older version that
-    still names its run is read too)."""
+@dataclass(frozen=True)
+class ResumeDecision:
+    """What `train` will do in a folder, known before it runs (`resume_point_run`): continue
+    ``run_id`` from ``step``, or start afresh (``run_id`` None); ``stale_run`` is the folder's
+    remembered run of the same configuration that a fresh start leaves behind, and ``reason`` why."""
+
+    run_id: str | None = None
+    step: int = 0
+    stale_run: str | None = None
+    reason: str = ""
+
+
+def _resume_point_problem(folder: Path) -> str | None:
+    """Why `load_resume_point` would not restore the resume point in ``folder`` (header-level checks:
+    state fields, both weight files, the safetensors header, trainer.pt's zip directory); None: whole."""
+    import zipfile
+
+    try:
+        meta = json.loads((folder / "state.json").read_text())
+    except (OSError, ValueError) as err:
+        return f"{folder / 'state.json'} is unreadable ({err})"
+    if not isinstance(meta, dict) or not {"step", "best_score", "best_step", "history", "config_hash"} <= meta.keys():
+        return f"{folder / 'state.json'} lacks fields"
+    missing = [name for name in RESUME_WEIGHTS if not (folder / name).is_file()]
+    if missing:
+        return f"{folder}: {', '.join(missing)} released or missing"
+    try:
+        check_safetensors(folder / "student.safetensors", _IGNORED)
+    except CorruptArtifact as err:
+        return str(err)
+    if not zipfile.is_zipfile(folder / "trainer.pt"):
+        return f"{folder / 'trainer.pt'} is damaged (not a whole torch archive)"
+    return None
+
+
+def resume_point_run(out_dir: Path, cfg: Config, best_required: Sequence[str] = ()) -> ResumeDecision:
+    """Whether ``train`` will continue the resume point in ``out_dir`` (same checks as
+    `load_resume_point`: the configuration, the best checkpoint beside it, the files of ``last`` or
+    its ``.old`` copy), so the caller continues that MLflow run only for a true resume, and starts a
+    new one when training restarts from step 0. The run id is the folder's remembered run
+    (`mmcse.tracking.remembered_run`), not part of the resume point: a tracked output holds nothing
+    random (a resume point written by an older version that still names its run is read too).
+    ``best_required``: the files a best checkpoint must hold (default: a student's, `BEST_REQUIRED`)."""
     from mmcse.tracking import remembered_run
 
-    for folder in (out_dir / "last", out_dir / "last.old"):
-        if (folder / "state.json").is_file():
-            try:
-                meta = json.loads((folder / "state.json").read_text())
-            except ValueError:
-                return None, 0
-            if meta.get("config_hash") != run_definition_hash(cfg):
-                return None, 0
-            record = remembered_run(out_dir)
-            return (record["run_id"] if record else meta.get("run_id")), int(meta.get("step", 0))
-    return None, 0
+    candidates = [f for f in (out_dir / "last", out_dir / "last.old") if (f / "state.json").is_file()]
+    if not candidates or _recorded_definition(out_dir / "last") not in (None, run_definition_hash(cfg)):
+        return ResumeDecision()  # nothing to resume, or another configuration's point: its run is not ours
+    record = remembered_run(out_dir)
+    remembered = record["run_id"] if record else None
+    best = out_dir / "best"
+    if best.is_dir():
+        try:
+            check_model_folder(best, _IGNORED, required=best_required or BEST_REQUIRED)
+        except CorruptArtifact as err:
+            return ResumeDecision(stale_run=remembered, reason=f"retrained from step 0: {err}")
+    problems = []
+    for folder in candidates:
+        problem = _resume_point_problem(folder)
+        if problem is None:
+            meta = json.loads((folder / "state.json").read_text())
+            return ResumeDecision(remembered or meta.get("run_id"), int(meta.get("step", 0)))
+        problems.append(problem)
+    return ResumeDecision(stale_run=remembered, reason="retrained from step 0: " + "; ".join(problems))
 
 
 def _recorded_definition(folder: Path) -> str | None:

@@ -73,6 +73,11 @@ BEST_REQUIRED = ("config.json", "model.safetensors", DUET_WEIGHTS, DUET_META)
 VSEPP_WEIGHTS, VSEPP_META = "vsepp.safetensors", "vsepp.json"
 VSEPP_REQUIRED = ("tokenizer.json", VSEPP_WEIGHTS, VSEPP_META)
 RetrievalModel = DuetModel | VseppModel
+
+
+def best_checkpoint_files(method: str) -> tuple[str, ...]:
+    """The files a best checkpoint of retrieval method ``method`` must hold (DUET's or VSE++'s)."""
+    return VSEPP_REQUIRED if method == "vsepp" else BEST_REQUIRED
 TEXT_PREFIX = "text."  # the text stream's parameters: saved as the HF folder, not in duet.safetensors
 DEV_METRIC = "rsum"  # the dev score: R@1+5+10 both ways on the val split (×100, max 600)
 
@@ -325,12 +330,12 @@ def train_duet(
         tokenizer = word_tokenizer(data.captions, cfg.model.vsepp.min_word_count)
         architecture = vsepp_architecture(cfg, data.regions.dim, tokenizer)
         model: RetrievalModel = VseppModel(**architecture).to(device)
-        save_model, required = save_vsepp, VSEPP_REQUIRED
+        save_model = save_vsepp
     else:
         tokenizer = load_tokenizer(cfg.model.name_or_path)
         architecture = duet_architecture(cfg, data.regions.dim)
         model = DuetModel(load_backbone(cfg.model, dropout=cfg.train.dropout), **architecture).to(device)
-        save_model, required = save_duet, BEST_REQUIRED
+        save_model = save_duet
     token_dir = data_dir.parent / "tokens"
     captions = cached_tokens(token_dir, "captions", tokenizer, data.captions, cfg.model.max_seq_len)
     val_tokens = cached_tokens(token_dir, "val_captions", tokenizer, data.val.captions, cfg.model.max_seq_len)
@@ -348,7 +353,7 @@ def train_duet(
     config_hash = run_definition_hash(cfg)
     last_dir, best_dir = out_dir / "last", out_dir / "best"
     state = load_resume_point(last_dir, model, optimizer, scheduler, scaler, config_hash,
-                               best_required=required) or TrainState()
+                               best_required=best_checkpoint_files(cfg.train.method)) or TrainState()
     if state.step >= total and best_dir.is_dir():
         return TrainResult(state.best_score, state.best_step, state.step, best_dir, state.history)
     resumed_from = state.step if state.step else None

@@ -1,0 +1,101 @@
+"""The temporary Prefect server a killed ablate run leaves behind is found and stopped by the next
+run, and only that: a server of another project, or of a live run, is left alone."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from mmcse.experiments.prefect_server import (
+    OWNER_VARIABLE,
+    claim_temporary_server,
+    stale_temporary_servers,
+    stop_stale_temporary_servers,
+)
+from tests.conftest import REPO
+
+# what Prefect's SubprocessASGIServer runs, without the server: the argument the scan looks for
+FAKE_SERVER = [sys.executable, "-c", "import time, sys; time.sleep(120)", "prefect.server.api.server:create_app"]
+
+
+def _fake_server(mark: str | None) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k != OWNER_VARIABLE}
+    if mark is not None:
+        env[OWNER_VARIABLE] = mark
+    return subprocess.Popen(FAKE_SERVER, env=env)
+
+
+def test_only_this_projects_servers_of_a_dead_owner_are_stale(tmp_path, capsys):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    dead_started = psutil.Process().create_time()  # any start time: the pid is gone
+    project, other = tmp_path / "project", tmp_path / "other"
+    project.mkdir(), other.mkdir()
+    live_mark = f"{os.getpid()}:{psutil.Process().create_time():.3f}:{project.resolve()}"
+    servers = {
+        "stale": _fake_server(f"{dead.pid}:{dead_started:.3f}:{project.resolve()}"),
+        "live owner": _fake_server(live_mark),
+        "other project": _fake_server(f"{dead.pid}:{dead_started:.3f}:{other.resolve()}"),
+        "unmarked": _fake_server(None),  # e.g. `prefect server start`
+    }
+    try:
+        deadline = time.time() + 10
+        while time.time() < deadline and not stale_temporary_servers(project):
+            time.sleep(0.1)
+        assert stale_temporary_servers(project) == [servers["stale"].pid]
+        assert stop_stale_temporary_servers(project) == [servers["stale"].pid]
+        assert servers["stale"].wait(5) is not None
+        assert f"pid {servers['stale'].pid}" in capsys.readouterr().out
+        assert all(p.poll() is None for name, p in servers.items() if name != "stale")
+        assert stop_stale_temporary_servers(project) == []
+    finally:
+        for p in servers.values():
+            p.kill()
+            p.wait()
+
+
+def test_claiming_marks_the_children_of_this_process(tmp_path, monkeypatch):
+    import signal
+
+    monkeypatch.delenv(OWNER_VARIABLE, raising=False)
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        claim_temporary_server(tmp_path)
+        pid, started, folder = os.environ[OWNER_VARIABLE].split(":", 2)
+        assert int(pid) == os.getpid() and folder == str(tmp_path.resolve())
+        assert abs(float(started) - psutil.Process().create_time()) < 0.01
+        assert signal.getsignal(signal.SIGTERM) is not before  # SIGTERM runs the exit handlers
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+@pytest.mark.slow  # the ablate stage in a subprocess, killed once its temporary server is up
+def test_a_killed_ablate_stage_leaves_no_server_behind_on_the_next_run(project):
+    proc = subprocess.Popen([sys.executable, str(REPO / "stages/ablate.py")], cwd=project,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server = None
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and server is None and proc.poll() is None:
+            for child in psutil.Process(proc.pid).children(recursive=True):
+                if "prefect.server.api.server:create_app" in child.cmdline():
+                    server = child
+            time.sleep(0.2)
+        assert server is not None, "the ablate stage started no temporary Prefect server"
+        proc.kill()  # kill -9: Prefect's exit handler never runs
+        proc.wait()
+        time.sleep(1.0)
+        assert server.is_running()  # left behind
+        assert stale_temporary_servers(project) == [server.pid]
+        assert stop_stale_temporary_servers(project) == [server.pid]
+        assert not server.is_running() or server.status() == psutil.STATUS_ZOMBIE
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if server is not None and server.is_running():
+            server.kill()
