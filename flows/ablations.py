@@ -24,7 +24,14 @@ from typing import Any
 
 from prefect import flow, task
 
-from mmcse.analysis.tables import aggregate, aggregate_metrics, environment_notes, table_metric, write_table
+from mmcse.analysis.tables import (
+    aggregate,
+    aggregate_metrics,
+    environment_notes,
+    table_metric,
+    terminal_table,
+    write_table,
+)
 from mmcse.config import Config, check_params, load_config
 from mmcse.experiments.ablate import (
     Job,
@@ -56,11 +63,58 @@ def find_job(cfg: Config, variant: str, seed: int) -> Job:
     raise ValueError(f"params.yaml: no ablation job {variant!r} seed {seed} in ablate.variants × ablate.seeds")
 
 
+REUSED = "Reused"  # the state name of a job task / flow run whose finished result was reused
+
+
+def reused_or_result(result: dict[str, Any]) -> Any:
+    """A job's result; a reused one (finished before with the same configuration, `run_job`'s
+    ``skipped``) as a Completed state named ``Reused`` that says so, so Prefect's UI and logs tell
+    a reused job from a trained one (a bare return reads "Completed in 0.1 s")."""
+    if not result.get("skipped"):
+        return result
+    from prefect.states import Completed
+
+    return Completed(data=result, name=REUSED, message=f"{result['variant']} seed={result['seed']}: finished "
+                     "before with this configuration (its result.json and MLflow run), not retrained")
+
+
+def unwrap(value: Any) -> dict[str, Any]:
+    """The result dict of a job task's return value (a state when it was reused)."""
+    from prefect.states import State
+
+    return value.result() if isinstance(value, State) else value
+
+
 @task(name="train-variant", task_run_name="{variant} seed={seed}")
-def train_variant(params_path: str, variant: str, seed: int, parent_run_id: str | None) -> dict:
+def train_variant(params_path: str, variant: str, seed: int, parent_run_id: str | None) -> Any:
     cfg = load_config(params_path)
-    return run_job(cfg, find_job(cfg, variant, seed), Paths.of(cfg).ablations, parent_run_id=parent_run_id,
-                   tags=prefect_tags())
+    return reused_or_result(run_job(cfg, find_job(cfg, variant, seed), Paths.of(cfg).ablations,
+                                    parent_run_id=parent_run_id, tags=prefect_tags()))
+
+
+def job_line(result: dict[str, Any], metric: str, minutes: float | None = None) -> str:
+    """One line per finished job: variant, seed, how it ended, device, minutes, its table score."""
+    head = f"{result.get('variant')} seed={result.get('seed')}"
+    if result.get("status") != "ok":
+        return f"{head}: failed: {str(result.get('error', ''))[:200]}"
+    score = (result.get("scores") or {}).get(metric)
+    scored = f", {metric} {score:.2f}" if isinstance(score, (int, float)) else ""
+    if result.get("skipped"):
+        return f"{head}: reused (finished before){scored}"
+    took = f" in {minutes:.1f} min" if minutes is not None else ""
+    return f"{head}: trained on {result.get('device', '?')}{took}{scored}"
+
+
+def publish_table(files: dict[str, Any], rows: list[dict[str, Any]], metric: str) -> None:
+    """The finished table as artifacts of this flow run (Prefect UI, ``prefect artifact ls``): the
+    Markdown table (key ``ablation-table``) and the rows as a table artifact (``ablation-rows``)."""
+    from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+    create_markdown_artifact(markdown=files["md"].read_text(), key="ablation-table",
+                             description=f"the ablation table (primary column {metric})")
+    columns = sorted({k for row in rows for k, v in row.items() if not isinstance(v, (dict, list))})
+    create_table_artifact(table=[{k: row.get(k) for k in columns} for row in rows], key="ablation-rows",
+                          description="every row of the ablation table, full precision")
 
 
 @flow(name="ablation-job", log_prints=True, persist_result=True, result_serializer="json")
@@ -71,10 +125,11 @@ def ablation_job(
     and return its result. ``config_hash`` (from the submitting `ablations` run) makes a worker
     whose params.yaml differs fail instead of training something else."""
     cfg = load_config(params_path)
+    started = time.perf_counter()
     result = run_job(cfg, find_job(cfg, variant, seed), Paths.of(cfg).ablations, parent_run_id=parent_run_id,
                      tags=prefect_tags(), expected_hash=config_hash)
-    print(f"{variant} seed={seed}: {'reused' if result.get('skipped') else 'trained'} on {result.get('device', '?')}")
-    return result
+    print(job_line(result, table_metric(cfg), (time.perf_counter() - started) / 60))
+    return reused_or_result(result)
 
 
 def ablation_params(cfg: Config, jobs: list[Job]) -> dict[str, str]:
@@ -206,7 +261,7 @@ def fan_out_jobs(
                 if run.state.is_completed():
                     results[i] = _job_result(cfg, job, run)
                     record_result(root, job, results[i])
-                    print(f"{job.variant} seed={job.seed}: {results[i]['status']} ({results[i].get('device', '?')})")
+                    print(job_line(results[i], table_metric(cfg)))
                 elif attempt < cfg.ablate.retries and not run.state.is_cancelled():
                     print(f"{job.variant} seed={job.seed}: {run.state.name} ({run.state.message}); retrying")
                     submit(i, attempt + 1)
@@ -264,19 +319,23 @@ def ablations(
         else:
             retrying = train_variant.with_options(retries=cfg.ablate.retries, retry_delay_seconds=0)
             results = []
-            for job in jobs:
+            metric = table_metric(cfg)
+            for n, job in enumerate(jobs, start=1):
+                print(f"[{n}/{len(jobs)}] {job.variant} seed={job.seed}: starting")
+                started = time.perf_counter()
                 try:
-                    results.append(retrying(params_path, job.variant, job.seed, parent_id))
+                    results.append(unwrap(retrying(params_path, job.variant, job.seed, parent_id)))
                 except Exception as err:  # recorded as failed in the table, never dropped
-                    print(f"variant {job.variant!r} seed {job.seed} failed after retries: {err}")
                     results.append(failed_result(job, err))
+                print(f"[{n}/{len(jobs)}] " + job_line(results[-1], metric, (time.perf_counter() - started) / 60))
                 progress(results)
         rows = aggregate(cfg, results)
         files = write_table(rows, paths.ablations, table_metric(cfg), cfg.ablate.reference, cfg.ablate.title,
                             environment_notes(results))
         log_ablation(cfg, rows, files, paths, results, run_id=parent_id, step=len(results))
         log_ablation_figures(cfg, results, parent_id, paths.ablations)
-    print(files["md"].read_text())
+    publish_table(files, rows, table_metric(cfg))
+    print(terminal_table(files["md"].read_text()))  # fits 120 columns; ablation.csv keeps full precision
     return rows
 
 

@@ -12,8 +12,7 @@ def main() -> None:
     cfg = load_config("params.yaml")
     paths = Paths.of(cfg)
     summary = run_train(cfg, paths)
-    write_curves(load_history(paths.student), paths.plots, title=f"{cfg.train.method} (seed {cfg.base.seed})",
-                 dev_metric=summary["dev_metric"])
+    write_curves(load_history(paths.student), paths.plots, title=f"{cfg.train.method} (seed {cfg.base.seed})")
     keys = ("best_dev_sts", "best_dev_rsum", "best_step", "steps", "best_dev_alignment", "best_dev_uniformity")
     write_json(paths.metrics / "train.json", {k: summary[k] for k in keys if k in summary})
 

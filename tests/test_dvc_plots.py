@@ -42,9 +42,9 @@ REPO = Path(__file__).resolve().parents[1]
 VEGA_EXT = {".csv", ".tsv", ".json", ".yaml", ".yml"}
 IMAGE_EXT = {".png", ".jpg", ".jpeg", ".gif", ".svg"}
 # What dvc.yaml declares today; the test reads dvc.yaml itself, this only guards that reading.
-KNOWN = {"plots/train_loss.csv", "plots/dev_sts.csv", "plots/dev_rsum.csv", "plots/dev_geometry.csv",
+KNOWN = {"plots/train_loss.csv", "plots/dev.csv", "plots/dev_geometry.csv",
          "plots/geometry_trajectory.png", "plots/sts_scatter.png", "plots/tsne.png", "plots/ablation.png",
-         "plots/kdmcse_threshold.png", "plots/sts_scatter_runs.png"}
+         "plots/kdmcse_threshold.png"}
 VENDORED = ("vega", "vega-lite", "vega-embed")
 # The UMD global each vendored build assigns (``(globalThis).vega = ...`` once minified).
 GLOBALS = {"vega": r"\.vega\s*=", "vega-lite": r"\.vegaLite\s*=", "vega-embed": r"\.vegaEmbed\s*="}
@@ -378,13 +378,13 @@ def test_vega_charts_draw_with_no_network(plots_repo: tuple[Path, dict[str, dict
     """Headless Chromium with every host name unresolvable: each chart draws its marks, an empty plot says so."""
     repo, plots = plots_repo
     write_plots(repo, plots, scale=1.0)
-    (repo / "plots" / "dev_rsum.csv").write_text("step,dev\n")  # as a non-DUET run leaves it: header only
+    (repo / "plots" / "dev.csv").write_text("step,dev\n")  # as a run killed before its first dev evaluation
     out = tmp_path / "page"
     dvc(repo, "plots", "show", "--out", str(out))
     html = (out / "index.html").read_text(encoding="utf-8")
     divs = specs(html)
     empty = sorted(div for div, spec in divs.items() if not spec)
-    assert empty == ["plots_dev_rsum_csv"]
+    assert empty == ["plots_dev_csv"]
 
     proc = subprocess.run(
         [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-extensions",

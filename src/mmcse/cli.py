@@ -319,6 +319,17 @@ def _stop_on_sigterm(_signum: int, _frame: object) -> None:
     raise KeyboardInterrupt  # `kill <pid>` stops both servers as Ctrl-C does
 
 
+def _cmd_prefect(args: argparse.Namespace) -> None:
+    from mmcse.experiments.prefect_server import prefect_down, prefect_up
+
+    if args.workers is not None and args.workers < 1:
+        raise ValueError(f"--workers {args.workers}: must be >= 1")
+    if args.action == "up":
+        prefect_up(".", port=args.port, gpu_workers=args.workers)
+    else:
+        prefect_down(".")
+
+
 def _cmd_ui(args: argparse.Namespace) -> None:
     import signal
     import subprocess
@@ -471,6 +482,14 @@ def main(argv: list[str] | None = None) -> None:
     ui.add_argument("--dashboard-port", type=int, default=8080, help="optuna-dashboard port")
     ui.add_argument("--no-dashboard", action="store_true", help="only the MLflow UI")
     ui.set_defaults(func=_cmd_ui)
+
+    pf = sub.add_parser("prefect", help="bring the Prefect side up in order (server, pools, deployments, workers) "
+                        "or down")
+    pf.add_argument("action", choices=("up", "down"))
+    pf.add_argument("--port", type=int, default=4200, help="the server's port on 127.0.0.1")
+    pf.add_argument("--workers", type=int, default=None,
+                    help="workers on pool gpu where no GPU is visible (default 1; with GPUs: one per GPU)")
+    pf.set_defaults(func=_cmd_prefect)
 
     args = parser.parse_args(argv)
     run_entry(lambda: args.func(args))

@@ -12,11 +12,20 @@ from pathlib import Path
 from typing import Any
 
 
+def _file_mode() -> int:
+    """The mode ``open(path, "w")`` gives a new file: 0o666 less the process umask (0o644 by default)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it over ``path`` only on success.
 
-    A crash mid-write leaves the old file (or none) in place, never a partial one.
+    A crash mid-write leaves the old file (or none) in place, never a partial one. The file gets
+    the mode a plain write would give it (readable by others under the usual umask), not the
+    owner-only mode of the temporary file.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -25,6 +34,8 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
     tmp_path = Path(tmp)
     try:
         yield tmp_path
+        if tmp_path.is_file():
+            os.chmod(tmp_path, _file_mode())
         os.replace(tmp_path, path)
     finally:
         if tmp_path.exists():

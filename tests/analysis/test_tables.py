@@ -236,3 +236,25 @@ def test_log_ablation_puts_p_values_into_mlflow(tmp_path, monkeypatch):
     assert detail["variants"]["one"]["avg"] == {"t": None, "p": None, "n": 1, "mean_diff": 23.5, "note": "n<2"}
     summary = json.loads((tmp_path / "metrics/ablate.json").read_text())["variants"]
     assert summary["up"]["p"] == pytest.approx(rows[1]["avg_p"]) and summary["one"]["note"].startswith("n<2")
+
+
+def test_a_wide_table_prints_as_aligned_blocks_within_120_columns():
+    from mmcse.analysis.tables import terminal_table
+
+    header = ["variant", *[f"column_number_{i}_with_a_long_name" for i in range(9)], "status"]
+    rows = [["mcse", *[f"{i}.00 ± 0.1{i}" for i in range(9)], "ok"], ["a longer row name", *["—"] * 9, "failed"]]
+    md = "\n".join(["# the title", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header),
+                    *("| " + " | ".join(r) + " |" for r in rows), "", "*: " + "a note that runs on " * 10])
+    text = terminal_table(md)
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= 120 and lines[0] == "# the title"
+    blocks = [b.splitlines() for b in text.split("\n\n")[1:-1]]
+    assert len(blocks) > 1 and all(b[0].startswith("variant") and b[3].startswith("a longer row name") for b in blocks)
+    shown = [name for b in blocks for name in b[0].split()[1:]]
+    assert shown == header[1:]  # every column once, in order
+    for b in blocks:  # aligned: each column's cells start where its header does
+        starts = [b[0].index(name) for name in b[0].split()]
+        for line in (b[2], b[3]):
+            assert all(line[s - 1] == " " for s in starts[1:])
+    assert "0.00 ± 0.10" in text and text.rstrip().endswith("a note that runs on")
+    assert terminal_table("no table here") == "no table here"

@@ -99,3 +99,41 @@ def test_a_killed_ablate_stage_leaves_no_server_behind_on_the_next_run(project):
             proc.kill()
         if server is not None and server.is_running():
             server.kill()
+
+
+def test_the_temporary_servers_notices_are_dropped_and_the_runs_lines_kept(tmp_path, monkeypatch):
+    import logging
+    import signal
+
+    from mmcse.experiments.prefect_server import VERBOSE_VARIABLE
+
+    seen: list[str] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    logger, handler, before = logging.getLogger("prefect"), Collect(), signal.getsignal(signal.SIGTERM)
+    filters = list(logger.filters)
+    logger.addHandler(handler)
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        for verbose in ("1", None):
+            if verbose:
+                monkeypatch.setenv(VERBOSE_VARIABLE, verbose)
+            else:
+                monkeypatch.delenv(VERBOSE_VARIABLE)
+            seen.clear()
+            claim_temporary_server(tmp_path)
+            logger.info("Starting temporary server on http://127.0.0.1:8123\nSee https://www.prefect.io/docs/...")
+            logging.getLogger("prefect.flow_runs").info("[1/2] mcse seed=1: starting")
+            logger.info("Stopping temporary server on http://127.0.0.1:8123")
+            if verbose:
+                assert len(seen) == 3  # asked for: every notice kept
+        assert seen == ["[1/2] mcse seed=1: starting"]
+    finally:
+        logger.removeHandler(handler)
+        logger.filters[:] = filters
+        logger.setLevel(level)
+        signal.signal(signal.SIGTERM, before)

@@ -146,8 +146,12 @@ def test_stale_running_trials_are_failed_and_their_slots_run_again(project, monk
     assert sorted(n for n, s in states.items() if s in (TrialState.COMPLETE, TrialState.PRUNED)) == [2, 3]
     assert len(states) == 4  # no trial beyond the two replacements
     assert summary["trials"] == 2 and summary["complete"] + summary["pruned"] == 2
-    reported = PROGRESS.findall(capsys.readouterr().err)
+    err = capsys.readouterr().err
+    reported = PROGRESS.findall(err)
     assert [(number, done) for number, _, done, _ in reported] == [("2", "1"), ("3", "2")]
+    # the running trial's dev evaluations as they happen, and the objective's name for optuna-dashboard
+    assert re.search(r"\[sweep stale\] trial 2: step \d+, dev STS -?\d+\.\d\d", err)
+    assert optuna.load_study(study_name="stale", storage=url).metric_names == ["dev STS"]
 
 
 def test_a_running_trial_of_another_worker_counts_towards_n_trials(project, monkeypatch):

@@ -18,7 +18,23 @@ def harness():
         yield
 
 
-def test_flow_trains_every_variant_retries_failures_and_resumes(project, harness, monkeypatch):
+def _flow_record(flow_run_name: str | None = None) -> tuple[dict[str, tuple[str, str]], dict[str, str]]:
+    """The newest `ablations` flow run's tasks ``{task run name: (state name, message)}`` and its
+    artifacts ``{key: type}``, read back from the Prefect API."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, FlowRunFilterId
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    with get_client(sync_client=True) as client:
+        run = client.read_flow_runs(sort=FlowRunSort.START_TIME_DESC, limit=1)[0]
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id])))
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[run.id])))
+    return ({t.name: (t.state.name, t.state.message or "") for t in tasks if t.state},
+            {a.key: a.type for a in artifacts})
+
+
+def test_flow_trains_every_variant_retries_failures_and_resumes(project, harness, monkeypatch, capsys, caplog):
     import sys
 
     sys.path.insert(0, str(REPO))
@@ -63,9 +79,22 @@ def test_flow_trains_every_variant_retries_failures_and_resumes(project, harness
     # each ok variant x seed is a finished nested run; each failed attempt stays visible as failed
     assert nested == {"FINISHED": 4, "FAILED": 4} and tables == 1
 
+    out = "".join(capsys.readouterr()) + caplog.text  # printed in the flow: Prefect's run logger shows it
+    assert "[1/6] mcse seed=1: starting" in out and "[1/6] mcse seed=1: trained on cpu in " in out
+    assert "[6/6] missing model seed=2: failed: " in out
+    tasks, artifacts = _flow_record()
+    assert artifacts == {"ablation-table": "markdown", "ablation-rows": "table"}
+    assert tasks["mcse seed=1"][0] == "Completed"
+    caplog.clear()
+
     calls.clear()
     again = {r["variant"]: r for r in ablations("params.yaml")}
     assert [c for c in calls if "no-such-model" not in c] == []  # finished variants are skipped
+    out = "".join(capsys.readouterr()) + caplog.text
+    assert "[2/6] mcse seed=2: reused (finished before), avg " in out
+    tasks, _ = _flow_record()
+    state, message = tasks["mcse seed=2"]
+    assert state == "Reused" and "not retrained" in message  # the Prefect UI tells it from a trained job
     assert again["mcse"]["avg_mean"] == pytest.approx(rows["mcse"]["avg_mean"])
     # the rerun continued the same parent run: one record with every job, the aggregates and the table
     import mlflow

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -39,7 +40,7 @@ def repo_copy(tmp_path_factory):
     _run(["git", "init", "-q"], root, env)
     _run(["git", "add", "-A"], root, env)
     _run(["git", "commit", "-qm", "init"], root, env)
-    _run(["dvc", "repro"], root, env)
+    (root / "repro.log").write_text(_run(["dvc", "repro"], root, env))  # what the user sees (stdout + stderr)
     return root, env
 
 
@@ -62,6 +63,21 @@ def test_dvc_repro_produces_every_artifact(repo_copy):
     assert scores["demo_rsum"] == pytest.approx(sum(scores[k] for k in retrieval - {"demo_rsum"}), abs=1e-3)
     table = (root / "plots/sentence_retrieval.md").read_text()
     assert table.count("| 1 |") == 5 and table.count("| 3 |") == 5  # 5 queries × 3 neighbours
+
+
+def test_every_long_stage_says_what_it_is_doing_and_the_table_fits_120_columns(repo_copy):
+    root, _ = repo_copy
+    log = (root / "repro.log").read_text()
+    assert "evaluate: 100%" in log and "STS test (1 task)" in log and "dev geometry" in log  # evaluate's bar
+    jobs = re.findall(r"\[(\d)/4\] (\w+) seed=(\d): (starting|trained on cpu in [\d.]+ min, avg -?[\d.]+)", log)
+    assert [(n, v, s) for n, v, s, what in jobs if what == "starting"] == [
+        ("1", "mcse", "1"), ("2", "mcse", "2"), ("3", "simcse", "1"), ("4", "simcse", "2")]
+    assert len([j for j in jobs if j[3] != "starting"]) == 4
+    assert "Starting temporary server" not in log and "Stopping temporary server" not in log
+    table = log[log.index("variant  "):]  # the final table as printed: aligned blocks
+    block = table[: table.index("\n\n")].splitlines()
+    assert block[0].split()[0] == "variant" and block[2].startswith("mcse") and block[3].startswith("simcse")
+    assert max(len(line) for line in table.splitlines()[:20]) <= 120
 
 
 def test_mlflow_has_runs_params_curves_table_and_figures(repo_copy):

@@ -23,6 +23,7 @@ from mmcse.io import read_jsonl
 from mmcse.methods.duet import DuetModel
 from mmcse.pipeline.features import run_cache_regions
 from mmcse.pipeline.paths import Paths
+from mmcse.training.checkpoints import load_history
 from mmcse.training.duet import (
     DUET_META,
     DUET_WEIGHTS,
@@ -123,9 +124,10 @@ def test_duet_trains_and_evaluates_through_the_stage_scripts(duet_cwd, capsys):
                                                     for k in (1, 5, 10)), abs=1e-3)
     train_metrics = json.loads(Path("metrics/train.json").read_text())
     assert train_metrics["best_dev_rsum"] == pytest.approx(summary["best_dev_rsum"])
-    dev_rows = Path("plots/dev_rsum.csv").read_text().splitlines()
-    assert dev_rows[0] == "step,dev" and len(dev_rows) == 1 + 5  # steps 0, 2, 4, 6, 8
-    assert Path("plots/dev_sts.csv").read_text().splitlines() == ["step,dev"]  # declared, but not this method's
+    dev_rows = Path("plots/dev.csv").read_text().splitlines()
+    assert dev_rows[0] == "step,dev" and len(dev_rows) == 1 + 5  # steps 0, 2, 4, 6, 8: the val rsum
+    assert [float(r.split(",")[1]) for r in dev_rows[1:]] == [
+        round(h["dev"], 6) for h in load_history(Path("models/student")) if "dev" in h]
 
     # the run record: every loss term, the dev scores, the test scores
     with sqlite3.connect("mlruns/mlflow.db") as db:

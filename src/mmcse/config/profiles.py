@@ -10,8 +10,6 @@ profile after another leaves nothing of the first behind, and ``demo`` restores 
 from __future__ import annotations
 
 import io
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -21,6 +19,7 @@ import yaml
 from mmcse.config.coercion import apply_overrides
 from mmcse.config.load import parse_config
 from mmcse.config.recipes import list_profiles, profile_values
+from mmcse.io import write_text
 
 __all__ = ["apply_profile", "list_profiles", "profile_values"]
 
@@ -88,8 +87,5 @@ def apply_profile(params: str | Path, name: str, root: str | Path | None = None,
     rt.dump(doc, buf)
     if yaml.safe_load(buf.getvalue()) != updated:  # the round trip must mean what was validated
         raise RuntimeError(f"{params}: writing profile {name} would not reproduce the validated values")
-    fd, tmp = tempfile.mkstemp(prefix=f".{params.name}.", dir=params.parent)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(buf.getvalue())
-    os.replace(tmp, params)
+    write_text(params, buf.getvalue())  # atomic, with the mode a plain write gives
     return changed

@@ -13,11 +13,18 @@ import numpy as np  # noqa: E402
 
 from mmcse.io import atomic_path  # noqa: E402
 
+FIGURE_DPI = 110
+MAX_WIDTH_PX = 1400  # a figure fits a 1,400 px page (dvc plots show, the report) without cutting a panel
+
 
 def save_figure(fig: plt.Figure, path: str | Path) -> Path:
+    """``fig`` to ``path`` (atomically), at ``FIGURE_DPI`` or, for a wide figure, the resolution that
+    keeps its drawn area at most ``MAX_WIDTH_PX`` wide."""
     path = Path(path)
+    width_in = fig.get_tightbbox(fig.canvas.get_renderer()).width + 0.2  # + bbox_inches="tight"'s padding
+    dpi = min(FIGURE_DPI, MAX_WIDTH_PX / width_in)
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format=path.suffix.lstrip(".") or "png", dpi=110, bbox_inches="tight")
+        fig.savefig(tmp, format=path.suffix.lstrip(".") or "png", dpi=dpi, bbox_inches="tight")
     plt.close(fig)
     return path
 

@@ -12,6 +12,7 @@ A server someone started on purpose (``prefect server start``) carries no mark a
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 OWNER_VARIABLE = "MMCSE_PREFECT_SERVER_OWNER"  # "<pid>:<start time>:<project folder>"
@@ -24,14 +25,35 @@ def _owner_mark(root: Path) -> str:
     return f"{me.pid}:{me.create_time():.3f}:{root.resolve()}"
 
 
+NOTICES = ("Starting temporary server", "Stopping temporary server")  # Prefect's, at INFO on logger "prefect"
+VERBOSE_VARIABLE = "MMCSE_PREFECT_NOTICES"  # 1: keep them
+
+
+class _QuietNotices:
+    """A filter on logger ``prefect`` that drops the temporary server's start and stop notices (and
+    the how-to link after them); the flow and task runs' own lines (child loggers, whose records the
+    parent's filters never see) are kept."""
+
+    def filter(self, record: object) -> bool:
+        message = str(getattr(record, "msg", ""))
+        return not message.startswith(NOTICES)
+
+
 def claim_temporary_server(root: str | Path = ".") -> None:
     """Mark the temporary Prefect server this process may start as this project's and this process's,
-    and let SIGTERM end the process through its exit handlers (Prefect's stops the server; Python's
-    default SIGTERM action would skip them)."""
+    let SIGTERM end the process through its exit handlers (Prefect's stops the server; Python's
+    default SIGTERM action would skip them), and keep the server's start/stop notices out of the
+    stage's output unless ``MMCSE_PREFECT_NOTICES=1``."""
+    import logging
     import signal
     import sys
 
     os.environ[OWNER_VARIABLE] = _owner_mark(Path(root))
+    logger = logging.getLogger("prefect")
+    for old in [f for f in logger.filters if isinstance(f, _QuietNotices)]:
+        logger.removeFilter(old)
+    if os.environ.get(VERBOSE_VARIABLE) != "1":
+        logger.addFilter(_QuietNotices())
 
     def exit_on_sigterm(_signum: int, _frame: object) -> None:
         sys.exit(128 + signal.SIGTERM)
@@ -94,4 +116,173 @@ def stop_stale_temporary_servers(root: str | Path = ".", timeout: float = 5.0) -
             pass
         print(f"stopped a temporary Prefect server (pid {pid}) that a killed run of this project left behind")
         stopped.append(pid)
+    return stopped
+
+
+# --------------------------------------------------------------------------- a standing Prefect side
+
+POOLS = ("gpu", "head")  # prefect.yaml: the job and sweep deployments on gpu, ablations/fan-out on head
+UP_DIR = ".prefect-up"  # in the project: the processes `prefect_up` started (pids.json) and their logs
+
+
+def _healthy(api_url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{api_url}/health", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def _start(command: list[str], log: Path, env: dict[str, str], cwd: Path) -> int:
+    """A detached process (its own session: it outlives this one and `prefect_down` stops its
+    group), output to ``log``; returns its pid."""
+    import subprocess
+
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab") as handle:
+        return subprocess.Popen(command, cwd=cwd, env=env, stdout=handle, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True).pid
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def prefect_up(root: str | Path = ".", port: int = 4200, gpu_workers: int | None = None,
+               timeout: float = 120.0, say: Callable[[str], None] = print) -> dict[str, object]:
+    """Bring up the Prefect side of this project in order, each step waiting for the one before:
+    the server on 127.0.0.1:``port`` (reused when one answers there), its ``/api/health`` polled
+    until it answers, the work pools ``gpu`` and ``head`` (created when missing), every deployment
+    of ``prefect.yaml`` (``MMCSE_ROOT`` = ``root``), then the workers: one on ``gpu`` per GPU
+    (``CUDA_VISIBLE_DEVICES`` = its index; ``gpu_workers`` workers without GPUs, default 1) and one
+    on ``head``. The processes started are recorded in ``<root>/.prefect-up/pids.json`` (their logs
+    beside it) for `prefect_down`. Returns the API URL, what was started, and the pools."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+    import time
+
+    root = Path(root).resolve()
+    if not (root / "prefect.yaml").is_file():
+        raise FileNotFoundError(f"{root / 'prefect.yaml'}: no Prefect deployments here (run from the project root)")
+    prefect = shutil.which("prefect", path=str(Path(sys.executable).parent)) or shutil.which("prefect")
+    if prefect is None:
+        raise FileNotFoundError("the prefect command is not installed in this environment")
+    api_url = f"http://127.0.0.1:{port}/api"
+    env = {**os.environ, "PREFECT_API_URL": api_url, "MMCSE_ROOT": str(root),
+           "PREFECT_SERVER_ANALYTICS_ENABLED": os.environ.get("PREFECT_SERVER_ANALYTICS_ENABLED", "false")}
+    state_dir = root / UP_DIR
+    pids_file = state_dir / "pids.json"
+    started: dict[str, int] = json.loads(pids_file.read_text()) if pids_file.is_file() else {}
+
+    def record(name: str, pid: int) -> None:
+        started[name] = pid
+        state_dir.mkdir(parents=True, exist_ok=True)
+        pids_file.write_text(json.dumps(started, indent=2) + "\n")
+
+    if _healthy(api_url):
+        say(f"Prefect server: already answering at {api_url}")
+    else:
+        say(f"Prefect server: starting on 127.0.0.1:{port} (log {state_dir / 'server.log'})")
+        pid = _start([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                     state_dir / "server.log", env, root)
+        record("server", pid)
+        deadline = time.monotonic() + timeout
+        while not _healthy(api_url):
+            if not _alive(pid):
+                tail = (state_dir / "server.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"the Prefect server exited before it answered "
+                                   f"({state_dir / 'server.log'}):\n{tail}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the Prefect server did not answer {api_url}/health in {timeout:.0f} s "
+                                   f"(log {state_dir / 'server.log'})")
+            time.sleep(0.5)
+        say(f"Prefect server: healthy at {api_url}")
+    os.environ["PREFECT_API_URL"] = api_url  # the client below talks to this server
+    created = _ensure_pools(api_url)
+    say(f"work pools: {', '.join(POOLS)}" + (f" (created {', '.join(created)})" if created else " (present)"))
+    deploy = subprocess.run([prefect, "--no-prompt", "deploy", "--all"], cwd=root, env=env, capture_output=True,
+                            text=True)
+    if deploy.returncode != 0:
+        raise RuntimeError(f"prefect deploy --all failed:\n{(deploy.stdout + deploy.stderr)[-3000:]}")
+    say("deployments: every one of prefect.yaml")
+    gpus = _gpu_count()
+    count = gpus or (1 if gpu_workers is None else gpu_workers)
+    host = os.uname().nodename
+    for i in range(count):
+        name = f"{host}-gpu{i}" if gpus else f"{host}-cpu{i}"
+        if name in started and _alive(started[name]):
+            continue
+        worker_env = {**env, **({"CUDA_VISIBLE_DEVICES": str(i)} if gpus else {})}
+        record(name, _start([prefect, "worker", "start", "--pool", "gpu", "--name", name, "--limit", "1"],
+                            state_dir / f"{name}.log", worker_env, root))
+    head = f"{host}-head"
+    if not (head in started and _alive(started[head])):
+        record(head, _start([prefect, "worker", "start", "--pool", "head", "--name", head, "--limit", "1"],
+                            state_dir / f"{head}.log", env, root))
+    say(f"workers: {count} on gpu ({'one per GPU' if gpus else 'no GPU here'}), 1 on head; logs in {state_dir}")
+    say(f"next: export PREFECT_API_URL={api_url}; prefect deployment run 'ablations/ablations' --watch")
+    return {"api_url": api_url, "started": dict(started), "pools": list(POOLS)}
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _ensure_pools(api_url: str) -> list[str]:
+    """Create the work pools of `POOLS` (process type) that the server at ``api_url`` lacks."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectNotFound
+
+    created = []
+    with get_client(sync_client=True) as client:
+        for pool in POOLS:
+            try:
+                client.read_work_pool(pool)
+            except ObjectNotFound:
+                client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
+                created.append(pool)
+    return created
+
+
+def prefect_down(root: str | Path = ".", say: Callable[[str], None] = print) -> list[str]:
+    """Stop what `prefect_up` started in ``root`` (workers first, the server last; each process
+    group TERM, then KILL after 30 s) and forget it; returns the names stopped."""
+    import json
+    import signal
+
+    import psutil
+
+    pids_file = Path(root).resolve() / UP_DIR / "pids.json"
+    if not pids_file.is_file():
+        say("nothing to stop: no Prefect processes recorded by `mmcse prefect up` here")
+        return []
+    started: dict[str, int] = json.loads(pids_file.read_text())
+    stopped = []
+    for name in sorted(started, key=lambda n: n == "server"):  # the server last
+        pid = started[name]
+        if not _alive(pid):
+            continue
+        try:
+            os.killpg(pid, signal.SIGTERM)
+            try:
+                psutil.Process(pid).wait(30)
+            except psutil.TimeoutExpired:
+                os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            pass
+        stopped.append(name)
+        say(f"stopped {name} (pid {pid})")
+    pids_file.unlink()
     return stopped

@@ -23,7 +23,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from mmcse.config import Config, check_sweep_space, with_overrides
+from mmcse.config import RETRIEVAL_METHODS, Config, check_sweep_space, with_overrides
 from mmcse.io import ensure_sqlite_parent
 
 # A running trial records a heartbeat every HEARTBEAT_INTERVAL s (Optuna wants whole seconds);
@@ -106,6 +106,8 @@ def run_sweep(
                 n_startup_trials=cfg.sweep.pruner_startup_trials, n_warmup_steps=cfg.sweep.pruner_warmup_steps
             ),
         )
+        # the objective's name, for optuna-dashboard and study.trials_dataframe (not "Objective 0")
+        study.set_metric_names([objective_name(cfg)])
         tracking.experiment(cfg, "sweep")
     lock = trial_lock(storage_url, study_name)
     out_root = Path("sweeps") / study_name
@@ -123,6 +125,7 @@ def run_sweep(
             trial_cfg = with_overrides(cfg, overrides, where=f"sweep trial {trial.number}")
 
             def report(step: int, score: float) -> None:
+                bar.write(f"[sweep {study_name}] trial {trial.number}: step {step}, {objective_name(cfg)} {score:.2f}")
                 trial.report(score, step)
                 if trial.should_prune():
                     mlflow.set_tags({"optuna.pruned": f"step {step}", "optuna.state": "PRUNED"})
@@ -168,6 +171,12 @@ def run_sweep(
         "best_value": best.value if best else None,
         "best_params": best.params if best else None,
     }
+
+
+def objective_name(cfg: Config) -> str:
+    """What a trial's value is: the best dev STS (Spearman ×100), or for the retrieval methods the
+    best val R@K rsum."""
+    return "val rsum" if cfg.train.method in RETRIEVAL_METHODS else "dev STS"
 
 
 def _next_trial(study: Any, rdb: Any, lock: AbstractContextManager[Any], n_trials: int) -> Any:

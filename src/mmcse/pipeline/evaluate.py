@@ -63,21 +63,34 @@ def run_evaluate(
     transfer_tasks = {
         f.stem: [TransferExample.from_row(r) for r in read_jsonl(f)] for f in transfer_files if f.is_file()
     }
+    manifest = read_json(raw / "manifest.json") if (raw / "manifest.json").is_file() else {}
+    # retrieval goes through the student's heads: a plain HF model (mmcse eval of any encoder) has none
+    retrieval = cfg.evaluate.retrieval.enabled and manifest.get("retrieval_set") and encoder.student is not None
+    steps = EvaluatorProgress([f"STS test ({len(tasks)} task{'s' if len(tasks) > 1 else ''})",
+                               *(["MTEB"] if mteb_tasks else []), "dev geometry",
+                               *([f"transfer ({len(transfer_tasks)} task{'s' if len(transfer_tasks) > 1 else ''})"]
+                                 if transfer_tasks else []),
+                               *(["image-text retrieval"] if retrieval else []),
+                               *(["t-SNE"] if plots_dir is not None else [])],
+                              show=plots_dir is not None)  # the stage shows it; an ablation job prints its line
+    steps.next()
     result = evaluate_sts(encoder, tasks, cfg.evaluate.batch_size)
     scores = dict(result.scores)
     if mteb_tasks:  # DALR Table 5
+        steps.next()
         scores |= mteb_scores(encoder, f"mmcse/{cfg.train.method}", mteb_tasks, cfg.evaluate.batch_size)
     # DALR Table 6 / Appendix D: alignment (dev pairs with gold >= 4) and uniformity (all dev sentences)
+    steps.next()
     dev = [SentencePair.from_row(r) for r in read_jsonl(raw / "sts" / "dev.jsonl")]
     scores |= sts_dev_geometry(encoder, dev, POSITIVE_GOLD, cfg.evaluate.batch_size)
     if transfer_tasks:
+        steps.next()
         scores |= evaluate_transfer(
             encoder, transfer_tasks, cfg.evaluate.transfer, cfg.evaluate.batch_size, device
         ).scores
     test_set = None
-    manifest = read_json(raw / "manifest.json") if (raw / "manifest.json").is_file() else {}
-    # retrieval goes through the student's heads: a plain HF model (mmcse eval of any encoder) has none
-    if cfg.evaluate.retrieval.enabled and manifest.get("retrieval_set") and encoder.student is not None:
+    if retrieval:
+        steps.next()
         test_set = retrieval_test_set(cfg, paths, encoder, raw, teacher_manifest, teacher_dirs)
         scores |= test_set.scores
     examples = (neighbours_markdown(test_set.examples, f"Nearest test captions ({test_set.set_name}, "
@@ -85,6 +98,7 @@ def run_evaluate(
     fig = sts_scatter(result.predictions, result.scores)
     tsne = None
     if plots_dir is not None:  # DALR Figure 3 for the stage's model (ablation jobs skip its seconds of t-SNE)
+        steps.next()
         sample = sample_sentences([s for pairs in tasks.values() for p in pairs for s in (p.s1, p.s2)],
                                   TSNE_POINTS, cfg.base.seed)
         vectors = encode_unique(encoder, sample, cfg.evaluate.batch_size, desc="t-SNE sentences")
@@ -94,9 +108,33 @@ def run_evaluate(
     # per-pair predictions, so figures comparing runs (`mmcse figures`) need no re-encoding
     predictions = {task: {"cos": cos.tolist(), "gold": gold.tolist()}
                    for task, (cos, gold) in result.predictions.items()}
+    steps.close()
     record_evaluation(cfg, scores, run_id, experiment_name, plots_dir, examples, fig, tsne,
                       {"evaluation/sts_predictions.json": predictions})
     return scores
+
+
+class EvaluatorProgress:
+    """One bar over an evaluation's evaluators (stderr), naming the one that runs: the evaluate
+    stage is otherwise silent between its start and DVC's "Updating lock file"."""
+
+    def __init__(self, names: list[str], show: bool = True) -> None:
+        from tqdm.auto import tqdm
+
+        self.names = names
+        self.done = -1
+        self.bar = tqdm(total=len(names), desc="evaluate", unit="evaluator", leave=True, disable=not show)
+
+    def next(self) -> None:
+        if self.done >= 0:
+            self.bar.update()
+        self.done += 1
+        self.bar.set_postfix_str(self.names[self.done] if self.done < len(self.names) else "")
+
+    def close(self) -> None:
+        self.bar.update(len(self.names) - self.bar.n)
+        self.bar.set_postfix_str("done")
+        self.bar.close()
 
 
 def record_evaluation(cfg: Config, scores: dict[str, float], run_id: str | None, experiment_name: str | None,

@@ -19,29 +19,26 @@ from mmcse.tracking import TRAIN_MINUTES
 VOLATILE = ("run_id", TRAIN_MINUTES)
 
 
-def write_curves(history: list[dict[str, float]], plots_dir: Path, title: str = "dev geometry",
-                 dev_metric: str = "dev_sts") -> None:
-    """The DVC plots of a training history: ``train_loss.csv`` (step, loss), ``dev_sts.csv``
-    (step, dev: STS) or, for DUET (``dev_metric`` ``val_rsum``), ``dev_rsum.csv`` (step, dev: val
-    rsum) — the other one holds its header only —, ``dev_geometry.csv`` (step, alignment,
+def write_curves(history: list[dict[str, float]], plots_dir: Path, title: str = "dev geometry") -> None:
+    """The DVC plots of a training history: ``train_loss.csv`` (step, loss), ``dev.csv`` (step, dev:
+    the method's dev score, STS Spearman ×100 or, for the retrieval methods, val R@K rsum; one file
+    for every method, so no declared plot is left empty), ``dev_geometry.csv`` (step, alignment,
     uniformity: every dev evaluation that logged them) and ``geometry_trajectory.png``
     (`mmcse.evaluation.plots.geometry_trajectory`)."""
     from mmcse.evaluation.plots import geometry_trajectory, save_figure
     from mmcse.io import atomic_path
 
     plots_dir.mkdir(parents=True, exist_ok=True)
-    dev_file = {"dev_sts": "dev_sts.csv", "val_rsum": "dev_rsum.csv"}[dev_metric]
-    tables = (("train_loss.csv", ["loss"], ["loss"]), ("dev_sts.csv", ["dev"], ["dev"]),
-              ("dev_rsum.csv", ["dev"], ["dev"]),
+    tables = (("train_loss.csv", ["loss"], ["loss"]), ("dev.csv", ["dev"], ["dev"]),
               ("dev_geometry.csv", ["dev_alignment", "dev_uniformity"], ["alignment", "uniformity"]))
     for name, keys, columns in tables:
         rows = [h for h in history if all(k in h for k in keys)]
-        if name in ("dev_sts.csv", "dev_rsum.csv") and name != dev_file:
-            rows = []
         with atomic_path(plots_dir / name) as tmp, open(tmp, "w", newline="") as handle:
             writer = csv.writer(handle)
             writer.writerow(["step", *columns])
             writer.writerows([[h["step"], *(round(h[k], 6) for k in keys)] for h in rows])
+    for stale in ("dev_sts.csv", "dev_rsum.csv"):  # the two files dev.csv replaced
+        (plots_dir / stale).unlink(missing_ok=True)
     save_figure(geometry_trajectory(history, title), plots_dir / "geometry_trajectory.png")
 
 

@@ -1,0 +1,54 @@
+"""Atomic writes: all or nothing, and the file mode a plain write would give."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import matplotlib.pyplot as plt
+import pytest
+
+from mmcse.evaluation.plots import save_figure
+from mmcse.io import atomic_path, write_json, write_text
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_written_files_get_the_umask_mode_not_the_temporary_files(tmp_path, umask):
+    old = os.umask(umask)
+    try:
+        write_text(tmp_path / "a.txt", "x")
+        write_json(tmp_path / "b.json", {"k": 1})
+        fig, _ = plt.subplots()
+        save_figure(fig, tmp_path / "c.png")
+        plain = tmp_path / "plain.txt"
+        plain.write_text("x")
+    finally:
+        os.umask(old)
+    want = stat.S_IMODE(plain.stat().st_mode)
+    assert want == 0o666 & ~umask
+    for name in ("a.txt", "b.json", "c.png"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == want, name
+
+
+def test_a_failed_write_leaves_the_old_file_and_no_temporary(tmp_path):
+    target = tmp_path / "t.txt"
+    target.write_text("old")
+    with pytest.raises(RuntimeError):
+        with atomic_path(target) as tmp:
+            tmp.write_text("half")
+            raise RuntimeError("crash")
+    assert target.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["t.txt"]
+
+
+@pytest.mark.parametrize("width_in", [4.0, 15.0, 30.0])
+def test_a_saved_figure_fits_a_1400_px_page(tmp_path, width_in):
+    from PIL import Image
+
+    fig, axes = plt.subplots(1, 3, figsize=(width_in, 3.8))
+    for ax in axes:
+        ax.set_title("a panel title long enough to reach the edge")
+    save_figure(fig, tmp_path / "f.png")
+    width = Image.open(tmp_path / "f.png").size[0]
+    assert width <= 1400
+    if width_in == 4.0:
+        assert width < 1400 * 0.5  # a small figure keeps its resolution (110 dpi)
