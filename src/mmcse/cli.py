@@ -19,6 +19,13 @@ if TYPE_CHECKING:
     from mmcse.config import Config
 
 
+def _json_field(path: Path, key: str) -> object:
+    try:
+        return json.loads(path.read_text()).get(key)
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def _local_model_problems(model: str) -> list[str]:
     """What is wrong with ``--model`` when it names a packaged model or a local folder (no hub
     lookup: a hub id is checked when it loads, after the cheap checks)."""
@@ -47,6 +54,24 @@ def _cmd_eval(args: argparse.Namespace) -> None:
     from mmcse.evaluation.transfer import evaluate_transfer
 
     # every argument checked before the first expensive step, all problems named at once
+    state = Path(args.model) / "train_state.json"
+    retrieval_model = state.is_file() and _json_field(state, "method") in ("duet", "vsepp")
+    if retrieval_model:  # DUET / VSE++: an image–text retrieval model, scored on its own test regions
+        problems = [] if args.retrieval else [f"--model {args.model}: an image–text retrieval model "
+                                              f"({_json_field(state, 'method')}): score it with --retrieval"]
+        problems += [f"{flag}: a retrieval model has no sentence-embedding tasks" for flag, given in
+                     (("--senteval-dir", args.senteval_dir is not None), ("--mteb", bool(args.mteb)),
+                      ("--transfer", args.transfer is not None)) if given]
+        if problems:
+            raise ValueError("; ".join(problems))
+        from mmcse.config import load_config
+        from mmcse.pipeline.evaluate import checkpoint_retrieval
+        from mmcse.pipeline.paths import Paths
+
+        cfg = load_config(args.params)
+        scores = checkpoint_retrieval(cfg, Paths.of(cfg), None, Path(args.model))
+        print(json.dumps({k: round(v, 4) for k, v in scores.items()}, indent=2))
+        return
     problems = _local_model_problems(args.model)
     if args.senteval_dir is None and not args.mteb and not args.retrieval:
         problems.append("--senteval-dir is required unless --mteb names tasks or --retrieval is given")

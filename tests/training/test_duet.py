@@ -397,7 +397,7 @@ def test_vsepp_trains_resumes_and_is_scored_by_the_same_loop(duet_cwd, tmp_path)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_a_vsepp_checkpoint_is_evaluated_as_duets_are(duet_cwd, tmp_path):
+def test_a_vsepp_checkpoint_is_evaluated_as_duets_are(duet_cwd, tmp_path, capsys):
     from mmcse.pipeline.evaluate import evaluate_duet
 
     cfg = with_overrides(load_config("params.yaml"), {
@@ -415,3 +415,13 @@ def test_a_vsepp_checkpoint_is_evaluated_as_duets_are(duet_cwd, tmp_path):
     direct = retrieval_metrics(images, texts, test.text_image)
     assert scores["demo_rsum"] == pytest.approx(direct["rsum"], abs=1e-6)
     assert scores["demo_t2i_R@1"] == pytest.approx(direct["t2i_R@1"], abs=1e-6)
+    # `mmcse eval --retrieval` of the checkpoint: the same scores (VSE++ has no HF folder to load)
+    from mmcse.cli import main
+
+    capsys.readouterr()
+    main(["eval", "--model", str(tmp_path / "m/best"), "--retrieval", "--params", "params.yaml"])
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["demo_rsum"] == pytest.approx(scores["demo_rsum"], abs=1e-3)
+    with pytest.raises(SystemExit):
+        main(["eval", "--model", str(tmp_path / "m/best"), "--senteval-dir", "x"])
+    assert "score it with --retrieval; --senteval-dir: a retrieval model has no" in capsys.readouterr().err
