@@ -170,6 +170,22 @@ def test_experiments_are_tagged_model_training_on_create_and_when_found(project)
         assert client.get_experiment(found).tags["mlflow.experimentKind"] == "custom_model_development"
 
 
+def test_every_experiment_says_what_its_runs_are(project):
+    cfg = load_config("params.yaml")
+    tracking.configure(cfg)
+    client = mlflow.MlflowClient()  # after configure: the project's store
+    for name, phrase in (("mcse", "Trainings of train.method mcse"), ("ablate", "One parent run per ablation"),
+                         ("sweep", "One run per worker")):
+        created = tracking.experiment(cfg, name)
+        assert phrase in client.get_experiment(created).tags[tracking.DESCRIPTION_TAG]
+    old = mlflow.create_experiment("mmcse-dalr")  # made before mmcse described experiments
+    assert tracking.experiment(cfg, "dalr") == old
+    assert "train.method dalr" in client.get_experiment(old).tags[tracking.DESCRIPTION_TAG]
+    client.set_experiment_tag(old, tracking.DESCRIPTION_TAG, "my own notes")  # a user's description stays
+    tracking.experiment(cfg, "dalr")
+    assert client.get_experiment(old).tags[tracking.DESCRIPTION_TAG] == "my own notes"
+
+
 def test_ui_url_opens_the_machine_learning_view():
     assert tracking.ui_url("http://127.0.0.1:5000/") == \
         "http://127.0.0.1:5000/#/experiments?workflowType=machine_learning"

@@ -73,9 +73,36 @@ def experiment_urls(cfg: Config, base: str) -> dict[str, str]:
     return {exp.name: ui_url(base, exp.experiment_id) for exp in found}
 
 
-def mark_model_training(experiment_id: str, tags: dict[str, str] | None = None) -> None:
+DESCRIPTION_TAG = "mlflow.note.content"  # what the MLflow UI shows as an experiment's description
+
+EXPERIMENT_DESCRIPTIONS = {
+    "ablate": "Ablation tables (DVC stage ablate, Prefect flow ablations). One parent run per ablation, "
+              "named 'ablation <preset>': the table (ablation_table.md / .json), each variant's mean, std and "
+              "seeds as metrics <variant>/<score>_mean|_std|seeds, the comparison figure and the paper figures "
+              "its preset asks for. Each variant x seed is a nested run '<variant>-seed<seed>' (tags "
+              "ablation.variant, ablation.seed) with its training curves and test_* scores.",
+    "sweep": "Optuna sweeps (mmcse sweep, Prefect flow sweep). One run per worker, named 'sweep <study>', "
+             "with trials_finished and best_value; each trial is a nested run 'trial <n>' whose value is its best "
+             "dev score (val rsum for duet / vsepp).",
+    "figures": "Figures comparing finished runs (mmcse figures), logged when no parent run is named.",
+}
+
+
+def experiment_description(name: str) -> str:
+    """The description of experiment ``<prefix>-<name>``: the ablate / sweep / figures record, or a
+    train stage experiment (``name`` = the method)."""
+    return EXPERIMENT_DESCRIPTIONS.get(name, (
+        f"Trainings of train.method {name} (DVC stages train + evaluate). One run per training, named "
+        f"'{name}-seed<seed>': params (the whole config), the dev score at each dev evaluation (dev_sts, or "
+        "dev_rsum for duet / vsepp), loss terms loss/*, best_dev_* at the end, the test scores test_*, figures "
+        "and the environment (env.* tags). A resumed training continues its run (mmcse.resumed_from_step); a "
+        "restart from step 0 opens a new one (mmcse.restarted_from_run)."))
+
+
+def mark_model_training(experiment_id: str, tags: dict[str, str] | None = None, name: str | None = None) -> None:
     """Tag experiment ``experiment_id`` as model training (`EXPERIMENT_KIND_TAG`) unless it already
-    is; ``tags``: its current tags when known (saves a request)."""
+    is, and give it its description (`experiment_description` of ``name``) when it has none;
+    ``tags``: its current tags when known (saves a request)."""
     import mlflow
 
     client = mlflow.MlflowClient()
@@ -83,20 +110,23 @@ def mark_model_training(experiment_id: str, tags: dict[str, str] | None = None) 
         tags = client.get_experiment(experiment_id).tags
     if tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
         client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+    if name is not None and not tags.get(DESCRIPTION_TAG):
+        client.set_experiment_tag(experiment_id, DESCRIPTION_TAG, experiment_description(name))
 
 
 def experiment(cfg: Config, name: str) -> str:
     """Create (or find) experiment ``<prefix>-<name>`` with artifacts under ``mlruns/artifacts``,
-    tagged as model training (`EXPERIMENT_KIND_TAG`; an existing experiment gets the tag too)."""
+    tagged as model training (`EXPERIMENT_KIND_TAG`) and described (`experiment_description`); an
+    existing experiment gets the tag, and the description when it has none."""
     import mlflow
 
     configure(cfg)
     full = f"{cfg.base.experiment_prefix}-{name}"
     found = mlflow.get_experiment_by_name(full)
     if found is not None:
-        mark_model_training(found.experiment_id, found.tags)
+        mark_model_training(found.experiment_id, found.tags, name)
         return found.experiment_id
-    kind = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
+    kind = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND, DESCRIPTION_TAG: experiment_description(name)}
     artifacts = Path("mlruns") / "artifacts"
     if cfg.base.mlflow_tracking_uri.startswith("sqlite:///mlruns/"):
         artifacts.mkdir(parents=True, exist_ok=True)
@@ -106,7 +136,7 @@ def experiment(cfg: Config, name: str) -> str:
             found = mlflow.get_experiment_by_name(full)
             if found is None:
                 raise
-            mark_model_training(found.experiment_id, found.tags)
+            mark_model_training(found.experiment_id, found.tags, name)
             return found.experiment_id
     return mlflow.create_experiment(full, tags=kind)
 
