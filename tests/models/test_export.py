@@ -188,3 +188,31 @@ def test_bad_exports_are_refused_before_anything_is_written(plain_folder, tmp_pa
     np.testing.assert_allclose(got, TextEncoder(str(plain_folder), "avg_first_last")(["a red circle",
                                                                                      "two blue squares"]),
                                rtol=0, atol=1e-5)
+
+
+def test_the_logged_mlflow_model_loads_back_and_encodes_as_the_evaluation(minilm, tmp_path, monkeypatch):
+    """The best checkpoint as an MLflow model (sentence_transformers flavour): listed among the run's
+    logged models, and MLflow's own loaders give the vectors TextEncoder computes with its pooler."""
+    import mlflow
+
+    from mmcse.models.export import MLFLOW_MODEL_NAME, log_mlflow_model
+
+    monkeypatch.chdir(tmp_path)
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    try:
+        folder = export_sentence_transformers(minilm, "avg")
+        sentences = ["A dog runs across the grass.", "Two children play football in a park."]
+        with pytest.raises(FileNotFoundError, match="no modules.json"):
+            log_mlflow_model(tmp_path, sentences)
+        with mlflow.start_run() as run:
+            uri = log_mlflow_model(folder, sentences)
+        logged = mlflow.search_logged_models(output_format="list")
+        assert [(m.name, m.source_run_id) for m in logged] == [(MLFLOW_MODEL_NAME, run.info.run_id)]
+        want = np.asarray(TextEncoder(str(folder), "avg")(sentences))
+        got = mlflow.sentence_transformers.load_model(uri).encode(sentences)
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+        pyfunc = np.asarray(mlflow.pyfunc.load_model(uri).predict(sentences))
+        np.testing.assert_allclose(pyfunc, want, rtol=0, atol=1e-5)
+        assert mlflow.models.get_model_info(uri).metadata["mmcse_pooler"] == "avg"
+    finally:
+        mlflow.set_tracking_uri(None)

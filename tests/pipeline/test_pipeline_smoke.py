@@ -96,8 +96,11 @@ def test_mlflow_has_runs_params_curves_table_and_figures(repo_copy):
         test_metrics = {r[0] for r in db.execute("select key from metrics where run_uuid=?", (run_id,))}
         assert {"test_avg", "test_DemoSTS", "loss/simcse", "loss/image", "test_demo_i2t_R1",
                 "test_demo_rsum"} <= test_metrics
+        # the evaluated student as an MLflow model of the run (its "Logged models")
+        (uri,) = db.execute("select value from tags where run_uuid=? and key='mmcse.model_uri'", (run_id,)).fetchone()
+        assert uri.startswith("models:/")
     artifacts = {p.name for p in (root / "mlruns/artifacts").rglob("*") if p.is_file()}
-    assert {"ablation_table.json", "ablation.png", "sts_scatter.png", "training_curves.png"} <= artifacts
+    assert {"ablation_table.json", "ablation.png", "sts_scatter.png", "training_curves.png", "MLmodel"} <= artifacts
 
 
 def test_dvc_exp_run_reruns_only_what_changed(repo_copy):

@@ -186,3 +186,32 @@ def export_sentence_transformers(
         if (folder / name).is_dir():
             shutil.rmtree(folder / name)
     return folder
+
+
+MLFLOW_MODEL_NAME = "student"  # the name the train stage's run shows under "Logged models"
+
+
+def log_mlflow_model(folder: str | Path, input_example: list[str], name: str = MLFLOW_MODEL_NAME) -> str:
+    """A sentence-transformers folder (a best checkpoint, exported with the pooler its scores were
+    computed with) as an MLflow model of the active run, in MLflow's ``sentence_transformers``
+    flavour: the run's "Logged models" lists it, it can be registered, and
+    ``mlflow.sentence_transformers.load_model(uri)`` (or ``mlflow.pyfunc.load_model``) encodes as the
+    evaluation did. ``input_example``: sentences that become its example and signature. Its
+    requirements are the installed sentence-transformers, transformers and torch (pinned here:
+    MLflow's inference would import and scan the environment). Returns the model's URI."""
+    import importlib.metadata
+
+    import mlflow
+    from sentence_transformers import SentenceTransformer
+
+    folder = Path(folder)
+    if not (folder / "modules.json").is_file():
+        raise FileNotFoundError(f"{folder}: not a sentence-transformers folder (no modules.json); export it first "
+                                "(mmcse export)")
+    pooler = json.loads((folder / "config_sentence_transformers.json").read_text()).get("mmcse_pooler")
+    model = SentenceTransformer(str(folder), device="cpu")
+    requirements = [f"{p}=={importlib.metadata.version(p)}" for p in ("sentence-transformers", "transformers", "torch")]
+    info = mlflow.sentence_transformers.log_model(model, name=name, input_example=list(input_example),
+                                                  pip_requirements=requirements,
+                                                  metadata={"mmcse_pooler": pooler, "checkpoint": str(folder)})
+    return info.model_uri

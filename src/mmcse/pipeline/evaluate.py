@@ -109,8 +109,11 @@ def run_evaluate(
     predictions = {task: {"cos": cos.tolist(), "gold": gold.tolist()}
                    for task, (cos, gold) in result.predictions.items()}
     steps.close()
+    # the stage's student as an MLflow model of its run (ablation jobs and trials would copy one per job)
+    model = ((model_dir, [p.s1 for pairs in tasks.values() for p in pairs[:2]])
+             if plots_dir is not None and (Path(model_dir) / "modules.json").is_file() else None)
     record_evaluation(cfg, scores, run_id, experiment_name, plots_dir, examples, fig, tsne,
-                      {"evaluation/sts_predictions.json": predictions})
+                      {"evaluation/sts_predictions.json": predictions}, model=model)
     return scores
 
 
@@ -139,10 +142,13 @@ class EvaluatorProgress:
 
 def record_evaluation(cfg: Config, scores: dict[str, float], run_id: str | None, experiment_name: str | None,
                       plots_dir: Path | None, examples: str | None, sts_scatter: Any, tsne: Any,
-                      dicts: dict[str, Any] | None = None, log_scatter: bool = True) -> None:
+                      dicts: dict[str, Any] | None = None, log_scatter: bool = True,
+                      model: tuple[Path, list[str]] | None = None) -> None:
     """What an evaluation leaves behind: into training run ``run_id`` the scores (``test_<name>``), the
-    nearest-caption examples, the t-SNE and STS-scatter figures (``log_scatter``) and ``dicts``
-    (artifact path -> JSON); into ``plots_dir`` (the evaluate stage's DVC outputs) ``sts_scatter.png``,
+    nearest-caption examples, the t-SNE and STS-scatter figures (``log_scatter``), ``dicts``
+    (artifact path -> JSON) and ``model`` = (the evaluated sentence-transformers folder, example
+    sentences) as an MLflow model (`mmcse.models.export.log_mlflow_model`, its URI in the run's tag
+    ``mmcse.model_uri``); into ``plots_dir`` (the evaluate stage's DVC outputs) ``sts_scatter.png``,
     ``sentence_retrieval.md`` and ``tsne.png``. Figures are closed either way."""
     import matplotlib.pyplot as plt
     import mlflow
@@ -161,6 +167,10 @@ def record_evaluation(cfg: Config, scores: dict[str, float], run_id: str | None,
                 mlflow.log_figure(sts_scatter, "figures/sts_scatter.png")
             for artifact, value in (dicts or {}).items():
                 mlflow.log_dict(value, artifact)
+            if model is not None:
+                from mmcse.models.export import log_mlflow_model
+
+                mlflow.set_tag("mmcse.model_uri", log_mlflow_model(*model))
     if plots_dir is not None:
         save_figure(sts_scatter, plots_dir / "sts_scatter.png")
         if examples:
