@@ -26,7 +26,6 @@ from prefect import flow, task
 
 from mmcse.analysis.tables import (
     aggregate,
-    aggregate_metrics,
     environment_notes,
     table_metric,
     terminal_table,
@@ -34,6 +33,7 @@ from mmcse.analysis.tables import (
 )
 from mmcse.config import Config, check_params, load_config
 from mmcse.experiments.ablate import (
+    SCORE_NAMES,
     Job,
     ablation_hash,
     expand,
@@ -149,23 +149,24 @@ def ablation_params(cfg: Config, jobs: list[Job]) -> dict[str, str]:
 
 
 def log_partial(cfg: Config, parent_run_id: str, results: list[dict[str, Any]], n_jobs: int) -> None:
-    """The table so far as metrics of the parent run (`aggregate_metrics` over the variants that have
-    a finished job, step = jobs done) and ``ablation/jobs_done``: the parent shows the comparison
-    while the other jobs still train, not only when the last one ends."""
+    """The comparison so far in the parent run: its figure (`comparison_figure` over the variants
+    that have a finished job, ``figures/ablation.png``, replaced after each job) and the progress
+    ``ablation/jobs_done`` of ``ablation/jobs`` (step = jobs done). The parent shows the comparison
+    while the other jobs still train; the table's aggregates come once, at the end (`log_ablation`)."""
     import time
 
     import mlflow
     from mlflow.entities import Metric
 
+    from mmcse.experiments.ablation_record import comparison_figure
+
     done = {r["variant"] for r in results}
     rows = [row for row in aggregate(cfg, results) if row["variant"] in done]
-    values = {**aggregate_metrics(rows), "ablation/jobs_done": float(len(results)),
-              "ablation/jobs": float(n_jobs)}
     now = int(time.time() * 1000)
-    metrics = [Metric(key, value, now, len(results)) for key, value in values.items()]
     client = mlflow.MlflowClient()
-    for start in range(0, len(metrics), 1000):
-        client.log_batch(parent_run_id, metrics=metrics[start : start + 1000])
+    client.log_batch(parent_run_id, metrics=[Metric("ablation/jobs_done", float(len(results)), now, len(results)),
+                                             Metric("ablation/jobs", float(n_jobs), now, len(results))])
+    client.log_figure(parent_run_id, comparison_figure(cfg, rows), "figures/ablation.png")
 
 
 def _deployment_exists(name: str) -> None:
@@ -221,7 +222,7 @@ def fan_out_jobs(
             results[i] = failed_result(job, err)
             continue
         done = finished_result(job.folder(root), hashes[i])
-        if done is not None:
+        if done is not None and done.get("score_names") == SCORE_NAMES:  # older names: a worker rescores it
             results[i] = done | {"skipped": True}
     todo = [i for i in range(len(jobs)) if i not in results]
     if results and on_result is not None:
@@ -332,7 +333,7 @@ def ablations(
         rows = aggregate(cfg, results)
         files = write_table(rows, paths.ablations, table_metric(cfg), cfg.ablate.reference, cfg.ablate.title,
                             environment_notes(results))
-        log_ablation(cfg, rows, files, paths, results, run_id=parent_id, step=len(results))
+        log_ablation(cfg, rows, files, paths, results, run_id=parent_id)
         log_ablation_figures(cfg, results, parent_id, paths.ablations)
     publish_table(files, rows, table_metric(cfg))
     print(terminal_table(files["md"].read_text()))  # fits 120 columns; ablation.csv keeps full precision

@@ -1,11 +1,12 @@
 """DVC stage `evaluate`: test-set scores of the best checkpoint (STS, retrieval, NDCG; DUET: retrieval
-and NDCG) -> metrics/eval.json."""
+and NDCG) -> metrics/eval.json, keyed as in MLflow (``test_<name>``, `mmcse.evaluation.names`)."""
 
 from pathlib import Path
 
 from mmcse import tracking
 from mmcse.config import load_config
 from mmcse.entry import run_entry
+from mmcse.evaluation.names import test_metrics
 from mmcse.io import read_json, write_json
 from mmcse.pipeline.evaluate import run_evaluate
 from mmcse.pipeline.paths import Paths
@@ -18,7 +19,7 @@ def main() -> None:
     run_id = tracking.folder_run_id(paths.student, summary)  # the training's run (kept beside mlruns/)
     scores = run_evaluate(cfg, paths, paths.student / "best", run_id=run_id, plots_dir=paths.plots,
                           region_sets={k: Path(v) for k, v in summary.get("region_sets", {}).items()})
-    write_json(paths.metrics / "eval.json", {k: round(v, 4) for k, v in scores.items()})
+    write_json(paths.metrics / "eval.json", {k: round(v, 4) for k, v in test_metrics(scores).items()})
 
 
 if __name__ == "__main__":

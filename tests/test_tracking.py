@@ -190,7 +190,39 @@ def test_ui_url_opens_the_machine_learning_view():
     assert tracking.ui_url("http://127.0.0.1:5000/") == \
         "http://127.0.0.1:5000/#/experiments?workflowType=machine_learning"
     assert tracking.ui_url("http://127.0.0.1:5001", "7") == \
-        "http://127.0.0.1:5001/#/experiments/7/runs?workflowType=machine_learning"
+        "http://127.0.0.1:5001/#/experiments/7/runs?workflowType=machine_learning&viewStateShareKey=mmcse-headline"
+
+
+def test_headline_columns_pick_what_a_table_compares():
+    """The runs table's headline view: method, seed, the ablation row, the best dev score and the
+    test averages / rsum / NDCG means, never the per-direction R@K or the loss terms."""
+    params = {"train.method", "base.seed", "loss.lambda_img"}
+    metrics = {"best_dev_sts", "dev_sts", "test_avg", "test_transfer_avg", "test_demo_rsum", "test_demo_i2t_R1",
+               "test_demo_NDCG25_rouge_l", "test_demo_i2t_NDCG25_rouge_l", "loss/loss", "test_alignment"}
+    assert tracking.headline_columns(params, metrics, {"ablation.variant", "ablation.seed", "env.hash"}) == [
+        "params.`train.method`", "params.`base.seed`", "tags.`ablation.variant`", "tags.`ablation.seed`",
+        "metrics.`best_dev_sts`", "metrics.`test_avg`", "metrics.`test_transfer_avg`",
+        "metrics.`test_demo_NDCG25_rouge_l`", "metrics.`test_demo_rsum`"]
+    assert tracking.headline_columns({"train.method"}, {"best_dev_rsum", "test_coco_1k_rsum"}, set()) == [
+        "params.`train.method`", "metrics.`best_dev_rsum`", "metrics.`test_coco_1k_rsum`"]
+
+
+def test_the_headline_view_is_an_experiment_tag_the_ui_reads_as_json(project):
+    import json
+
+    cfg = load_config("params.yaml")
+    experiment_id = tracking.experiment(cfg, "mcse")
+    with mlflow.start_run(experiment_id=experiment_id):
+        mlflow.log_params({"train.method": "mcse", "base.seed": 1})
+        mlflow.log_metrics({"best_dev_sts": 70.0, "test_avg": 66.0, "lr": 1e-5})
+    urls = tracking.experiment_urls(cfg, "http://127.0.0.1:5000")
+    assert urls["mmcse-mcse"].endswith(f"/experiments/{experiment_id}/runs?workflowType=machine_learning"
+                                       "&viewStateShareKey=mmcse-headline")
+    view = json.loads(mlflow.MlflowClient().get_experiment(experiment_id).tags[
+        "mlflow.sharedViewState.mmcse-headline"])
+    assert view == {"selectedColumns": ["params.`train.method`", "params.`base.seed`", "metrics.`best_dev_sts`",
+                                        "metrics.`test_avg`"],
+                    "runsHiddenMode": "SHOW_ALL", "orderByKey": "metrics.`best_dev_sts`", "orderByAsc": False}
 
 
 def test_the_train_stage_run_is_named_method_seed(project):
@@ -239,12 +271,13 @@ def test_ablation_parent_and_job_runs_read_as_the_table(project):
         client = mlflow.MlflowClient()
         so_far = client.get_run(parent_id).data  # while the ablation still runs
         assert so_far.metrics["ablation/jobs_done"] == 1 and so_far.metrics["ablation/jobs"] == 2
-        assert so_far.metrics["mcse/avg_mean"] == pytest.approx(result["scores"]["avg"])
-        assert not any(k.startswith("simcse/") for k in so_far.metrics)  # no job of it has finished
+        # the comparison so far is a figure; the aggregates come once, with the table (not a curve over jobs)
+        assert not any(k.endswith(("_mean", "_std", "/seeds")) for k in so_far.metrics)
+        assert "figures/ablation.png" in {a.path for a in client.list_artifacts(parent_id, "figures")}
         rows = aggregate(cfg, [result])
         files = write_table(rows, paths.ablations, table_metric(cfg), cfg.ablate.reference, cfg.ablate.title)
     # logged by id after the parent's block (a job's run may be the thread's active one)
-    log_ablation(cfg, rows, files, paths, [result], run_id=parent_id, step=1)
+    log_ablation(cfg, rows, files, paths, [result], run_id=parent_id)
     job_run = client.get_run(result["run_id"])
     assert job_run.info.run_name == "mcse-seed4"
     assert job_run.data.tags["mlflow.parentRunId"] == parent_id
@@ -256,5 +289,10 @@ def test_ablation_parent_and_job_runs_read_as_the_table(project):
         "ablation.seeds": "4", "ablation.variants": "mcse, simcse", "ablation.jobs": "2"}
     assert got.data.metrics["mcse/avg_mean"] == pytest.approx(rows[0]["avg_mean"])
     assert got.data.metrics["mcse/seeds"] == 1
+    assert [m.step for m in client.get_metric_history(parent_id, "mcse/avg_mean")] == [0]  # one value per variant
+    # the run page's description: the headline table (variant, headline scores as mean ± std, p, seeds)
+    note = got.data.tags["mlflow.note.content"]
+    assert note.startswith("| variant | STS avg | demo_NDCG@25_rouge_l | demo_rsum | p vs mcse (STS avg) |")
+    assert f"| mcse | {rows[0]['avg_mean']:.2f} ± {rows[0]['avg_std']:.2f} |" in note
     artifacts = {a.path for a in client.list_artifacts(parent_id)}
     assert {"ablation_table.json", "jobs.json", "ablation.csv", "ablation.md"} <= artifacts, artifacts

@@ -96,9 +96,10 @@ def test_experiment_urls_open_each_mmcse_experiment_in_the_training_view(params)
     old = mlflow.create_experiment("mmcse-ablate")  # made by an older mmcse: no kind tag
     mlflow.create_experiment("someone-else")
     urls = tracking.experiment_urls(cfg, "http://127.0.0.1:5000")
+    view = "workflowType=machine_learning&viewStateShareKey=mmcse-headline"  # the runs view, headline columns
     assert urls == {
-        "mmcse-ablate": f"http://127.0.0.1:5000/#/experiments/{old}/runs?workflowType=machine_learning",
-        "mmcse-mcse": f"http://127.0.0.1:5000/#/experiments/{made}/runs?workflowType=machine_learning",
+        "mmcse-ablate": f"http://127.0.0.1:5000/#/experiments/{old}/runs?{view}",
+        "mmcse-mcse": f"http://127.0.0.1:5000/#/experiments/{made}/runs?{view}",
     }
     tags = mlflow.MlflowClient().get_experiment(old).tags
     assert tags["mlflow.experimentKind"] == "custom_model_development"

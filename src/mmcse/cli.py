@@ -190,6 +190,15 @@ def _cmd_plan(args: argparse.Namespace) -> None:
         print(plan_text(result, defaults_config(Path(args.params))), end="")
 
 
+def _cmd_runs(args: argparse.Namespace) -> None:
+    import shutil
+
+    from mmcse.experiments.runs import experiments_table, read_experiments
+
+    width = args.width or shutil.get_terminal_size((200, 24)).columns
+    print(experiments_table(read_experiments(Path(args.repo)), width), end="")
+
+
 def _cmd_report(args: argparse.Namespace) -> None:
     from mmcse.config import load_config
     from mmcse.experiments.report import write_report
@@ -463,6 +472,12 @@ def main(argv: list[str] | None = None) -> None:
     pl.add_argument("--params", default="params.yaml")
     pl.add_argument("--json", action="store_true", help="every row's whole configuration as JSON")
     pl.set_defaults(func=_cmd_plan)
+
+    rn = sub.add_parser("runs", help="DVC's experiments in one compact table: method, changed params, headline "
+                        "scores (what `dvc exp show` lists in ~400 columns)")
+    rn.add_argument("--repo", default=".", help="the DVC repository")
+    rn.add_argument("--width", type=int, default=None, help="columns (default: the terminal's)")
+    rn.set_defaults(func=_cmd_runs)
 
     rp = sub.add_parser("report", help="a paper's tables beside mmcse's reproduction (Markdown + HTML, from MLflow)")
     rp.add_argument("paper", help="dalr, kdmcse, mcseo or duet (papers/<paper>.yaml)")

@@ -54,9 +54,64 @@ WORKFLOW_TYPE = "machine_learning"
 
 def ui_url(base: str, experiment_id: str | None = None) -> str:
     """The MLflow UI address ``base`` (``http://host:port``) opening the experiments list, or
-    experiment ``experiment_id``, in the model-training ("Machine learning") view."""
-    route = f"/experiments/{experiment_id}/runs" if experiment_id else "/experiments"
-    return f"{base.rstrip('/')}/#{route}?workflowType={WORKFLOW_TYPE}"
+    experiment ``experiment_id``, in the model-training ("Machine learning") view, its runs table
+    showing the headline columns (`HEADLINE_VIEW`, set by `set_headline_view`)."""
+    if experiment_id is None:
+        return f"{base.rstrip('/')}/#/experiments?workflowType={WORKFLOW_TYPE}"
+    return (f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType={WORKFLOW_TYPE}"
+            f"&{VIEW_SHARE_PARAM}={HEADLINE_VIEW}")
+
+
+# The runs table of MLflow 3.17's UI shows Run Name / Created / Dataset / Duration / Source / Models
+# by default (server/js: the UI state's ``selectedColumns``), no score. What it offers instead of
+# configuring by hand is a shared view: an experiment tag ``mlflow.sharedViewState.<key>`` holding
+# the view's state as JSON (selected columns, sort), opened by ``?viewStateShareKey=<key>``; the
+# user can keep it as their own view from its banner. mmcse writes one, `HEADLINE_VIEW`, per
+# experiment from the scores its runs hold, and `ui_url` opens it.
+VIEW_SHARE_PARAM = "viewStateShareKey"
+SHARED_VIEW_TAG = "mlflow.sharedViewState."
+HEADLINE_VIEW = "mmcse-headline"
+# Which columns, in this order, where the experiment's runs have them: the method and seed, the
+# ablation row and seed (job runs), the best dev score, then the test scores a table compares.
+HEADLINE_PARAMS = ("train.method", "base.seed")
+HEADLINE_DEV = ("best_dev_sts", "best_dev_rsum")
+HEADLINE_TEST = re.compile(r"test_(avg|transfer_avg|mteb_avg|\w+_rsum|\w+_(?<!i2t_)(?<!t2i_)NDCG\d+_\w+)")
+
+
+def headline_columns(params: set[str], metrics: set[str], tags: set[str]) -> list[str]:
+    """The runs-table columns (the UI's ``<type>.`<key>`` names) of `HEADLINE_VIEW` for runs that
+    log ``params``, ``metrics`` and ``tags``: method and seed, `VARIANT_TAG` / `SEED_TAG`, the best
+    dev score, the test STS / transfer / MTEB averages, every test set's rsum and its NDCG means."""
+    columns = [f"params.`{p}`" for p in HEADLINE_PARAMS if p in params]
+    columns += [f"tags.`{t}`" for t in (VARIANT_TAG, SEED_TAG) if t in tags]
+    columns += [f"metrics.`{m}`" for m in HEADLINE_DEV if m in metrics]
+    columns += [f"metrics.`{m}`" for m in sorted(metrics, key=_test_order) if HEADLINE_TEST.fullmatch(m)]
+    return columns
+
+
+def _test_order(metric: str) -> tuple[int, str]:
+    return ({"test_avg": 0, "test_transfer_avg": 1, "test_mteb_avg": 2}.get(metric, 3), metric)
+
+
+def set_headline_view(experiment_id: str, max_runs: int = 1000) -> list[str]:
+    """Write `HEADLINE_VIEW` into experiment ``experiment_id`` from what its (last ``max_runs``) runs
+    log, sorted by the best dev score where there is one; returns its columns."""
+    import json
+
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    runs = client.search_runs([experiment_id], max_results=max_runs)
+    params = {k for r in runs for k in r.data.params}
+    metrics = {k for r in runs for k in r.data.metrics}
+    tags = {k for r in runs for k in r.data.tags}
+    columns = headline_columns(params, metrics, tags)
+    dev = next((f"metrics.`{m}`" for m in HEADLINE_DEV if m in metrics), None)
+    view: dict[str, Any] = {"selectedColumns": columns, "runsHiddenMode": "SHOW_ALL"}
+    if dev:
+        view |= {"orderByKey": dev, "orderByAsc": False}
+    client.set_experiment_tag(experiment_id, SHARED_VIEW_TAG + HEADLINE_VIEW, json.dumps(view))
+    return columns
 
 
 def experiment_urls(cfg: Config, base: str) -> dict[str, str]:
@@ -70,6 +125,7 @@ def experiment_urls(cfg: Config, base: str) -> dict[str, str]:
                                       order_by=["name ASC"])
     for exp in found:
         mark_model_training(exp.experiment_id, exp.tags)
+        set_headline_view(exp.experiment_id)
     return {exp.name: ui_url(base, exp.experiment_id) for exp in found}
 
 
@@ -77,12 +133,13 @@ DESCRIPTION_TAG = "mlflow.note.content"  # what the MLflow UI shows as an experi
 
 EXPERIMENT_DESCRIPTIONS = {
     "ablate": "Ablation tables (DVC stage ablate, Prefect flow ablations). One parent run per ablation, "
-              "named 'ablation <preset>': the table (ablation_table.md / .json), each variant's mean, std and "
-              "seeds as metrics <variant>/<score>_mean|_std|seeds, the comparison figure and the paper figures "
-              "its preset asks for. Each variant x seed is a nested run '<variant>-seed<seed>' (tags "
-              "ablation.variant, ablation.seed) with its training curves and test_* scores.",
-    "sweep": "Optuna sweeps (mmcse sweep, Prefect flow sweep). One run per worker, named 'sweep <study>', "
-             "with trials_finished and best_value; each trial is a nested run 'trial <n>' whose value is its best "
+              "named `ablation <preset>`: the table (ablation_table.md / .json), each variant's mean, std and "
+              "seeds as metrics `<variant>/<score>_mean|_std|seeds`, the comparison figure (figures/ablation.png: "
+              "the headline scores per variant) and the paper figures its preset asks for. Each variant x seed is "
+              "a nested run `<variant>-seed<seed>` (tags ablation.variant, ablation.seed) with its training "
+              "curves and `test_*` scores.",
+    "sweep": "Optuna sweeps (mmcse sweep, Prefect flow sweep). One run per worker, named `sweep <study>`, "
+             "with trials_finished and best_value; each trial is a nested run `trial <n>` whose value is its best "
              "dev score (val rsum for duet / vsepp).",
     "figures": "Figures comparing finished runs (mmcse figures), logged when no parent run is named.",
 }
@@ -93,10 +150,11 @@ def experiment_description(name: str) -> str:
     train stage experiment (``name`` = the method)."""
     return EXPERIMENT_DESCRIPTIONS.get(name, (
         f"Trainings of train.method {name} (DVC stages train + evaluate). One run per training, named "
-        f"'{name}-seed<seed>': params (the whole config), the dev score at each dev evaluation (dev_sts, or "
-        "dev_rsum for duet / vsepp), loss terms loss/*, best_dev_* at the end, the test scores test_*, figures "
-        "and the environment (env.* tags). A resumed training continues its run (mmcse.resumed_from_step); a "
-        "restart from step 0 opens a new one (mmcse.restarted_from_run)."))
+        f"`{name}-seed<seed>`: params (the whole config), the dev score at each dev evaluation (dev_sts, or "
+        "dev_rsum for duet / vsepp), loss terms `loss/*`, `best_dev_*` at the end, the test scores `test_*` "
+        "(the keys of metrics/eval.json), figures and the environment (`env.*` tags). A resumed training "
+        "continues its run (mmcse.resumed_from_step); a restart from step 0 opens a new one "
+        "(mmcse.restarted_from_run)."))
 
 
 def mark_model_training(experiment_id: str, tags: dict[str, str] | None = None, name: str | None = None) -> None:
@@ -349,8 +407,9 @@ def note_resumed_environment(run_id: str, env: dict[str, str]) -> None:
 
 
 def metric_name(key: str) -> str:
-    """An mmcse score name as MLflow accepts it (alphanumerics, ``_ - . / :`` and spaces):
-    ``i2t_R@1`` → ``i2t_R1``, ``NDCG@25`` → ``NDCG25``; metrics/eval.json keeps the exact names."""
+    """A name as MLflow accepts it (alphanumerics, ``_ - . / :`` and spaces). Score keys already
+    are (`mmcse.evaluation.names`: ``i2t_R1``, the same key in metrics/*.json); a name written the
+    conventional way (``i2t_R@1``) gets that same mapping, anything else MLflow refuses is dropped."""
     return re.sub(r"[^A-Za-z0-9_\-./: ]", "", key.replace("@", ""))
 
 

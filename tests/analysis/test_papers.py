@@ -127,3 +127,27 @@ def test_every_table_and_figure_has_its_preset_and_every_figure_draws_something(
         cfg = load_config(REPO / "params.yaml", {"ablate.preset": table.preset})
         if table.kind == "figure":
             assert cfg.ablate.figures or cfg.ablate.plot_x, (table.key, "draws nothing")
+
+
+@pytest.mark.parametrize("pairs", ["demo", "flickr30k", "coco"])
+def test_every_retrieval_column_a_paper_maps_is_a_key_the_evaluation_writes(pairs):
+    """The column maps name the keys `test_set_metrics` writes for the data's test set (the set
+    names of `retrieval_set_name`, R@K keyed RK): a map naming anything else would leave its cells
+    empty in every report."""
+    import numpy as np
+
+    from mmcse.analysis.papers import known_metric
+    from mmcse.data.prepare import retrieval_set_name
+    from mmcse.evaluation.names import ndcg_key
+    from mmcse.evaluation.ndcg import KINDS, K
+    from mmcse.evaluation.retrieval import retrieval_metrics
+
+    rng = np.random.default_rng(0)
+    names = {retrieval_set_name(pairs)} | ({"coco_1k"} if pairs == "coco" else set())
+    recall = retrieval_metrics(rng.normal(size=(4, 3)), rng.normal(size=(8, 3)), [0, 0, 1, 1, 2, 2, 3, 3])
+    ndcg = [ndcg_key(K, kind, d) for kind in KINDS for d in ("i2t", "t2i", None)]
+    written = {f"{name}_{k}" for name in names for k in [*recall, *ndcg]}
+    assert all(known_metric(k) for k in written)
+    mapped = {m for paper in list_papers() for table in load_paper(paper).tables.values()
+              for m in table.columns.values() if any(m.startswith(f"{n}_") for n in names)}
+    assert mapped <= written and (mapped or pairs == "demo")  # DALR Table 4 (flickr30k), DUET Tables 1-2 (coco)

@@ -258,3 +258,23 @@ def test_a_wide_table_prints_as_aligned_blocks_within_120_columns():
             assert all(line[s - 1] == " " for s in starts[1:])
     assert "0.00 ± 0.10" in text and text.rstrip().endswith("a note that runs on")
     assert terminal_table("no table here") == "no table here"
+
+
+def test_headline_metrics_put_the_primary_first_and_leave_out_the_per_direction_scores():
+    from mmcse.analysis.tables import headline_metrics
+
+    row = {f"{m}_mean": 1.0 for m in ("STS12", "avg", "alignment", "demo_i2t_R1", "demo_rsum",
+                                      "demo_i2t_NDCG25_rouge_l", "demo_NDCG25_rouge_l", "transfer_avg")}
+    assert headline_metrics([row], "avg") == ["avg", "transfer_avg", "demo_NDCG25_rouge_l", "demo_rsum"]
+    assert headline_metrics([row], "demo_rsum", limit=2) == ["demo_rsum", "avg"]
+    assert headline_metrics([], "avg") == ["avg"]
+
+
+def test_the_run_description_cuts_whole_lines_and_names_the_artifact():
+    from mmcse.experiments.ablation_record import run_description
+
+    table = "".join(f"| row{i} | {i} |\n" for i in range(100))
+    assert run_description(table, limit=10_000) == table
+    cut = run_description(table, limit=300)
+    assert len(cut) <= 300 and cut.startswith("| row0 | 0 |\n") and cut.endswith("ablation.md)\n")
+    assert all(line.startswith("| row") and line.endswith("|") for line in cut.split("\n\n")[0].splitlines())

@@ -208,7 +208,7 @@ def direct_threshold_stats(t, v, owner, thresholds):
     out["tv_pos_mean"] = sum(pos) / len(pos)
     out["tv_neg_mean"] = sum(neg) / len(neg)
     for k in (1, 5, 10):
-        out[f"teacher_i2t_R@{k}"] = 100 * sum(r <= k for r in best) / n_i
+        out[f"teacher_i2t_R{k}"] = 100 * sum(r <= k for r in best) / n_i
     out["rank_mean"] = sum(best) / n_i
     out["worst_rank_mean"] = sum(worst) / n_i
     out["worst_rank_max"] = max(worst)
@@ -236,7 +236,7 @@ def test_threshold_statistics_by_hand():
     # same-image caption pairs (0,1) and (3,4), both ways: α = 0.6
     assert stats["tt_same_above_0.5"] == 1.0 and stats["tt_same_above_0.7"] == 0.0
     # image 1's only caption scores 0, tied with the four others (ties count against): rank 5
-    assert stats["teacher_i2t_R@1"] == pytest.approx(200 / 3) and stats["teacher_i2t_R@5"] == 100.0
+    assert stats["teacher_i2t_R1"] == pytest.approx(200 / 3) and stats["teacher_i2t_R5"] == 100.0
     assert stats["rank_mean"] == pytest.approx((1 + 5 + 1) / 3)
     # worst true caption: image 0 -> caption 1 (0.6) at position 3 (after 1.0, tied with caption 2's 0.6);
     # image 1 -> 5; image 2 -> caption 3 (0.6) at 3 (after 1.0 and 0.8)
@@ -257,7 +257,7 @@ def test_threshold_statistics_match_the_transcription_on_random_features():
         assert got[key] == pytest.approx(value, abs=1e-12), key
     assert np.allclose(s.positive_alpha, pos)
     assert s.negative_hist.sum() == s.n_negative == len(owner) * 8
-    assert 0 < got["teacher_i2t_R@1"] < 100 and 0 < got["tv_neg_above_0.5"] < 1  # not a trivial case
+    assert 0 < got["teacher_i2t_R1"] < 100 and 0 < got["tv_neg_above_0.5"] < 1  # not a trivial case
     # same numbers in one chunk
     assert threshold_metrics(threshold_summary(t, v, owner, ths, text_anchors=None)) == pytest.approx(got)
 
@@ -329,7 +329,7 @@ def test_threshold_cli_on_a_teacher_cache(tmp_path, monkeypatch):
     metrics = json.loads((tmp_path / "metrics/threshold.json").read_text())
     assert _png_size(tmp_path / "plots/kdmcse_threshold.png")[0] > 0
     want, _ = direct_threshold_stats(t.astype(np.float64), v.astype(np.float64), owner.tolist(), (0.7, 0.9))
-    for key in ("tv_neg_above_0.7", "tt_neg_above_0.9", "tv_pos_mean", "rank_mean", "teacher_i2t_R@1",
+    for key in ("tv_neg_above_0.7", "tt_neg_above_0.9", "tv_pos_mean", "rank_mean", "teacher_i2t_R1",
                 "worst_rank_mean"):
         assert metrics[key] == pytest.approx(want[key], abs=1e-6), key
     assert metrics["n_captions"] == 16 and "tv_neg_above_0.9" in metrics  # params.yaml's threshold is a candidate
@@ -553,3 +553,22 @@ def test_a_job_manifest_reads_its_sets_from_the_lookup_folders(tmp_path):
     assert np.array_equal(got_t, t) and np.array_equal(got_v[rows], v[owner])
     with pytest.raises(FileNotFoundError, match="in none of"):
         cached_joint_teacher(cache, tmp_path / "data/raw", manifest)
+
+
+def test_ablation_bars_draw_a_panel_per_headline_score_with_each_variants_mean():
+    import math
+
+    import matplotlib.pyplot as plt
+
+    from mmcse.evaluation.plots import ablation_bars
+
+    fig = ablation_bars(["mcse", "simcse"], [("STS avg", [66.42, 66.36], [0.23, 0.12]),
+                                             ("demo_rsum", [32.6, math.nan], [7.2, math.nan])], "demo")
+    axes = fig.get_axes()
+    assert [ax.get_title() for ax in axes] == ["STS avg (mean ± std)", "demo_rsum (mean ± std)"]
+    assert [p.get_height() for p in axes[0].patches] == pytest.approx([66.42, 66.36])
+    assert [t.get_text() for t in axes[0].texts] == ["66.42", "66.36"]
+    assert [t.get_text() for t in axes[1].texts] == ["32.60"]  # a variant without the score: no label
+    lo, hi = axes[0].get_ylim()
+    assert 60 < lo < 66.19 and 66.65 < hi < 72  # the bars and their std inside, zoomed: not drawn from 0
+    plt.close(fig)

@@ -22,7 +22,7 @@ def transcribed(image_emb, text_emb, text_image):
     out = {}
     for name, ranks in (("i2t", i2t_ranks), ("t2i", t2i_ranks)):
         for k in (1, 5, 10):
-            out[f"{name}_R@{k}"] = 100.0 * sum(r < k for r in ranks) / len(ranks)
+            out[f"{name}_R{k}"] = 100.0 * sum(r < k for r in ranks) / len(ranks)
     out["rsum"] = sum(out.values())
     return out
 
@@ -37,15 +37,15 @@ def test_matches_the_transcription_on_random_embeddings_with_five_captions_per_i
     assert got.keys() == want.keys()
     for k in want:
         assert got[k] == pytest.approx(want[k]), k
-    assert 0 < got["i2t_R@1"] < 100 and 0 < got["t2i_R@1"] < 100  # the case is not trivial
+    assert 0 < got["i2t_R1"] < 100 and 0 < got["t2i_R1"] < 100  # the case is not trivial
 
 
 def test_perfect_embeddings_score_600():
     images = np.eye(4)
     owner = [0, 0, 1, 2, 3, 3]
     assert retrieval_metrics(images, images[owner], owner) == {
-        "i2t_R@1": 100.0, "i2t_R@5": 100.0, "i2t_R@10": 100.0,
-        "t2i_R@1": 100.0, "t2i_R@5": 100.0, "t2i_R@10": 100.0, "rsum": 600.0}
+        "i2t_R1": 100.0, "i2t_R5": 100.0, "i2t_R10": 100.0,
+        "t2i_R1": 100.0, "t2i_R5": 100.0, "t2i_R10": 100.0, "rsum": 600.0}
 
 
 def test_ties_count_against_the_model_and_k_beyond_the_gallery():
@@ -54,8 +54,8 @@ def test_ties_count_against_the_model_and_k_beyond_the_gallery():
     owner = [0, 0, 1, 1, 2, 2]
     got = retrieval_metrics(images, texts, owner)
     # i2t: 4 other captions tie above the best own one (rank 4): R@1 0, R@5 100; t2i: 2 images above
-    assert (got["i2t_R@1"], got["i2t_R@5"], got["i2t_R@10"]) == (0.0, 100.0, 100.0)
-    assert (got["t2i_R@1"], got["t2i_R@5"], got["t2i_R@10"]) == (0.0, 100.0, 100.0)
+    assert (got["i2t_R1"], got["i2t_R5"], got["i2t_R10"]) == (0.0, 100.0, 100.0)
+    assert (got["t2i_R1"], got["t2i_R5"], got["t2i_R10"]) == (0.0, 100.0, 100.0)
     assert got == transcribed(images, texts, owner)
 
 
@@ -67,9 +67,9 @@ def test_a_caption_shared_by_two_images():
     owner = [0, 1, 2]
     got = retrieval_metrics(images, texts, owner)
     # t2i: images 0 and 1 tie for the shared caption, so each copy ranks second; caption 2 is exact
-    assert got["t2i_R@1"] == pytest.approx(100 / 3) and got["t2i_R@5"] == 100.0
+    assert got["t2i_R1"] == pytest.approx(100 / 3) and got["t2i_R5"] == 100.0
     # i2t: image 0's own copy ties with image 1's copy: rank 1; same for image 1; image 2 rank 0
-    assert got["i2t_R@1"] == pytest.approx(100 / 3) and got["i2t_R@5"] == 100.0
+    assert got["i2t_R1"] == pytest.approx(100 / 3) and got["i2t_R5"] == 100.0
     assert got == pytest.approx(transcribed(images, texts, owner))
 
 
@@ -113,4 +113,4 @@ def test_any_block_size_gives_the_same_ranks_as_one_block(block):
     got = retrieval_metrics(images, texts, owner, block=block)
     assert got == pytest.approx(transcribed(images, texts, owner.tolist()))
     ties = retrieval_metrics(np.ones((3, 4)), np.ones((6, 4)), [0, 0, 1, 1, 2, 2], block=block)
-    assert (ties["i2t_R@1"], ties["t2i_R@1"], ties["i2t_R@5"]) == (0.0, 0.0, 100.0)
+    assert (ties["i2t_R1"], ties["t2i_R1"], ties["i2t_R5"]) == (0.0, 0.0, 100.0)

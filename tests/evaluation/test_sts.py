@@ -123,15 +123,30 @@ def test_cli_prints_senteval_task_names(tmp_path, senteval_dir, tiny_model_dir):
     import shutil
 
     sts = tmp_path / "downstream" / "STS"
-    shutil.copytree(senteval_dir / "downstream" / "STS" / "STS16-en-test", sts / "STS16-en-test")
+    for task in ("STS15-en-test", "STS16-en-test"):
+        shutil.copytree(senteval_dir / "downstream" / "STS" / task, sts / task)
     out = subprocess.run(
         [sys.executable, "-m", "mmcse.cli", "eval", "--model", str(tiny_model_dir),
          "--senteval-dir", str(tmp_path), "--pooler", "avg"],
         capture_output=True, text=True, check=True,
     )
     scores = json.loads(out.stdout)
-    assert set(scores) == {"STS16", "avg"}  # missing tasks omitted, not zero
-    assert scores["avg"] == pytest.approx(scores["STS16"], abs=1e-4)
+    assert set(scores) == {"STS15", "STS16", "avg"}  # missing tasks omitted, not zero
+    assert scores["avg"] == pytest.approx((scores["STS15"] + scores["STS16"]) / 2, abs=1e-4)
+
+
+def test_one_task_is_reported_once_as_the_average():
+    """One name per number: a single task's average is that task's score, so only ``avg`` holds it;
+    ``task_scores`` still names the task (its scatter panel)."""
+    rng = np.random.default_rng(0)
+    vectors = {f"s{i}": rng.normal(size=4) for i in range(12)}
+    pairs = [SentencePair("STSB", "test", f"s{i}", f"s{i + 6}", float(i % 5)) for i in range(6)]
+    one = evaluate_sts(lambda batch: np.stack([vectors[s] for s in batch]), {"STSB": pairs})
+    assert set(one.scores) == {"avg"} and set(one.task_scores) == {"STSB"}
+    assert one.scores["avg"] == one.task_scores["STSB"] != 0
+    two = evaluate_sts(lambda batch: np.stack([vectors[s] for s in batch]), {"A": pairs[:3], "B": pairs[3:]})
+    assert set(two.scores) == {"A", "B", "avg"} and two.scores["avg"] == pytest.approx(
+        (two.scores["A"] + two.scores["B"]) / 2)
 
 
 def test_cli_offline_model_id_fails_fast(tmp_path, monkeypatch, senteval_dir):

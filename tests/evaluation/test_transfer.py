@@ -201,9 +201,9 @@ def test_cli_scores_transfer_tasks(tmp_path, transfer_dir):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     scores = json.loads(out.stdout)
-    assert set(scores) == {"STS16", "avg", "TREC", "transfer_avg"}
-    assert scores["TREC"] > 60  # 6 classes; the majority class of the test subset is ~ 25 %
-    assert scores["transfer_avg"] == pytest.approx(scores["TREC"])
+    # one STS task and one transfer task: each is its average, reported once (one name per number)
+    assert set(scores) == {"avg", "transfer_avg"}
+    assert scores["transfer_avg"] > 60  # TREC's 6 classes; the majority class of the test subset is ~ 25 %
 
     missing = subprocess.run(
         [sys.executable, "-m", "mmcse.cli", "eval", "--model", "packaged:all-MiniLM-L6-v2",
@@ -228,6 +228,6 @@ def test_evaluate_stage_probes_the_tasks_in_data_raw(project, transfer_dir):
     write_jsonl(paths.raw / "transfer" / "TREC.jsonl", train + test)
     model = resolve_model("packaged:all-MiniLM-L6-v2")
     scores = run_evaluate(cfg, paths, model)
-    assert {"DemoSTS", "avg", "TREC", "transfer_avg", "alignment", "uniformity"} == set(scores)
-    assert scores["TREC"] > 60 and scores["transfer_avg"] == scores["TREC"]
-    assert set(run_evaluate(cfg, paths, model, transfer=False)) == {"DemoSTS", "avg", "alignment", "uniformity"}
+    assert {"avg", "transfer_avg", "alignment", "uniformity"} == set(scores)  # TREC alone: its average
+    assert scores["transfer_avg"] > 60
+    assert set(run_evaluate(cfg, paths, model, transfer=False)) == {"avg", "alignment", "uniformity"}

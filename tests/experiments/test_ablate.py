@@ -251,3 +251,36 @@ def test_tagged_runs_record_the_device_and_cuda_visible_devices(tmp_path, monkey
     assert tags[parent.info.run_id]["prefect.worker"] == "gpu-3"
     assert tags[job.info.run_id]["device"] == "overridden" and tags[job.info.run_id]["cuda_visible_devices"] == "3"
     assert "cuda_visible_devices" not in tags[plain.info.run_id]
+
+
+def test_a_job_recorded_under_older_score_names_is_evaluated_again_not_retrained(project, monkeypatch):
+    """result.json from before one-name-per-number (``DemoSTS`` beside ``avg``, ``demo_i2t_R@1``):
+    the rerun evaluates the job's best checkpoint again and rewrites the result under today's names,
+    with the same numbers, and trains nothing; a current result is reused as it is."""
+    import json
+
+    import mmcse.pipeline.train
+    from mmcse.config import load_config
+    from mmcse.experiments.ablate import SCORE_NAMES, Job, run_job
+
+    cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 2, "train.eval_steps": 2})
+    job = Job("mcse", 1, {"base.seed": 1})
+    first = run_job(cfg, job, project / "ablation")
+    assert first["score_names"] == SCORE_NAMES and "DemoSTS" not in first["scores"]
+    path = project / "ablation/mcse/seed1/result.json"
+    old = json.loads(path.read_text())
+    old.pop("score_names")
+    old["scores"] = {**{k.replace("_R", "_R@"): v for k, v in old["scores"].items()}, "DemoSTS": old["scores"]["avg"]}
+    path.write_text(json.dumps(old))
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a finished job was trained again")
+
+    monkeypatch.setattr(mmcse.pipeline.train, "run_train", no_training)
+    again = run_job(cfg, job, project / "ablation")
+    assert again["skipped"] and again["score_names"] == SCORE_NAMES
+    assert again["scores"] == pytest.approx(first["scores"], abs=1e-6)  # today's names, the same numbers
+    assert json.loads(path.read_text())["scores"] == pytest.approx(first["scores"], abs=1e-6)
+    calls = []
+    monkeypatch.setattr("mmcse.experiments.ablate._evaluate", lambda *a, **k: calls.append(a) or {})
+    assert run_job(cfg, job, project / "ablation")["scores"] == again["scores"] and not calls  # reused as is

@@ -157,5 +157,5 @@ def test_the_teacher_figures_read_the_first_rows_teacher_cache(project):
     s = threshold_summary(*cached_joint_teacher(paths.teachers, paths.raw), candidates, seed=cfg.base.seed)
     want = threshold_metrics(s)
     assert got["teacher/rank_mean"] == pytest.approx(want["rank_mean"])
-    assert got["teacher/teacher_i2t_R1"] == pytest.approx(want["teacher_i2t_R@1"])
+    assert got["teacher/teacher_i2t_R1"] == pytest.approx(want["teacher_i2t_R1"])
     assert got["teacher/tv_neg_above_0.9"] == pytest.approx(want["tv_neg_above_0.9"])

@@ -7,6 +7,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -51,11 +52,13 @@ def test_dvc_repro_produces_every_artifact(repo_copy):
                  "plots/sts_scatter.png", "plots/ablation.png",
                  "plots/tsne.png", "plots/dev_geometry.csv", "plots/geometry_trajectory.png", "dvc.lock"):
         assert (root / path).is_file(), path
-    scores = json.loads((root / "metrics/eval.json").read_text())
-    retrieval = {f"demo_{d}_R@{k}" for d in ("i2t", "t2i") for k in (1, 5, 10)} | {"demo_rsum"}
-    ndcg = {f"demo_{d}NDCG@25_rouge_l" for d in ("i2t_", "t2i_", "")}
+    record = json.loads((root / "metrics/eval.json").read_text())
+    assert all(k.startswith("test_") for k in record)  # keyed as in MLflow (one name per number)
+    scores = {k.removeprefix("test_"): v for k, v in record.items()}
+    retrieval = {f"demo_{d}_R{k}" for d in ("i2t", "t2i") for k in (1, 5, 10)} | {"demo_rsum"}
+    ndcg = {f"demo_{d}NDCG25_rouge_l" for d in ("i2t_", "t2i_", "")}
     geometry = {"alignment", "uniformity", "cluster_silhouette"}
-    assert set(scores) == {"DemoSTS", "avg"} | retrieval | ndcg | geometry and -100 <= scores["avg"] <= 100
+    assert set(scores) == {"avg"} | retrieval | ndcg | geometry and -100 <= scores["avg"] <= 100
     assert 0 <= scores["alignment"] <= 4 and scores["uniformity"] < 0 and -1 <= scores["cluster_silhouette"] <= 1
     assert all(0 < scores[k] <= 1 for k in ndcg)
     assert len(list((root / "data/relevance").glob("rouge_l-*.npy"))) == 1
@@ -94,13 +97,93 @@ def test_mlflow_has_runs_params_curves_table_and_figures(repo_copy):
         assert db.execute("select value from params where run_uuid=? and key='loss.lambda_img'",
                           (run_id,)).fetchone()[0] == "0.1"
         test_metrics = {r[0] for r in db.execute("select key from metrics where run_uuid=?", (run_id,))}
-        assert {"test_avg", "test_DemoSTS", "loss/simcse", "loss/image", "test_demo_i2t_R1",
-                "test_demo_rsum"} <= test_metrics
+        assert {"test_avg", "loss/simcse", "loss/image", "test_demo_i2t_R1", "test_demo_rsum"} <= test_metrics
+        # one name per number: the test scores are eval.json's keys, the dev score is dev_sts alone
+        record = json.loads((root / "metrics/eval.json").read_text())
+        assert {k for k in test_metrics if k.startswith("test_")} == set(record)
+        assert {k for k in test_metrics if k.startswith("dev_")} == {"dev_sts", "dev_alignment", "dev_uniformity"}
         # the evaluated student as an MLflow model of the run (its "Logged models")
         (uri,) = db.execute("select value from tags where run_uuid=? and key='mmcse.model_uri'", (run_id,)).fetchone()
         assert uri.startswith("models:/")
     artifacts = {p.name for p in (root / "mlruns/artifacts").rglob("*") if p.is_file()}
     assert {"ablation_table.json", "ablation.png", "sts_scatter.png", "training_curves.png", "MLmodel"} <= artifacts
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _page(url: str, tmp_path: Path, name: str) -> str:
+    """The page at ``url`` as headless Chromium draws it in a 2400×1600 window: its DOM (scripts
+    left out) and a screenshot ``<name>.png`` beside it (what a user sees, kept for a failure)."""
+    from tests.test_dvc_plots import chromium
+
+    common = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-extensions",
+              f"--user-data-dir={tmp_path / 'chrome-profile'}", "--window-size=2400,1600",
+              "--virtual-time-budget=20000"]
+    shot = subprocess.run([*common, f"--screenshot={tmp_path / name}.png", url], capture_output=True, timeout=180)
+    assert shot.returncode == 0 and (tmp_path / f"{name}.png").stat().st_size > 10_000, shot.stderr[-2000:]
+    dom = subprocess.run([*common, "--dump-dom", url], capture_output=True, text=True, timeout=180)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    return re.sub(r"<script\b.*?</script>", "", dom.stdout, flags=re.DOTALL)
+
+
+def _text(html: str) -> str:
+    return re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html))
+
+
+@pytest.mark.skipif(shutil.which("chromium-headless-shell") is None and shutil.which("chromium") is None,
+                    reason="no Chromium (Debian: apt-get install chromium-headless-shell)")
+def test_mlflow_views_show_the_scores_without_configuring(repo_copy, tmp_path):
+    """`mmcse ui` as a user starts it after the quick start: the runs table it links shows the method,
+    seed, best dev score and test scores of the train stage's run, and the ablation parent's page
+    shows the variants' headline table (mean ± std), drawn by the real MLflow UI in headless Chromium."""
+    import urllib.request
+
+    root, env = repo_copy
+    port = _free_port()
+    ui = subprocess.Popen([sys.executable, "-m", "mmcse.cli", "ui", "--no-dashboard", "--port", str(port)], cwd=root,
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        while not lines or "Ctrl-C stops them." not in lines[-1]:
+            line = ui.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        urls = dict(re.findall(r"^\s+(mmcse-\w+): (\S+)$", "".join(lines), flags=re.MULTILINE))
+        for _ in range(120):  # the server answers /health once it has started
+            try:
+                if urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2).status == 200:
+                    break
+            except OSError:
+                time.sleep(1)
+        record = json.loads((root / "metrics/eval.json").read_text())
+        best = json.loads((root / "metrics/train.json").read_text())["best_dev_sts"]
+        table = _text(_page(urls["mmcse-mcse"], tmp_path, "runs"))
+        for column in ("train.method", "base.seed", "best_dev_sts", "test_avg", "test_demo_rsum",
+                       "test_demo_NDCG25_rouge_l"):
+            assert column in table, column
+        assert "mcse-seed42" in table and "mcse" in table
+        # the cells: MLflow prints the logged values (cut to the column's width), eval.json rounds to 4 places
+        assert f"{best:.2f}" in table and f"{record['test_avg']:.2f}" in table, table[:3000]
+
+        with sqlite3.connect(root / "mlruns/mlflow.db") as db:
+            experiment_id, parent_id = db.execute(
+                "select r.experiment_id, r.run_uuid from runs r join experiments e on e.experiment_id = "
+                "r.experiment_id where e.name = 'mmcse-ablate' and r.name like 'ablation %'").fetchone()
+        page = _text(_page(f"http://127.0.0.1:{port}/#/experiments/{experiment_id}/runs/{parent_id}"
+                           "?workflowType=machine_learning", tmp_path, "ablation"))
+        summary = json.loads((root / "metrics/ablate.json").read_text())["variants"]
+        assert "STS avg" in page and "p vs mcse (STS avg)" in page
+        for variant, cell in summary.items():
+            assert f"{variant} {cell['mean']:.2f} ± {cell['std']:.2f}" in page, (variant, page[:3000])
+    finally:
+        ui.terminate()
+        ui.wait(timeout=30)
 
 
 def test_dvc_exp_run_reruns_only_what_changed(repo_copy):
@@ -111,7 +194,19 @@ def test_dvc_exp_run_reruns_only_what_changed(repo_copy):
     assert "Running stage 'train'" in log
     shown = subprocess.run(["dvc", "exp", "show", "--json"], cwd=root, env=env, capture_output=True,
                            text=True, check=True).stdout
-    assert '"avg"' in shown and "0.05" in shown
+    assert '"test_avg"' in shown and "0.05" in shown
+    # `mmcse runs`: the experiments at a glance in 200 columns (dvc exp show lists ~400 there)
+    table = _run([sys.executable, "-m", "mmcse.cli", "runs", "--width", "200"], root, env)
+    lines = table.splitlines()
+    assert max(len(line) for line in lines) <= 200 and lines[0].split()[:4] == ["experiment", "created", "method",
+                                                                               "changed"]
+    exp_record = json.loads(shown)[1]["experiments"][0]["revs"][0]
+    # the experiment and the workspace it left behind, each with the param it changed against the commit
+    (exp_line,) = [line for line in lines if line.startswith(exp_record["name"] + " ")]
+    assert "loss.lambda_img=0.05" in exp_line and "loss.lambda_img=0.05" in next(
+        line for line in lines if line.startswith("workspace "))
+    test_avg = exp_record["data"]["metrics"]["metrics/eval.json"]["data"]["test_avg"]
+    assert "best_dev_sts" in lines[0] and "test_avg" in lines[0] and f"{test_avg:.2f}" in exp_line
     _run(["dvc", "plots", "show", "-o", "dvc_plots"], root, env)
     assert (root / "dvc_plots/index.html").stat().st_size > 1000
 

@@ -28,6 +28,7 @@ import yaml
 
 from mmcse.config import TRANSFER_TASKS, ConfigError
 from mmcse.data.senteval import STS_TASKS
+from mmcse.evaluation.names import score_key
 
 PAPERS_DIR = "papers"
 PAPERS = ("dalr", "kdmcse", "mcseo", "duet")
@@ -40,14 +41,14 @@ CELL = re.compile(r"([-+]?\d+(?:\.\d+)?)(\*?)(?:±(\d+(?:\.\d+)?))?")
 PRINTED_NUMBER = re.compile(r"[-+]?\d+(?:[.,]\d+)?")
 
 # Metrics a job reports (`mmcse.pipeline.evaluate`, `mmcse.experiments.ablate`), by pattern.
-RETRIEVAL_SET = r"(demo|flickr30k|coco_5k|coco_1k)"
+RETRIEVAL_SET = r"(demo|flickr30k_1k|coco_5k|coco_1k)"  # `mmcse.data.prepare.retrieval_set_name`
 METRIC_PATTERNS = (
     "|".join(re.escape(t) for t in (*STS_TASKS, "avg", *TRANSFER_TASKS, "transfer_avg", "alignment", "uniformity",
                                      "train_minutes")),
     r"mteb_type_(Reranking|Classification|Retrieval|STS)",
-    rf"{RETRIEVAL_SET}_(i2t|t2i)_R@(1|5|10)",
+    rf"{RETRIEVAL_SET}_(i2t|t2i)_R(1|5|10)",
     rf"{RETRIEVAL_SET}_rsum",
-    rf"{RETRIEVAL_SET}_((i2t|t2i)_)?NDCG@25_(rouge_l|spice)",
+    rf"{RETRIEVAL_SET}_((i2t|t2i)_)?NDCG25_(rouge_l|spice)",
 )
 
 
@@ -168,7 +169,7 @@ def _table(paper: str, key: str, raw: Any, where: str) -> PaperTable:
     preset = str(raw.get("preset") or "")
     if preset != f"{paper}-{key}":
         raise ConfigError(f"{where}: preset must be {paper}-{key} (one preset per numbered table), got {preset!r}")
-    columns = {str(k): str(v) for k, v in _mapping(raw.get("columns") or {}, f"{where}.columns").items()}
+    columns = {str(k): score_key(str(v)) for k, v in _mapping(raw.get("columns") or {}, f"{where}.columns").items()}
     unknown = [m for m in columns.values() if not known_metric(m)]
     if unknown:
         raise ConfigError(f"{where}.columns: {unknown} are not metrics a job reports")

@@ -15,6 +15,7 @@ import numpy as np
 
 from mmcse.analysis.statistics import ALPHA, FEW_SEEDS, MARKER, significance
 from mmcse.config import Config
+from mmcse.evaluation.names import display_name, score_key
 from mmcse.io import write_text
 from mmcse.tracking import metric_name
 
@@ -28,7 +29,7 @@ def aggregate_metrics(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
         name = re.sub(r"[^A-Za-z0-9_. -]+", "_", row["variant"]).strip() or "variant"  # MLflow's name rules
         for key, value in row.items():
             if key.endswith(("_mean", "_std", "_p")) and isinstance(value, int | float) and math.isfinite(value):
-                out[metric_name(f"{name}/{key}")] = float(value)  # demo_i2t_R@1_mean -> demo_i2t_R1_mean
+                out[metric_name(f"{name}/{key}")] = float(value)  # mcse/demo_i2t_R1_mean
         out[f"{name}/seeds"] = float(row["seeds"])
     return out
 
@@ -37,19 +38,31 @@ TRANSFER_AVG = "transfer_avg"
 
 
 # A retrieval score named without its test set (a preset that runs on any data: duet-table2)
-BARE_RETRIEVAL = re.compile(r"^(rsum|(i2t|t2i)_R@\d+|((i2t|t2i)_)?NDCG@\d+_\w+)$")
+BARE_RETRIEVAL = re.compile(r"^(rsum|(i2t|t2i)_R\d+|((i2t|t2i)_)?NDCG\d+_\w+)$")
 
 
 def table_metric(cfg: Config) -> str:
     """The table's primary column: ``ablate.metric``, where a bare retrieval score (``rsum``,
-    ``i2t_R@1``, ``NDCG@25_rouge_l``) gets the data's test set as its prefix (``demo_rsum``,
+    ``i2t_R1``, ``NDCG25_rouge_l``) gets the data's test set as its prefix (``demo_rsum``,
     ``flickr30k_1k_rsum``; COCO: the 1K folds the papers' ablations report, ``coco_1k_rsum``)."""
     from mmcse.data.prepare import retrieval_set_name
 
-    metric = cfg.ablate.metric
+    metric = score_key(cfg.ablate.metric)  # i2t_R@1 and i2t_R1 name the same column
     if not BARE_RETRIEVAL.match(metric):
         return metric
     return f"{'coco_1k' if cfg.data.pairs == 'coco' else retrieval_set_name(cfg.data.pairs)}_{metric}"
+
+
+# the scores an ablation compares at a glance (`headline_metrics`), after its primary metric
+HEADLINE = re.compile(r"avg|transfer_avg|mteb_avg|\w+_rsum|\w*(?<!i2t_)(?<!t2i_)NDCG\d+_\w+")
+
+
+def headline_metrics(rows: Sequence[dict[str, Any]], primary: str, limit: int = 4) -> list[str]:
+    """The table's headline scores (at most ``limit``): ``primary`` first, then the STS /
+    transfer / MTEB averages, each test set's rsum and its NDCG means that the rows hold."""
+    held = [k[: -len("_mean")] for k in (rows[0] if rows else {}) if k.endswith("_mean")]
+    rest = [m for m in held if m != primary and HEADLINE.fullmatch(m)]
+    return [primary, *sorted(rest, key=lambda m: (m not in ("avg", TRANSFER_AVG), m))][:limit]
 
 
 def metric_order(metrics: Sequence[str]) -> list[str]:
@@ -174,14 +187,21 @@ def aggregate(cfg: Config, results: Sequence[dict[str, Any]]) -> list[dict[str, 
 LABELS = {"avg": "STS avg", TRANSFER_AVG: "TR avg"}  # DALR's STS (Avg.) / TR (Avg.)
 
 
+def column_label(metric: str) -> str:
+    """A column's heading: `LABELS`, else the key as people write it (``demo_i2t_R@1``)."""
+    return LABELS.get(metric, display_name(metric))
+
+
 def table_markdown(rows: Sequence[dict[str, Any]], primary: str, reference: str, title: str = "",
-                   notes: Sequence[str] = ()) -> str:
+                   notes: Sequence[str] = (), metrics: Sequence[str] | None = None) -> str:
     """Every metric's mean ± std over seeds, marked ``*`` where the paired t-test against
     ``reference`` gives p < 0.05 (KDMCSE Table 1's marker); the primary metric's p-value (or
     ``n<2``) in its own column; a footnote says what the marker means and why an empty
-    transfer column is empty; ``notes`` (the environment, `environment_notes`) follow it."""
-    metrics = metric_order([k[: -len("_mean")] for k in rows[0] if k.endswith("_mean")]) if rows else []
-    header = ["variant", *[LABELS.get(m, m) for m in metrics], f"p vs {reference} ({LABELS.get(primary, primary)})",
+    transfer column is empty; ``notes`` (the environment, `environment_notes`) follow it.
+    ``metrics``: only these columns, in this order (default: every metric of the rows)."""
+    if metrics is None:
+        metrics = metric_order([k[: -len("_mean")] for k in rows[0] if k.endswith("_mean")]) if rows else []
+    header = ["variant", *[column_label(m) for m in metrics], f"p vs {reference} ({column_label(primary)})",
               "seeds", "status"]
     lines = [f"### {title}", ""] if title else []
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from mmcse.evaluation.names import recall_key
 from mmcse.evaluation.plots import plt
 from mmcse.evaluation.retrieval import check_text_image, unit_rows
 
@@ -506,7 +507,7 @@ def threshold_metrics(s: ThresholdSummary) -> dict[str, float]:
     negatives (other image) a threshold t would filter (α > t); ``tt_same_above_<t>``: share of
     pairs of captions of the same image above t (true "false negatives" it would catch);
     ``tv_pos_q<q>``: quantiles of the positives' α, ``tv_pos_mean``, ``tv_neg_mean``;
-    ``teacher_i2t_R@{1,5,10}`` and ``rank_mean``/``rank_median`` of each image's best true caption;
+    ``teacher_i2t_R{1,5,10}`` and ``rank_mean``/``rank_median`` of each image's best true caption;
     ``worst_rank_mean``/``_median``/``_max`` and ``worst_rank_over_100`` (KDMCSE Fig. 5).
     """
     out: dict[str, float] = {
@@ -522,7 +523,7 @@ def threshold_metrics(s: ThresholdSummary) -> dict[str, float]:
     out["tv_pos_mean"] = float(s.positive_alpha.mean())
     out["tv_neg_mean"] = _fraction(s.negative_sum, s.n_negative)
     for k in (1, 5, 10):
-        out[f"teacher_i2t_R@{k}"] = float(100.0 * (s.best_rank <= k).mean())
+        out[f"teacher_{recall_key('i2t', k)}"] = float(100.0 * (s.best_rank <= k).mean())
     out["rank_mean"] = float(s.best_rank.mean())
     out["rank_median"] = float(np.median(s.best_rank))
     out["worst_rank_mean"] = float(s.worst_rank.mean())

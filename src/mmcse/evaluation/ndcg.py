@@ -33,8 +33,8 @@ Protocol as implemented here (facts from TERAN's evaluation code, differences ma
   relevant first, so a constant embedding gets the worst NDCG its ties allow, never a lucky one.
 
 DUET's table gives one NDCG per relevance without saying which direction; both directions are
-reported (``i2t_NDCG@25_rouge_l``, ``t2i_NDCG@25_rouge_l``) and their mean
-(``NDCG@25_rouge_l``, the PRIMARY metric: ROUGE-L needs no Java, SPICE does), with ``_spice``
+reported (``i2t_NDCG25_rouge_l``, ``t2i_NDCG25_rouge_l``) and their mean
+(``NDCG25_rouge_l``, the PRIMARY metric: ROUGE-L needs no Java, SPICE does), with ``_spice``
 keys when a SPICE relevance is given.
 
 Relevance computation scales to Flickr30k test (5000 captions, 12.5M pairs): ROUGE-L tokenizes
@@ -59,6 +59,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+from mmcse.evaluation.names import ndcg_key
 from mmcse.evaluation.retrieval import unit_rows
 from mmcse.io import atomic_path
 
@@ -66,7 +67,7 @@ log = logging.getLogger(__name__)
 
 K = 25
 KINDS = ("rouge_l", "spice")
-PRIMARY = f"NDCG@{K}_rouge_l"
+PRIMARY = ndcg_key(K, "rouge_l")
 # bumped when the way a relevance matrix is computed changes: old cache files stop matching
 RELEVANCE_VERSION = 1
 SPICE_JARS = ("spice-1.0.jar", "lib/stanford-corenlp-3.6.0.jar", "lib/stanford-corenlp-3.6.0-models.jar")
@@ -440,14 +441,15 @@ def ndcg_per_query(image_emb: np.ndarray, text_emb: np.ndarray, text_image: Sequ
 def ndcg_metrics(image_emb: np.ndarray, text_emb: np.ndarray, text_image: Sequence[int],
                  relevance: dict[str, np.ndarray], k: int = K, block: int = 1024, *,
                  exclude_zero: bool = True) -> dict[str, float]:
-    """``i2t_NDCG@k_<kind>``, ``t2i_NDCG@k_<kind>`` and their mean ``NDCG@k_<kind>`` (raw, in
-    [0, 1]) for each relevance kind given; `PRIMARY` is ``NDCG@25_rouge_l``. Means over queries
-    leave out zero NDCGs as TERAN does unless ``exclude_zero=False`` (`ndcg_per_query`)."""
+    """``i2t_NDCG<k>_<kind>``, ``t2i_NDCG<k>_<kind>`` and their mean ``NDCG<k>_<kind>``
+    (raw, in [0, 1]) for each relevance kind given; `PRIMARY` is ``NDCG25_rouge_l``
+    (`mmcse.evaluation.names`). Means over queries leave out zero NDCGs as TERAN does unless
+    ``exclude_zero=False`` (`ndcg_per_query`)."""
     scores: dict[str, float] = {}
     for kind, (i2t, t2i) in ndcg_per_query(image_emb, text_emb, text_image, relevance, k, block).items():
-        scores[f"i2t_NDCG@{k}_{kind}"] = _mean(i2t, exclude_zero)
-        scores[f"t2i_NDCG@{k}_{kind}"] = _mean(t2i, exclude_zero)
-        scores[f"NDCG@{k}_{kind}"] = (scores[f"i2t_NDCG@{k}_{kind}"] + scores[f"t2i_NDCG@{k}_{kind}"]) / 2
+        scores[ndcg_key(k, kind, "i2t")] = _mean(i2t, exclude_zero)
+        scores[ndcg_key(k, kind, "t2i")] = _mean(t2i, exclude_zero)
+        scores[ndcg_key(k, kind)] = (scores[ndcg_key(k, kind, "i2t")] + scores[ndcg_key(k, kind, "t2i")]) / 2
     return scores
 
 

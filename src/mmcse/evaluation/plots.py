@@ -99,17 +99,32 @@ def sts_scatter(predictions: Mapping[str, tuple[np.ndarray, np.ndarray]], scores
     return fig
 
 
-def ablation_bars(names: Sequence[str], means: Sequence[float], stds: Sequence[float], metric: str) -> plt.Figure:
-    fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(names)), 3.6))
+def ablation_bars(names: Sequence[str], panels: Sequence[tuple[str, Sequence[float], Sequence[float]]],
+                  title: str = "") -> plt.Figure:
+    """The variants side by side: one panel per ``(metric label, means, stds)`` (the table's
+    headline scores, its primary metric first), a bar per variant with its ± std over seeds and
+    the mean printed on it; a variant without a score (failed) gets no bar."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(min(14.0, max(4.0, 1.0 * len(names)) * len(panels)), 3.8),
+                             squeeze=False)
     x = np.arange(len(names))
-    ax.bar(x, np.nan_to_num(means), yerr=np.nan_to_num(stds), capsize=4, color="tab:green")
-    ax.set_xticks(x, names, rotation=30, ha="right")
-    ax.set_ylabel(metric)
-    ax.set_title(f"ablation: {metric} (mean ± std over seeds)")
-    finite = [m for m in means if np.isfinite(m)]
-    if finite:
-        lo = min(m - s for m, s in zip(means, stds, strict=True) if np.isfinite(m))
-        ax.set_ylim(max(0.0, lo - 5), max(finite) + 5)
+    for ax, (metric, means, stds) in zip(axes[0], panels, strict=True):
+        m, s = np.asarray(means, dtype=float), np.nan_to_num(np.asarray(stds, dtype=float))
+        bars = ax.bar(x, np.nan_to_num(m), yerr=s, capsize=4, color="tab:green")
+        for bar, value, spread in zip(bars, m, s, strict=True):
+            if np.isfinite(value):  # above the error bar; scores below 10 (NDCG in [0, 1]) with 3 decimals
+                ax.annotate(f"{value:.2f}" if abs(value) >= 10 else f"{value:.3f}",
+                            (bar.get_x() + bar.get_width() / 2, value + spread), xytext=(0, 2),
+                            textcoords="offset points", ha="center", va="bottom", fontsize=8)
+        ax.set_xticks(x, names, rotation=30, ha="right")
+        ax.set_title(f"{metric} (mean ± std)", fontsize=10)
+        finite = np.isfinite(m)
+        if finite.any():
+            lo, hi = float((m - s)[finite].min()), float((m + s)[finite].max())
+            pad = max(0.05 * (hi - lo), 0.02 * abs(hi), 1e-3)  # zoomed to the differences, not from 0
+            ax.set_ylim(lo - pad, hi + 3 * pad)
+    if title:
+        fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
     return fig
 
 

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from mmcse.config import Config, active_terms
+from mmcse.evaluation.names import recall_key
 
 if TYPE_CHECKING:
     from mmcse.evaluation.sts import TextEncoder
@@ -101,13 +102,13 @@ def retrieval_ranks(
 
 def retrieval_metrics(image_emb: np.ndarray, text_emb: np.ndarray, text_image: Sequence[int],
                       block: int = BLOCK) -> dict[str, float]:
-    """``i2t_R@1 i2t_R@5 i2t_R@10 t2i_R@1 t2i_R@5 t2i_R@10 rsum`` (×100; rsum: their sum, the
+    """``i2t_R1 i2t_R5 i2t_R10 t2i_R1 t2i_R5 t2i_R10 rsum`` (×100; rsum: their sum, the
     primary metric) of images ``(N_img, d)`` and captions ``(N_txt, d)`` (`retrieval_ranks`)."""
     i2t, t2i = retrieval_ranks(image_emb, text_emb, text_image, block)
     scores: dict[str, float] = {}
     for name, ranks in (("i2t", i2t), ("t2i", t2i)):
         for k in KS:
-            scores[f"{name}_R@{k}"] = float(100.0 * (ranks < k).mean())
+            scores[recall_key(name, k)] = float(100.0 * (ranks < k).mean())
     scores[PRIMARY] = sum(scores.values())
     return scores
 

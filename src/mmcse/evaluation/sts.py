@@ -50,6 +50,8 @@ def senteval_cosine(u: np.ndarray, v: np.ndarray) -> float:
 @dataclass
 class STSResult:
     scores: dict[str, float]
+    # every task's Spearman × 100, also the one task `scores` leaves to ``avg``
+    task_scores: dict[str, float] = field(default_factory=dict)
     predictions: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # task -> (cos, gold)
     # sentence -> its (d,) embedding, float64; filled only with ``evaluate_sts(..., keep_vectors=True)``
     vectors: dict[str, np.ndarray] = field(default_factory=dict)
@@ -63,7 +65,9 @@ def evaluate_sts(
     encode: EncodeFn, tasks: Mapping[str, Sequence[SentencePair]], batch_size: int = 128,
     keep_vectors: bool = False,
 ) -> STSResult:
-    """Spearman × 100 per task plus ``avg``; tasks with no pairs are omitted. ``keep_vectors``
+    """Spearman × 100 per task plus their mean ``avg``; tasks with no pairs are omitted. With one
+    task the mean is that task's score, so ``scores`` holds it once, as ``avg`` (one name per number,
+    `mmcse.evaluation.names`); ``task_scores`` names the task. ``keep_vectors``
     keeps each distinct sentence's embedding in ``STSResult.vectors`` (training's dev geometry
     reuses them instead of encoding the dev set twice)."""
     tasks = {name: list(pairs) for name, pairs in tasks.items() if pairs}
@@ -75,9 +79,11 @@ def evaluate_sts(
     for name, pairs in tasks.items():
         cos = np.array([senteval_cosine(vectors[p.s1], vectors[p.s2]) for p in pairs])
         gold = np.array([p.score for p in pairs])
-        result.scores[name] = spearman_x100(cos, gold)
+        result.task_scores[name] = spearman_x100(cos, gold)
         result.predictions[name] = (cos, gold)
-    result.scores[PRIMARY_METRIC] = float(np.mean([result.scores[n] for n in tasks]))
+    if len(tasks) > 1:
+        result.scores.update(result.task_scores)
+    result.scores[PRIMARY_METRIC] = float(np.mean(list(result.task_scores.values())))
     return result
 
 

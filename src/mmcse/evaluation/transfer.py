@@ -257,5 +257,7 @@ def evaluate_transfer(
         dev, test = probe_task(name, task_features(rows, vectors), cfg, device)
         result.scores[name], result.dev[name] = test, dev
     result.scores[TRANSFER_PRIMARY] = round(float(np.mean([result.scores[n] for n in tasks])), 2)
+    if len(tasks) == 1:  # one task: its score is the average, reported once (`mmcse.evaluation.names`)
+        result.scores[TRANSFER_PRIMARY] = result.scores.pop(next(iter(tasks)))
     return result
 

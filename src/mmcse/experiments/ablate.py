@@ -107,6 +107,39 @@ def _write_result(folder: Path, result: dict[str, Any]) -> None:
     write_json(folder / "result.json", {k: v for k, v in result.items() if k not in ("skipped", "run_id")})
 
 
+# The version of the scores' names (`mmcse.evaluation.names`) a job's result.json holds: 2 = one key
+# per number (R@K keyed RK, one STS task reported once as avg). A finished job recorded under older
+# names is evaluated again (`rescore`), not trained again, so one table never mixes two namings.
+SCORE_NAMES = 2
+
+
+def _evaluate(job_cfg: Config, folder: Path, summary: dict[str, Any], run_id: str | None) -> dict[str, float]:
+    """The test scores of the job's best checkpoint on the artifacts its training used (``summary``)."""
+    from mmcse.pipeline.evaluate import run_evaluate
+    from mmcse.pipeline.paths import Paths
+
+    return run_evaluate(job_cfg, Paths.of(job_cfg), folder / "best", run_id=run_id, experiment_name="ablate",
+                        transfer=job_cfg.ablate.transfer, data_dir=Path(summary["data_dir"]),
+                        teacher_manifest=Path(summary["teacher_manifest"]),
+                        teacher_dirs=tuple(Path(d) for d in summary["teacher_dirs"]),
+                        region_sets={k: Path(v) for k, v in summary.get("region_sets", {}).items()})
+
+
+def rescore(job_cfg: Config, folder: Path, result: dict[str, Any]) -> dict[str, Any] | None:
+    """A finished job whose result.json predates `SCORE_NAMES`: its best checkpoint evaluated again
+    (into its MLflow run, when the run is still known) and the result rewritten with today's
+    names; None (train it again) when its checkpoint or training summary is gone."""
+    summary_file = folder / "summary.json"
+    if not (folder / "best").is_dir() or not summary_file.is_file():
+        return None
+    print(f"{result['variant']} seed={result['seed']}: recorded under older score names; evaluating its "
+          "checkpoint again (not retraining)", flush=True)
+    scores = _evaluate(job_cfg, folder, read_json(summary_file), result.get("run_id"))
+    rescored = {**result, "scores": scores, "score_names": SCORE_NAMES}
+    _write_result(folder, rescored)
+    return rescored
+
+
 def run_job(
     cfg: Config,
     job: Job,
@@ -127,7 +160,6 @@ def run_job(
     from mmcse.environment import environment
     from mmcse.experiments.upstream import resolve
     from mmcse.models.device import device_tags
-    from mmcse.pipeline.evaluate import run_evaluate
     from mmcse.pipeline.paths import Paths
     from mmcse.pipeline.train import run_train
     from mmcse.training.checkpoints import release_resume_point
@@ -141,6 +173,8 @@ def run_job(
             f"{expected_hash[:12]} where it was submitted: the worker's checkout differs (sync params.yaml)"
         )
     done = finished_result(folder, config_hash)
+    if done is not None and done.get("score_names") != SCORE_NAMES:
+        done = rescore(job_cfg, folder, done)
     if done is not None:
         return done | {"skipped": True}
     paths = Paths.of(job_cfg)
@@ -153,11 +187,7 @@ def run_job(
             run_name=job_run_name(job), parent_run_id=parent_run_id, progress=False,
             data_seed=cfg.base.seed, resolve_upstream=resolve,
         )
-    scores = run_evaluate(job_cfg, paths, folder / "best", run_id=summary["run_id"], experiment_name="ablate",
-                          transfer=job_cfg.ablate.transfer, data_dir=Path(summary["data_dir"]),
-                          teacher_manifest=Path(summary["teacher_manifest"]),
-                          teacher_dirs=tuple(Path(d) for d in summary["teacher_dirs"]),
-                          region_sets={k: Path(v) for k, v in summary.get("region_sets", {}).items()})
+    scores = _evaluate(job_cfg, folder, summary, summary["run_id"])
     result = {
         "variant": job.variant,
         "seed": job.seed,
@@ -170,6 +200,7 @@ def run_job(
         "artifacts": summary["artifacts"],
         "environment": environment(job_cfg.base.device),
         "scores": scores,
+        "score_names": SCORE_NAMES,
     }
     _write_result(folder, result)
     release_resume_point(folder)  # the result is recorded: a rerun skips this job
@@ -212,7 +243,8 @@ def record_result(root: Path, job: Job, result: dict[str, Any]) -> None:
     if result.get("status") != "ok":
         return
     folder = job.folder(root)
-    if finished_result(folder, result["config_hash"]) is None:
+    here = finished_result(folder, result["config_hash"])
+    if here is None or here.get("score_names") != result.get("score_names"):
         _write_result(folder, result)
 
 

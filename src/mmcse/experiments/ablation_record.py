@@ -11,20 +11,31 @@ from mmcse.config import Config
 from mmcse.io import write_json
 from mmcse.pipeline.paths import Paths
 
+DESCRIPTION_LIMIT = 8000  # characters: MLflow's limit on a run tag's value
+
+
+def run_description(markdown: str, limit: int = DESCRIPTION_LIMIT) -> str:
+    """The table's Markdown as a run description: whole lines up to ``limit`` characters, and a
+    last line naming the artifact with the rest when it had to be cut."""
+    if len(markdown) <= limit:
+        return markdown
+    tail = "\n\n(cut here: the whole table is the run's artifact ablation.md)\n"
+    kept = markdown[: limit - len(tail)]
+    return kept[: kept.rfind("\n") + 1] + tail
+
 
 def log_ablation(cfg: Config, rows: list[dict[str, Any]], files: dict[str, Path], paths: Paths,
-                 results: list[dict[str, Any]] | None = None, run_id: str | None = None,
-                 step: int | None = None) -> None:
+                 results: list[dict[str, Any]] | None = None, run_id: str | None = None) -> None:
     """Table (``mlflow.log_table``: every column, the significance test's p-values ``<metric>_p``
     included), CSV/Markdown, figure, the aggregate metrics (mean, std and p per variant,
     `mmcse.analysis.tables.aggregate_metrics`), the list of jobs (``jobs.json``: variant, seed, status,
     MLflow run, artifact keys) and the significance tests in full (``significance.json``: t, p,
     paired seeds, mean difference, note per variant and metric) into the active (parent) MLflow
-    run: bars per variant, or a line over ``ablate.plot_x`` for a parameter sweep; the figure
-    also to ``plots/ablation.png`` and the per-variant primary metric (with its p-value against
-    the reference) to ``metrics/ablate.json``. ``run_id``: the parent run, named (not taken from
-    the thread's active run, which a job's run may be); default the active run. ``step``: of the
-    aggregate metrics (the flow: jobs done, continuing the history `log_partial` logs)."""
+    run: the variants compared (`comparison_figure`); the figure also to ``plots/ablation.png`` and
+    the per-variant primary metric (with its p-value against the reference) to
+    ``metrics/ablate.json``. The aggregates are logged once, at step 0: one value per variant and
+    score, not a curve. ``run_id``: the parent run, named (not taken from the thread's active run,
+    which a job's run may be); default the active run."""
     import math
     import time
 
@@ -33,8 +44,9 @@ def log_ablation(cfg: Config, rows: list[dict[str, Any]], files: dict[str, Path]
     from mlflow.entities import Metric
 
     from mmcse.analysis.statistics import ALPHA, TESTS, significance
-    from mmcse.analysis.tables import aggregate_metrics
-    from mmcse.evaluation.plots import ablation_bars, ablation_line, save_figure
+    from mmcse.analysis.tables import aggregate_metrics, headline_metrics, table_markdown
+    from mmcse.evaluation.plots import save_figure
+    from mmcse.tracking import DESCRIPTION_TAG
 
     def finite(value: Any) -> Any:  # JSON has no NaN
         return value if not isinstance(value, float) or math.isfinite(value) else None
@@ -49,7 +61,7 @@ def log_ablation(cfg: Config, rows: list[dict[str, Any]], files: dict[str, Path]
         run_id = active.info.run_id
     client = mlflow.MlflowClient()
     now = int(time.time() * 1000)
-    values = [Metric(k, v, now, step or 0) for k, v in aggregate_metrics(rows).items()]
+    values = [Metric(k, v, now, 0) for k, v in aggregate_metrics(rows).items()]
     for start in range(0, len(values), 1000):  # MLflow's batch limit
         client.log_batch(run_id, metrics=values[start : start + 1000])
     if results is not None:
@@ -66,13 +78,11 @@ def log_ablation(cfg: Config, rows: list[dict[str, Any]], files: dict[str, Path]
     client.log_table(run_id, pd.DataFrame(rows), artifact_file="ablation_table.json")
     client.log_artifact(run_id, str(files["csv"]))
     client.log_artifact(run_id, str(files["md"]))
-    means = [r.get(f"{metric}_mean", math.nan) for r in rows]
-    stds = [r.get(f"{metric}_std", math.nan) for r in rows]
-    if cfg.ablate.plot_x:
-        xs = [cfg.ablate.variants[r["variant"]][cfg.ablate.plot_x] for r in rows]
-        fig = ablation_line(xs, means, stds, metric, cfg.ablate.plot_x)
-    else:
-        fig = ablation_bars([r["variant"] for r in rows], means, stds, metric)
+    # the run page's description (its Overview, rendered Markdown): the headline table, read without a click
+    client.set_tag(run_id, DESCRIPTION_TAG, run_description(table_markdown(
+        rows, metric, cfg.ablate.reference, metrics=headline_metrics(rows, metric),
+        notes=["Headline scores; every column is in ablation.md (artifacts), the bars in figures/ablation.png."])))
+    fig = comparison_figure(cfg, rows)
     client.log_figure(run_id, fig, "figures/ablation.png")
     save_figure(fig, paths.plots / "ablation.png")
     summary = {
@@ -81,6 +91,27 @@ def log_ablation(cfg: Config, rows: list[dict[str, Any]], files: dict[str, Path]
         for r in rows
     }
     write_json(paths.metrics / "ablate.json", {"metric": metric, "preset": cfg.ablate.preset, "variants": summary})
+
+
+def comparison_figure(cfg: Config, rows: list[dict[str, Any]]) -> Any:
+    """The variants compared: a panel of bars per headline score (mean ± std over seeds,
+    `mmcse.analysis.tables.headline_metrics`, the primary metric first), or for a parameter sweep
+    (``ablate.plot_x``) the primary metric along the parameter."""
+    import math
+
+    from mmcse.analysis.tables import column_label, headline_metrics, table_metric
+    from mmcse.evaluation.plots import ablation_bars, ablation_line
+
+    metric = table_metric(cfg)
+
+    def column(m: str, kind: str) -> list[float]:
+        return [r.get(f"{m}_{kind}", math.nan) for r in rows]
+
+    if cfg.ablate.plot_x:
+        xs = [cfg.ablate.variants[r["variant"]][cfg.ablate.plot_x] for r in rows]
+        return ablation_line(xs, column(metric, "mean"), column(metric, "std"), column_label(metric), cfg.ablate.plot_x)
+    panels = [(column_label(m), column(m, "mean"), column(m, "std")) for m in headline_metrics(rows, metric)]
+    return ablation_bars([r["variant"] for r in rows], panels, cfg.ablate.title or "")
 
 
 FIG3_SENTENCES = 5000  # DALR §4.4: "we randomly sample 5,000 image-text pairs from the MSCOCO test set"

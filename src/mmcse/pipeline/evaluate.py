@@ -34,9 +34,10 @@ def run_evaluate(
     With ``evaluate.retrieval.enabled`` and a retrieval test set in the data: image–text R@K
     through the method's trained heads (`mmcse.evaluation.retrieval.image_head`; image features
     from the sets ``teacher_manifest`` names, default ``<teachers>/manifest.json``, looked up in
-    ``paths.teachers`` then ``teacher_dirs``), keys ``<set>_i2t_R@1`` … ``<set>_rsum``, graded
-    ``<set>_{i2t,t2i}_NDCG@k_<kind>`` for ``evaluate.ndcg.relevance`` (`relevance_for`), and DALR
-    Table 10's nearest test captions (``sentence_retrieval.md`` in ``plots_dir`` and the run).
+    ``paths.teachers`` then ``teacher_dirs``), keys ``<set>_i2t_R1`` … ``<set>_rsum``,
+    graded ``<set>_{i2t,t2i}_NDCG<k>_<kind>`` (`mmcse.evaluation.names`) for
+    ``evaluate.ndcg.relevance`` (`relevance_for`), and DALR Table 10's nearest test captions
+    (``sentence_retrieval.md`` in ``plots_dir`` and the run).
 
     ``train.method: duet``: `evaluate_duet` (``region_sets``: the training's, `region_sets_for`)."""
     import numpy as np
@@ -95,7 +96,7 @@ def run_evaluate(
         scores |= test_set.scores
     examples = (neighbours_markdown(test_set.examples, f"Nearest test captions ({test_set.set_name}, "
                                     f"{cfg.evaluate.pooler} embeddings)") if test_set and test_set.examples else None)
-    fig = sts_scatter(result.predictions, result.scores)
+    fig = sts_scatter(result.predictions, result.task_scores)
     tsne = None
     if plots_dir is not None:  # DALR Figure 3 for the stage's model (ablation jobs skip its seconds of t-SNE)
         steps.next()
@@ -154,11 +155,12 @@ def record_evaluation(cfg: Config, scores: dict[str, float], run_id: str | None,
     import mlflow
 
     from mmcse import tracking
+    from mmcse.evaluation.names import test_metrics
     from mmcse.evaluation.plots import save_figure
 
     if run_id:
         with tracking.run(cfg, experiment_name or cfg.train.method, run_id=run_id):
-            mlflow.log_metrics({tracking.metric_name(f"test_{k}"): v for k, v in scores.items()})
+            mlflow.log_metrics(test_metrics(scores))
             if examples:
                 mlflow.log_text(examples, "evaluation/sentence_retrieval.md")
             if tsne is not None:

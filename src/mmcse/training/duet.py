@@ -380,9 +380,7 @@ def train_duet(
             state.best_score, state.best_step = score, state.step
             best_weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
         if log_metrics:
-            from mmcse.tracking import metric_name
-
-            log_metrics([({metric_name(f"dev_{k}"): v for k, v in scores.items()}, state.step)])
+            log_metrics([({f"dev_{k}": v for k, v in scores.items()}, state.step)])
         return score
 
     def write_best() -> None:

@@ -20,7 +20,7 @@ from mmcse.config import Config, active_terms
 from mmcse.errors import TrainingOutOfMemory
 from mmcse.evaluation.geometry import POSITIVE_GOLD, check_sts_geometry, sts_geometry
 from mmcse.evaluation.retrieval import image_head
-from mmcse.evaluation.sts import evaluate_sts, student_encoder
+from mmcse.evaluation.sts import PRIMARY_METRIC, evaluate_sts, student_encoder
 from mmcse.io import write_json
 from mmcse.methods.losses import aggregated_teacher_embedding, span_mean, text_teacher_similarity
 from mmcse.methods.objectives import STAT, StepEmbeddings, needed_features, step_objective
@@ -303,14 +303,16 @@ def train(
                                  cfg.train.precision, keep_tokens=True)
 
     def dev_score() -> tuple[float, dict[str, float]]:
-        """Dev STS (primary metric; every task's score is logged as ``dev_<task>``) and the dev
+        """Dev STS (primary metric, logged as ``dev_sts``; with several dev tasks each one's score is
+        also logged, as ``dev_<task>``) and the dev
         geometry (``DEV_GEOMETRY``: alignment of the pairs with gold >= 4, uniformity of every
         distinct dev sentence) from the same embeddings, so the dev set is encoded once."""
         student.eval()
         result = evaluate_sts(dev_encode, data.dev, cfg.evaluate.batch_size, keep_vectors=True)
         student.train()
         geometry = sts_geometry(result.vectors, data.dev, POSITIVE_GOLD)
-        pending.append(({f"dev_{task}": v for task, v in result.scores.items()}, state.step))
+        pending.append(({f"dev_{task}": v for task, v in result.scores.items() if task != PRIMARY_METRIC},
+                        state.step))
         return result.primary, {name: geometry[key] for name, key in DEV_GEOMETRY.items()}
 
     def checkpoint_best(score: float) -> None:

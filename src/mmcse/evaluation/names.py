@@ -1,0 +1,48 @@
+"""Score names: one key per number, the same in metrics/*.json, MLflow, the ablation CSV and the report.
+
+MLflow's metric names allow letters, digits and ``_ - . / :`` and spaces, not ``@``. So the
+conventional recall and NDCG names are keyed without it everywhere (one mapping, used by every
+evaluator): ``R@K`` is ``RK`` (``i2t_R1``, ``coco_1k_t2i_R10``) and ``NDCG@k`` is ``NDCGk``
+(``NDCG25_rouge_l``). `display_name` puts the ``@`` back for what people read (terminal tables,
+the ablation markdown, figure labels); `score_key` is the mapping the other way, for names written
+in the conventional form (``ablate.metric: coco_1k_i2t_R@1``).
+
+Only where two numbers are of different data do keys differ: ``dev_`` (the dev split, logged
+during training) and ``test_`` (the evaluate stage: metrics/eval.json and MLflow) prefix the same
+score name. A single-task average is not a second number: STS with one task reports only ``avg``.
+"""
+
+from __future__ import annotations
+
+import re
+
+# "R1", "NDCG25" as a whole name part (after start or "_", before "_" or the end)
+_AT_SCORE = re.compile(r"(?<![A-Za-z0-9])(R|NDCG)(\d+)(?=_|$)")
+
+
+def score_key(name: str) -> str:
+    """The key of a score written the conventional way: ``i2t_R@1`` → ``i2t_R1``,
+    ``NDCG@25_rouge_l`` → ``NDCG25_rouge_l``; a key is returned unchanged."""
+    return name.replace("@", "")
+
+
+def recall_key(direction: str, k: int) -> str:
+    """``i2t_R1``: recall at ``k`` (×100) of ``direction`` (``i2t`` or ``t2i``)."""
+    return f"{direction}_R{k}"
+
+
+def ndcg_key(k: int, kind: str, direction: str | None = None) -> str:
+    """``NDCG25_rouge_l`` (the mean of both directions) or ``i2t_NDCG25_rouge_l``."""
+    return f"{direction + '_' if direction else ''}NDCG{k}_{kind}"
+
+
+def display_name(key: str) -> str:
+    """A key as people write it: ``demo_i2t_R1`` → ``demo_i2t_R@1``, ``NDCG25_rouge_l`` →
+    ``NDCG@25_rouge_l``; every other name is returned unchanged."""
+    return "/".join(_AT_SCORE.sub(r"\1@\2", part) for part in key.split("/"))
+
+
+def test_metrics(scores: dict[str, float]) -> dict[str, float]:
+    """The evaluate stage's scores under their one key, ``test_<name>``: metrics/eval.json and the
+    training run in MLflow hold exactly these (the dev split's are ``dev_<name>`` in MLflow)."""
+    return {f"test_{name}": value for name, value in scores.items()}
