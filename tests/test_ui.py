@@ -103,6 +103,12 @@ def test_experiment_urls_open_each_mmcse_experiment_in_the_training_view(params)
     }
     tags = mlflow.MlflowClient().get_experiment(old).tags
     assert tags["mlflow.experimentKind"] == "custom_model_development"
+    assert tracking.latest_ablation_url(cfg, "http://127.0.0.1:5000") is None  # no ablation ran yet
+    for name in ("ablation dalr-table3", "mcse-seed1", "ablation variants"):
+        with mlflow.start_run(experiment_id=old, run_name=name) as run:
+            time.sleep(0.01)  # start times apart (milliseconds)
+    assert tracking.latest_ablation_url(cfg, "http://127.0.0.1:5000") == (
+        f"http://127.0.0.1:5000/#/experiments/{old}/runs/{run.info.run_id}?workflowType=machine_learning")
 
 
 def test_mmcse_ui_without_optuna_dashboard_says_how_to_install_it(params, monkeypatch, capsys):

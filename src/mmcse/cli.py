@@ -370,7 +370,7 @@ def _cmd_ui(args: argparse.Namespace) -> None:
     import time
 
     from mmcse.config import load_config
-    from mmcse.tracking import experiment_urls, ui_url
+    from mmcse.tracking import experiment_urls, latest_ablation_url, ui_url
 
     cfg = load_config(args.params)
     dashboard = None if args.no_dashboard else _optuna_dashboard_executable()
@@ -387,6 +387,9 @@ def _cmd_ui(args: argparse.Namespace) -> None:
               "once, which the browser keeps)")
         for name, url in experiment_urls(cfg, base).items():
             print(f"  {name}: {url}", flush=True)
+        ablation = latest_ablation_url(cfg, base)
+        if ablation:
+            print(f"  latest ablation table: {ablation}", flush=True)
         if "optuna" in commands:
             print(f"Optuna dashboard: http://{UI_HOST}:{args.dashboard_port}/  (study {cfg.sweep.study_name})",
                   flush=True)

@@ -129,6 +129,24 @@ def experiment_urls(cfg: Config, base: str) -> dict[str, str]:
     return {exp.name: ui_url(base, exp.experiment_id) for exp in found}
 
 
+def latest_ablation_url(cfg: Config, base: str) -> str | None:
+    """The UI address of the newest ablation's parent run (``ablation <preset>`` in
+    ``<prefix>-ablate``, whose page starts with the variants' headline table), or None."""
+    import mlflow
+
+    configure(cfg)
+    found = mlflow.get_experiment_by_name(f"{cfg.base.experiment_prefix}-ablate")
+    if found is None:
+        return None
+    runs = mlflow.MlflowClient().search_runs(
+        [found.experiment_id], "tags.mlflow.runName LIKE 'ablation %'", order_by=["attributes.start_time DESC"],
+        max_results=1)
+    if not runs:
+        return None
+    return (f"{base.rstrip('/')}/#/experiments/{found.experiment_id}/runs/{runs[0].info.run_id}"
+            f"?workflowType={WORKFLOW_TYPE}")
+
+
 DESCRIPTION_TAG = "mlflow.note.content"  # what the MLflow UI shows as an experiment's description
 
 EXPERIMENT_DESCRIPTIONS = {
