@@ -193,38 +193,6 @@ def test_ui_url_opens_the_machine_learning_view():
         "http://127.0.0.1:5001/#/experiments/7/runs?workflowType=machine_learning&viewStateShareKey=mmcse-headline"
 
 
-def test_headline_columns_pick_what_a_table_compares():
-    """The runs table's headline view: method, seed, the ablation row, the best dev score and the
-    test averages / rsum / NDCG means, never the per-direction R@K or the loss terms."""
-    params = {"train.method", "base.seed", "loss.lambda_img"}
-    metrics = {"best_dev_sts", "dev_sts", "test_avg", "test_transfer_avg", "test_demo_rsum", "test_demo_i2t_R1",
-               "test_demo_NDCG25_rouge_l", "test_demo_i2t_NDCG25_rouge_l", "loss/loss", "test_alignment"}
-    assert tracking.headline_columns(params, metrics, {"ablation.variant", "ablation.seed", "env.hash"}) == [
-        "params.`train.method`", "params.`base.seed`", "tags.`ablation.variant`", "tags.`ablation.seed`",
-        "metrics.`best_dev_sts`", "metrics.`test_avg`", "metrics.`test_transfer_avg`",
-        "metrics.`test_demo_NDCG25_rouge_l`", "metrics.`test_demo_rsum`"]
-    assert tracking.headline_columns({"train.method"}, {"best_dev_rsum", "test_coco_1k_rsum"}, set()) == [
-        "params.`train.method`", "metrics.`best_dev_rsum`", "metrics.`test_coco_1k_rsum`"]
-
-
-def test_the_headline_view_is_an_experiment_tag_the_ui_reads_as_json(project):
-    import json
-
-    cfg = load_config("params.yaml")
-    experiment_id = tracking.experiment(cfg, "mcse")
-    with mlflow.start_run(experiment_id=experiment_id):
-        mlflow.log_params({"train.method": "mcse", "base.seed": 1})
-        mlflow.log_metrics({"best_dev_sts": 70.0, "test_avg": 66.0, "lr": 1e-5})
-    urls = tracking.experiment_urls(cfg, "http://127.0.0.1:5000")
-    assert urls["mmcse-mcse"].endswith(f"/experiments/{experiment_id}/runs?workflowType=machine_learning"
-                                       "&viewStateShareKey=mmcse-headline")
-    view = json.loads(mlflow.MlflowClient().get_experiment(experiment_id).tags[
-        "mlflow.sharedViewState.mmcse-headline"])
-    assert view == {"selectedColumns": ["params.`train.method`", "params.`base.seed`", "metrics.`best_dev_sts`",
-                                        "metrics.`test_avg`"],
-                    "runsHiddenMode": "SHOW_ALL", "orderByKey": "metrics.`best_dev_sts`", "orderByAsc": False}
-
-
 def test_the_train_stage_run_is_named_method_seed(project):
     from dataclasses import replace
 

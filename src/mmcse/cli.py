@@ -369,6 +369,7 @@ def _cmd_ui(args: argparse.Namespace) -> None:
     import subprocess
     import time
 
+    from mmcse.analysis.views import write_headline_views
     from mmcse.config import load_config
     from mmcse.tracking import experiment_urls, latest_ablation_url, ui_url
 
@@ -385,6 +386,7 @@ def _cmd_ui(args: argparse.Namespace) -> None:
         print("                  (?workflowType=machine_learning: the runs view, not GenAI traces; the list links "
               "without it:\n                  open an experiment below, or switch the sidebar to 'Model training' "
               "once, which the browser keeps)")
+        write_headline_views(cfg)  # the runs tables' headline columns, from what the runs log now
         for name, url in experiment_urls(cfg, base).items():
             print(f"  {name}: {url}", flush=True)
         ablation = latest_ablation_url(cfg, base)

@@ -55,7 +55,7 @@ WORKFLOW_TYPE = "machine_learning"
 def ui_url(base: str, experiment_id: str | None = None) -> str:
     """The MLflow UI address ``base`` (``http://host:port``) opening the experiments list, or
     experiment ``experiment_id``, in the model-training ("Machine learning") view, its runs table
-    showing the headline columns (`HEADLINE_VIEW`, set by `set_headline_view`)."""
+    showing the headline columns (`HEADLINE_VIEW`, `mmcse.analysis.views`)."""
     if experiment_id is None:
         return f"{base.rstrip('/')}/#/experiments?workflowType={WORKFLOW_TYPE}"
     return (f"{base.rstrip('/')}/#/experiments/{experiment_id}/runs?workflowType={WORKFLOW_TYPE}"
@@ -67,53 +67,10 @@ def ui_url(base: str, experiment_id: str | None = None) -> str:
 # configuring by hand is a shared view: an experiment tag ``mlflow.sharedViewState.<key>`` holding
 # the view's state as JSON (selected columns, sort), opened by ``?viewStateShareKey=<key>``; the
 # user can keep it as their own view from its banner. mmcse writes one, `HEADLINE_VIEW`, per
-# experiment from the scores its runs hold, and `ui_url` opens it.
+# experiment from the scores its runs hold (`mmcse.analysis.views`), and `ui_url` opens it.
 VIEW_SHARE_PARAM = "viewStateShareKey"
 SHARED_VIEW_TAG = "mlflow.sharedViewState."
 HEADLINE_VIEW = "mmcse-headline"
-# Which columns, in this order, where the experiment's runs have them: the method and seed, the
-# ablation row and seed (job runs), the best dev score, then the test scores a table compares.
-HEADLINE_PARAMS = ("train.method", "base.seed")
-HEADLINE_DEV = ("best_dev_sts", "best_dev_rsum")
-HEADLINE_TEST = re.compile(r"test_(avg|transfer_avg|mteb_avg|\w+_rsum|\w+_(?<!i2t_)(?<!t2i_)NDCG\d+_\w+)")
-
-
-def headline_columns(params: set[str], metrics: set[str], tags: set[str]) -> list[str]:
-    """The runs-table columns (the UI's ``<type>.`<key>`` names) of `HEADLINE_VIEW` for runs that
-    log ``params``, ``metrics`` and ``tags``: method and seed, `VARIANT_TAG` / `SEED_TAG`, the best
-    dev score, the test STS / transfer / MTEB averages, every test set's rsum and its NDCG means."""
-    columns = [f"params.`{p}`" for p in HEADLINE_PARAMS if p in params]
-    columns += [f"tags.`{t}`" for t in (VARIANT_TAG, SEED_TAG) if t in tags]
-    columns += [f"metrics.`{m}`" for m in HEADLINE_DEV if m in metrics]
-    columns += [f"metrics.`{m}`" for m in sorted(metrics, key=_test_order) if HEADLINE_TEST.fullmatch(m)]
-    return columns
-
-
-def _test_order(metric: str) -> tuple[int, str]:
-    return ({"test_avg": 0, "test_transfer_avg": 1, "test_mteb_avg": 2}.get(metric, 3), metric)
-
-
-def set_headline_view(experiment_id: str, max_runs: int = 1000) -> list[str]:
-    """Write `HEADLINE_VIEW` into experiment ``experiment_id`` from what its (last ``max_runs``) runs
-    log, sorted by the best dev score where there is one; returns its columns."""
-    import json
-
-    import mlflow
-
-    client = mlflow.MlflowClient()
-    runs = client.search_runs([experiment_id], max_results=max_runs)
-    params = {k for r in runs for k in r.data.params}
-    metrics = {k for r in runs for k in r.data.metrics}
-    tags = {k for r in runs for k in r.data.tags}
-    columns = headline_columns(params, metrics, tags)
-    dev = next((f"metrics.`{m}`" for m in HEADLINE_DEV if m in metrics), None)
-    view: dict[str, Any] = {"selectedColumns": columns, "runsHiddenMode": "SHOW_ALL"}
-    if dev:
-        view |= {"orderByKey": dev, "orderByAsc": False}
-    client.set_experiment_tag(experiment_id, SHARED_VIEW_TAG + HEADLINE_VIEW, json.dumps(view))
-    return columns
-
-
 def experiment_urls(cfg: Config, base: str) -> dict[str, str]:
     """``{name: ui_url}`` of every experiment ``<prefix>-*`` in the configured store, each tagged as
     model training on the way (experiments made before mmcse tagged them). The list page of MLflow
@@ -125,7 +82,6 @@ def experiment_urls(cfg: Config, base: str) -> dict[str, str]:
                                       order_by=["name ASC"])
     for exp in found:
         mark_model_training(exp.experiment_id, exp.tags)
-        set_headline_view(exp.experiment_id)
     return {exp.name: ui_url(base, exp.experiment_id) for exp in found}
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from mmcse.analysis.statistics import ALPHA, FEW_SEEDS, MARKER, significance
 from mmcse.config import Config
-from mmcse.evaluation.names import display_name, score_key
+from mmcse.evaluation.names import display_name, is_headline, score_key
 from mmcse.io import write_text
 from mmcse.tracking import metric_name
 
@@ -53,15 +53,11 @@ def table_metric(cfg: Config) -> str:
     return f"{'coco_1k' if cfg.data.pairs == 'coco' else retrieval_set_name(cfg.data.pairs)}_{metric}"
 
 
-# the scores an ablation compares at a glance (`headline_metrics`), after its primary metric
-HEADLINE = re.compile(r"avg|transfer_avg|mteb_avg|\w+_rsum|\w*(?<!i2t_)(?<!t2i_)NDCG\d+_\w+")
-
-
 def headline_metrics(rows: Sequence[dict[str, Any]], primary: str, limit: int = 4) -> list[str]:
     """The table's headline scores (at most ``limit``): ``primary`` first, then the STS /
     transfer / MTEB averages, each test set's rsum and its NDCG means that the rows hold."""
     held = [k[: -len("_mean")] for k in (rows[0] if rows else {}) if k.endswith("_mean")]
-    rest = [m for m in held if m != primary and HEADLINE.fullmatch(m)]
+    rest = [m for m in held if m != primary and is_headline(m)]
     return [primary, *sorted(rest, key=lambda m: (m not in ("avg", TRANSFER_AVG), m))][:limit]
 
 

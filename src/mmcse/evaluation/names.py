@@ -20,6 +20,18 @@ import re
 _AT_SCORE = re.compile(r"(?<![A-Za-z0-9])(R|NDCG)(\d+)(?=_|$)")
 
 
+# The scores a comparison shows at a glance (the MLflow runs table's headline view, the ablation
+# figure and run description, `mmcse runs`): the STS / transfer / MTEB averages, each test set's
+# rsum and its NDCG means over both directions (never the per-direction R@K or NDCG).
+HEADLINE = re.compile(r"avg|transfer_avg|mteb_avg|\w+_rsum|\w*(?<!i2t_)(?<!t2i_)NDCG\d+_\w+")
+
+
+def is_headline(key: str) -> bool:
+    """Whether score ``key`` (bare, or as the evaluate stage logs it, ``test_<name>``) is a
+    headline score (`HEADLINE`)."""
+    return HEADLINE.fullmatch(key.removeprefix("test_")) is not None
+
+
 def score_key(name: str) -> str:
     """The key of a score written the conventional way: ``i2t_R@1`` → ``i2t_R1``,
     ``NDCG@25_rouge_l`` → ``NDCG25_rouge_l``; a key is returned unchanged."""

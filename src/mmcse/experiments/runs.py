@@ -12,18 +12,16 @@ primary metric per variant (metrics/ablate.json).
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from mmcse.analysis.tables import terminal_table
-from mmcse.evaluation.names import display_name
+from mmcse.evaluation.names import display_name, is_headline
 
 TRAIN, EVAL, ABLATE = "metrics/train.json", "metrics/eval.json", "metrics/ablate.json"
 DEV_SCORES = ("best_dev_sts", "best_dev_rsum")
-TEST_HEADLINE = re.compile(r"test_(avg|transfer_avg|mteb_avg|\w+_rsum|\w*(?<!i2t_)(?<!t2i_)NDCG\d+_\w+)")
 MAX_CHANGED = 60  # characters of the changed-params cell
 
 
@@ -80,8 +78,8 @@ def experiment_rows(exps: Sequence[dict[str, Any]]) -> tuple[list[str], list[lis
     for _, data, _ in entries:
         train, test = _metrics(data, TRAIN), _metrics(data, EVAL)
         scores += [k for k in DEV_SCORES if k in train and k not in scores]
-        scores += [k for k in sorted(test, key=lambda k: (k != "test_avg", k)) if TEST_HEADLINE.fullmatch(k)
-                   and k not in scores]
+        scores += [k for k in sorted(test, key=lambda k: (k != "test_avg", k))
+                   if k.startswith("test_") and is_headline(k) and k not in scores]
     variants: list[str] = []
     for _, data, _ in entries:
         variants += [v for v in _metrics(data, ABLATE).get("variants", {}) if v not in variants]
