@@ -19,6 +19,7 @@ from typing import Any
 
 from mmcse.analysis.tables import terminal_table
 from mmcse.evaluation.names import display_name, is_headline
+from mmcse.tracking import flatten
 
 TRAIN, EVAL, ABLATE = "metrics/train.json", "metrics/eval.json", "metrics/ablate.json"
 DEV_SCORES = ("best_dev_sts", "best_dev_rsum")
@@ -31,17 +32,6 @@ def read_experiments(repo: Path = Path(".")) -> list[dict[str, Any]]:
     if out.returncode != 0:
         raise RuntimeError(f"dvc exp show failed in {repo.resolve()}: {out.stderr.strip()[-2000:]}")
     return json.loads(out.stdout)
-
-
-def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        name = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, dict) and value:
-            out.update(_flat(value, name))
-        else:
-            out[name] = value
-    return out
 
 
 def _entries(exps: Sequence[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any], dict[str, Any] | None]]:
@@ -58,7 +48,7 @@ def _entries(exps: Sequence[dict[str, Any]]) -> Iterator[tuple[str, dict[str, An
 
 
 def _params(data: dict[str, Any]) -> dict[str, Any]:
-    return _flat(((data.get("params") or {}).get("params.yaml") or {}).get("data") or {})
+    return flatten(((data.get("params") or {}).get("params.yaml") or {}).get("data") or {})
 
 
 def _metrics(data: dict[str, Any], path: str) -> dict[str, Any]:
