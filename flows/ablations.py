@@ -32,6 +32,7 @@ from mmcse.analysis.tables import (
     write_table,
 )
 from mmcse.config import Config, check_params, load_config
+from mmcse.errors import TrainingDiverged
 from mmcse.experiments.ablate import (
     SCORE_NAMES,
     Job,
@@ -83,6 +84,23 @@ def unwrap(value: Any) -> dict[str, Any]:
     from prefect.states import State
 
     return value.result() if isinstance(value, State) else value
+
+
+def retry_unless_diverged(_task: Any, _task_run: Any, state: Any) -> bool:
+    """A failed job is retried (``ablate.retries``) unless its training diverged: the same
+    configuration diverges again, so it is recorded as failed at once."""
+    try:
+        state.result()
+    except TrainingDiverged:
+        return False
+    except BaseException:  # noqa: BLE001  any other failure may be transient (a worker, a disk)
+        return True
+    return True
+
+
+def diverged(message: str | None) -> bool:
+    """Whether a failed flow run's state message is a diverged training's (`TrainingDiverged`)."""
+    return TrainingDiverged.__name__ in (message or "")
 
 
 @task(name="train-variant", task_run_name="{variant} seed={seed}")
@@ -263,7 +281,7 @@ def fan_out_jobs(
                     results[i] = _job_result(cfg, job, run)
                     record_result(root, job, results[i])
                     print(job_line(results[i], table_metric(cfg)))
-                elif attempt < cfg.ablate.retries and not run.state.is_cancelled():
+                elif attempt < cfg.ablate.retries and not run.state.is_cancelled() and not diverged(run.state.message):
                     print(f"{job.variant} seed={job.seed}: {run.state.name} ({run.state.message}); retrying")
                     submit(i, attempt + 1)
                 else:
@@ -318,7 +336,8 @@ def ablations(
         if mode == "deployment":
             results = fan_out_jobs(params_path, cfg, jobs, parent_id, job_deployment, poll_seconds, progress)
         else:
-            retrying = train_variant.with_options(retries=cfg.ablate.retries, retry_delay_seconds=0)
+            retrying = train_variant.with_options(retries=cfg.ablate.retries, retry_delay_seconds=0,
+                                                  retry_condition_fn=retry_unless_diverged)
             results = []
             metric = table_metric(cfg)
             for n, job in enumerate(jobs, start=1):

@@ -8,7 +8,7 @@ from mmcse.config import load_config
 from mmcse.entry import run_entry
 from mmcse.evaluation.names import test_metrics
 from mmcse.io import read_json, write_json
-from mmcse.pipeline.evaluate import run_evaluate
+from mmcse.pipeline.evaluate import require_trained_with, run_evaluate
 from mmcse.pipeline.paths import Paths
 
 
@@ -16,7 +16,9 @@ def main() -> None:
     cfg = load_config("params.yaml")
     paths = Paths.of(cfg)
     summary = read_json(paths.student / "summary.json")
-    run_id = tracking.folder_run_id(paths.student, summary)  # the training's run (kept beside mlruns/)
+    trained_with = require_trained_with(cfg, paths.student / "best")  # this configuration's, whole
+    # the training's run of this configuration (kept beside mlruns/)
+    run_id = tracking.folder_run_id(paths.student, summary, config_hash=trained_with)
     scores = run_evaluate(cfg, paths, paths.student / "best", run_id=run_id, plots_dir=paths.plots,
                           region_sets={k: Path(v) for k, v in summary.get("region_sets", {}).items()})
     write_json(paths.metrics / "eval.json", {k: round(v, 4) for k, v in test_metrics(scores).items()})

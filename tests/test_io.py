@@ -52,3 +52,31 @@ def test_a_saved_figure_fits_a_1400_px_page(tmp_path, width_in):
     assert width <= 1400
     if width_in == 4.0:
         assert width < 1400 * 0.5  # a small figure keeps its resolution (110 dpi)
+
+
+def test_build_folders_and_their_files_follow_the_umask(tmp_path):
+    """Issue 33.13: mkdtemp's 0700 and safetensors' 0600 do not leak into outputs."""
+    import os
+    import stat
+
+    import torch
+    from safetensors.torch import save_file
+
+    from mmcse.io import build_dir, follow_umask
+
+    old = os.umask(0o022)
+    try:
+        build = build_dir(tmp_path, prefix=".x.")
+        assert stat.S_IMODE(build.stat().st_mode) == 0o755
+        (build / "sub").mkdir()
+        save_file({"a": torch.zeros(2)}, str(build / "sub" / "w.safetensors"))
+        assert stat.S_IMODE((build / "sub" / "w.safetensors").stat().st_mode) == 0o600  # what safetensors gives
+        follow_umask(build)
+        assert stat.S_IMODE((build / "sub" / "w.safetensors").stat().st_mode) == 0o644
+        assert stat.S_IMODE((build / "sub").stat().st_mode) == 0o755
+        os.umask(0o077)
+        follow_umask(build)
+        assert stat.S_IMODE((build / "sub" / "w.safetensors").stat().st_mode) == 0o600
+        assert stat.S_IMODE(build_dir(tmp_path, prefix=".y.").stat().st_mode) == 0o700
+    finally:
+        os.umask(old)

@@ -42,6 +42,8 @@ def _local_model_problems(model: str) -> list[str]:
 
 
 def _cmd_eval(args: argparse.Namespace) -> None:
+    # every argument checked before the first expensive step (the evaluators import torch, transformers,
+    # scipy and scikit-learn: seconds), all problems named at once
     from mmcse.config import TransferConfig
     from mmcse.data.senteval import (
         TRANSFER_TASKS,
@@ -50,10 +52,7 @@ def _cmd_eval(args: argparse.Namespace) -> None:
         read_sts_tasks,
         read_transfer_task,
     )
-    from mmcse.evaluation.sts import TextEncoder, evaluate_sts
-    from mmcse.evaluation.transfer import evaluate_transfer
 
-    # every argument checked before the first expensive step, all problems named at once
     state = Path(args.model) / "train_state.json"
     retrieval_model = state.is_file() and _json_field(state, "method") in ("duet", "vsepp")
     if retrieval_model:  # DUET / VSE++: an image–text retrieval model, scored on its own test regions
@@ -111,6 +110,9 @@ def _cmd_eval(args: argparse.Namespace) -> None:
         from mmcse.config import load_config
 
         cfg = load_config(args.params)  # before the model loads: a bad params.yaml is one line
+    from mmcse.evaluation.sts import TextEncoder, evaluate_sts
+    from mmcse.evaluation.transfer import evaluate_transfer
+
     encoder = TextEncoder(args.model, args.pooler, args.device, args.max_seq_len,  # fails fast if offline
                           precision=args.precision)
     scores: dict[str, float] = {}

@@ -16,13 +16,14 @@ def quiet_libraries() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    try:
-        import transformers
-
+    # read by transformers and huggingface_hub when they load: no import here, so an entry point that
+    # fails on its arguments answers before the seconds torch and transformers take
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules:  # already loaded: set what the variables would have
+        transformers = sys.modules["transformers"]
         transformers.logging.set_verbosity_error()
         transformers.utils.logging.disable_progress_bar()
-    except ImportError:
-        pass
     for name in ("mlflow", "alembic", "optuna"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
@@ -30,13 +31,13 @@ def quiet_libraries() -> None:
 def run_entry(fn: Callable[[], object]) -> None:
     """Run a stage/CLI body; turn expected input errors into one clear line and exit 2."""
     from mmcse.data.fetch import DownloadError
-    from mmcse.errors import PrecisionError, TrainingOutOfMemory
+    from mmcse.errors import PrecisionError, TrainingDiverged, TrainingOutOfMemory
     from mmcse.hub import ModelUnavailableError
 
     quiet_libraries()
     try:
         fn()
     except (ConfigError, ModelUnavailableError, DownloadError, FileNotFoundError, ValueError, KeyError,
-            PrecisionError, TrainingOutOfMemory) as err:
+            PrecisionError, TrainingOutOfMemory, TrainingDiverged) as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -19,3 +19,9 @@ class CorruptArtifact(ValueError):
 
     def __str__(self) -> str:
         return f"{self.path}: {self.problem}; {self.fix}"
+
+
+class TrainingDiverged(RuntimeError):
+    """A training step whose loss or gradient norm is not finite: training stops before any weight
+    is saved (the last resume point, if any, is intact). The message is one line: step, value, likely
+    cause."""

@@ -19,6 +19,37 @@ def _file_mode() -> int:
     return 0o666 & ~mask
 
 
+def _dir_mode() -> int:
+    """The mode ``mkdir`` gives a new folder: 0o777 less the process umask (0o755 by default)."""
+    return _file_mode() | (0o111 & ~_umask())
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def build_dir(parent: str | Path, prefix: str, suffix: str = "") -> Path:
+    """A new private-named folder in ``parent`` to build an output in before it is renamed into place,
+    with the mode a plain ``mkdir`` would give it (``tempfile.mkdtemp`` makes it owner-only, 0700, and
+    a renamed build keeps that mode)."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix, suffix=suffix, dir=parent))
+    os.chmod(folder, _dir_mode())
+    return folder
+
+
+def follow_umask(root: str | Path) -> None:
+    """Give every file under ``root`` the mode a plain write would (some writers, safetensors among
+    them, create owner-only 0600 files) and every folder, ``root`` included, a plain ``mkdir``'s."""
+    root = Path(root)
+    file_mode, dir_mode = _file_mode(), _dir_mode()
+    for path in [root, *root.rglob("*")]:
+        if path.is_symlink():
+            continue
+        os.chmod(path, dir_mode if path.is_dir() else file_mode)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path beside ``path``; rename it over ``path`` only on success.

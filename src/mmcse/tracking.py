@@ -210,33 +210,47 @@ def _record_file(folder: str | Path, kind: str) -> Path:
     return RUN_RECORDS / f"{kind}-{sha256_json(str(Path(folder).resolve()))[:20]}.json"
 
 
-def remember_run(folder: str | Path, run_id: str, kind: str = "train", **extra: Any) -> None:
+def remember_run(folder: str | Path, run_id: str, kind: str = "train", config_hash: str | None = None,
+                 **extra: Any) -> None:
     """Record that MLflow run ``run_id`` holds the record of ``folder`` (``kind``: train — a training
-    and its evaluation —, or ablation — an ablation's parent run, with ``extra`` such as its hash)."""
+    and its evaluation —, or ablation — an ablation's parent run, with ``extra`` such as its hash).
+    ``config_hash`` (a training's `run_definition_hash`): the run is also remembered as that
+    configuration's, so a folder another configuration trained in meanwhile never continues it."""
     from mmcse.io import write_json
 
+    previous = remembered_run(folder, kind) or {}
+    runs = dict(previous.get("runs") or {})
+    if config_hash is not None:
+        runs[config_hash] = run_id
     write_json(_record_file(folder, kind), {"folder": str(Path(folder).resolve()), "kind": kind,
-                                            "run_id": run_id, **extra})
+                                            "run_id": run_id, **({"runs": runs} if runs else {}), **extra})
 
 
-def remembered_run(folder: str | Path, kind: str = "train") -> dict[str, Any] | None:
-    """What `remember_run` recorded for ``folder`` (None: nothing, or an unreadable record)."""
+def remembered_run(folder: str | Path, kind: str = "train", config_hash: str | None = None) -> dict[str, Any] | None:
+    """What `remember_run` recorded for ``folder`` (None: nothing, or an unreadable record); with
+    ``config_hash``, the run remembered for that configuration only (``{"run_id": ...}``, or None)."""
     import json
 
     try:
         record = json.loads(_record_file(folder, kind).read_text())
     except (OSError, ValueError):
         return None
-    return record if isinstance(record, dict) and isinstance(record.get("run_id"), str) else None
+    if not isinstance(record, dict) or not isinstance(record.get("run_id"), str):
+        return None
+    if config_hash is None:
+        return record
+    run_id = (record.get("runs") or {}).get(config_hash)
+    return {**record, "run_id": run_id} if isinstance(run_id, str) else None
 
 
-def folder_run_id(folder: str | Path, recorded: dict[str, Any] | None = None) -> str:
-    """The training run of job folder ``folder`` (its remembered run; ``recorded``: a summary or
-    result written before run ids left the tracked outputs). Raises naming the folder when none."""
-    record = remembered_run(folder)
+def folder_run_id(folder: str | Path, recorded: dict[str, Any] | None = None, config_hash: str | None = None) -> str:
+    """The training run of job folder ``folder`` (its remembered run; with ``config_hash``, that
+    configuration's; ``recorded``: a summary or result written before run ids left the tracked
+    outputs). Raises naming the folder when none."""
+    record = remembered_run(folder, config_hash=config_hash)
     if record is not None:
         return record["run_id"]
-    if recorded and recorded.get("run_id"):
+    if recorded and recorded.get("run_id") and config_hash is None:
         return str(recorded["run_id"])
     raise FileNotFoundError(f"{folder}: no MLflow run recorded for it in {RUN_RECORDS} (trained in another "
                             "checkout, or mlruns/ was removed): retrain it (dvc repro train)")
@@ -357,10 +371,27 @@ def run(
     except BaseException as err:
         # An exception may say how the run ended (`mlflow_status`): a pruned sweep trial
         # stopped as planned and is FINISHED, not FAILED; Ctrl-C is KILLED.
-        default = "KILLED" if isinstance(err, KeyboardInterrupt) else "FAILED"
-        mlflow.end_run(getattr(err, "mlflow_status", default))
+        default = "KILLED" if isinstance(err, (KeyboardInterrupt, SystemExit)) else "FAILED"
+        status = getattr(err, "mlflow_status", default)
+        if status != "FINISHED":  # the record says why, in one line
+            with contextlib.suppress(Exception):  # the store may be what failed
+                mlflow.set_tag(END_REASON_TAG, end_reason(err))
+        mlflow.end_run(status)
         raise
     mlflow.end_run("FINISHED")
+
+
+END_REASON_TAG = "mmcse.end_reason"  # why a run ended FAILED or KILLED
+
+
+def end_reason(err: BaseException) -> str:
+    """One line saying why a run ended early: the error's own message (first line), or the signal."""
+    if isinstance(err, KeyboardInterrupt):
+        return "interrupted (Ctrl-C / SIGINT)"
+    if isinstance(err, SystemExit):
+        return f"stopped (exit {err.code})" if not isinstance(err.code, str) else f"stopped: {err.code}"
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    return f"{type(err).__name__}: {text}"[:500]
 
 
 RESUMED_ENV_TAG = "env.resumed_under"

@@ -194,3 +194,17 @@ def test_cli_damaged_checkpoint_exits_2_with_one_line(tmp_path, damaged_student_
     assert out.stderr.strip().splitlines()[-1].startswith(
         f"error: {damaged_student_dir / 'model.safetensors'}: truncated: ")
     assert out.stderr.strip().endswith("; retrain it (dvc repro train)")
+
+
+def test_cli_eval_names_a_missing_argument_before_loading_any_framework(tmp_path):
+    """Issue 33.14: `mmcse eval` without --senteval-dir took ~22 s on a cold machine to say so."""
+    import subprocess
+    import sys
+
+    heavy = "('torch', 'transformers', 'scipy', 'sklearn')"
+    probe = ("import sys\nfrom mmcse.cli import main\ntry:\n    main(['eval', '--model', 'x'])\n"
+             f"except SystemExit as e:\n    print(e.code, sorted(m for m in {heavy} if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "2 []", done.stdout + done.stderr
+    assert done.stderr.strip() == ("error: --senteval-dir is required unless --mteb names tasks or --retrieval "
+                                   "is given")

@@ -137,3 +137,27 @@ def test_the_temporary_servers_notices_are_dropped_and_the_runs_lines_kept(tmp_p
         logger.filters[:] = filters
         logger.setLevel(level)
         signal.signal(signal.SIGTERM, before)
+
+
+def test_prefect_down_never_signals_a_pid_another_process_reuses(tmp_path):
+    """Issue 33.12: pids.json names processes by pid, start time and command line; a recorded pid now
+    held by another process (its start time differs) is left alone, a recorded process is stopped."""
+    import json
+
+    from mmcse.experiments.prefect_server import UP_DIR, _identity, prefect_down
+
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "prefect-worker"],
+                              start_new_session=True)
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+    try:
+        reused = _identity(bystander.pid) | {"started": _identity(bystander.pid)["started"] - 3600.0}
+        (tmp_path / UP_DIR).mkdir()
+        (tmp_path / UP_DIR / "pids.json").write_text(json.dumps({"server": reused, "w": _identity(worker.pid)}))
+        said = []
+        assert prefect_down(tmp_path, say=said.append) == ["w"]
+        assert worker.wait(10) is not None and bystander.poll() is None  # the bystander was never signalled
+        assert f"server (pid {bystander.pid}): that pid now belongs to another process; not signalled" in said
+    finally:
+        for p in (worker, bystander):
+            p.kill()
+            p.wait()

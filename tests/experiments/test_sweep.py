@@ -242,3 +242,19 @@ def test_without_a_terminal_the_bar_is_off_and_lines_go_to_stderr(capsys):
     with progress:
         progress.write("[sweep p] trial 9 COMPLETE")
     assert progress.bar.disable and capsys.readouterr().err == "[sweep p] trial 9 COMPLETE\n"
+
+
+def test_a_diverged_trial_fails_as_such_and_the_study_goes_on(project, monkeypatch, capsys):
+    """Issue 33.3: every trial of this space diverges; each ends FAIL with its reason, counts towards
+    n_trials, and the sweep ends normally instead of stopping at the first."""
+    cfg, url, _ = _in_process_sweep(project, monkeypatch, "diverging", n_trials=2)
+    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw["sweep"]["space"] = {"train.learning_rate": {"type": "float", "low": 1e28, "high": 1e30, "log": True}}
+    (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    summary = sweep.run_sweep(load_config("params.yaml"), Paths.of(cfg))
+    trials = optuna.load_study(study_name="diverging", storage=url).trials
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.FAIL]
+    assert all(t.user_attrs[sweep.DIVERGED_ATTR].startswith("training diverged at step ") for t in trials)
+    assert summary["trials"] == 0 and summary["best_value"] is None
+    said = capsys.readouterr().err
+    assert len(re.findall(r"trial \d: training diverged at step \d+: .*; the study goes on", said)) == 2

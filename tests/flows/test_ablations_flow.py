@@ -144,3 +144,25 @@ def test_preset_sweep_gives_the_table_in_order_and_a_line_plot(project, harness)
     assert (project / "plots/ablation.png").stat().st_size > 1000
     metrics = json.loads((project / "metrics/ablate.json").read_text())
     assert metrics["preset"] == "margin" and set(metrics["variants"]) == {"m=0.2", "m=0.1"}
+
+
+def test_a_diverged_job_fails_at_once_without_retries_and_the_ablation_goes_on(project, harness, monkeypatch):
+    """Issue 33.3: a diverged training is a failed job (its reason in the table), never retried."""
+    import sys
+
+    sys.path.insert(0, str(REPO))
+    from flows.ablations import ablations
+
+    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw["ablate"].update(variants={"mcse": {}, "diverged": {"train.learning_rate": 1e30}}, seeds=[1], retries=2)
+    (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    from mmcse.pipeline import train as train_stage
+
+    calls = []
+    real_train = train_stage.run_train
+    monkeypatch.setattr(train_stage, "run_train", lambda *a, **k: calls.append(a[0].train.learning_rate) or
+                        real_train(*a, **k))
+    rows = {r["variant"]: r for r in ablations("params.yaml")}
+    assert rows["mcse"]["status"] == "ok"
+    assert rows["diverged"]["status"] == "failed" and "training diverged at step" in rows["diverged"]["error"]
+    assert calls.count(1e30) == 1  # no retry of a run that diverges again

@@ -62,12 +62,16 @@ def test_mmcse_prefect_up_brings_everything_up_in_order_and_down(project):
 
         assert {p["name"] for p in post("/work_pools/filter")} >= {"gpu", "head"}
         assert {d["name"] for d in post("/deployments/filter")} == {"ablations", "fan-out", "ablation-job", "sweep"}
-        pids = json.loads((project / ".prefect-up/pids.json").read_text())
+        recorded = json.loads((project / ".prefect-up/pids.json").read_text())
+        pids = {name: entry["pid"] for name, entry in recorded.items()}
         assert set(pids) == {"server", f"{os.uname().nodename}-cpu0", f"{os.uname().nodename}-head"}
         assert all(psutil.pid_exists(p) for p in pids.values())
+        # each process with its start time and command line: a reused pid is never taken for it
+        assert all(psutil.Process(e["pid"]).create_time() == pytest.approx(e["started"], abs=0.01) and
+                   psutil.Process(e["pid"]).cmdline() == e["cmdline"] for e in recorded.values())
         again = subprocess.run(up, cwd=project, env=env, capture_output=True, text=True, timeout=600)
         assert again.returncode == 0 and "already answering" in again.stdout and "(present)" in again.stdout
-        assert json.loads((project / ".prefect-up/pids.json").read_text()) == pids  # nothing started twice
+        assert json.loads((project / ".prefect-up/pids.json").read_text()) == recorded  # nothing started twice
     finally:
         down = subprocess.run([sys.executable, "-m", "mmcse.cli", "prefect", "down"], cwd=project, env=env,
                               capture_output=True, text=True, timeout=300)

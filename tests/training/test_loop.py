@@ -180,7 +180,7 @@ def test_damaged_resume_point_falls_back_to_the_old_copy_then_starts_afresh(proj
     _cut(out / "last/trainer.pt", 100)
     resumed = train(cfg, "data/raw", "data/teachers", out, on_eval=lambda s, v: evals.append(s), progress=False)
     assert evals == [8] and resumed.steps == 8  # resumed at step 4
-    assert f"{out / 'last/trainer.pt'}: unreadable (" in caplog.text
+    assert f"{out / 'last/trainer.pt'}: damaged (not a whole torch archive)" in caplog.text
 
     # a truncated finished resume point and no other copy: trained again from step 0, to the same end
     caplog.clear()
@@ -189,7 +189,7 @@ def test_damaged_resume_point_falls_back_to_the_old_copy_then_starts_afresh(proj
     again = train(cfg, "data/raw", "data/teachers", out, on_eval=lambda s, v: evals.append(s), progress=False)
     assert evals == [4, 8] and again.steps == 8 and again.history == resumed.history
     assert f"{out / 'last/student.safetensors'}: truncated: " in caplog.text
-    assert "training starts afresh from step 0" in caplog.text
+    assert "retrained from step 0" in caplog.text
     assert load_file(str(out / "last/student.safetensors")).keys() == _weights(out).keys()
 
 

@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import tarfile
-import tempfile
 import urllib.error
 import urllib.request
 import zipfile
@@ -24,7 +23,7 @@ from pathlib import Path, PurePosixPath
 from tqdm.auto import tqdm
 
 from mmcse.hub import offline
-from mmcse.io import sha256_file, write_json
+from mmcse.io import build_dir, sha256_file, write_json
 
 
 class DownloadError(RuntimeError):
@@ -121,7 +120,7 @@ def safe_extract(archive: str | Path, dest: str | Path) -> Path:
     success). Every member is checked before anything is written."""
     archive, dest = Path(archive), Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    tmp = build_dir(dest.parent, prefix=f".{dest.name}.")
     try:
         if zipfile.is_zipfile(archive):
             with zipfile.ZipFile(archive) as z:

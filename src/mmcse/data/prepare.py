@@ -31,7 +31,6 @@ import logging
 import os
 import random
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +40,7 @@ from mmcse.config import DataConfig, SourceConfig
 from mmcse.data import demo
 from mmcse.data.senteval import available_transfer_tasks, read_sts_task, read_sts_tasks, read_transfer_task
 from mmcse.data.sources import Fetched, cc12m_pairs, fetch_source, real_pairs, senteval_folder
-from mmcse.io import atomic_path, sha256_file, write_bytes, write_json, write_jsonl, write_text
+from mmcse.io import atomic_path, build_dir, sha256_file, write_bytes, write_json, write_jsonl, write_text
 
 log = logging.getLogger(__name__)
 
@@ -241,7 +240,7 @@ def prepare_data(cfg: DataConfig, seed: int, out_dir: str | Path, downloads_dir:
                 f"{'it' if len(missing) == 1 else 'them'} (present: {', '.join(present) or 'none'})"
             )
     out.parent.mkdir(parents=True, exist_ok=True)
-    build = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    build = build_dir(out.parent, prefix=f".{out.name}.")
     try:
         manifest = _build(cfg, seed, build, downloads, senteval, senteval_record)
         if out.exists():

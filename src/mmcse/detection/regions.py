@@ -99,7 +99,7 @@ from mmcse.integrity.files import (
     read_json_artifact,
     remember_sha256,
 )
-from mmcse.io import read_jsonl, sha256_file, sha256_json, write_json
+from mmcse.io import build_dir, read_jsonl, sha256_file, sha256_json, write_json
 
 log = logging.getLogger(__name__)
 
@@ -546,7 +546,7 @@ def build_region_cache(
         return found, True
     folder = out_dir / set_name
     out_dir.mkdir(parents=True, exist_ok=True)
-    build = Path(tempfile.mkdtemp(prefix=f".{set_name}.", dir=out_dir))
+    build = build_dir(out_dir, prefix=f".{set_name}.")
     try:
         arrays = _write_set(build, ids, source, max_regions, dtype)
         write_json(build / "index.json", {

@@ -114,10 +114,12 @@ SCORE_NAMES = 2
 
 
 def _evaluate(job_cfg: Config, folder: Path, summary: dict[str, Any], run_id: str | None) -> dict[str, float]:
-    """The test scores of the job's best checkpoint on the artifacts its training used (``summary``)."""
-    from mmcse.pipeline.evaluate import run_evaluate
+    """The test scores of the job's best checkpoint on the artifacts its training used (``summary``);
+    a checkpoint that is damaged or not the job's configuration's is refused (`require_trained_with`)."""
+    from mmcse.pipeline.evaluate import require_trained_with, run_evaluate
     from mmcse.pipeline.paths import Paths
 
+    require_trained_with(job_cfg, folder / "best")
     return run_evaluate(job_cfg, Paths.of(job_cfg), folder / "best", run_id=run_id, experiment_name="ablate",
                         transfer=job_cfg.ablate.transfer, data_dir=Path(summary["data_dir"]),
                         teacher_manifest=Path(summary["teacher_manifest"]),
@@ -131,6 +133,13 @@ def rescore(job_cfg: Config, folder: Path, result: dict[str, Any]) -> dict[str, 
     names; None (train it again) when its checkpoint or training summary is gone."""
     summary_file = folder / "summary.json"
     if not (folder / "best").is_dir() or not summary_file.is_file():
+        return None
+    from mmcse.pipeline.evaluate import require_trained_with
+
+    try:
+        require_trained_with(job_cfg, folder / "best")
+    except ValueError as err:  # damaged, unsealed or another configuration's: trained again
+        print(f"{result['variant']} seed={result['seed']}: {err}", flush=True)
         return None
     print(f"{result['variant']} seed={result['seed']}: recorded under older score names; evaluating its "
           "checkpoint again (not retraining)", flush=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 OWNER_VARIABLE = "MMCSE_PREFECT_SERVER_OWNER"  # "<pid>:<start time>:<project folder>"
 
@@ -178,10 +179,10 @@ def prefect_up(root: str | Path = ".", port: int = 4200, gpu_workers: int | None
            "PREFECT_SERVER_ANALYTICS_ENABLED": os.environ.get("PREFECT_SERVER_ANALYTICS_ENABLED", "false")}
     state_dir = root / UP_DIR
     pids_file = state_dir / "pids.json"
-    started: dict[str, int] = json.loads(pids_file.read_text()) if pids_file.is_file() else {}
+    started: dict[str, dict[str, Any]] = _read_started(pids_file)
 
     def record(name: str, pid: int) -> None:
-        started[name] = pid
+        started[name] = _identity(pid)
         state_dir.mkdir(parents=True, exist_ok=True)
         pids_file.write_text(json.dumps(started, indent=2) + "\n")
 
@@ -216,18 +217,59 @@ def prefect_up(root: str | Path = ".", port: int = 4200, gpu_workers: int | None
     host = os.uname().nodename
     for i in range(count):
         name = f"{host}-gpu{i}" if gpus else f"{host}-cpu{i}"
-        if name in started and _alive(started[name]):
+        if name in started and _same_process(started[name]):
             continue
         worker_env = {**env, **({"CUDA_VISIBLE_DEVICES": str(i)} if gpus else {})}
         record(name, _start([prefect, "worker", "start", "--pool", "gpu", "--name", name, "--limit", "1"],
                             state_dir / f"{name}.log", worker_env, root))
     head = f"{host}-head"
-    if not (head in started and _alive(started[head])):
+    if not (head in started and _same_process(started[head])):
         record(head, _start([prefect, "worker", "start", "--pool", "head", "--name", head, "--limit", "1"],
                             state_dir / f"{head}.log", env, root))
     say(f"workers: {count} on gpu ({'one per GPU' if gpus else 'no GPU here'}), 1 on head; logs in {state_dir}")
     say(f"next: export PREFECT_API_URL={api_url}; prefect deployment run 'ablations/ablations' --watch")
-    return {"api_url": api_url, "started": dict(started), "pools": list(POOLS)}
+    pids = {name: entry["pid"] for name, entry in started.items()}
+    return {"api_url": api_url, "started": pids, "pools": list(POOLS)}
+
+
+def _identity(pid: int) -> dict[str, Any]:
+    """What tells process ``pid`` from a later one that reuses its number: its start time and command."""
+    import psutil
+
+    try:
+        process = psutil.Process(pid)
+        return {"pid": pid, "started": round(process.create_time(), 3), "cmdline": process.cmdline()}
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return {"pid": pid, "started": None, "cmdline": []}
+
+
+def _read_started(pids_file: Path) -> dict[str, dict[str, Any]]:
+    """The processes `prefect_up` recorded (an older pids.json holds bare pids: no start time)."""
+    import json
+
+    if not pids_file.is_file():
+        return {}
+    raw = json.loads(pids_file.read_text())
+    return {name: entry if isinstance(entry, dict) else {"pid": int(entry), "started": None, "cmdline": []}
+            for name, entry in raw.items()}
+
+
+def _same_process(entry: dict[str, Any]) -> bool:
+    """Whether the process `prefect_up` recorded in ``entry`` still runs: its pid alive with the same
+    start time and command line. A pid the system gave to another process since is not it (and is never
+    signalled); an entry without a start time (older mmcse) is checked by its command naming prefect."""
+    import psutil
+
+    try:
+        process = psutil.Process(int(entry["pid"]))
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return False
+        cmdline = process.cmdline()
+        if entry.get("started") is None:
+            return any("prefect" in part for part in cmdline)
+        return abs(process.create_time() - float(entry["started"])) < 0.01 and cmdline == entry.get("cmdline")
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, KeyError, TypeError, ValueError):
+        return False
 
 
 def _alive(pid: int) -> bool:
@@ -259,7 +301,6 @@ def _ensure_pools(api_url: str) -> list[str]:
 def prefect_down(root: str | Path = ".", say: Callable[[str], None] = print) -> list[str]:
     """Stop what `prefect_up` started in ``root`` (workers first, the server last; each process
     group TERM, then KILL after 30 s) and forget it; returns the names stopped."""
-    import json
     import signal
 
     import psutil
@@ -268,11 +309,13 @@ def prefect_down(root: str | Path = ".", say: Callable[[str], None] = print) -> 
     if not pids_file.is_file():
         say("nothing to stop: no Prefect processes recorded by `mmcse prefect up` here")
         return []
-    started: dict[str, int] = json.loads(pids_file.read_text())
+    started = _read_started(pids_file)
     stopped = []
     for name in sorted(started, key=lambda n: n == "server"):  # the server last
-        pid = started[name]
-        if not _alive(pid):
+        pid = int(started[name]["pid"])
+        if not _same_process(started[name]):
+            if _alive(pid):
+                say(f"{name} (pid {pid}): that pid now belongs to another process; not signalled")
             continue
         try:
             os.killpg(pid, signal.SIGTERM)

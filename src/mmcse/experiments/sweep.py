@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from mmcse.config import RETRIEVAL_METHODS, Config, check_sweep_space, with_overrides
+from mmcse.errors import TrainingDiverged
 from mmcse.io import ensure_sqlite_parent
 
 # A running trial records a heartbeat every HEARTBEAT_INTERVAL s (Optuna wants whole seconds);
@@ -38,6 +39,9 @@ HEARTBEAT_ATTR = "mmcse.heartbeat"  # user attr: this trial's heartbeats are kep
 # Not WAITING (enqueued) ones: `study.ask` hands those out first, so they are run, not skipped.
 COUNTED_STATES = ("COMPLETE", "PRUNED", "RUNNING")  # names: optuna is imported lazily
 WAIT = object()  # _next_trial: no trial for now, look again
+# A trial whose training diverged (`mmcse.errors.TrainingDiverged`) ends FAIL with this user attr (the
+# reason) and counts towards n_trials: a space that diverges everywhere ends, the study goes on otherwise.
+DIVERGED_ATTR = "mmcse.diverged"
 
 
 def suggest(trial: Any, space: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
@@ -203,6 +207,8 @@ def _next_trial(study: Any, rdb: Any, lock: AbstractContextManager[Any], n_trial
                 rdb.record_heartbeat(orphan._trial_id)
         optuna.storages.fail_stale_trials(study)
         counted = study.get_trials(deepcopy=False, states=tuple(TrialState[name] for name in COUNTED_STATES))
+        counted += [t for t in study.get_trials(deepcopy=False, states=(TrialState.FAIL,))
+                    if DIVERGED_ATTR in t.user_attrs]
         finished = sum(t.state != TrialState.RUNNING for t in counted)
         if finished >= n_trials:
             return None
@@ -232,6 +238,8 @@ def _run_trial(study: Any, rdb: Any, trial: Any, objective: Any, study_name: str
             state = TrialState.PRUNED
         except (Exception, KeyboardInterrupt) as err:
             state, error = TrialState.FAIL, err
+            if isinstance(err, TrainingDiverged):
+                trial.set_user_attr(DIVERGED_ATTR, str(err)[:500])
     # state None: COMPLETE, or FAIL if the value is None/NaN (as optimize); a trial another worker
     # failed as stale meanwhile (its heartbeats stopped) stays FAIL instead of raising here
     frozen = study.tell(trial, value if state is None else None, state=state, skip_if_finished=True)
@@ -244,7 +252,9 @@ def _run_trial(study: Any, rdb: Any, trial: Any, objective: Any, study_name: str
     shown = "-" if frozen.value is None else f"{frozen.value:.4g}"
     (say or _say)(f"[sweep {study_name}] trial {frozen.number} {frozen.state.name} value {shown} | {best_text} | "
                   f"{finished}/{n_trials} finished")
-    if error is not None:
+    if isinstance(error, TrainingDiverged):  # a failed trial, not a failed sweep
+        (say or _say)(f"[sweep {study_name}] trial {frozen.number}: {error}; the study goes on")
+    elif error is not None:
         raise error
 
 

@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from mmcse.errors import CorruptArtifact
+from mmcse.io import write_json
 
 T = TypeVar("T")
 
@@ -211,9 +212,60 @@ def read_json_artifact(path: str | Path, fix: str) -> Any:
         raise CorruptArtifact(path, f"corrupt JSON ({err})", fix) from None
 
 
-def check_model_folder(folder: str | Path, fix: str, required: Iterable[str] = ()) -> None:
-    """Check a model folder before a loader reads it: every ``*.safetensors`` file against its
-    header, every top-level ``*.json`` (config, tokenizer, heads) parses, ``required`` files exist."""
+# --------------------------------------------------------------------------- sealed folders
+
+# A checkpoint folder's seal: which configuration and step wrote it, and the SHA-256 of every file in it
+# (``{"config_hash", "step", "files": {relative path: sha256}}``). Header checks cannot see same-size
+# damage inside a tensor's data; the seal can, and it says whose checkpoint the folder is.
+SEAL = "checkpoint.json"
+
+
+def seal_folder(folder: str | Path, **record: Any) -> dict[str, Any]:
+    """Write ``folder/checkpoint.json`` (`SEAL`): ``record`` (e.g. ``config_hash``, ``step``) and the
+    SHA-256 of every file under ``folder``; returns what was written. Call it on a finished folder
+    before it is renamed into place, so the seal and the files appear together."""
+    folder = Path(folder)
+    files = {path.relative_to(folder).as_posix(): file_sha256(path)
+             for path in sorted(folder.rglob("*")) if path.is_file() and path.name != SEAL}
+    sealed = {**record, "files": files}
+    write_json(folder / SEAL, sealed)
+    return sealed
+
+
+def read_seal(folder: str | Path, fix: str) -> dict[str, Any] | None:
+    """The seal of ``folder`` (None: the folder has none, e.g. a model from a hub); a damaged one is
+    a `CorruptArtifact`."""
+    path = Path(folder) / SEAL
+    if not path.is_file():
+        return None
+    sealed = read_json_artifact(path, fix)
+    if not isinstance(sealed, dict) or not isinstance(sealed.get("files"), dict):
+        raise CorruptArtifact(path, "not a checkpoint seal (no files listed)", fix)
+    return sealed
+
+
+def check_sealed(folder: str | Path, fix: str) -> dict[str, Any] | None:
+    """Every file the seal of ``folder`` lists, against its recorded SHA-256 (hashed once per process
+    while a file is unchanged); returns the seal, None when the folder has none."""
+    folder = Path(folder)
+    sealed = read_seal(folder, fix)
+    if sealed is None:
+        return None
+    for name, digest in sorted(sealed["files"].items()):
+        path = folder / name
+        if not path.is_file():
+            raise CorruptArtifact(path, f"missing ({SEAL} lists it)", fix)
+        if file_sha256(path) != digest:
+            raise CorruptArtifact(path, f"content does not match the SHA-256 {SEAL} records (damaged since it "
+                                  "was written)", fix)
+    return sealed
+
+
+def check_model_folder(folder: str | Path, fix: str, required: Iterable[str] = ()) -> dict[str, Any] | None:
+    """Check a model folder before a loader reads it: ``required`` files exist, every ``*.safetensors``
+    file against its header, every top-level ``*.json`` (config, tokenizer, heads) parses, and, in a
+    folder mmcse wrote, every file against the SHA-256 its seal records (`check_sealed`: same-size
+    damage too). Returns the seal (None: an unsealed folder, e.g. a hub model)."""
     folder = Path(folder)
     for name in required:
         if not (folder / name).is_file():
@@ -222,6 +274,7 @@ def check_model_folder(folder: str | Path, fix: str, required: Iterable[str] = (
         check_safetensors(path, fix)
     for path in sorted(folder.glob("*.json")):
         read_json_artifact(path, fix)
+    return check_sealed(folder, fix)
 
 
 def image_size_mismatch(path: Path, recorded: int | None) -> str | None:

@@ -26,13 +26,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
 from mmcse.config import POOLERS
-from mmcse.io import write_json
+from mmcse.integrity.files import check_sealed, seal_folder
+from mmcse.io import build_dir, write_json
 
 # `mmcse eval --max-seq-len` and the evaluate stage's TextEncoder default: the length the reported
 # STS scores were encoded at (training's dev evaluation uses model.max_seq_len instead).
@@ -83,7 +83,7 @@ def _mlp_weights(folder: Path) -> tuple[torch.Tensor, torch.Tensor]:
 def _save_module(module: torch.nn.Module, folder: Path, name: str) -> None:
     """``module.save`` into a fresh folder beside ``folder / name``, then renamed over it."""
     target = folder / name
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", suffix=".tmp", dir=folder))
+    tmp = build_dir(folder, prefix=f".{name}.", suffix=".tmp")
     try:
         module.save(str(tmp))
         if target.exists():
@@ -128,6 +128,8 @@ def export_sentence_transformers(
         raise ValueError(f"max_seq_len must be positive, got {max_seq_len}")
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{folder}: not a model folder (no config.json)")
+    # a sealed checkpoint (`mmcse.integrity.files.SEAL`) is checked first and sealed again afterwards
+    sealed = check_sealed(folder, "retrain it (dvc repro train)")
     student = (folder / HEADS_META).is_file()
     config = AutoConfig.from_pretrained(folder)
     hidden, layers = int(config.hidden_size), int(config.num_hidden_layers)
@@ -185,6 +187,8 @@ def export_sentence_transformers(
     for name in stale - {e["path"] for e in entries}:
         if (folder / name).is_dir():
             shutil.rmtree(folder / name)
+    if sealed is not None:
+        seal_folder(folder, **{k: v for k, v in sealed.items() if k != "files"})
     return folder
 
 

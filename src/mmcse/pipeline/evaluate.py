@@ -11,6 +11,26 @@ from mmcse.pipeline.features import relevance_for
 from mmcse.pipeline.paths import Paths
 
 
+def require_trained_with(cfg: Config, model_dir: Path) -> str:
+    """Check that the checkpoint ``model_dir`` is whole (headers, every file against its seal's SHA-256)
+    and was trained with ``cfg`` (its seal's configuration hash, `run_definition_hash`); returns that
+    hash. Anything else is one line naming the folder and what to run: a result always comes from its
+    configuration's training."""
+    from mmcse.integrity.files import check_model_folder
+    from mmcse.training.checkpoints import run_definition_hash
+
+    fix = "rerun the train stage (dvc repro train)"
+    sealed = check_model_folder(model_dir, fix)
+    expected = run_definition_hash(cfg)
+    if sealed is None:
+        raise ValueError(f"{model_dir}: no checkpoint seal (written by an older mmcse, or not by the train stage), "
+                         f"so which configuration trained it is unknown; {fix}")
+    if sealed.get("config_hash") != expected:
+        raise ValueError(f"{model_dir}: trained with another configuration than params.yaml's (its seal records "
+                         f"{str(sealed.get('config_hash'))[:12]}, params.yaml makes {expected[:12]}); {fix}")
+    return expected
+
+
 def run_evaluate(
     cfg: Config,
     paths: Paths,

@@ -77,7 +77,7 @@ def run_train(
     from mmcse.models.device import resolve_device
     from mmcse.models.precision import check_precision
     from mmcse.training.batches import check_inputs
-    from mmcse.training.checkpoints import resume_point_run
+    from mmcse.training.checkpoints import resume_point_run, run_definition_hash
     from mmcse.training.duet import best_checkpoint_files
     from mmcse.training.loop import train
 
@@ -103,7 +103,9 @@ def run_train(
         parent_run_id=parent_run_id, tags=artifact_tags(keys),
         job=str(out_dir.resolve()),
     ) as active:
-        tracking.remember_run(out_dir, active.info.run_id)  # not in out_dir: a DVC output holds nothing random
+        # not in out_dir (a DVC output holds nothing random); per configuration, so a folder another
+        # configuration trained in meanwhile never continues this run
+        tracking.remember_run(out_dir, active.info.run_id, config_hash=run_definition_hash(cfg))
         if decision.stale_run and resumed_run is None:
             tracking.supersede_run(decision.stale_run, active.info.run_id, decision.reason)
             mlflow.set_tags({"mmcse.restarted_from_run": decision.stale_run,

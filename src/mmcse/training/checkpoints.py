@@ -1,5 +1,13 @@
-"""Resume points and best weights: what a killed training continues from, written atomically and
-checked before it is loaded (a damaged one is named and skipped, never loaded).
+"""Resume points and best weights of one training run, and which configuration they belong to.
+
+A training folder holds ``best/`` (the best dev checkpoint, what evaluation reads) and ``last/`` (the
+resume point: weights, optimizer, scheduler, RNG and the history). Both are written atomically, both
+say which configuration wrote them (`run_definition_hash`) and carry their files' SHA-256 (``best/``:
+its seal, `mmcse.integrity.files.SEAL`; ``last/``: ``state.json``'s ``files``), and both are checked
+before anything is taken from them (`plan_start`): a folder left by another configuration, a damaged
+or missing ``best/``, or a ``best/`` that is not the step the resume point calls best is never taken for
+this run's result. The best weights are held in memory and written together with the next resume point,
+so on disk the two always agree (`Checkpoints`).
 """
 
 from __future__ import annotations
@@ -9,6 +17,7 @@ import logging
 import math
 import os
 import shutil
+import zipfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,10 +26,20 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from mmcse.config import Config
-from mmcse.errors import CorruptArtifact
-from mmcse.integrity.files import check_model_folder, check_safetensors, load_torch, read_json_artifact
-from mmcse.models.student import HEADS_FILE, HEADS_META, Student
+from mmcse.config import Config, to_dict
+from mmcse.errors import CorruptArtifact, TrainingDiverged
+from mmcse.integrity.files import (
+    check_model_folder,
+    check_safetensors,
+    file_sha256,
+    load_torch,
+    read_json_artifact,
+    read_seal,
+    seal_folder,
+)
+from mmcse.io import follow_umask, sha256_json
+from mmcse.models.student import HEADS_FILE, HEADS_META
+from mmcse.tracking import remembered_run
 
 log = logging.getLogger(__name__)
 
@@ -33,20 +52,23 @@ class TrainState:
     history: list[dict[str, float]] = field(default_factory=list)
 
 
-def write_weights_folder(model: torch.nn.Module, weights: dict[str, torch.Tensor], folder: Path,
-                         save: Callable[[Path], None]) -> None:
-    """Write ``model`` with ``weights`` (the best checkpoint's, held in memory) to ``folder`` through
-    ``save(tmp)``, atomically (`_swap_in`); the model's current weights are restored afterwards."""
-    current = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    model.load_state_dict(weights)
-    tmp = folder.with_name(folder.name + ".tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    try:
-        save(tmp)
-        _swap_in(tmp, folder)
-    finally:
-        model.load_state_dict(current)
+BEST_REQUIRED = ("config.json", "model.safetensors", HEADS_FILE, HEADS_META)
+RESUME_WEIGHTS = ("student.safetensors", "trainer.pt")
+STATE_FIELDS = {"step", "best_score", "best_step", "history", "config_hash"}
+_IGNORED = "resume point ignored"
+
+
+def run_definition_hash(cfg: Config) -> str:
+    """What defines a training run: everything but bookkeeping that cannot change the numbers
+    (a resume point or best checkpoint of another definition is never taken for this run's)."""
+    run_def = to_dict(cfg)
+    for section in ("ablate", "sweep", "evaluate"):
+        run_def.pop(section)
+    run_def["dev_pooler"] = cfg.evaluate.pooler  # it picks the best checkpoint
+    return sha256_json(run_def)
+
+
+# --------------------------------------------------------------------------- writing
 
 
 def _swap_in(tmp: Path, final: Path) -> None:
@@ -61,30 +83,72 @@ def _swap_in(tmp: Path, final: Path) -> None:
         shutil.rmtree(old)
 
 
-def save_resume_point(
-    folder: Path, student: torch.nn.Module, optimizer, scheduler, scaler, state: TrainState, config_hash: str,
-) -> None:
+def _fresh_tmp(folder: Path) -> Path:
     tmp = folder.with_name(folder.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    save_file({k: v.detach().contiguous() for k, v in student.state_dict().items()}, str(tmp / "student.safetensors"))
-    rng = {"rng": torch.get_rng_state()}
-    if torch.cuda.is_initialized():  # dropout on the GPU draws from the CUDA generators
-        rng["cuda_rng"] = torch.cuda.get_rng_state_all()
-    torch.save(
-        {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
-         **rng},
-        tmp / "trainer.pt",
-    )
-    (tmp / "state.json").write_text(
-        json.dumps({"step": state.step, "best_score": state.best_score, "best_step": state.best_step,
-                    "history": state.history, "config_hash": config_hash})
-    )
-    _swap_in(tmp, folder)
+    return tmp
 
 
-RESUME_WEIGHTS = ("student.safetensors", "trainer.pt")
+def check_finite(weights: dict[str, torch.Tensor], what: str, step: int) -> None:
+    """Refuse to save ``weights`` holding a NaN or infinity (one host sync for all tensors)."""
+    floats = [(k, v) for k, v in weights.items() if v.is_floating_point()]
+    if not floats:
+        return
+    finite = torch.stack([torch.isfinite(v).all() for _, v in floats]).cpu()
+    bad = [k for (k, _), ok in zip(floats, finite.tolist(), strict=True) if not ok]
+    if bad:
+        raise TrainingDiverged(f"training diverged: {len(bad)} of {len(floats)} tensors of the {what} at step "
+                               f"{step} are not finite (first: {bad[0]}); nothing was saved")
+
+
+def write_weights_folder(model: torch.nn.Module, weights: dict[str, torch.Tensor], folder: Path,
+                         save: Callable[[Path], None], **seal: Any) -> None:
+    """Write ``model`` with ``weights`` (the best checkpoint's, held in memory) to ``folder`` through
+    ``save(tmp)``, sealed with ``seal`` (e.g. ``config_hash``, ``step``) and every file's SHA-256, then
+    swapped in atomically (`_swap_in`); the model's current weights are restored afterwards."""
+    current = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    model.load_state_dict(weights)
+    tmp = _fresh_tmp(folder)
+    try:
+        save(tmp)
+        follow_umask(tmp)  # safetensors writes owner-only files; the checkpoint reads as every output does
+        seal_folder(tmp, **seal)
+        _swap_in(tmp, folder)
+    finally:
+        model.load_state_dict(current)
+        if tmp.exists():  # a failed write (a full disk) leaves no half folder behind
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def save_resume_point(
+    folder: Path, student: torch.nn.Module, optimizer, scheduler, scaler, state: TrainState, config_hash: str,
+) -> None:
+    """The resume point in ``folder``: weights, trainer state (optimizer, scheduler, scaler, RNG) and
+    ``state.json`` with the history, the configuration's hash and both files' SHA-256."""
+    tmp = _fresh_tmp(folder)
+    try:
+        tmp.mkdir(parents=True)
+        save_file({k: v.detach().contiguous() for k, v in student.state_dict().items()},
+                  str(tmp / "student.safetensors"))
+        rng = {"rng": torch.get_rng_state()}
+        if torch.cuda.is_initialized():  # dropout on the GPU draws from the CUDA generators
+            rng["cuda_rng"] = torch.cuda.get_rng_state_all()
+        torch.save(
+            {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
+             **rng},
+            tmp / "trainer.pt",
+        )
+        (tmp / "state.json").write_text(
+            json.dumps({"step": state.step, "best_score": state.best_score, "best_step": state.best_step,
+                        "history": state.history, "config_hash": config_hash,
+                        "files": {name: file_sha256(tmp / name) for name in RESUME_WEIGHTS}})
+        )
+        follow_umask(tmp)
+        _swap_in(tmp, folder)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def release_resume_point(out_dir: Path) -> int:
@@ -93,7 +157,7 @@ def release_resume_point(out_dir: Path) -> int:
 
     An ablation keeps dozens of finished runs whose result is already recorded; their
     resume points would only fill the disk and the DVC cache. A later ``train`` with the
-    same folder starts afresh (see ``load_resume_point``)."""
+    same folder starts afresh (see `plan_start`)."""
     freed = 0
     for name in RESUME_WEIGHTS:
         path = out_dir / "last" / name
@@ -103,17 +167,181 @@ def release_resume_point(out_dir: Path) -> int:
     return freed
 
 
-def run_definition_hash(cfg: Config) -> str:
-    """What defines a training run: everything but bookkeeping that cannot change the numbers
-    (a resume point of another definition is not resumed)."""
-    from mmcse.config import to_dict
-    from mmcse.io import sha256_json
+# --------------------------------------------------------------------------- reading
 
-    run_def = to_dict(cfg)
-    for section in ("ablate", "sweep", "evaluate"):
-        run_def.pop(section)
-    run_def["dev_pooler"] = cfg.evaluate.pooler  # it picks the best checkpoint
-    return sha256_json(run_def)
+
+def _state(folder: Path) -> dict[str, Any] | None:
+    """``state.json`` of a resume point, None when absent or unreadable."""
+    try:
+        meta = json.loads((folder / "state.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) else None
+
+
+def _resume_point_problem(folder: Path) -> str | None:
+    """Why the resume point in ``folder`` cannot be restored (state fields, both weight files, the
+    safetensors header, trainer.pt's zip directory, and each file against the SHA-256 its state.json
+    records); None: whole."""
+    meta = _state(folder)
+    if meta is None:
+        return f"{folder / 'state.json'}: unreadable"
+    if not STATE_FIELDS <= meta.keys():
+        return f"{folder / 'state.json'}: fields missing"
+    missing = [name for name in RESUME_WEIGHTS if not (folder / name).is_file()]
+    if missing:
+        return f"{folder}: {', '.join(missing)} released or missing"
+    try:
+        check_safetensors(folder / "student.safetensors", _IGNORED)
+    except CorruptArtifact as err:
+        return str(err)
+    if not zipfile.is_zipfile(folder / "trainer.pt"):
+        return f"{folder / 'trainer.pt'}: damaged (not a whole torch archive)"
+    for name, digest in (meta.get("files") or {}).items():
+        if file_sha256(folder / name) != digest:
+            return (f"{folder / name}: content does not match the SHA-256 state.json records (damaged since it "
+                    "was written)")
+    return None
+
+
+def best_problem(best: Path, config_hash: str, best_step: int, required: Sequence[str]) -> str | None:
+    """Why ``best`` is not this run's best checkpoint at ``best_step`` (missing, damaged — headers or
+    its files' SHA-256 —, unsealed, another configuration's, or another step's); None: it is."""
+    if not best.is_dir():
+        return f"{best} is missing"
+    try:
+        check_model_folder(best, "rebuilt", required=required)
+        sealed = read_seal(best, "rebuilt")
+    except CorruptArtifact as err:
+        return str(err)
+    if sealed is None:
+        return f"{best} has no checkpoint seal (written by an older mmcse)"
+    if sealed.get("config_hash") != config_hash:
+        return f"{best} holds another configuration's checkpoint"
+    if sealed.get("step") != best_step:
+        return f"{best} holds step {sealed.get('step')}, not the best step {best_step} of the resume point"
+    return None
+
+
+@dataclass(frozen=True)
+class StartPlan:
+    """Where a training in a folder starts (`plan_start`): from the resume point ``resume_from`` at
+    ``step`` (``rewrite_best``: its weights are the best ones and ``best/`` is rebuilt from them), or
+    from step 0 (``resume_from`` None); ``reason``: why something in the folder was not taken."""
+
+    resume_from: Path | None = None
+    step: int = 0
+    rewrite_best: bool = False
+    reason: str = ""
+
+
+def plan_start(out_dir: Path, config_hash: str, best_required: Sequence[str] = BEST_REQUIRED) -> StartPlan:
+    """What `Checkpoints.start` will do in ``out_dir`` for the configuration ``config_hash``, known before
+    anything loads. A resume point is taken only when it is this configuration's and whole (``last/``,
+    else the ``.old`` copy a kill between renames left) and ``best/`` is this configuration's checkpoint
+    of the step that resume point calls best; when ``best/`` is not (deleted, damaged, another
+    configuration's or step's), it is rebuilt from the resume point if the best step is the resume
+    point's own, else training restarts from step 0 (the best weights can only be had by training)."""
+    last = out_dir / "last"
+    problems = []
+    for folder in (last, last.with_name(last.name + ".old")):
+        meta = _state(folder)
+        if meta is None and not (folder / "state.json").exists():
+            continue
+        if meta is not None and meta.get("config_hash") != config_hash:
+            continue  # another configuration's (another method, a changed param): not ours, not a problem
+        problem = _resume_point_problem(folder)
+        if problem is not None:
+            problems.append(problem)
+            continue
+        step, best_step = int(meta["step"]), int(meta["best_step"])
+        wrong = best_problem(out_dir / "best", config_hash, best_step, best_required) if best_step >= 0 else None
+        skipped = "".join(f"{problem}; " for problem in problems)
+        if wrong is None:
+            return StartPlan(folder, step, reason=f"{skipped}resumed from {folder}" if problems else "")
+        if best_step == step:
+            return StartPlan(folder, step, rewrite_best=True,
+                             reason=f"{skipped}{wrong}; rebuilt from the resume point (step {step}, the best one)")
+        return StartPlan(reason=f"{skipped}{wrong}, and its weights (step {best_step}) can only be had again by "
+                                "training: retrained from step 0")
+    return StartPlan(reason="; ".join(problems) + "; retrained from step 0" if problems else "")
+
+
+def _restore(folder: Path, model: torch.nn.Module, optimizer, scheduler, scaler) -> TrainState:
+    """Load the resume point ``folder`` (chosen by `plan_start`) into the model and trainer."""
+    meta = read_json_artifact(folder / "state.json", _IGNORED)
+    weights_file = folder / "student.safetensors"
+    weights = load_file(str(weights_file))
+    expected = model.state_dict()
+    if weights.keys() != expected.keys() or any(weights[k].shape != v.shape for k, v in expected.items()):
+        raise CorruptArtifact(weights_file, "its tensors do not match the model being trained", _IGNORED)
+    trainer = load_torch(folder / "trainer.pt", _IGNORED, weights_only=True)
+    if not isinstance(trainer, dict) or not {"optimizer", "scheduler", "rng"} <= trainer.keys():
+        raise CorruptArtifact(folder / "trainer.pt", "optimizer, scheduler or RNG state missing", _IGNORED)
+    model.load_state_dict(weights)
+    optimizer.load_state_dict(trainer["optimizer"])
+    scheduler.load_state_dict(trainer["scheduler"])
+    if trainer.get("scaler"):
+        scaler.load_state_dict(trainer["scaler"])
+    torch.set_rng_state(trainer["rng"])
+    if "cuda_rng" in trainer and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(trainer["cuda_rng"])
+    return TrainState(meta["step"], meta["best_score"], meta["best_step"], meta["history"])
+
+
+class Checkpoints:
+    """The best checkpoint (``<out>/best``) and resume point (``<out>/last``) of one run of the
+    configuration ``config_hash``, shared by the students' loop and DUET's. ``save_best(tmp, state)``
+    writes the model (its weights set to the best ones) with whatever travels with it into ``tmp``."""
+
+    def __init__(self, out_dir: Path, config_hash: str, save_best: Callable[[Path, TrainState], None],
+                 best_required: Sequence[str] = BEST_REQUIRED) -> None:
+        self.out_dir, self.config_hash, self.save_best = Path(out_dir), config_hash, save_best
+        self.best_required = tuple(best_required)
+        self.last, self.best = self.out_dir / "last", self.out_dir / "best"
+        self.best_weights: dict[str, torch.Tensor] | None = None  # held until the next resume point
+        self.restored = False  # `start` continued a resume point (else the run starts at step 0)
+
+    def start(self, model: torch.nn.Module, optimizer, scheduler, scaler) -> TrainState:
+        """The run's state: restored from this configuration's resume point when `plan_start` takes it
+        (``best/`` rebuilt from it at once when needed), else a fresh one (what was not taken is named
+        in a warning; it is replaced at the first checkpoint)."""
+        plan = plan_start(self.out_dir, self.config_hash, self.best_required)
+        if plan.reason:
+            log.warning("%s", plan.reason)
+        if plan.resume_from is None:
+            return TrainState()
+        state = _restore(plan.resume_from, model, optimizer, scheduler, scaler)
+        self.restored = True
+        if plan.rewrite_best:
+            self.best_weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            self.write_best(model, state)
+        return state
+
+    def consider(self, score: float, state: TrainState, model: torch.nn.Module) -> None:
+        """Hold the model's weights as the best ones when ``score`` beats the run's best."""
+        if score > state.best_score:
+            state.best_score, state.best_step = score, state.step
+            self.best_weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    def write_best(self, model: torch.nn.Module, state: TrainState) -> None:
+        """Write the held best weights (if any) to ``best/``, sealed with the configuration and step."""
+        if self.best_weights is None:
+            return
+        check_finite(self.best_weights, "best checkpoint", state.best_step)
+        write_weights_folder(model, self.best_weights, self.best, lambda tmp: self.save_best(tmp, state),
+                             config_hash=self.config_hash, step=state.best_step)
+        self.best_weights = None
+
+    def save(self, model: torch.nn.Module, optimizer, scheduler, scaler, state: TrainState) -> None:
+        """A checkpoint: the held best weights to ``best/``, then the resume point to ``last/``; weights
+        that are not finite are never written (`check_finite`)."""
+        check_finite(model.state_dict(), "model", state.step)
+        self.write_best(model, state)
+        save_resume_point(self.last, model, optimizer, scheduler, scaler, state, self.config_hash)
+
+
+# --------------------------------------------------------------------------- the MLflow run
 
 
 @dataclass(frozen=True)
@@ -128,156 +356,19 @@ class ResumeDecision:
     reason: str = ""
 
 
-def _resume_point_problem(folder: Path) -> str | None:
-    """Why `load_resume_point` would not restore the resume point in ``folder`` (header-level checks:
-    state fields, both weight files, the safetensors header, trainer.pt's zip directory); None: whole."""
-    import zipfile
-
-    try:
-        meta = json.loads((folder / "state.json").read_text())
-    except (OSError, ValueError) as err:
-        return f"{folder / 'state.json'} is unreadable ({err})"
-    if not isinstance(meta, dict) or not {"step", "best_score", "best_step", "history", "config_hash"} <= meta.keys():
-        return f"{folder / 'state.json'} lacks fields"
-    missing = [name for name in RESUME_WEIGHTS if not (folder / name).is_file()]
-    if missing:
-        return f"{folder}: {', '.join(missing)} released or missing"
-    try:
-        check_safetensors(folder / "student.safetensors", _IGNORED)
-    except CorruptArtifact as err:
-        return str(err)
-    if not zipfile.is_zipfile(folder / "trainer.pt"):
-        return f"{folder / 'trainer.pt'} is damaged (not a whole torch archive)"
-    return None
-
-
 def resume_point_run(out_dir: Path, cfg: Config, best_required: Sequence[str] = ()) -> ResumeDecision:
-    """Whether ``train`` will continue the resume point in ``out_dir`` (same checks as
-    `load_resume_point`: the configuration, the best checkpoint beside it, the files of ``last`` or
-    its ``.old`` copy), so the caller continues that MLflow run only for a true resume, and starts a
-    new one when training restarts from step 0. The run id is the folder's remembered run
-    (`mmcse.tracking.remembered_run`), not part of the resume point: a tracked output holds nothing
-    random (a resume point written by an older version that still names its run is read too).
-    ``best_required``: the files a best checkpoint must hold (default: a student's, `BEST_REQUIRED`)."""
-    from mmcse.tracking import remembered_run
-
-    candidates = [f for f in (out_dir / "last", out_dir / "last.old") if (f / "state.json").is_file()]
-    if not candidates or _recorded_definition(out_dir / "last") not in (None, run_definition_hash(cfg)):
-        return ResumeDecision()  # nothing to resume, or another configuration's point: its run is not ours
-    record = remembered_run(out_dir)
+    """Whether ``train`` will continue this configuration's resume point in ``out_dir`` (`plan_start`),
+    so the caller continues that MLflow run only for a true resume of the same configuration, and starts
+    a new one when training restarts from step 0. The run id is the folder's remembered run of this
+    configuration (`mmcse.tracking.remembered_run`), not part of the resume point: a tracked output holds
+    nothing random. ``best_required``: the files a best checkpoint must hold (default: a student's)."""
+    config_hash = run_definition_hash(cfg)
+    plan = plan_start(out_dir, config_hash, best_required or BEST_REQUIRED)
+    record = remembered_run(out_dir, config_hash=config_hash)
     remembered = record["run_id"] if record else None
-    best = out_dir / "best"
-    if best.is_dir():
-        try:
-            check_model_folder(best, _IGNORED, required=best_required or BEST_REQUIRED)
-        except CorruptArtifact as err:
-            return ResumeDecision(stale_run=remembered, reason=f"retrained from step 0: {err}")
-    problems = []
-    for folder in candidates:
-        problem = _resume_point_problem(folder)
-        if problem is None:
-            meta = json.loads((folder / "state.json").read_text())
-            return ResumeDecision(remembered or meta.get("run_id"), int(meta.get("step", 0)))
-        problems.append(problem)
-    return ResumeDecision(stale_run=remembered, reason="retrained from step 0: " + "; ".join(problems))
-
-
-def _recorded_definition(folder: Path) -> str | None:
-    """The run-definition hash a resume point in ``folder`` (or its ``.old`` copy) records; None
-    when there is none or it cannot be read (the full checks of `load_resume_point` then apply)."""
-    for candidate in (folder, folder.with_name(folder.name + ".old")):
-        try:
-            meta = json.loads((candidate / "state.json").read_text())
-        except (OSError, ValueError):
-            continue
-        if isinstance(meta, dict) and isinstance(meta.get("config_hash"), str):
-            return meta["config_hash"]
-    return None
-
-
-def load_resume_point(
-    folder: Path, student: torch.nn.Module, optimizer, scheduler, scaler, config_hash: str,
-    best_required: Sequence[str] | None = None,
-) -> TrainState | None:
-    """Restore the resume point in ``folder`` (or the ``.old`` copy a kill between the renames
-    of ``_swap_in`` left). Every file is checked before anything is restored: a damaged one is
-    named in a warning and the next copy tried, else training starts afresh. A damaged best
-    checkpoint beside it is deleted and training starts afresh too: the best weights can only
-    be had again by replaying the run (the resume point holds the latest weights, not the best).
-    ``best_required``: the files a best checkpoint must hold (default: a student's, `BEST_REQUIRED`)."""
-    if _recorded_definition(folder) not in (None, config_hash):
-        return None  # another configuration's run (e.g. another method): its best folder is not checked
-    if best_is_damaged(folder.parent / "best", BEST_REQUIRED if best_required is None else best_required):
-        return None
-    damaged = False
-    for candidate in (folder, folder.with_name(folder.name + ".old")):
-        if not (candidate / "state.json").is_file():
-            continue
-        try:
-            loaded = _read_resume_point(candidate, student, config_hash)
-        except CorruptArtifact as err:
-            log.warning("%s", err)
-            damaged = True
-            continue
-        if loaded is None:
-            return None
-        meta, weights, trainer = loaded
-        student.load_state_dict(weights)
-        optimizer.load_state_dict(trainer["optimizer"])
-        scheduler.load_state_dict(trainer["scheduler"])
-        if trainer.get("scaler"):
-            scaler.load_state_dict(trainer["scaler"])
-        torch.set_rng_state(trainer["rng"])
-        if "cuda_rng" in trainer and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(trainer["cuda_rng"])
-        return TrainState(meta["step"], meta["best_score"], meta["best_step"], meta["history"])
-    if damaged:
-        log.warning("%s: no whole resume point; training starts afresh from step 0", folder)
-    return None
-
-
-_IGNORED = "resume point ignored"
-
-
-def _read_resume_point(
-    folder: Path, student: Student, config_hash: str
-) -> tuple[dict[str, Any], dict[str, torch.Tensor], dict[str, Any]] | None:
-    """``(state, student weights, trainer state)`` of a resume point, checked against the model
-    being trained; None for another configuration's point or released weights."""
-    meta = read_json_artifact(folder / "state.json", _IGNORED)
-    if not isinstance(meta, dict) or not {"step", "best_score", "best_step", "history", "config_hash"} <= meta.keys():
-        raise CorruptArtifact(folder / "state.json", "fields missing", _IGNORED)
-    if meta["config_hash"] != config_hash:
-        return None  # a different configuration: start afresh rather than mix runs
-    if not all((folder / name).is_file() for name in RESUME_WEIGHTS):
-        return None  # weights released by release_resume_point: only the history is left
-    weights_file = folder / "student.safetensors"
-    check_safetensors(weights_file, _IGNORED)
-    weights = load_file(str(weights_file))
-    expected = student.state_dict()
-    if weights.keys() != expected.keys() or any(weights[k].shape != v.shape for k, v in expected.items()):
-        raise CorruptArtifact(weights_file, "its tensors do not match the model being trained", _IGNORED)
-    trainer = load_torch(folder / "trainer.pt", _IGNORED, weights_only=True)
-    if not isinstance(trainer, dict) or not {"optimizer", "scheduler", "rng"} <= trainer.keys():
-        raise CorruptArtifact(folder / "trainer.pt", "optimizer, scheduler or RNG state missing", _IGNORED)
-    return meta, weights, trainer
-
-
-BEST_REQUIRED = ("config.json", "model.safetensors", HEADS_FILE, HEADS_META)
-
-
-def best_is_damaged(best_dir: Path, required: Sequence[str] = ()) -> bool:
-    """Check a best checkpoint folder (HF safetensors headers, JSON files, required files);
-    a damaged one is named in a warning and deleted (True)."""
-    if not best_dir.is_dir():
-        return False
-    try:
-        check_model_folder(best_dir, "retraining from step 0 to rebuild it", required=required or BEST_REQUIRED)
-    except CorruptArtifact as err:
-        log.warning("%s", err)
-        shutil.rmtree(best_dir)
-        return True
-    return False
+    if plan.resume_from is not None:
+        return ResumeDecision(remembered, plan.step, reason=plan.reason)
+    return ResumeDecision(stale_run=remembered if plan.reason else None, reason=plan.reason)
 
 
 def load_history(folder: Path) -> list[dict[str, Any]]:

@@ -48,23 +48,22 @@ from mmcse.models.device import resolve_device
 from mmcse.models.precision import autocast, check_precision, configure_kernels, grad_scaler
 from mmcse.models.student import load_backbone, load_tokenizer, save_tokenizer
 from mmcse.models.tokens import TokenTable, cached_tokens, to_device
-from mmcse.training.checkpoints import (
-    TrainState,
-    load_resume_point,
-    run_definition_hash,
-    save_resume_point,
-    write_weights_folder,
-)
+from mmcse.training.checkpoints import Checkpoints, TrainState, run_definition_hash
+from mmcse.training.divergence import DivergenceWatch
 from mmcse.training.loop import (
+    GRAD_NORM,
     LOG_EVERY,
+    STAT,
     EvalCallback,
     StepLogger,
     TrainResult,
     build_optimizer,
     clipped_update,
+    finished,
     is_out_of_memory,
     out_of_memory_message,
     read_back,
+    watched_norm,
 )
 
 log = logging.getLogger(__name__)
@@ -290,13 +289,12 @@ def duet_optimizer_step(model: RetrievalModel, cfg: Config, batch: dict[str, tor
                         device: torch.device) -> dict[str, torch.Tensor]:
     """One DUET training step, as `mmcse.training.loop.optimizer_step` is one student step: the forward pass
     under ``train.precision``'s autocast, backward (through the fp16 scaler when enabled), the
-    update. Returns the terms, still on the device."""
+    update. Returns the terms and the gradient norm (`GRAD_NORM`), still on the device."""
     with autocast(cfg.train.precision, device):
         terms = duet_step_loss(model, cfg, batch, regions, ignore)
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(terms["loss"]).backward()
-    clipped_update(model, cfg, optimizer, scaler)
-    return terms
+    return terms | {GRAD_NORM: clipped_update(model, cfg, optimizer, scaler)}
 
 
 def train_duet(
@@ -350,17 +348,24 @@ def train_duet(
     optimizer, scheduler = build_optimizer(model, cfg, total, device, per_epoch)  # weight_decay 0: Adam, as §5.2
     scaler = grad_scaler(cfg.train.precision, device)
 
-    config_hash = run_definition_hash(cfg)
-    last_dir, best_dir = out_dir / "last", out_dir / "best"
-    state = load_resume_point(last_dir, model, optimizer, scheduler, scaler, config_hash,
-                               best_required=best_checkpoint_files(cfg.train.method)) or TrainState()
-    if state.step >= total and best_dir.is_dir():
-        return TrainResult(state.best_score, state.best_step, state.step, best_dir, state.history)
+    def save_best(tmp: Path, state: TrainState) -> None:
+        save_model(model, tokenizer, architecture, tmp)
+        write_json(tmp / "train_state.json", {"step": state.best_step, "dev": state.best_score, "dev_metric":
+                                              f"val {DEV_METRIC}", "method": cfg.train.method, "image_head": None,
+                                              "region_sets": {k: v.name for k, v in region_sets.items()}})
+
+    # the best weights are held in memory and written with the next resume point (`Checkpoints`)
+    checkpoints = Checkpoints(out_dir, run_definition_hash(cfg), save_best,
+                              best_required=best_checkpoint_files(cfg.train.method))
+    state = checkpoints.start(model, optimizer, scheduler, scaler)
+    if checkpoints.restored and state.step >= total:  # finished before: its checked best/ is the result
+        return finished(state, checkpoints.best)
     resumed_from = state.step if state.step else None
-    best_weights: dict[str, torch.Tensor] | None = None  # written with the next resume point (see train.train)
+    watch = DivergenceWatch(device)
     pending: list[tuple[dict[str, Any], int]] = []
 
     def flush() -> None:
+        watch.check(cfg)  # a diverged run stops here, before anything reads or saves its weights
         entries = read_back(pending)
         for m, step in entries:
             if "loss/loss" in m and step % LOG_EVERY == 0:
@@ -369,37 +374,20 @@ def train_duet(
             log_metrics(entries)
 
     def evaluate_now() -> float:
-        nonlocal best_weights
+        watch.check(cfg)
         images, texts = split_embeddings(model, data.val, val_tokens, cfg.evaluate.batch_size, device,
                                          cfg.train.precision)
         scores = retrieval_metrics(images, texts, data.val.text_image, cfg.evaluate.retrieval.block_size)
         score = scores[DEV_METRIC]
         flush()
         state.history.append({"step": state.step, "dev": score})
-        if score > state.best_score:
-            state.best_score, state.best_step = score, state.step
-            best_weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        checkpoints.consider(score, state, model)
         if log_metrics:
             log_metrics([({f"dev_{k}": v for k, v in scores.items()}, state.step)])
         return score
 
-    def write_best() -> None:
-        nonlocal best_weights
-        if best_weights is None:
-            return
-
-        def save(tmp: Path) -> None:
-            save_model(model, tokenizer, architecture, tmp)
-            write_json(tmp / "train_state.json", {"step": state.best_step, "dev": state.best_score, "dev_metric":
-                                                  f"val {DEV_METRIC}", "method": cfg.train.method, "image_head": None,
-                                                  "region_sets": {k: v.name for k, v in region_sets.items()}})
-
-        write_weights_folder(model, best_weights, best_dir, save)
-        best_weights = None
-
     if state.step == 0:
         evaluate_now()
-        write_best()
 
     model.train()
     bar = tqdm(total=total, initial=state.step, desc=f"train {cfg.train.method}", unit="step",
@@ -425,8 +413,9 @@ def train_duet(
                 raise
             scheduler.step()
             state.step += 1
+            watch.observe(state.step, terms["loss"], watched_norm(terms, scaler))
             if state.step % LOG_EVERY == 0:
-                pending.append(({f"loss/{k}": v.detach() for k, v in terms.items()}
+                pending.append(({k if k.startswith(STAT) else f"loss/{k}": v.detach() for k, v in terms.items()}
                                 | {"lr": scheduler.get_last_lr()[0]}, state.step))
             evaluating = state.step % cfg.train.eval_steps == 0 or state.step == total
             checkpointing = state.step % cfg.train.checkpoint_steps == 0 or state.step == total
@@ -436,8 +425,7 @@ def train_duet(
                     on_eval(state.step, last_dev)
             if checkpointing:
                 flush()
-                write_best()
-                save_resume_point(last_dir, model, optimizer, scheduler, scaler, state, config_hash)
+                checkpoints.save(model, optimizer, scheduler, scaler, state)
                 resumed_from = state.step
             if evaluating:
                 bar.set_postfix(dev_rsum=f"{last_dev:.1f}")
@@ -445,4 +433,4 @@ def train_duet(
     finally:
         bar.close()
     flush()
-    return TrainResult(state.best_score, state.best_step, state.step, best_dir, state.history)
+    return finished(state, checkpoints.best)

@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
 from mmcse.config import Config, active_terms
-from mmcse.errors import TrainingOutOfMemory
+from mmcse.errors import TrainingDiverged, TrainingOutOfMemory
 from mmcse.evaluation.geometry import POSITIVE_GOLD, check_sts_geometry, sts_geometry
 from mmcse.evaluation.retrieval import image_head
 from mmcse.evaluation.sts import PRIMARY_METRIC, evaluate_sts, student_encoder
@@ -29,13 +29,8 @@ from mmcse.models.export import EVAL_MAX_SEQ_LEN, export_sentence_transformers
 from mmcse.models.precision import autocast, check_precision, configure_kernels, fused_adamw_supported, grad_scaler
 from mmcse.models.student import Student, load_backbone, load_tokenizer, save_student
 from mmcse.training.batches import PAIR, TEXT, Batches, BatchFeatures, TrainData, check_inputs
-from mmcse.training.checkpoints import (
-    TrainState,
-    load_resume_point,
-    run_definition_hash,
-    save_resume_point,
-    write_weights_folder,
-)
+from mmcse.training.checkpoints import Checkpoints, TrainState, run_definition_hash
+from mmcse.training.divergence import DivergenceWatch
 
 log = logging.getLogger(__name__)
 
@@ -117,15 +112,22 @@ def build_optimizer(student: torch.nn.Module, cfg: Config, total_steps: int, dev
     return optimizer, scheduler
 
 
+GRAD_NORM = f"{STAT}grad_norm"  # a step's gradient L2 norm before clipping: logged, and watched for divergence
+
+
 def clipped_update(model: torch.nn.Module, cfg: Config, optimizer: torch.optim.Optimizer,
-                   scaler: torch.amp.GradScaler) -> None:
+                   scaler: torch.amp.GradScaler) -> torch.Tensor:
     """The optimizer update after backward, the gradient's global L2 norm first clipped to
-    ``train.max_grad_norm`` when it is set (on the unscaled gradient under fp16)."""
+    ``train.max_grad_norm`` when it is set (on the unscaled gradient under fp16). Returns that norm
+    before clipping, a 0-d tensor on the device (under fp16 without clipping: of the scaled gradient)."""
     if cfg.train.max_grad_norm > 0:
         scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
+    else:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
     scaler.step(optimizer)
     scaler.update()
+    return norm
 
 
 def training_step_loss(
@@ -194,13 +196,19 @@ def optimizer_step(
 ) -> dict[str, torch.Tensor]:
     """One training step: the forward pass under ``train.precision``'s autocast, backward
     (through the fp16 loss scaler when enabled) and the optimizer update. Returns the loss
-    terms, still on the device (reading them is a host sync the caller defers)."""
+    terms and the gradient norm (`GRAD_NORM`), still on the device (reading them is a host sync the
+    caller defers)."""
     with autocast(cfg.train.precision, device):
         terms = training_step_loss(student, cfg, batch, feats, pair_batch, seed, on)
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(terms["loss"]).backward()
-    clipped_update(student, cfg, optimizer, scaler)
-    return terms
+    return terms | {GRAD_NORM: clipped_update(student, cfg, optimizer, scaler)}
+
+
+def watched_norm(terms: dict[str, torch.Tensor], scaler: torch.amp.GradScaler) -> torch.Tensor | None:
+    """The gradient norm a divergence watch checks: none under fp16's loss scaler, whose overflowing
+    steps are skipped by design (the loss is still checked)."""
+    return None if scaler.is_enabled() else terms.get(GRAD_NORM)
 
 
 def out_of_memory_message(cfg: Config, step: int, resume_step: int | None) -> str:
@@ -286,21 +294,28 @@ def train(
     optimizer, scheduler = build_optimizer(student, cfg, total, device, steps_per_epoch=len(batches))
     scaler = grad_scaler(cfg.train.precision, device)
 
-    config_hash = run_definition_hash(cfg)
-    last_dir, best_dir = out_dir / "last", out_dir / "best"
-    state = load_resume_point(last_dir, student, optimizer, scheduler, scaler, config_hash) or TrainState()
-    if state.step >= total and best_dir.is_dir():
-        return TrainResult(state.best_score, state.best_step, state.step, best_dir, state.history)
-    resumed_from = state.step if state.step else None
-
-    # The best weights are held in (device) memory and written with the next resume point:
-    # writing a BERT-base folder at every improvement would cost seconds per dev evaluation,
-    # and on disk the best checkpoint and the resume point's best_score must agree after a kill.
-    best_weights: dict[str, torch.Tensor] | None = None
-
     # one encoder for the run: it keeps the dev batches' token ids on the device
     dev_encode = student_encoder(student, tokenizer, cfg.evaluate.pooler, cfg.model.max_seq_len, device,
                                  cfg.train.precision, keep_tokens=True)
+
+    def save_best(tmp: Path, state: TrainState) -> None:
+        save_student(student, tokenizer, tmp)
+        # the method and its retrieval head travel with the checkpoint (`mmcse eval --retrieval`)
+        write_json(tmp / "train_state.json", {"step": state.best_step, "dev": state.best_score,
+                                              **best_geometry(state.history, state.best_step),
+                                              "method": cfg.train.method, "image_head": image_head(cfg)})
+        # also a sentence-transformers folder pooling as the evaluate stage does (at its length)
+        export_sentence_transformers(tmp, cfg.evaluate.pooler, EVAL_MAX_SEQ_LEN)
+
+    # The best weights are held in (device) memory and written with the next resume point: writing a
+    # BERT-base folder at every improvement would cost seconds per dev evaluation, and on disk the best
+    # checkpoint and the resume point's best_score must agree after a kill (`Checkpoints`).
+    checkpoints = Checkpoints(out_dir, run_definition_hash(cfg), save_best)
+    state = checkpoints.start(student, optimizer, scheduler, scaler)
+    if checkpoints.restored and state.step >= total:  # finished before: its checked best/ is the result
+        return finished(state, checkpoints.best)
+    resumed_from = state.step if state.step else None
+    watch = DivergenceWatch(device)
 
     def dev_score() -> tuple[float, dict[str, float]]:
         """Dev STS (primary metric, logged as ``dev_sts``; with several dev tasks each one's score is
@@ -315,34 +330,12 @@ def train(
                         state.step))
         return result.primary, {name: geometry[key] for name, key in DEV_GEOMETRY.items()}
 
-    def checkpoint_best(score: float) -> None:
-        nonlocal best_weights
-        if score > state.best_score:
-            state.best_score, state.best_step = score, state.step
-            best_weights = {k: v.detach().clone() for k, v in student.state_dict().items()}
-
-    def write_best() -> None:
-        nonlocal best_weights
-        if best_weights is None:
-            return
-
-        def save(tmp: Path) -> None:
-            save_student(student, tokenizer, tmp)
-            # the method and its retrieval head travel with the checkpoint (`mmcse eval --retrieval`)
-            write_json(tmp / "train_state.json", {"step": state.best_step, "dev": state.best_score,
-                                                  **best_geometry(state.history, state.best_step),
-                                                  "method": cfg.train.method, "image_head": image_head(cfg)})
-            # also a sentence-transformers folder pooling as the evaluate stage does (at its length)
-            export_sentence_transformers(tmp, cfg.evaluate.pooler, EVAL_MAX_SEQ_LEN)
-
-        write_weights_folder(student, best_weights, best_dir, save)
-        best_weights = None
-
     # Logged values stay on the device until a flush reads them all back at once.
     pending: list[tuple[dict[str, Any], int]] = []
     shown: dict[str, float] = {}
 
     def flush() -> None:
+        watch.check(cfg)  # a diverged run stops here, before anything reads or saves its weights
         entries = read_back(pending)
         for metrics, step in entries:
             if "loss/loss" in metrics and step % LOG_EVERY == 0:
@@ -353,21 +346,20 @@ def train(
             log_metrics(entries)
 
     def evaluate_now() -> float:
+        watch.check(cfg)
         score, geometry = dev_score()
         flush()  # the losses logged before this evaluation go first in the history
         state.history.append({"step": state.step, "dev": score, **geometry})
-        checkpoint_best(score)
+        checkpoints.consider(score, state, student)
         if log_metrics:
             log_metrics([({"dev_sts": score, **geometry}, state.step)])
         return score
 
     if state.step == 0:
         evaluate_now()
-        if best_weights is not None:
-            write_best()
         if total == 0:  # train.epochs: 0, the initial encoder evaluated (MCSEO Table 1's untrained rows)
             flush()
-            save_resume_point(last_dir, student, optimizer, scheduler, scaler, state, config_hash)
+            checkpoints.save(student, optimizer, scheduler, scaler, state)
 
     student.train()
     bar = tqdm(total=total, initial=state.step, desc=f"train {cfg.train.method}", unit="step", disable=not progress)
@@ -394,6 +386,7 @@ def train(
                 raise
             scheduler.step()
             state.step += 1
+            watch.observe(state.step, terms["loss"], watched_norm(terms, scaler))
             if state.step % LOG_EVERY == 0 or kind == PAIR:  # every image term is logged
                 metrics: dict[str, Any] = {k if k.startswith(STAT) else f"loss/{k}": v.detach()
                                            for k, v in terms.items()}
@@ -407,12 +400,20 @@ def train(
             if state.step % FLUSH_EVERY == 0 or checkpointing:
                 flush()
             if checkpointing:
-                write_best()
-                save_resume_point(last_dir, student, optimizer, scheduler, scaler, state, config_hash)
+                checkpoints.save(student, optimizer, scheduler, scaler, state)
                 resumed_from = state.step
             if evaluating or state.step % FLUSH_EVERY == 0:
                 bar.set_postfix(loss=f"{shown.get('loss', float('nan')):.3f}", dev=f"{last_dev:.1f}")
             bar.update(1)
     finally:
         bar.close()
+    return finished(state, checkpoints.best)
+
+
+def finished(state: TrainState, best_dir: Path) -> TrainResult:
+    """The result of a finished run; one without a best checkpoint (no dev evaluation gave a finite
+    score) is an error, not a result without a model."""
+    if state.best_step < 0 or not best_dir.is_dir():
+        raise TrainingDiverged(f"{best_dir}: no dev evaluation of this run gave a finite score (the model returns "
+                               "the same or non-finite vectors), so there is no best checkpoint")
     return TrainResult(state.best_score, state.best_step, state.step, best_dir, state.history)
