@@ -92,6 +92,10 @@ def training_set_sizes(cfg: Any) -> tuple[int, int]:
         corpus = min(corpus, data.corpus_limit)
     if data.pairs == "demo":
         images, captions = data.demo.num_images, data.demo.num_images * data.demo.captions_per_image
+    elif data.pairs == "none":  # text only (SimCSE's wiki rows)
+        images, captions = 0, 0
+    elif data.pairs == "cc12m":  # a subset of data.image_limit usable samples, one caption each
+        images = captions = data.image_limit
     else:
         known = KARPATHY_SPLITS[data.pairs]
         unknown = [s for s in data.splits if s not in known]
@@ -212,14 +216,16 @@ class Stopwatch:
 def run_loop(cfg: Any, root: Path) -> dict[str, Any]:
     """The real ``train`` on the prepared project; loop time from the end of the step-0 dev
     evaluation (the last thing before the first step) to the return of ``train``."""
+    import mmcse.training.checkpoints
     import mmcse.training.loop
     from mmcse.pipeline.paths import Paths
 
     paths = Paths.of(cfg, root)
     watch = Stopwatch()
     watch.wrap(mmcse.training.loop, "evaluate_sts", "dev evaluation")
-    watch.wrap(mmcse.training.loop, "save_resume_point", "resume points")
-    watch.wrap(mmcse.training.loop, "save_student", "best checkpoints")
+    # the writers `mmcse.training.checkpoints.Checkpoints` calls (files, SHA-256 seals, atomic swaps)
+    watch.wrap(mmcse.training.checkpoints, "save_resume_point", "resume points")
+    watch.wrap(mmcse.training.checkpoints, "write_weights_folder", "best checkpoints")
     marks: dict[str, float] = {}
 
     def log_metrics(entries: list[tuple[dict[str, float], int]]) -> None:
@@ -384,7 +390,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     from mmcse.config import parse_config
     from mmcse.config.profiles import list_profiles
 
-    profiles = list_profiles(REPO / "profiles")
+    profiles = list_profiles(REPO)
     if args.profile not in profiles:
         st.fail(f"--profile {args.profile!r}: profiles in {REPO / 'profiles'}: {', '.join(profiles)}")
     raw = project_params(args.profile, student, device, precision, args.steps, args.eval_steps, args.batch_size,
@@ -441,7 +447,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.profile_repeats:
         print(f"\nprofile steps: synthetic batches ({args.seq_len} tokens, features of the papers' shapes), "
               f"median of {args.profile_repeats} after {args.warmup} warm-up rounds, precision {precision}")
-        projection = time_profiles(profiles, student, device, precision, args.compile, args.profile_repeats,
+        # the sentence-encoder profiles (DUET's and VSE++'s loop is timed by step_time.py's duet row)
+        students = [n for n in profiles if n != "demo"
+                    and profile_config(n, precision, args.compile).train.method in st.STUDENT_METHODS]
+        projection = time_profiles(students, student, device, precision, args.compile, args.profile_repeats,
                                    args.warmup, args.seq_len)
         print("\n| profile | method | B | student | steps (epochs × (text + pair)/epoch) | text ms | pair ms "
               "| min (bare) | min (loop) |")
