@@ -53,6 +53,9 @@ def parts(device: str, quick: bool, out: Path) -> list[tuple[str, list[str], int
         ("pytest", [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/cuda",
                     "tests/training/test_step_devices.py"], 150),
         ("step_bf16", [*step, "--precision", bf16, *sizes, *repeats, "--json", str(out / "step_bf16.json")], 110),
+        # the same steps with torch's NaN fill of new tensors (what train ran before deterministic_kernels)
+        ("step_bf16_fill", [*step, "--precision", bf16, *sizes, *repeats, "--fill-uninitialized-memory",
+                            "--json", str(out / "step_bf16_fill.json")], 110),
         ("loop", loop, 170),
         ("profile", [PY, str(bench / "device_check.py"), "--profile-step", "--device", device,
                      *(["--quick"] if quick else []), "--out", str(out)], 60),

@@ -133,16 +133,18 @@ def checked_precision(precision: str, device: torch.device) -> None:
         fail(str(err))
 
 
-def setup_like_train(device: torch.device) -> None:
-    """The kernel settings :func:`mmcse.training.loop.train` runs its steps under."""
+def setup_like_train(device: torch.device, fill_uninitialized_memory: bool = False) -> None:
+    """The kernel settings :func:`mmcse.training.loop.train` runs its steps under
+    (``fill_uninitialized_memory``: torch's default fill that train turns off, for comparison)."""
     from mmcse.entry import quiet_libraries
-    from mmcse.models.precision import configure_kernels
+    from mmcse.models.precision import configure_kernels, deterministic_kernels
 
     quiet_libraries()
     if device.type == "cuda":
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     configure_kernels(device)
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    deterministic_kernels()
+    torch.utils.deterministic.fill_uninitialized_memory = fill_uninitialized_memory
     warnings.filterwarnings("ignore", message=".*deterministic.*")
 
 
@@ -484,6 +486,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile the students' backbones (train.compile; DUET is not compiled, as in "
                              "train_duet)")
+    parser.add_argument("--fill-uninitialized-memory", action="store_true",
+                        help="torch's NaN fill of new tensors under deterministic algorithms (train turns it off)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, metavar="FILE", help="write the numbers here")
     args = parser.parse_args(argv)
@@ -551,7 +555,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     device = pick_device(args.device)
     precision = args.precision or default_precision(device)
     checked_precision(precision, device)  # before any compute
-    setup_like_train(device)
+    setup_like_train(device, args.fill_uninitialized_memory)
 
     from mmcse.config import with_overrides
     from mmcse.methods.duet import DuetModel
@@ -604,7 +608,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     print(f"device: {device_description(device)}")
     print(f"torch {torch.__version__}, precision {precision}, student {student_name} "
-          f"({parameter_count(base) / 1e6:.1f}M parameters with heads), compile {args.compile}")
+          f"({parameter_count(base) / 1e6:.1f}M parameters with heads), compile {args.compile}, "
+          f"fill_uninitialized_memory {args.fill_uninitialized_memory}")
     print(f"features: {'teacher cache ' + str(args.teachers) if data else 'synthetic'} (image {image_dim}-d, "
           f"joint {joint_dim}-d); median of {args.repeats} rounds after {args.warmup} warm-up rounds")
     duet_info = None
@@ -690,6 +695,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
         out = {"device": device_description(device), "torch": torch.__version__, "precision": precision,
                "student": student_name, "compile": args.compile, "repeats": args.repeats, "warmup": args.warmup,
+               "fill_uninitialized_memory": args.fill_uninitialized_memory,
                "features": str(args.teachers) if data else "synthetic", "image_dim": image_dim,
                "joint_dim": joint_dim, "duet": duet_info, "results": results}
         write_json(Path(args.json), out)

@@ -228,3 +228,22 @@ def test_compile_compiles_the_backbone_in_place(project, monkeypatch):
     a = load_file(str(project / "c/last/student.safetensors"))
     b = load_file(str(project / "p/last/student.safetensors"))
     assert a.keys() == b.keys()
+
+
+def test_training_kernels_are_deterministic_without_filling_every_new_tensor():
+    """Issue 38: the NaN fill of new tensors that deterministic mode adds (~1,100 kernels per BERT-base
+    step) is off; deterministic algorithms stay on (bit-identical resumes)."""
+    import torch
+
+    from mmcse.models.precision import deterministic_kernels
+
+    before = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+              torch.utils.deterministic.fill_uninitialized_memory)
+    try:
+        torch.utils.deterministic.fill_uninitialized_memory = True
+        deterministic_kernels()
+        assert torch.are_deterministic_algorithms_enabled()
+        assert torch.utils.deterministic.fill_uninitialized_memory is False
+    finally:
+        torch.use_deterministic_algorithms(before[0], warn_only=before[1])
+        torch.utils.deterministic.fill_uninitialized_memory = before[2]

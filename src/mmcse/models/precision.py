@@ -74,6 +74,17 @@ def configure_kernels(device: torch.device) -> None:
         torch.backends.cudnn.allow_tf32 = True
 
 
+def deterministic_kernels() -> None:
+    """Deterministic algorithms for training (a resumed run is bit-identical to an uninterrupted one),
+    without torch's fill of every newly allocated tensor: ``use_deterministic_algorithms(True)`` also
+    sets ``torch.utils.deterministic.fill_uninitialized_memory``, which writes NaN into each
+    ``torch.empty`` (about 1,100 extra fill kernels per BERT-base step, measured on an H100:
+    docs/benchmarks.md). The fill only matters to a kernel that reads memory it never wrote, which
+    no training step does; the CUDA resume test compares weights bit for bit with it off."""
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = False
+
+
 def fused_adamw_supported(device: torch.device) -> bool:
     """Fused AdamW (one kernel per parameter group instead of several per tensor) runs on CUDA."""
     return device.type == "cuda"

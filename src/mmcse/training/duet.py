@@ -45,7 +45,7 @@ from mmcse.io import read_json, read_jsonl, write_json
 from mmcse.methods.duet import DuetModel, duet_objective
 from mmcse.methods.vsepp import VseppModel, vsepp_objective
 from mmcse.models.device import resolve_device
-from mmcse.models.precision import autocast, check_precision, configure_kernels, grad_scaler
+from mmcse.models.precision import autocast, check_precision, configure_kernels, deterministic_kernels, grad_scaler
 from mmcse.models.student import load_backbone, load_tokenizer, save_tokenizer
 from mmcse.models.tokens import TokenTable, cached_tokens, to_device
 from mmcse.training.checkpoints import Checkpoints, TrainState, run_definition_hash
@@ -319,7 +319,7 @@ def train_duet(
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     configure_kernels(device)
     torch.manual_seed(cfg.base.seed)
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    deterministic_kernels()
 
     vsepp = cfg.train.method == "vsepp"
     if vsepp:  # VSE++: its own word vocabulary of the training captions, a GRU and an image projection

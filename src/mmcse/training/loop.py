@@ -26,7 +26,14 @@ from mmcse.methods.losses import aggregated_teacher_embedding, span_mean, text_t
 from mmcse.methods.objectives import STAT, StepEmbeddings, needed_features, step_objective
 from mmcse.models.device import resolve_device
 from mmcse.models.export import EVAL_MAX_SEQ_LEN, export_sentence_transformers
-from mmcse.models.precision import autocast, check_precision, configure_kernels, fused_adamw_supported, grad_scaler
+from mmcse.models.precision import (
+    autocast,
+    check_precision,
+    configure_kernels,
+    deterministic_kernels,
+    fused_adamw_supported,
+    grad_scaler,
+)
 from mmcse.models.student import Student, load_backbone, load_tokenizer, save_student
 from mmcse.training.batches import PAIR, TEXT, Batches, BatchFeatures, TrainData, check_inputs
 from mmcse.training.checkpoints import Checkpoints, TrainState, run_definition_hash
@@ -276,7 +283,7 @@ def train(
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     configure_kernels(device)
     torch.manual_seed(cfg.base.seed)
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    deterministic_kernels()
 
     tokenizer = load_tokenizer(cfg.model.name_or_path)
     tokens = data.token_tables(tokenizer, cfg.model.max_seq_len, data_dir.parent / "tokens")
