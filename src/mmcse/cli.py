@@ -170,9 +170,12 @@ def _cmd_profile(args: argparse.Namespace) -> None:
     if args.name is None:
         print("\n".join(list_profiles(root)))
         return
-    changed = apply_profile(args.params, args.name, root, write=not args.show)
+    kept: dict[str, str] = {}
+    changed = apply_profile(args.params, args.name, root, write=not args.show, kept=kept)
     for key, (old, new) in changed.items():
         print(f"{key}: {old!r} -> {new!r}")
+    for key, folder in kept.items():
+        print(f"{key}: {folder!r} kept (a local copy; the profile would download it)")
     if args.show:
         print(f"{args.params}: profile {args.name} would change {len(changed)} value(s) (nothing written)")
         return

@@ -48,6 +48,43 @@ def offline() -> bool:
     return any(os.environ.get(v, "0") not in ("0", "", "false", "False") for v in ("HF_HUB_OFFLINE", "MMCSE_OFFLINE"))
 
 
+_REACHABLE: dict[tuple[str, int], str | None] = {}
+
+
+def unreachable(url: str, timeout: float = 3.0) -> str | None:
+    """Why ``url``'s host cannot be reached (None: it answers a TCP connection within ``timeout`` s).
+    Asked once per host and process, so a machine without network fails in seconds instead of
+    through a client's retries (the hub client waits and retries five times)."""
+    import socket
+    from urllib.parse import urlparse
+
+    parsed = urlparse(url)
+    host = parsed.hostname or ""
+    port = parsed.port or (80 if parsed.scheme == "http" else 443)
+    if (host, port) not in _REACHABLE:
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            _REACHABLE[(host, port)] = None
+        except OSError as err:
+            _REACHABLE[(host, port)] = f"{host}:{port} cannot be reached ({err.__class__.__name__}: {err})"
+    return _REACHABLE[(host, port)]
+
+
+def hub_unreachable() -> str | None:
+    """Why the Hugging Face hub cannot be used now (``HF_HUB_OFFLINE`` / ``MMCSE_OFFLINE`` set, or its
+    endpoint, ``HF_ENDPOINT`` or huggingface.co, does not answer); None when it can."""
+    if offline():
+        return "offline: HF_HUB_OFFLINE or MMCSE_OFFLINE is set"
+    return unreachable(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+
+
+def hf_download_command(repo_id: str, filename: str | None = None, repo_type: str = "model") -> str:
+    """The command that fills the hub cache with a repository (or one file of it) on a machine with
+    internet: huggingface_hub's ``hf`` CLI (the former ``huggingface-cli`` is gone)."""
+    kind = f" --repo-type {repo_type}" if repo_type != "model" else ""
+    return f"hf download{kind} {repo_id}{' ' + filename if filename else ''}"
+
+
 def resolve_model(name_or_path: str) -> str:
     """Return a local folder (or a cached hub id) for ``name_or_path``; raise
     :class:`ModelUnavailableError` with instructions when it cannot be had."""
@@ -71,10 +108,11 @@ def resolve_model(name_or_path: str) -> str:
         f"model {name_or_path!r} is not in the local Hugging Face cache "
         f"({os.environ.get('HF_HUB_CACHE') or os.environ.get('HF_HOME') or '~/.cache/huggingface'})"
     )
-    if offline():
+    why = hub_unreachable()
+    if why is not None:
         raise ModelUnavailableError(
-            f"{hint} and HF_HUB_OFFLINE (or MMCSE_OFFLINE) is set. Download it on a machine with internet "
-            f"(huggingface-cli download {name_or_path}) into that cache, or pass a local folder."
+            f"{hint} and the hub cannot be used here ({why}). Download it on a machine with internet "
+            f"(`{hf_download_command(name_or_path)}`) into that cache, or pass a local folder."
         )
     try:
         return snapshot_download(

@@ -120,3 +120,24 @@ def test_one_command_applies_a_profile_and_the_real_path_fails_fast_offline(proj
     assert got.returncode == 2, got.stderr
     assert "senteval.tar is not in the local Hugging Face cache" in got.stderr and "offline" in got.stderr
     assert "Traceback" not in got.stderr and not (project / "data" / "raw").exists()
+
+
+def test_a_profile_keeps_the_local_senteval_copy_the_params_name(project, capsys):
+    """Issue 33.9: `mmcse profile` would set data.senteval_dir to `download`; a SentEval folder the
+    params file already names is kept (and said so), one that does not exist is replaced."""
+    from mmcse.cli import main
+
+    (project / "senteval").mkdir()
+    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw["data"]["senteval_dir"] = "senteval"
+    (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    main(["profile", "kdmcse-flickr-bert", "--params", str(project / "params.yaml")])
+    assert load_config(project / "params.yaml").data.senteval_dir == "senteval"
+    assert "data.senteval_dir: 'senteval' kept (a local copy; the profile would download it)" in capsys.readouterr().out
+    (project / "senteval").rmdir()
+    apply_profile(project / "params.yaml", "demo")
+    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw["data"]["senteval_dir"] = "senteval"  # named, but not there: the profile's download
+    (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    apply_profile(project / "params.yaml", "kdmcse-flickr-bert")
+    assert load_config(project / "params.yaml").data.senteval_dir == "download"

@@ -108,3 +108,40 @@ def test_hub_file_offline_from_a_hub_layout_cache(tmp_path, monkeypatch):
     assert got == snapshot / "flickr_annotations_30k.csv"
     with pytest.raises(DownloadError, match="not in the local Hugging Face cache.*offline"):
         hub_file("nlphuji/flickr30k", "flickr30k-images.zip")
+
+
+def test_without_network_the_hub_fails_once_in_seconds_with_a_command_that_exists(tmp_path, monkeypatch):
+    """Issue 33.9: no HF_HUB_OFFLINE, no network: one connection attempt (no client retries), then
+    the `hf download` command to run elsewhere, which the environment installs."""
+    import shutil
+    import socket
+    import sys
+    import time
+
+    import huggingface_hub
+    import huggingface_hub.constants as constants
+
+    from mmcse import hub
+
+    attempts = []
+
+    def refused(address, *args, **kwargs):
+        attempts.append(address)
+        raise OSError("Network is unreachable")
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("MMCSE_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(socket, "create_connection", refused)
+    monkeypatch.setattr(hub, "_REACHABLE", {})
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", lambda *a, local_files_only=False, **k:
+                        (_ for _ in ()).throw(FileNotFoundError()) if local_files_only else pytest.fail("fetched"))
+    started = time.monotonic()
+    for _ in range(2):  # the second call asks no host again
+        with pytest.raises(DownloadError) as err:
+            hub_file("princeton-nlp/datasets-for-simcse", "senteval.tar")
+    assert time.monotonic() - started < 5 and len(attempts) == 1
+    assert "huggingface.co:443 cannot be reached (OSError: Network is unreachable)" in str(err.value)
+    assert "run `hf download --repo-type dataset princeton-nlp/datasets-for-simcse senteval.tar`" in str(err.value)
+    assert shutil.which("hf", path=os.path.dirname(sys.executable)) is not None  # the command it names is installed

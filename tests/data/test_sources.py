@@ -278,7 +278,7 @@ def test_flickr30k_images_from_the_hub_cache_offline(archives, tmp_path, monkeyp
     manifest = prepare_data(cfg, 0, tmp_path / "raw", tmp_path / "dl")
     assert manifest["sources"]["flickr30k_images"] == {
         "origin": "hub:nlphuji/flickr30k/flickr30k-images.zip", "sha256": digests["flickr30k-images.zip"],
-        "bytes": (files / "flickr30k-images.zip").stat().st_size}
+        "bytes": (files / "flickr30k-images.zip").stat().st_size, "verified": "first use"}
     assert manifest["counts"]["images"] == 2
 
 
@@ -325,3 +325,36 @@ def test_verify_images_off_keeps_what_the_archive_lists_and_downloads_dir_moves_
         assert row["sha256"] == hashlib.sha256((tmp_path / "raw" / row["file"]).read_bytes()).hexdigest()
     paths = Paths.of(Config(data=parse_config({"data": {"downloads_dir": "archives"}}).data), tmp_path)
     assert paths.downloads == tmp_path / "data" / "archives"
+
+
+def test_a_source_without_a_declared_digest_is_trusted_on_first_use_then_held_to_it(archives, tmp_path, caplog):
+    """Issue 33.11: the first fetch records the archive's SHA-256 (with a warning saying so); a later
+    fetch of the same URL that brings other bytes is refused, never extracted."""
+    from mmcse.data.sources import TRUST_FILE, fetch_source
+
+    files, url, digests = archives
+    spec = _config(url, pairs="flickr30k").sources.karpathy_splits
+    first = fetch_source(spec, "karpathy_splits", tmp_path / "dl")
+    assert first.record["sha256"] == digests["caption_datasets.zip"] and first.record["verified"] == "first use"
+    assert f"data.sources.karpathy_splits: no sha256 declared in params.yaml; recorded {first.record['sha256']} " \
+           "on first use" in caplog.text
+    recorded = json.loads((tmp_path / "dl" / TRUST_FILE).read_text())[spec.url]
+    assert recorded["sha256"] == digests["caption_datasets.zip"]
+    again = fetch_source(spec, "karpathy_splits", tmp_path / "dl")  # the kept file, checked against the record
+    assert again.record["sha256"] == first.record["sha256"]
+    (files / "caption_datasets.zip").write_bytes(b"another archive")  # the server's file changed
+    first.path.unlink()
+    with pytest.raises(DownloadError, match="SHA-256 mismatch"):
+        fetch_source(spec, "karpathy_splits", tmp_path / "dl")
+    assert not first.path.exists()  # the changed download was deleted, not kept
+
+
+def test_only_http_urls_are_fetched(tmp_path):
+    from mmcse.data.fetch import http_download
+
+    local = tmp_path / "a.txt"
+    local.write_text("x")
+    for url in (local.as_uri(), "ftp://example.org/a.zip", "data:text/plain,x"):
+        with pytest.raises(DownloadError, match="only http\\(s\\) URLs are fetched"):
+            http_download(url, tmp_path / "out" / "a.txt")
+    assert not (tmp_path / "out").exists()

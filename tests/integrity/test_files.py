@@ -17,8 +17,8 @@ from mmcse.integrity.files import (
     check_npy,
     check_safetensors,
     file_sha256,
-    image_size_mismatch,
     load_torch,
+    verify_images,
 )
 
 FIX = "rerun the stage"
@@ -149,13 +149,43 @@ def test_model_folder_checks_weights_json_and_required_files(tmp_path):
         check_model_folder(tmp_path, FIX)
 
 
-def test_image_size_against_the_recorded_bytes(tmp_path):
-    image = tmp_path / "a.png"
-    image.write_bytes(b"12345")
-    assert image_size_mismatch(image, 5) is None and image_size_mismatch(image, None) is None
-    assert image_size_mismatch(image, 6) == (
-        "5 bytes, images.jsonl records 6 (changed or damaged since the download stage)")
-    assert image_size_mismatch(tmp_path / "b.png", 6) == "missing (images.jsonl lists it)"
+def _image_table(raw, images):
+    import hashlib
+    import json
+
+    (raw / "images").mkdir(parents=True)
+    rows = []
+    for name, data in images.items():
+        (raw / "images" / name).write_bytes(data)
+        rows.append({"image_id": name, "file": f"images/{name}", "sha256": hashlib.sha256(data).hexdigest(),
+                     "bytes": len(data)})
+    (raw / "images.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_images_are_verified_against_their_recorded_digests_hashing_only_what_moved(tmp_path):
+    """Issue 33.5: a same-size swap is named whenever a stage reads the images (cached sets or not),
+    and an unchanged image is not hashed again on the next run (stat first)."""
+    import os
+
+    raw = tmp_path / "raw"
+    _image_table(raw, {"a.png": b"12345", "b.png": b"abcdef"})
+    assert verify_images(raw) == 2
+    assert verify_images(raw) == 0  # nothing moved: no file read
+    image = raw / "images/a.png"
+    stat = image.stat()
+    image.write_bytes(b"54321")  # same size, then the old mtime put back (as cp -p or touch -r do)
+    os.utime(image, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    with pytest.raises(CorruptArtifact, match=r"images/a.png: SHA-256 \w+… differs from the \w+… images.jsonl "
+                                              r"records \(changed since the download stage\); rerun the download"):
+        verify_images(raw)
+    image.write_bytes(b"1234")
+    with pytest.raises(CorruptArtifact, match="a.png: 4 bytes, images.jsonl records 5"):
+        verify_images(raw)
+    image.unlink()
+    with pytest.raises(CorruptArtifact, match="a.png: missing"):
+        verify_images(raw)
+    image.write_bytes(b"12345")  # put back as recorded: verified again, then remembered
+    assert verify_images(raw) == 1 and verify_images(raw) == 0
 
 
 def test_the_error_is_a_value_error_that_pickles():

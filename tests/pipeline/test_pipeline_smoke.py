@@ -231,3 +231,26 @@ def test_an_invalid_value_through_dvc_fails_first_and_loses_nothing(repo_copy, b
         assert {p: (root / p).read_bytes() for p in kept} == kept
     finally:
         _run(["git", "checkout", "--", "params.yaml"], root, env)
+
+
+def test_a_failed_download_through_dvc_keeps_the_data_that_was_there(repo_copy):
+    """Issue 33.9: offline, a profile's download fails; data/raw is as it was (DVC does not delete a
+    persisted output first, the stage swaps its new folder in only on success) and `dvc status` says
+    nothing was deleted."""
+    root, env = repo_copy
+    manifest = (root / "data/raw/manifest.json").read_bytes()
+    raw = yaml.safe_load((root / "params.yaml").read_text())
+    raw["data"].update(source="senteval", senteval_dir="download")
+    (root / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    offline = {**env, "MMCSE_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(root / "empty-hub")}
+    try:
+        out = subprocess.run(["dvc", "repro", "download"], cwd=root, env=offline, capture_output=True, text=True,
+                             timeout=300)
+        log = out.stdout + out.stderr
+        assert out.returncode != 0 and "senteval.tar is not in the local Hugging Face cache" in log, log[-2000:]
+        assert "hf download --repo-type dataset princeton-nlp/datasets-for-simcse senteval.tar" in log
+        assert (root / "data/raw/manifest.json").read_bytes() == manifest
+        status = subprocess.run(["dvc", "status", "download"], cwd=root, env=env, capture_output=True, text=True)
+        assert "deleted" not in status.stdout, status.stdout
+    finally:
+        _run(["git", "checkout", "--", "params.yaml"], root, env)

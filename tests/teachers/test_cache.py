@@ -296,3 +296,22 @@ def test_a_same_size_image_swap_is_named_when_a_set_is_built(project):
     with pytest.raises(CorruptArtifact, match=r"img00006.png: SHA-256 .* differs .* images.jsonl records"):
         run_cache_teachers(cfg, Paths.of(cfg))
     assert not list((project / "data/teachers").glob("image-*"))  # nothing cached under its key
+
+
+def test_a_same_size_image_swap_is_named_while_every_set_is_cached(project):
+    """Issue 33.5: every teacher set cached, one image replaced by other bytes of the same size: the
+    stage names it (cache_teachers, and cache_regions and detect_objects read the images too)."""
+    from mmcse.config import load_config
+    from mmcse.pipeline.detect import run_detect
+    from mmcse.pipeline.features import run_cache_teachers
+    from mmcse.pipeline.paths import Paths
+
+    cfg = load_config("params.yaml")
+    assert not any(run_cache_teachers(cfg, Paths.of(cfg))["hits"][k] is False for k in ("image", "object"))
+    image = project / "data/raw/images/img00006.png"
+    data = bytearray(image.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    image.write_bytes(bytes(data))
+    for stage in (run_cache_teachers, run_detect):
+        with pytest.raises(CorruptArtifact, match=r"img00006.png: SHA-256 .* differs .* images.jsonl records"):
+            stage(cfg, Paths.of(cfg))

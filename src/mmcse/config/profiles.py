@@ -45,12 +45,33 @@ def _flow_list(value: list) -> Any:
     return seq
 
 
+# Keys whose profile value ``download`` means "fetch the data": a local copy the params file already
+# names (an existing folder) is kept, so applying a profile never swaps data the user gave for a download.
+LOCAL_DATA_KEYS = ("data.senteval_dir",)
+
+
+def _local_copies(plain: Mapping[str, Any], overrides: Mapping[str, Any], base: Path) -> dict[str, str]:
+    """The `LOCAL_DATA_KEYS` a profile would set to ``download`` while the params file names an
+    existing local folder (relative to ``base``, the params file's folder): ``{key: that folder}``."""
+    kept = {}
+    for dotted in LOCAL_DATA_KEYS:
+        node: Any = plain
+        for part in dotted.split("."):
+            node = node.get(part) if isinstance(node, Mapping) else None
+        if overrides.get(dotted) == "download" and isinstance(node, str) and node != "download" \
+                and (base / Path(node).expanduser()).is_dir():
+            kept[dotted] = node
+    return kept
+
+
 def apply_profile(params: str | Path, name: str, root: str | Path | None = None,
-                  write: bool = True) -> dict[str, tuple[Any, Any]]:
+                  write: bool = True, kept: dict[str, str] | None = None) -> dict[str, tuple[Any, Any]]:
     """Write profile ``name`` (from ``root``'s ``profiles/`` and ``recipes/``; default the params
     file's folder) into the params file; return ``{key: (old, new)}`` for the changed keys
     (``write=False``: only that, the file untouched: `mmcse profile --show`).
 
+    A local data folder the file already names for a key the profile would ``download``
+    (`LOCAL_DATA_KEYS`) is kept; ``kept`` (a dict) receives those keys and folders.
     The result is validated as a whole before anything is written (a bad profile leaves the
     file untouched), and the file is replaced atomically."""
     from ruamel.yaml import YAML
@@ -59,6 +80,10 @@ def apply_profile(params: str | Path, name: str, root: str | Path | None = None,
     root = params.parent if root is None else Path(root)
     overrides = profile_values(name, root)
     plain = yaml.safe_load(params.read_text()) or {}
+    local = _local_copies(plain, overrides, params.parent)
+    overrides = {k: local.get(k, v) for k, v in overrides.items()}
+    if kept is not None:
+        kept.update(local)
     updated = apply_overrides(plain, overrides, where=f"profile {name}")
     parse_config(updated, where=f"{params} with profile {name}")  # every key and value checked first
 

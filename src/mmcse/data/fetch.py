@@ -22,7 +22,7 @@ from pathlib import Path, PurePosixPath
 
 from tqdm.auto import tqdm
 
-from mmcse.hub import offline
+from mmcse.hub import hf_download_command, hub_unreachable, offline, unreachable
 from mmcse.io import build_dir, sha256_file, write_json
 
 
@@ -59,11 +59,15 @@ def http_download(url: str, dest: str | Path, sha256: str | None = None, timeout
     stops early keeps its ``.part`` for the next call to resume; a digest mismatch deletes it.
     """
     dest = Path(dest)
+    scheme = url.split(":", 1)[0].lower() if ":" in url else ""
+    if scheme not in ("http", "https"):  # urllib would also read file://, ftp:// and data: URLs
+        raise DownloadError(f"{url}: only http(s) URLs are fetched (a local file is a source's `path:`)")
     if dest.is_file() and (sha256 is None or file_digest(dest) == sha256):
         return dest
-    if offline():
-        raise DownloadError(f"{url}: not downloaded yet ({dest}) and the machine is offline (MMCSE_OFFLINE / "
-                            "HF_HUB_OFFLINE): fetch it on a machine with internet and copy it there")
+    why = "offline: MMCSE_OFFLINE or HF_HUB_OFFLINE is set" if offline() else unreachable(url)
+    if why is not None:
+        raise DownloadError(f"{url}: not downloaded yet ({dest}) and it cannot be fetched here — {why}; fetch it on "
+                            f"a machine with internet and copy it to {dest}")
     dest.parent.mkdir(parents=True, exist_ok=True)
     part = dest.with_name(dest.name + ".part")
     start = part.stat().st_size if part.is_file() else 0
@@ -167,10 +171,11 @@ def hub_file(repo_id: str, filename: str, repo_type: str = "dataset", revision: 
     except (LocalEntryNotFoundError, FileNotFoundError):
         pass
     where = os.environ.get("HF_HUB_CACHE") or os.environ.get("HF_HOME") or "~/.cache/huggingface"
-    if offline():
+    why = hub_unreachable()
+    if why is not None:
         raise DownloadError(
-            f"{repo_type} {repo_id}: {filename} is not in the local Hugging Face cache ({where}) and the machine is "
-            f"offline: run `huggingface-cli download --repo-type {repo_type} {repo_id} {filename}` on a machine "
+            f"{repo_type} {repo_id}: {filename} is not in the local Hugging Face cache ({where}) and the hub cannot "
+            f"be used here ({why}): run `{hf_download_command(repo_id, filename, repo_type)}` on a machine "
             "with internet and copy the cache here"
         )
     try:

@@ -53,21 +53,60 @@ def fetch_source(spec: SourceConfig, name: str, downloads: str | Path) -> Fetche
         # the user's own file: hashed, but nothing is written beside it
         return Fetched(path, {"origin": f"path:{path}", "sha256": _checked(spec, key, path, sha256_file(path)),
                               "bytes": path.stat().st_size})
+    origin = spec.url or f"hub:{spec.hub}/{spec.file}" + (f"@{spec.revision}" if spec.revision else "")
+    # the digest params.yaml declares, else the one recorded when this origin was first fetched
+    trusted = None if spec.sha256 else first_use_digest(Path(downloads), origin)
     if spec.url:
         filename = spec.url.rstrip("/").rsplit("/", 1)[-1].split("?")[0] or name
-        path = http_download(spec.url, Path(downloads) / name / filename, spec.sha256 or None)
-        origin = spec.url
+        path = http_download(spec.url, Path(downloads) / name / filename, spec.sha256.lower() or trusted)
     else:
         path = hub_file(spec.hub, spec.file, repo_type="dataset", revision=spec.revision or None)
-        origin = f"hub:{spec.hub}/{spec.file}" + (f"@{spec.revision}" if spec.revision else "")
-    digest = _checked(spec, key, path, file_digest(path))
-    return Fetched(path, {"origin": origin, "sha256": digest, "bytes": path.stat().st_size})
+    digest = _checked(spec, key, path, file_digest(path), trusted)
+    record = {"origin": origin, "sha256": digest, "bytes": path.stat().st_size,
+              "verified": "declared" if spec.sha256 else "first use"}
+    if not spec.sha256 and trusted is None:
+        record_first_use(Path(downloads), origin, digest, record["bytes"])
+        log.warning("%s: no sha256 declared in params.yaml; recorded %s on first use (trusted from now on, in %s): "
+                    "pin it as %s.sha256", key, digest, Path(downloads) / TRUST_FILE, key)
+    return Fetched(path, record)
 
 
-def _checked(spec: SourceConfig, key: str, path: Path, digest: str) -> str:
+# Digests of sources params.yaml declares none for, recorded when each was first fetched (trust on
+# first use): a later fetch of the same origin that gives other bytes is refused, not used.
+TRUST_FILE = "first_use_sha256.json"
+
+
+def first_use_digest(downloads: Path, origin: str) -> str | None:
+    """The SHA-256 recorded for ``origin`` when it was first fetched into ``downloads`` (None: never)."""
+    try:
+        entry = json.loads((downloads / TRUST_FILE).read_text()).get(origin)
+    except (OSError, ValueError, AttributeError):
+        return None
+    return entry.get("sha256") if isinstance(entry, dict) else None
+
+
+def record_first_use(downloads: Path, origin: str, digest: str, size: int) -> None:
+    import time
+
+    file = downloads / TRUST_FILE
+    try:
+        recorded = json.loads(file.read_text())
+        recorded = recorded if isinstance(recorded, dict) else {}
+    except (OSError, ValueError):
+        recorded = {}
+    recorded[origin] = {"sha256": digest, "bytes": size, "first_fetched": time.strftime("%Y-%m-%dT%H:%M:%SZ",
+                                                                                        time.gmtime())}
+    write_json(file, recorded)
+
+
+def _checked(spec: SourceConfig, key: str, path: Path, digest: str, trusted: str | None = None) -> str:
     if spec.sha256 and digest != spec.sha256.lower():
         raise DownloadError(f"{key}: {path} has SHA-256 {digest}, params.yaml expects {spec.sha256}; "
                             "a changed or corrupt file — delete it (or fix the digest) and rerun")
+    if trusted and digest != trusted:
+        raise DownloadError(f"{key}: {path} has SHA-256 {digest}, not the {trusted} recorded when it was first "
+                            f"fetched ({TRUST_FILE}); the source changed or the file is corrupt — check it, then "
+                            "declare the right digest in params.yaml")
     return digest
 
 

@@ -31,7 +31,7 @@ from transformers import PreTrainedTokenizerBase
 from mmcse.config import DetectConfig, to_dict
 from mmcse.detection.crops import caption_offsets, char_span_to_token_span, masked_crop, object_record, write_objects
 from mmcse.detection.grounding import TASK, GroundedPhrase, parse_grounding
-from mmcse.hub import ModelUnavailableError, offline, resolve_model
+from mmcse.hub import ModelUnavailableError, hf_download_command, hub_unreachable, resolve_model
 from mmcse.io import atomic_path, open_image, read_jsonl, sha256_file, sha256_json, write_jsonl
 from mmcse.models.device import resolve_device
 
@@ -93,10 +93,11 @@ def resolve_sam2_checkpoint(spec: str) -> Path:
         pass
     hint = (f"detect.sam2_checkpoint: SAM 2 checkpoint {spec!r} ({filename}) is not in the local Hugging Face "
             f"cache ({constants.HF_HUB_CACHE})")
-    if offline():
+    why = hub_unreachable()
+    if why is not None:
         raise ModelUnavailableError(
-            f"{hint} and HF_HUB_OFFLINE (or MMCSE_OFFLINE) is set. Download it on a machine with internet "
-            f"(huggingface-cli download {spec} {filename}) into that cache, or set detect.sam2_checkpoint to a "
+            f"{hint} and the hub cannot be used here ({why}). Download it on a machine with internet "
+            f"(`{hf_download_command(spec, filename)}`) into that cache, or set detect.sam2_checkpoint to a "
             "local .pt file."
         )
     try:

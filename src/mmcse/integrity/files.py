@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -277,20 +276,6 @@ def check_model_folder(folder: str | Path, fix: str, required: Iterable[str] = (
     return check_sealed(folder, fix)
 
 
-def image_size_mismatch(path: Path, recorded: int | None) -> str | None:
-    """What is wrong with an image file against the byte size the download stage recorded in
-    images.jsonl (``None``: it matches, or no size was recorded); a stat, no read."""
-    if recorded is None:
-        return None
-    try:
-        size = os.path.getsize(path)
-    except FileNotFoundError:
-        return "missing (images.jsonl lists it)"
-    if size != recorded:
-        return f"{size} bytes, images.jsonl records {recorded} (changed or damaged since the download stage)"
-    return None
-
-
 def check_image_digests(rows: Iterable[dict[str, Any]], files: Iterable[Path],
                         fix: str = "rerun the download stage (dvc repro download)") -> None:
     """Each image file against the SHA-256 its row records (images.jsonl, written by the download
@@ -308,6 +293,63 @@ def check_image_digests(rows: Iterable[dict[str, Any]], files: Iterable[Path],
         if got != recorded:
             raise CorruptArtifact(file, f"SHA-256 {got[:16]}… differs from the {recorded[:16]}… images.jsonl "
                                   "records (changed since the download stage)", fix)
+
+
+IMAGE_FIX = "rerun the download stage (dvc repro download)"
+
+
+def verify_images(raw: str | Path, tables: Iterable[str] = ("images.jsonl",), fix: str = IMAGE_FIX) -> int:
+    """Every image the ``tables`` of the data folder ``raw`` list, against the size and SHA-256 the
+    download stage recorded, whether or not a set will be built from it: a same-size swap is named
+    even when every feature set is already cached. Cheap on a rerun: a file is hashed only when its
+    size, mtime, ctime or inode moved since it was last verified (remembered in
+    ``<raw>/../.verified/<raw name>.json``, outside the DVC output; ctime cannot be set back by a
+    copy that keeps the mtime). Returns how many files were hashed."""
+    import time
+
+    from mmcse.io import read_jsonl, write_json
+
+    raw = Path(raw)
+    memo_file = raw.parent / ".verified" / f"{raw.name}.json"
+    try:
+        memo = json.loads(memo_file.read_text())
+        memo = memo if isinstance(memo, dict) else {}
+    except (OSError, ValueError):
+        memo = {}
+    verified: dict[str, list[Any]] = {}
+    hashed = 0
+    last_save = time.monotonic()
+    try:
+        for table in tables:
+            if not (raw / table).is_file():
+                continue
+            for row in read_jsonl(raw / table):
+                recorded, name = row.get("sha256"), row.get("file")
+                if not recorded or not name or name in verified:
+                    continue
+                path = raw / name
+                try:
+                    st = path.stat()
+                except FileNotFoundError:
+                    raise CorruptArtifact(path, f"missing ({table} lists it)", fix) from None
+                key = [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, recorded]
+                if memo.get(name) != key:
+                    if row.get("bytes") is not None and st.st_size != row["bytes"]:
+                        raise CorruptArtifact(path, f"{st.st_size} bytes, {table} records {row['bytes']} (changed "
+                                              "or damaged since the download stage)", fix)
+                    got = file_sha256(path)
+                    hashed += 1
+                    if got != recorded:
+                        raise CorruptArtifact(path, f"SHA-256 {got[:16]}… differs from the {recorded[:16]}… {table} "
+                                              "records (changed since the download stage)", fix)
+                verified[name] = key
+                if time.monotonic() - last_save > 60:  # a long first pass keeps its progress
+                    write_json(memo_file, {**memo, **verified})
+                    last_save = time.monotonic()
+    finally:
+        if verified:
+            write_json(memo_file, {**memo, **verified})
+    return hashed
 
 
 def find_cached_set(set_name: str, cache_dir: Path, read_only: Iterable[str | Path], open_set: Callable[[Path], T],

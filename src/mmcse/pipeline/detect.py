@@ -13,10 +13,12 @@ def run_detect(cfg: Config, paths: Paths, write_metrics: bool = True) -> dict[st
     """Object–phrase pairs of ``paths.raw`` into ``paths.objects``; ``artifact.json`` (its key and
     counts) is written last, so an interrupted run is not taken for a finished one."""
     from mmcse.detection.objects import detect_objects
+    from mmcse.integrity.files import verify_images
     from mmcse.integrity.keys import artifact_keys, record_key
     from mmcse.models.student import load_tokenizer
 
     tokenizer = load_tokenizer(cfg.model.name_or_path)
+    verify_images(paths.raw)  # the images it detects in are the ones the download stage recorded
     (paths.objects / "artifact.json").unlink(missing_ok=True)
     stats = detect_objects(paths.raw, paths.objects, cfg.detect, tokenizer, cfg.model.max_seq_len, cfg.base.device)
     if write_metrics:

@@ -30,8 +30,7 @@ def run_cache_teachers(
     import numpy as np
 
     from mmcse.config.inputs import JOINT_TEXT_TEACHER
-    from mmcse.errors import CorruptArtifact
-    from mmcse.integrity.files import check_image_digests, image_size_mismatch
+    from mmcse.integrity.files import check_image_digests, verify_images
     from mmcse.integrity.keys import artifact_keys
     from mmcse.models.device import resolve_device
     from mmcse.teachers.cache import (
@@ -55,11 +54,9 @@ def run_cache_teachers(
     texts = {"caption": (captions, [p["pair_id"] for p in pairs], manifest["sha256"]["pairs.jsonl"]),
              "corpus": (corpus, [f"corpus-{i}" for i in range(len(corpus))], manifest["sha256"]["corpus.txt"])}
     image_files = [paths.raw / r["file"] for r in images]
-    # Image bytes are in the fingerprints (images.jsonl records each image's SHA-256); a file
-    # changed since the download stage is caught by its size here (a stat, not a rehash).
-    for row, file in zip(images, image_files, strict=True):
-        if problem := image_size_mismatch(file, row.get("bytes")):
-            raise CorruptArtifact(file, problem, "rerun the download stage (dvc repro download)")
+    # Image bytes are in the fingerprints (images.jsonl records each image's SHA-256): every image is
+    # checked against them here, cached sets or not (hashed only when its stat moved since last checked)
+    verify_images(paths.raw, ("images.jsonl", "retrieval/images.jsonl"))
     # Resolve every model first: an offline id fails here, before anything is computed.
     image_teacher, encode_images = image_encoder(t, device)
     # `joint` text teachers are the joint teacher's text side, computed with it below
@@ -96,9 +93,6 @@ def run_cache_teachers(
     test_table = paths.raw / "retrieval" / "images.jsonl"
     test_images = read_jsonl(test_table) if test_table.is_file() else []
     test_files = [paths.raw / r["file"] for r in test_images]
-    for row, file in zip(test_images, test_files, strict=True):
-        if problem := image_size_mismatch(file, row.get("bytes")):
-            raise CorruptArtifact(file, problem, "rerun the download stage (dvc repro download)")
     test_ids = [r["image_id"] for r in test_images]
     test_fingerprint = manifest["sha256"].get("retrieval/images.jsonl", "")
     test_image_store = (store("retrieval_image", image_teacher, test_fingerprint, test_ids,
@@ -230,9 +224,12 @@ def run_cache_regions(cfg: Config, paths: Paths, raw: Path | None = None, object
     {split: count}, "dim"}``.
     Sets are content-addressed (source, inputs, image ids, ``max_regions``, ``dtype``): a set
     already in ``out_dir`` (default ``paths.regions``) or one of ``read_only`` is opened, not rebuilt."""
-    from mmcse.detection.regions import build_region_cache
+    from mmcse.detection.regions import IMAGE_TABLES, build_region_cache
+    from mmcse.integrity.files import verify_images
 
     raw, objects = raw or paths.raw, objects or paths.objects
+    if cfg.regions.source == "objects":  # the images are read (crops, whole images): checked, sets cached or not
+        verify_images(raw, IMAGE_TABLES)
     source = region_source(cfg, raw, objects, teacher_manifest or paths.teachers / "manifest.json",
                            (paths.teachers,) if teacher_dirs is None else teacher_dirs)
     result: dict[str, Any] = {"sets": {}, "hits": {}, "images": {}, "folders": {}, "source": cfg.regions.source}
