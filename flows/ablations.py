@@ -49,7 +49,7 @@ from mmcse.experiments.ablate import (
     run_job,
 )
 from mmcse.experiments.ablation_record import log_ablation, log_ablation_figures
-from mmcse.experiments.prefect_server import claim_temporary_server, stop_stale_temporary_servers
+from mmcse.experiments.prefect_server import claim_temporary_server, start_retry, stop_stale_temporary_servers
 from mmcse.pipeline.paths import Paths
 from mmcse.tracking import prefect_tags
 
@@ -211,7 +211,8 @@ def _job_result(cfg: Config, job: Job, flow_run: Any) -> dict[str, Any]:
         return flow_run.state.result()
     except Exception as err:
         print(f"{job.variant} seed={job.seed}: result of flow run {flow_run.name!r} unreadable here ({err})")
-        done = finished_result(job.folder(Paths.of(cfg).ablations), job_hash(job_config(cfg, job), cfg.base.seed))
+        paths = Paths.of(cfg)
+        done = finished_result(job.folder(paths.ablations), job_hash(job_config(cfg, job), cfg.base.seed), paths.jobs)
         if done is not None:
             return done
         return failed_result(job, f"flow run {flow_run.name!r} completed but its result is unreadable here ({err}); "
@@ -239,7 +240,7 @@ def fan_out_jobs(
         except Exception as err:  # a bad override: no worker would do better
             results[i] = failed_result(job, err)
             continue
-        done = finished_result(job.folder(root), hashes[i])
+        done = finished_result(job.folder(root), hashes[i], Paths.of(cfg).jobs)
         if done is not None and done.get("score_names") == SCORE_NAMES:  # older names: a worker rescores it
             results[i] = done | {"skipped": True}
     todo = [i for i in range(len(jobs)) if i not in results]
@@ -366,7 +367,7 @@ def main(params_path: str) -> None:
     check_params(params_path)
     stop_stale_temporary_servers()
     claim_temporary_server()
-    ablations(params_path)
+    start_retry(lambda: ablations(params_path))
 
 
 if __name__ == "__main__":

@@ -25,4 +25,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_entry(main)
+    run_entry(main, stage="evaluate")

@@ -12,4 +12,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    run_entry(main)
+    run_entry(main, stage="relevance")

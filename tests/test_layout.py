@@ -30,7 +30,7 @@ LAYERS = [
     ["integrity", "tracking"],
     ["config"],
     ["environment"],
-    ["io", "errors", "hub"],
+    ["io", "errors", "hub", "stopping"],
 ]
 RANK = {package: rank for rank, packages in enumerate(LAYERS) for package in packages}
 

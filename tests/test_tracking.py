@@ -264,3 +264,75 @@ def test_ablation_parent_and_job_runs_read_as_the_table(project):
     assert f"| mcse | {rows[0]['avg_mean']:.2f} ± {rows[0]['avg_std']:.2f} |" in note
     artifacts = {a.path for a in client.list_artifacts(parent_id)}
     assert {"ablation_table.json", "jobs.json", "ablation.csv", "ablation.md"} <= artifacts, artifacts
+
+
+@pytest.mark.slow  # end to end: the real train stage in a subprocess
+def test_a_damaged_tracking_store_is_one_line_before_training(project):
+    """Issue 33.10: a truncated mlruns/mlflow.db, through the train stage: exit 2, one line naming the file
+    and what to do, no training started."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    cfg = load_config("params.yaml")
+    tracking.configure(cfg)  # a real store first
+    tracking.experiment(cfg, "mcse")
+    db = project / "mlruns/mlflow.db"
+    db.write_bytes(db.read_bytes()[: db.stat().st_size // 3])
+    got = subprocess.run([sys.executable, str(REPO / "stages/train.py")], cwd=project, capture_output=True,
+                         text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+    assert got.returncode == 2, got.stderr[-2000:]
+    line = got.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"error: {db.resolve()}: the MLflow tracking store is damaged (") and \
+        f"mv {db.resolve()} {db.resolve()}.damaged" in line, got.stderr[-2000:]
+    assert "Traceback" not in got.stderr and not (project / "models/student/last").exists()
+
+
+@pytest.mark.slow  # SQLite's busy timeout under MLflow is 20 s per attempt: the waits take a minute
+def test_a_store_locked_by_another_process_is_waited_for_then_named_after_a_resume_point(project, monkeypatch):
+    """Issue 33.10: another process holds the SQLite store while training flushes its metrics: a short
+    hold is waited out (the run finishes with every value); one past MMCSE_STORE_RETRY_SECONDS stops
+    training with one line after a last resume point, from which the rerun continues."""
+    import json
+    import subprocess
+    import sys
+
+    from mmcse.config import with_overrides
+    from mmcse.errors import StageError
+    from mmcse.pipeline.paths import Paths
+    from mmcse.pipeline.train import run_train
+
+    cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 8, "train.eval_steps": 2,
+                                                        "train.checkpoint_steps": 8})
+    tracking.configure(cfg)
+    db = project / "mlruns/mlflow.db"
+    holders = []
+
+    def hold_store(seconds):
+        def at(step, score):
+            if step == 4 and not holders:
+                holder = subprocess.Popen(
+                    [sys.executable, "-c", "import sqlite3, sys, time; db = sqlite3.connect(sys.argv[1]); "
+                     "db.execute('BEGIN EXCLUSIVE'); print('held', flush=True); time.sleep(float(sys.argv[2])); "
+                     "db.rollback()", str(db), str(seconds)], stdout=subprocess.PIPE, text=True)
+                assert holder.stdout.readline().strip() == "held"
+                holders.append(holder)
+        return at
+
+    monkeypatch.setenv("MMCSE_STORE_RETRY_SECONDS", "60")
+    summary = run_train(cfg, Paths.of(cfg), out_dir=project / "a", progress=False, on_eval=hold_store(25))
+    history = mlflow.MlflowClient().get_metric_history(summary["run_id"], "dev_sts")
+    assert [m.step for m in history] == [0, 2, 4, 6, 8]  # nothing lost to the wait
+    holders.pop().wait()
+
+    monkeypatch.setenv("MMCSE_STORE_RETRY_SECONDS", "2")
+    with pytest.raises(StageError, match="the MLflow tracking store stayed locked for [0-9]+ s"):
+        run_train(cfg, Paths.of(cfg), out_dir=project / "b", progress=False, on_eval=hold_store(60))
+    step = json.loads((project / "b/last/state.json").read_text())["step"]
+    assert step >= 4  # the resume point written before the error: no step trained is lost
+    holders.pop().kill()
+    monkeypatch.setenv("MMCSE_STORE_RETRY_SECONDS", "60")
+    again = run_train(cfg, Paths.of(cfg), out_dir=project / "b", progress=False)
+    assert again["steps"] == 8 and again["best_dev"] == summary["best_dev"]

@@ -6,8 +6,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
+from mmcse import stopping
 from mmcse.config import ConfigError
 
 
@@ -26,18 +28,40 @@ def quiet_libraries() -> None:
         transformers.utils.logging.disable_progress_bar()
     for name in ("mlflow", "alembic", "optuna"):
         logging.getLogger(name).setLevel(logging.WARNING)
+    # MLflow logs every failed SQL statement with its traceback before raising it (a locked SQLite store:
+    # one per retry); the error itself is reported, once, by whoever handles it (`mmcse.tracking.retry_locked`)
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 
 
-def run_entry(fn: Callable[[], object]) -> None:
-    """Run a stage/CLI body; turn expected input errors into one clear line and exit 2."""
+def run_entry(fn: Callable[[], object], stage: str = "", params: str = "params.yaml") -> None:
+    """Run a stage/CLI body; turn expected input and environment errors into one clear line and exit 2.
+
+    ``stage``: the DVC stage it is; the folders it writes (`mmcse.pipeline.paths.Paths.written_by`, from
+    ``params``) are held exclusively while it runs (`mmcse.io.hold_outputs`: a second stage on them
+    fails at once naming the first). SIGTERM and SIGINT stop it cleanly (`mmcse.stopping`: a running
+    training first writes a resume point; exit 128 + the signal), and a DVC stage also stops when the
+    ``dvc`` process that started it dies."""
     from mmcse.data.fetch import DownloadError
-    from mmcse.errors import PrecisionError, TrainingDiverged, TrainingOutOfMemory
+    from mmcse.errors import PrecisionError, StageError, TrainingDiverged, TrainingOutOfMemory
     from mmcse.hub import ModelUnavailableError
+    from mmcse.io import hold_outputs
 
     quiet_libraries()
+    stopping.install()
+    stopping.watch_parent()
     try:
-        fn()
+        holds: Sequence[Path] = ()
+        if stage:
+            from mmcse.config import load_config
+            from mmcse.pipeline.paths import Paths
+
+            holds = Paths.of(load_config(params)).written_by(stage)
+        with hold_outputs(holds, f"the {stage} stage" if stage else "another mmcse process"):
+            fn()
     except (ConfigError, ModelUnavailableError, DownloadError, FileNotFoundError, ValueError, KeyError,
-            PrecisionError, TrainingOutOfMemory, TrainingDiverged) as err:
+            PrecisionError, TrainingOutOfMemory, TrainingDiverged, StageError) as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+    except stopping.StopRequested as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(err.exit_code) from None

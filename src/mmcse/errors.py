@@ -25,3 +25,9 @@ class TrainingDiverged(RuntimeError):
     """A training step whose loss or gradient norm is not finite: training stops before any weight
     is saved (the last resume point, if any, is intact). The message is one line: step, value, likely
     cause."""
+
+
+class StageError(RuntimeError):
+    """A problem of what a stage runs on, not of its input: an output another process holds, a damaged
+    or locked tracking store, a full disk, a server that did not start. One line: what, where, what to
+    do; nothing is lost (the previous outputs and the last resume point stay)."""

@@ -154,3 +154,58 @@ def open_image(path: str | Path, hint: str = ""):
         raise FileNotFoundError(f"{path}: image not found{suffix}") from None
     except (UnidentifiedImageError, OSError) as err:
         raise ValueError(f"{path}: corrupt or unreadable image ({err}){suffix}") from None
+
+
+def _lock_file(output: Path) -> Path:
+    """Where the lock of ``output`` lives: beside DVC's own lock in ``.dvc/tmp`` when the cwd is a DVC
+    project (git-ignored there), else beside the output."""
+    name = hashlib.sha256(str(output.resolve()).encode()).hexdigest()[:16]
+    dvc_tmp = Path(".dvc") / "tmp"
+    if dvc_tmp.parent.is_dir():
+        return dvc_tmp / "mmcse-locks" / f"{output.name}-{name}.lock"
+    return output.parent / f".{output.name}.lock"
+
+
+@contextlib.contextmanager
+def hold_outputs(outputs: Iterable[str | Path], holder: str) -> Iterator[None]:
+    """Hold ``outputs`` exclusively while the block runs: a second process that asks for one of them
+    fails at once with one line naming the holder (its pid, start and command), instead of writing into
+    the same folder (an orphaned stage beside the next ``dvc repro``). The lock is the kernel's
+    (``flock``): it goes with the process, so a killed holder leaves none behind."""
+    import fcntl
+    import sys
+    import time
+
+    from mmcse.errors import StageError
+
+    handles = []
+    try:
+        for output in outputs:
+            output = Path(output)
+            file = _lock_file(output)
+            file.parent.mkdir(parents=True, exist_ok=True)
+            handle = open(file, "a+")  # noqa: SIM115  held until the block ends
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                try:
+                    held = json.loads(handle.read() or "{}")
+                except ValueError:
+                    held = {}
+                handle.close()
+                raise StageError(
+                    f"{output}: in use by {held.get('holder', 'another stage')} (pid {held.get('pid', '?')}, started "
+                    f"{held.get('started', '?')}: {held.get('command', '?')}); wait for it, or stop it "
+                    f"(kill {held.get('pid', '<pid>')}) and rerun") from None
+            handle.seek(0)
+            handle.truncate()
+            handle.write(json.dumps({"holder": holder, "pid": os.getpid(), "command": " ".join(sys.argv)[:300],
+                                     "started": time.strftime("%Y-%m-%d %H:%M:%S")}))
+            handle.flush()
+            handles.append(handle)
+        yield
+    finally:
+        for handle in handles:
+            handle.close()  # releases the lock
+

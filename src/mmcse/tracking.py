@@ -31,12 +31,89 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def configure(cfg: Config) -> None:
-    """Point MLflow at the configured store (a relative SQLite path is under the cwd)."""
+    """Point MLflow at the configured store (a relative SQLite path is under the cwd), checked first
+    (`check_store`: a damaged SQLite file is one line, not SQLAlchemy's traceback)."""
     import mlflow
 
-    mlflow.set_tracking_uri(ensure_sqlite_parent(cfg.base.mlflow_tracking_uri))
+    uri = ensure_sqlite_parent(cfg.base.mlflow_tracking_uri)
+    check_store(uri)
+    mlflow.set_tracking_uri(uri)
     # Quiet MLflow's own console chatter in stage logs.
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+
+
+_CHECKED_STORES: dict[tuple[str, int, int], None] = {}
+
+
+def check_store(uri: str) -> None:
+    """A SQLite tracking store that exists must be a whole database: ``PRAGMA quick_check`` once per
+    process and file version; a damaged one is a `mmcse.errors.StageError` naming the file and what to
+    do (a locked one is not damaged: it is waited for where runs are written, `retry_locked`)."""
+    import sqlite3
+
+    from mmcse.errors import StageError
+
+    if not uri.startswith("sqlite:///"):
+        return
+    path = Path(uri[len("sqlite:///"):].split("?")[0])
+    if not path.is_file():
+        return  # MLflow creates it
+    st = path.stat()
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key in _CHECKED_STORES:
+        return
+    problem = None
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)) as db:
+            found = db.execute("PRAGMA quick_check").fetchone()
+            if not found or found[0] != "ok":
+                problem = str(found[0] if found else "no answer")
+            elif st.st_size and not db.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall():
+                problem = "not an MLflow database (no tables)"
+    except sqlite3.DatabaseError as err:
+        if "locked" in str(err) or "busy" in str(err):
+            return
+        problem = str(err)
+    if problem is not None:
+        raise StageError(f"{path}: the MLflow tracking store is damaged ({problem}); move it aside (mv {path} "
+                         f"{path}.damaged) and rerun to start a new store, or put back a backup of it")
+    _CHECKED_STORES[key] = None
+
+
+STORE_RETRY_SECONDS = 300.0  # how long a write waits for a locked store (MMCSE_STORE_RETRY_SECONDS)
+
+
+def _locked(err: BaseException) -> bool:
+    text = str(err).lower()
+    return "database is locked" in text or "database is busy" in text or "database table is locked" in text
+
+
+def retry_locked(write: Any, what: str = "write") -> Any:
+    """``write()``, retried with backoff (1, 2, 4 … 15 s between attempts) while the tracking store is
+    locked by another process, for ``MMCSE_STORE_RETRY_SECONDS`` (default 300) at most; then a
+    `mmcse.errors.StageError` in one line. Other errors pass through."""
+    import time
+
+    from mmcse.errors import StageError
+
+    limit = float(os.environ.get("MMCSE_STORE_RETRY_SECONDS", STORE_RETRY_SECONDS))
+    started, pause = time.monotonic(), 1.0
+    while True:
+        try:
+            return write()
+        except Exception as err:
+            if not _locked(err):
+                raise
+            waited = time.monotonic() - started  # each attempt itself waits SQLite's busy timeout (MLflow: 20 s)
+            if waited >= limit:
+                import mlflow
+
+                raise StageError(f"{mlflow.get_tracking_uri()}: the MLflow tracking store stayed locked for "
+                                 f"{waited:.0f} s while this run's {what} waited (another process holds it: an "
+                                 "`mlflow ui` or a second training on a SQLite store); stop it or use a server "
+                                 "store, then rerun") from None
+            time.sleep(min(pause, max(limit - waited, 0.1)))
+            pause = min(pause * 2, 15.0)
 
 
 # The MLflow 3 UI shows an experiment as "GenAI apps & agents" (Traces overview) or as model training
@@ -373,10 +450,10 @@ def run(
         # stopped as planned and is FINISHED, not FAILED; Ctrl-C is KILLED.
         default = "KILLED" if isinstance(err, (KeyboardInterrupt, SystemExit)) else "FAILED"
         status = getattr(err, "mlflow_status", default)
-        if status != "FINISHED":  # the record says why, in one line
-            with contextlib.suppress(Exception):  # the store may be what failed
+        with contextlib.suppress(Exception):  # the store may be what failed: the error is the one to report
+            if status != "FINISHED":  # the record says why, in one line
                 mlflow.set_tag(END_REASON_TAG, end_reason(err))
-        mlflow.end_run(status)
+            mlflow.end_run(status)  # left RUNNING if the store refuses: the next run of the job ends it
         raise
     mlflow.end_run("FINISHED")
 
@@ -386,8 +463,8 @@ END_REASON_TAG = "mmcse.end_reason"  # why a run ended FAILED or KILLED
 
 def end_reason(err: BaseException) -> str:
     """One line saying why a run ended early: the error's own message (first line), or the signal."""
-    if isinstance(err, KeyboardInterrupt):
-        return "interrupted (Ctrl-C / SIGINT)"
+    if isinstance(err, KeyboardInterrupt):  # Ctrl-C, or `mmcse.stopping.StopRequested` with what it kept
+        return (str(err).strip().splitlines() or ["interrupted (Ctrl-C / SIGINT)"])[0][:500]
     if isinstance(err, SystemExit):
         return f"stopped (exit {err.code})" if not isinstance(err.code, str) else f"stopped: {err.code}"
     text = str(err).strip().splitlines()[0] if str(err).strip() else ""
@@ -453,4 +530,5 @@ def log_metric_steps(entries: list[tuple[dict[str, float], int]]) -> None:
     metrics = [Metric(key, float(value), now, step) for values, step in entries for key, value in values.items()]
     client = mlflow.MlflowClient()
     for start in range(0, len(metrics), 1000):
-        client.log_batch(active.info.run_id, metrics=metrics[start : start + 1000])
+        batch = metrics[start : start + 1000]
+        retry_locked(lambda batch=batch: client.log_batch(active.info.run_id, metrics=batch), "metrics")

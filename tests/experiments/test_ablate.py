@@ -284,3 +284,32 @@ def test_a_job_recorded_under_older_score_names_is_evaluated_again_not_retrained
     calls = []
     monkeypatch.setattr("mmcse.experiments.ablate._evaluate", lambda *a, **k: calls.append(a) or {})
     assert run_job(cfg, job, project / "ablation")["scores"] == again["scores"] and not calls  # reused as is
+
+
+def test_a_finished_job_survives_its_folder_being_restored_to_an_older_output(project, monkeypatch):
+    """Issue 33.8: `dvc exp run` restores the ablation/ output of its commit, which drops the jobs an
+    interrupted run finished; they are kept by configuration hash under data/jobs and put back, not
+    trained again."""
+    import shutil
+
+    import mmcse.pipeline.train
+    from mmcse.config import load_config
+    from mmcse.experiments.ablate import Job, job_hash, run_job
+
+    cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 2, "train.eval_steps": 2})
+    job = Job("mcse", 1, {"base.seed": 1})
+    first = run_job(cfg, job, project / "ablation")
+    kept = project / "data/jobs" / job_hash(job_config(cfg, job), cfg.base.seed)
+    assert (kept / "result.json").is_file() and (kept / "best/model.safetensors").is_file()
+    # hard links: the kept best checkpoint takes no second copy of the weights
+    assert (kept / "best/model.safetensors").stat().st_ino == \
+        (project / "ablation/mcse/seed1/best/model.safetensors").stat().st_ino
+    shutil.rmtree(project / "ablation")  # what checking out the committed ablation/ does to a new job
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a finished job was trained again")
+
+    monkeypatch.setattr(mmcse.pipeline.train, "run_train", no_training)
+    again = run_job(cfg, job, project / "ablation")
+    assert again["skipped"] and again["scores"] == first["scores"]
+    assert (project / "ablation/mcse/seed1/best/checkpoint.json").is_file()

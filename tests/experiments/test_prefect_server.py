@@ -60,18 +60,41 @@ def test_only_this_projects_servers_of_a_dead_owner_are_stale(tmp_path, capsys):
 
 
 def test_claiming_marks_the_children_of_this_process(tmp_path, monkeypatch):
-    import signal
-
     monkeypatch.delenv(OWNER_VARIABLE, raising=False)
-    before = signal.getsignal(signal.SIGTERM)
-    try:
-        claim_temporary_server(tmp_path)
-        pid, started, folder = os.environ[OWNER_VARIABLE].split(":", 2)
-        assert int(pid) == os.getpid() and folder == str(tmp_path.resolve())
-        assert abs(float(started) - psutil.Process().create_time()) < 0.01
-        assert signal.getsignal(signal.SIGTERM) is not before  # SIGTERM runs the exit handlers
-    finally:
-        signal.signal(signal.SIGTERM, before)
+    monkeypatch.delenv("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", raising=False)
+    claim_temporary_server(tmp_path)
+    pid, started, folder = os.environ[OWNER_VARIABLE].split(":", 2)
+    assert int(pid) == os.getpid() and folder == str(tmp_path.resolve())
+    assert abs(float(started) - psutil.Process().create_time()) < 0.01
+    # a loaded machine gives the server more than Prefect's 20 s (issue 33.6)
+    assert os.environ["PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"] == "90"
+
+
+def test_a_server_that_does_not_start_in_time_is_tried_once_more_then_named_in_one_line():
+    from mmcse.errors import StageError
+    from mmcse.experiments.prefect_server import start_retry
+
+    timeout = RuntimeError("Timed out while attempting to connect to ephemeral Prefect API server. stdout: ...")
+    calls, said = [], []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) == 1:
+            raise timeout
+        return "rows"
+
+    assert start_retry(flaky, said.append) == "rows" and len(calls) == 2
+    assert said == ["the temporary Prefect server did not answer in time (Timed out while attempting to connect "
+                    "to ephemeral Prefect API server); starting it once more"]
+
+    def never():
+        raise timeout
+
+    with pytest.raises(StageError, match="^the temporary Prefect server did not start twice") as err:
+        start_retry(never, said.append)
+    assert "\n" not in str(err.value)
+    with pytest.raises(RuntimeError, match="something else"):  # other errors are not retried
+        start_retry(lambda: (_ for _ in ()).throw(RuntimeError("something else")), said.append)
 
 
 @pytest.mark.slow  # the ablate stage in a subprocess, killed once its temporary server is up

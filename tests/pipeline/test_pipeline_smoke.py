@@ -254,3 +254,30 @@ def test_a_failed_download_through_dvc_keeps_the_data_that_was_there(repo_copy):
         assert "deleted" not in status.stdout, status.stdout
     finally:
         _run(["git", "checkout", "--", "params.yaml"], root, env)
+
+
+def test_an_interrupted_dvc_exp_run_ablation_reuses_its_finished_jobs(repo_copy):
+    """Issue 33.8: Ctrl-C in `dvc exp run` after the first new job finished; the same `dvc exp run`
+    again restores ablation/ from its commit, and the finished job comes back from data/jobs instead of
+    being trained again."""
+    import signal
+
+    root, env = repo_copy
+    _run(["git", "add", "-A"], root, env)
+    _run(["git", "commit", "-qm", "the pipeline's outputs", "--allow-empty"], root, env)
+    cmd = ["dvc", "exp", "run", "-S", "ablate.seeds=[3,4]"]
+    exp = subprocess.Popen(cmd, cwd=root, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines, sent = [], False
+    for line in exp.stdout:
+        lines.append(line)
+        if "[2/4] mcse seed=4: starting" in line and not sent:
+            os.killpg(exp.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches dvc and the stage
+            sent = True
+    exp.wait(120)
+    log = "".join(lines)
+    assert sent and exp.returncode != 0 and "[1/4] mcse seed=3: trained on cpu" in log, log[-3000:]
+    assert "[3/4]" not in log
+    again = _run(cmd, root, env)
+    assert "[1/4] mcse seed=3: reused (finished before)" in again, again[-3000:]
+    assert "[2/4] mcse seed=4: trained on cpu" in again

@@ -236,3 +236,44 @@ def test_checkpoints_and_the_data_folder_follow_the_umask(project, cfg):
     assert {m for p, m in modes.items() if (project / p).is_dir()} == {0o755}
     assert {m for p, m in modes.items() if (project / p).is_file()} == {0o644}, modes
     assert stat.S_IMODE((project / "data/raw").stat().st_mode) == 0o755
+
+
+def test_a_full_disk_at_a_checkpoint_is_one_line_and_loses_nothing(project, cfg, monkeypatch):
+    """Issue 33.10: ENOSPC while writing the step-8 resume point (safetensors says "os error 28"), then
+    while sealing a best checkpoint: one line naming the folder and the size it needs, no temporary
+    folder left, the previous checkpoint intact and resumable."""
+    import errno
+
+    import mmcse.training.checkpoints as checkpoints
+    from mmcse.errors import StageError
+
+    out = project / "m"
+    real_save, calls = checkpoints.save_file, []
+
+    def full_at_second(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:
+            raise RuntimeError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "
+                               "\"No space left on device\" }) (os error 28)")
+        return real_save(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoints, "save_file", full_at_second)
+    with pytest.raises(StageError) as err:
+        train(cfg, "data/raw", "data/teachers", out, progress=False)
+    assert str(err.value).startswith(f"{out / 'last'}: no space left on the device while writing it (it needs about ")
+    assert "the previous checkpoint is intact" in str(err.value) and "\n" not in str(err.value)
+    assert not (out / "last.tmp").exists() and not (out / "best.tmp").exists()
+    assert json.loads((out / "last/state.json").read_text())["step"] == 4
+    assert plan_start(out, run_definition_hash(cfg)).resume_from == out / "last"
+
+    monkeypatch.setattr(checkpoints, "save_file", real_save)
+
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(checkpoints, "seal_folder", no_space)
+    shutil.rmtree(out / "best")  # so the next run writes one (rebuilt, or at its first checkpoint)
+    last = (out / "last/state.json").read_text()
+    with pytest.raises(StageError, match=rf"^{out / 'best'}: no space left on the device"):
+        train(cfg, "data/raw", "data/teachers", out, progress=False)
+    assert not (out / "best.tmp").exists() and (out / "last/state.json").read_text() == last

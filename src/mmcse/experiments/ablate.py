@@ -82,19 +82,79 @@ def job_hash(job_cfg: Config, data_seed: int | None = None) -> str:
     return sha256_json(tree)
 
 
-def finished_result(folder: Path, config_hash: str) -> dict[str, Any] | None:
+def finished_result(folder: Path, config_hash: str, store: Path | None = None) -> dict[str, Any] | None:
     """The result of a job finished in ``folder`` with ``config_hash`` (None: none), its MLflow run
-    from the folder's run record (`mmcse.tracking.remembered_run`; result.json holds no run id)."""
+    from the folder's run record (`mmcse.tracking.remembered_run`; result.json holds no run id). With
+    ``store`` (`mmcse.pipeline.paths.Paths.jobs`), a job finished before but gone from ``folder`` (an
+    interrupted `dvc exp run` restores ablation/ from its commit) is put back from the store first."""
     from mmcse.tracking import remembered_run
 
-    path = folder / "result.json"
-    if not path.is_file():
-        return None
-    result = read_json(path)
-    if result.get("status") == "ok" and result.get("config_hash") == config_hash:
+    if store is not None and _own_result(folder, config_hash) is None:
+        restore_finished(store, config_hash, folder)
+    result = _own_result(folder, config_hash)
+    if result is not None:
         record = remembered_run(folder)
         return result | ({"run_id": record["run_id"]} if record else {})
     return None
+
+
+def _own_result(folder: Path, config_hash: str) -> dict[str, Any] | None:
+    path = folder / "result.json"
+    if not path.is_file():
+        return None
+    try:
+        result = read_json(path)
+    except ValueError:  # a damaged result: the job is trained again
+        return None
+    ok = isinstance(result, dict) and result.get("status") == "ok" and result.get("config_hash") == config_hash
+    return result if ok else None
+
+
+def _link_tree(source: Path, dest: Path) -> None:
+    """``dest`` as a copy of ``source`` (hard links where the filesystem allows: a job's best checkpoint
+    is not duplicated), built beside and renamed into place."""
+    import os
+    import shutil
+
+    from mmcse.io import build_dir
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = build_dir(dest.parent, prefix=f".{dest.name}.")
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+
+    try:
+        shutil.copytree(source, tmp, copy_function=link, dirs_exist_ok=True)
+        old = dest.with_name(dest.name + ".old")
+        if old.exists():
+            shutil.rmtree(old)
+        if dest.exists():
+            os.replace(dest, old)
+        os.replace(tmp, dest)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def keep_finished(folder: Path, config_hash: str, store: Path) -> None:
+    """Keep the finished job in ``folder`` (result, summary, best checkpoint, history) in ``store`` under
+    its configuration hash, outside every DVC output."""
+    _link_tree(folder, store / config_hash)
+
+
+def restore_finished(store: Path, config_hash: str, folder: Path) -> bool:
+    """Put a job finished with ``config_hash`` back into ``folder`` from ``store``; False: none kept."""
+    kept = store / config_hash
+    if _own_result(kept, config_hash) is None:
+        return False
+    _link_tree(kept, folder)
+    print(f"{folder}: restored from {kept} (finished before with this configuration)", flush=True)
+    return True
 
 
 def _write_result(folder: Path, result: dict[str, Any]) -> None:
@@ -181,12 +241,12 @@ def run_job(
             f"params.yaml: job {job.variant!r} seed {job.seed} resolves to config hash {config_hash[:12]} here but "
             f"{expected_hash[:12]} where it was submitted: the worker's checkout differs (sync params.yaml)"
         )
-    done = finished_result(folder, config_hash)
+    paths = Paths.of(job_cfg)
+    done = finished_result(folder, config_hash, paths.jobs)
     if done is not None and done.get("score_names") != SCORE_NAMES:
         done = rescore(job_cfg, folder, done)
     if done is not None:
         return done | {"skipped": True}
-    paths = Paths.of(job_cfg)
     where = device_tags(job_cfg.base.device)
     # the job's row and seed on its run: `mmcse.experiments.report` reads each row's training minutes
     with tracking.tagged({**where, **(tags or {}), tracking.VARIANT_TAG: job.variant,
@@ -213,6 +273,7 @@ def run_job(
     }
     _write_result(folder, result)
     release_resume_point(folder)  # the result is recorded: a rerun skips this job
+    keep_finished(folder, config_hash, paths.jobs)  # beside the DVC output too: an interrupted `dvc exp run` keeps it
     return result
 
 

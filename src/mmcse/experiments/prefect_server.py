@@ -40,26 +40,52 @@ class _QuietNotices:
         return not message.startswith(NOTICES)
 
 
+# Seconds the temporary server gets to answer its health check (Prefect's default, 20, counts only its
+# own sleeps: on a loaded machine a start failed with "Timed out while attempting to connect to
+# ephemeral Prefect API server"); a start that still times out is tried once more (`start_retry`).
+STARTUP_SECONDS = "90"
+
+
 def claim_temporary_server(root: str | Path = ".") -> None:
     """Mark the temporary Prefect server this process may start as this project's and this process's,
-    let SIGTERM end the process through its exit handlers (Prefect's stops the server; Python's
-    default SIGTERM action would skip them), and keep the server's start/stop notices out of the
-    stage's output unless ``MMCSE_PREFECT_NOTICES=1``."""
+    give it `STARTUP_SECONDS` to start (unless ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`` is
+    set), and keep the server's start/stop notices out of the stage's output unless
+    ``MMCSE_PREFECT_NOTICES=1``. SIGTERM and Ctrl-C end the process through its exit handlers
+    (`mmcse.stopping`, installed by the entry point; Prefect's handler stops the server)."""
     import logging
-    import signal
-    import sys
 
     os.environ[OWNER_VARIABLE] = _owner_mark(Path(root))
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", STARTUP_SECONDS)
     logger = logging.getLogger("prefect")
     for old in [f for f in logger.filters if isinstance(f, _QuietNotices)]:
         logger.removeFilter(old)
     if os.environ.get(VERBOSE_VARIABLE) != "1":
         logger.addFilter(_QuietNotices())
 
-    def exit_on_sigterm(_signum: int, _frame: object) -> None:
-        sys.exit(128 + signal.SIGTERM)
 
-    signal.signal(signal.SIGTERM, exit_on_sigterm)
+def server_start_failed(err: BaseException) -> bool:
+    """Whether ``err`` is Prefect's "the temporary server did not answer in time"."""
+    return isinstance(err, RuntimeError) and "attempting to connect to ephemeral Prefect API server" in str(err)
+
+
+def start_retry(run: Callable[[], object], say: Callable[[str], None] = print) -> object:
+    """``run()`` (a flow call that starts the temporary server), once more when the server did not start
+    in time; a second failure is one line (`mmcse.errors.StageError`), not Prefect's traceback."""
+    from mmcse.errors import StageError
+
+    for attempt in (1, 2):
+        try:
+            return run()
+        except RuntimeError as err:
+            if not server_start_failed(err):
+                raise
+            first = str(err).split(".")[0]
+            if attempt == 2:
+                raise StageError(f"the temporary Prefect server did not start twice ({first}); the machine may be "
+                                 "overloaded: rerun later, raise PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, or "
+                                 "start a server (mmcse prefect up) and set PREFECT_API_URL") from None
+            say(f"the temporary Prefect server did not answer in time ({first}); starting it once more")
+    raise AssertionError("unreachable")
 
 
 def _owner_alive(pid: int, started: float) -> bool:

@@ -26,6 +26,9 @@ class Paths:
     ablations: Path
     relevance: Path  # caption relevance matrices of the retrieval test set (stage relevance)
     regions: Path  # DUET region sets (stage cache_regions)
+    # finished ablation jobs by configuration hash, outside every DVC output: `dvc exp run` restores the
+    # ablation/ output from its commit, this store survives it (`mmcse.experiments.ablate.finished_result`)
+    jobs: Path
 
     @classmethod
     def of(cls, cfg: Config, root: str | Path = ".") -> Paths:
@@ -42,4 +45,13 @@ class Paths:
             ablations=root / "ablation",
             relevance=data / "relevance",
             regions=data / cfg.regions.cache_dir,
+            jobs=data / "jobs",
         )
+
+    def written_by(self, stage: str) -> tuple[Path, ...]:
+        """The folders DVC stage ``stage`` writes (`mmcse.entry.run_entry` holds them while it runs;
+        evaluate holds the model it reads, so no train writes it meanwhile)."""
+        return {"download": (self.raw,), "detect_objects": (self.objects,), "cache_teachers": (self.teachers,),
+                "cache_regions": (self.regions,), "relevance": (self.relevance,), "train": (self.student,),
+                "evaluate": (self.student,), "ablate": (self.ablations,), "report": (Path("reports"),)}.get(stage, ())
+

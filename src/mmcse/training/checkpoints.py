@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from mmcse.config import Config, to_dict
-from mmcse.errors import CorruptArtifact, TrainingDiverged
+from mmcse.errors import CorruptArtifact, StageError, TrainingDiverged
 from mmcse.integrity.files import (
     check_model_folder,
     check_safetensors,
@@ -90,6 +90,36 @@ def _fresh_tmp(folder: Path) -> Path:
     return tmp
 
 
+def _disk_full(err: BaseException) -> bool:
+    """ENOSPC, as an OSError or as the message a writer wraps it in (safetensors: "os error 28")."""
+    import errno
+
+    if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+        return True
+    text = str(err)
+    return "No space left on device" in text or "os error 28" in text
+
+
+def _tensor_bytes(tree: Any) -> int:
+    """Bytes of the tensors in ``tree`` (a tensor, or dicts / lists of them: state dicts, optimizer state)."""
+    if isinstance(tree, torch.Tensor):
+        return tree.numel() * tree.element_size()
+    if isinstance(tree, dict):
+        return sum(_tensor_bytes(v) for v in tree.values())
+    if isinstance(tree, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in tree)
+    return 0
+
+
+def disk_full_error(folder: Path, needed: int) -> StageError:
+    """One line for a checkpoint that did not fit: the folder, about how much it needs, what is free."""
+    free = shutil.disk_usage(folder.parent if folder.parent.exists() else Path(".")).free
+    return StageError(f"{folder}: no space left on the device while writing it (it needs about "
+                      f"{needed / 2**20:,.0f} MiB, {free / 2**20:,.0f} MiB are free on its file system); the "
+                      "previous checkpoint is intact and the partial copy was removed: free space, then rerun to "
+                      "continue from the last resume point")
+
+
 def check_finite(weights: dict[str, torch.Tensor], what: str, step: int) -> None:
     """Refuse to save ``weights`` holding a NaN or infinity (one host sync for all tensors)."""
     floats = [(k, v) for k, v in weights.items() if v.is_floating_point()]
@@ -115,6 +145,10 @@ def write_weights_folder(model: torch.nn.Module, weights: dict[str, torch.Tensor
         follow_umask(tmp)  # safetensors writes owner-only files; the checkpoint reads as every output does
         seal_folder(tmp, **seal)
         _swap_in(tmp, folder)
+    except Exception as err:
+        if _disk_full(err):
+            raise disk_full_error(folder, _tensor_bytes(weights)) from None
+        raise
     finally:
         model.load_state_dict(current)
         if tmp.exists():  # a failed write (a full disk) leaves no half folder behind
@@ -146,6 +180,10 @@ def save_resume_point(
         )
         follow_umask(tmp)
         _swap_in(tmp, folder)
+    except Exception as err:
+        if _disk_full(err):
+            raise disk_full_error(folder, _tensor_bytes((student.state_dict(), optimizer.state_dict()))) from None
+        raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

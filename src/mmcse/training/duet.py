@@ -36,9 +36,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
+from mmcse import stopping
 from mmcse.config import Config
 from mmcse.detection.regions import RegionStore
-from mmcse.errors import TrainingOutOfMemory
+from mmcse.errors import StageError, TrainingOutOfMemory
 from mmcse.evaluation.retrieval import check_text_image, retrieval_metrics
 from mmcse.integrity.files import check_model_folder
 from mmcse.io import read_json, read_jsonl, write_json
@@ -364,14 +365,24 @@ def train_duet(
     watch = DivergenceWatch(device)
     pending: list[tuple[dict[str, Any], int]] = []
 
+    def record(entries: list[tuple[dict[str, Any], int]]) -> None:
+        """Hand logged values to ``log_metrics``; when the tracking store fails for good (locked past its
+        retries), a last resume point first: nothing trained is lost to a logging failure."""
+        if not log_metrics or not entries:
+            return
+        try:
+            log_metrics(entries)
+        except StageError:
+            checkpoints.save(model, optimizer, scheduler, scaler, state)
+            raise
+
     def flush() -> None:
         watch.check(cfg)  # a diverged run stops here, before anything reads or saves its weights
         entries = read_back(pending)
         for m, step in entries:
             if "loss/loss" in m and step % LOG_EVERY == 0:
                 state.history.append({"step": step, "loss": m["loss/loss"]})
-        if log_metrics and entries:
-            log_metrics(entries)
+        record(entries)
 
     def evaluate_now() -> float:
         watch.check(cfg)
@@ -382,8 +393,7 @@ def train_duet(
         flush()
         state.history.append({"step": state.step, "dev": score})
         checkpoints.consider(score, state, model)
-        if log_metrics:
-            log_metrics([({f"dev_{k}": v for k, v in scores.items()}, state.step)])
+        record([({f"dev_{k}": v for k, v in scores.items()}, state.step)])
         return score
 
     if state.step == 0:
@@ -395,41 +405,47 @@ def train_duet(
     last_dev = state.history[-1]["dev"] if state.history and "dev" in state.history[-1] else math.nan
     order_epoch, order = -1, np.zeros(0, np.int64)
     try:
-        while state.step < total:
-            epoch, offset = divmod(state.step, per_epoch)
-            if epoch != order_epoch:  # a pure function of (seed, epoch): resumable
-                g = torch.Generator().manual_seed(cfg.base.seed * 100_003 + epoch)
-                order_epoch, order = epoch, torch.randperm(len(data.captions), generator=g).numpy()
-            idx = order[offset * b : (offset + 1) * b]  # (B,) pair rows
-            batch = captions.batch(idx, device)
-            regions, boxes, mask = region_batch(data.regions, data.region_rows[idx], device)
-            ignore = same_image_mask([data.image_ids[i] for i in idx], device)
-            try:
-                terms = duet_optimizer_step(model, cfg, batch, (regions, boxes, mask), ignore, optimizer, scaler,
-                                            device)
-            except Exception as err:
-                if is_out_of_memory(err):
-                    raise TrainingOutOfMemory(out_of_memory_message(cfg, state.step + 1, resumed_from)) from None
-                raise
-            scheduler.step()
-            state.step += 1
-            watch.observe(state.step, terms["loss"], watched_norm(terms, scaler))
-            if state.step % LOG_EVERY == 0:
-                pending.append(({k if k.startswith(STAT) else f"loss/{k}": v.detach() for k, v in terms.items()}
-                                | {"lr": scheduler.get_last_lr()[0]}, state.step))
-            evaluating = state.step % cfg.train.eval_steps == 0 or state.step == total
-            checkpointing = state.step % cfg.train.checkpoint_steps == 0 or state.step == total
-            if evaluating:
-                last_dev = evaluate_now()
-                if on_eval:
-                    on_eval(state.step, last_dev)
-            if checkpointing:
-                flush()
-                checkpoints.save(model, optimizer, scheduler, scaler, state)
-                resumed_from = state.step
-            if evaluating:
-                bar.set_postfix(dev_rsum=f"{last_dev:.1f}")
-            bar.update(1)
+        with stopping.graceful():  # SIGTERM / Ctrl-C: a last resume point at the next step, then KILLED
+            while state.step < total:
+                if stopping.requested():
+                    flush()
+                    checkpoints.save(model, optimizer, scheduler, scaler, state)
+                    raise stopping.stop_exception(f"resume point written at step {state.step} of {total} "
+                                                  f"({out_dir / 'last'}); rerun to continue from it")
+                epoch, offset = divmod(state.step, per_epoch)
+                if epoch != order_epoch:  # a pure function of (seed, epoch): resumable
+                    g = torch.Generator().manual_seed(cfg.base.seed * 100_003 + epoch)
+                    order_epoch, order = epoch, torch.randperm(len(data.captions), generator=g).numpy()
+                idx = order[offset * b : (offset + 1) * b]  # (B,) pair rows
+                batch = captions.batch(idx, device)
+                regions, boxes, mask = region_batch(data.regions, data.region_rows[idx], device)
+                ignore = same_image_mask([data.image_ids[i] for i in idx], device)
+                try:
+                    terms = duet_optimizer_step(model, cfg, batch, (regions, boxes, mask), ignore, optimizer, scaler,
+                                                device)
+                except Exception as err:
+                    if is_out_of_memory(err):
+                        raise TrainingOutOfMemory(out_of_memory_message(cfg, state.step + 1, resumed_from)) from None
+                    raise
+                scheduler.step()
+                state.step += 1
+                watch.observe(state.step, terms["loss"], watched_norm(terms, scaler))
+                if state.step % LOG_EVERY == 0:
+                    pending.append(({k if k.startswith(STAT) else f"loss/{k}": v.detach() for k, v in terms.items()}
+                                    | {"lr": scheduler.get_last_lr()[0]}, state.step))
+                evaluating = state.step % cfg.train.eval_steps == 0 or state.step == total
+                checkpointing = state.step % cfg.train.checkpoint_steps == 0 or state.step == total
+                if evaluating:
+                    last_dev = evaluate_now()
+                    if on_eval:
+                        on_eval(state.step, last_dev)
+                if checkpointing:
+                    flush()
+                    checkpoints.save(model, optimizer, scheduler, scaler, state)
+                    resumed_from = state.step
+                if evaluating:
+                    bar.set_postfix(dev_rsum=f"{last_dev:.1f}")
+                bar.update(1)
     finally:
         bar.close()
     flush()

@@ -16,8 +16,9 @@ import torch
 from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
+from mmcse import stopping
 from mmcse.config import Config, active_terms
-from mmcse.errors import TrainingDiverged, TrainingOutOfMemory
+from mmcse.errors import StageError, TrainingDiverged, TrainingOutOfMemory
 from mmcse.evaluation.geometry import POSITIVE_GOLD, check_sts_geometry, sts_geometry
 from mmcse.evaluation.retrieval import image_head
 from mmcse.evaluation.sts import PRIMARY_METRIC, evaluate_sts, student_encoder
@@ -341,6 +342,17 @@ def train(
     pending: list[tuple[dict[str, Any], int]] = []
     shown: dict[str, float] = {}
 
+    def record(entries: list[tuple[dict[str, Any], int]]) -> None:
+        """Hand logged values to ``log_metrics``; when the tracking store fails for good (locked past its
+        retries), a last resume point first: nothing trained is lost to a logging failure."""
+        if not log_metrics or not entries:
+            return
+        try:
+            log_metrics(entries)
+        except StageError:
+            checkpoints.save(student, optimizer, scheduler, scaler, state)
+            raise
+
     def flush() -> None:
         watch.check(cfg)  # a diverged run stops here, before anything reads or saves its weights
         entries = read_back(pending)
@@ -349,8 +361,7 @@ def train(
                 state.history.append({"step": step, "loss": metrics["loss/loss"]})
             if "loss/loss" in metrics:
                 shown["loss"] = metrics["loss/loss"]
-        if log_metrics and entries:
-            log_metrics(entries)
+        record(entries)
 
     def evaluate_now() -> float:
         watch.check(cfg)
@@ -358,8 +369,7 @@ def train(
         flush()  # the losses logged before this evaluation go first in the history
         state.history.append({"step": state.step, "dev": score, **geometry})
         checkpoints.consider(score, state, student)
-        if log_metrics:
-            log_metrics([({"dev_sts": score, **geometry}, state.step)])
+        record([({"dev_sts": score, **geometry}, state.step)])
         return score
 
     if state.step == 0:
@@ -373,45 +383,51 @@ def train(
     last_dev = state.history[-1]["dev"] if state.history and "dev" in state.history[-1] else float("nan")
     order_epoch, order = -1, []
     try:
-        while state.step < total:
-            epoch, offset = divmod(state.step, len(batches))
-            if epoch != order_epoch:
-                order_epoch, order = epoch, batches.epoch(epoch)
-            kind, idx = order[offset]
-            if kind == TEXT:
-                feats = data.text_features(idx, need[TEXT], device)
-            else:
-                feats = data.pair_features(idx, need[PAIR], device)
-            batch = tokens[kind].batch(idx, device)
-            step_seed = cfg.base.seed * 1_000_003 + state.step  # the step's own random draws: resumable
-            try:
-                terms = optimizer_step(student, cfg, batch, feats, kind == PAIR, optimizer, scaler, device,
-                                       seed=step_seed, on=on)
-            except Exception as err:
-                if is_out_of_memory(err):
-                    raise TrainingOutOfMemory(out_of_memory_message(cfg, state.step + 1, resumed_from)) from None
-                raise
-            scheduler.step()
-            state.step += 1
-            watch.observe(state.step, terms["loss"], watched_norm(terms, scaler))
-            if state.step % LOG_EVERY == 0 or kind == PAIR:  # every image term is logged
-                metrics: dict[str, Any] = {k if k.startswith(STAT) else f"loss/{k}": v.detach()
-                                           for k, v in terms.items()}
-                pending.append((metrics | {"lr": scheduler.get_last_lr()[0]}, state.step))
-            evaluating = state.step % cfg.train.eval_steps == 0 or state.step == total
-            checkpointing = state.step % cfg.train.checkpoint_steps == 0 or state.step == total
-            if evaluating:
-                last_dev = evaluate_now()
-                if on_eval:
-                    on_eval(state.step, last_dev)
-            if state.step % FLUSH_EVERY == 0 or checkpointing:
-                flush()
-            if checkpointing:
-                checkpoints.save(student, optimizer, scheduler, scaler, state)
-                resumed_from = state.step
-            if evaluating or state.step % FLUSH_EVERY == 0:
-                bar.set_postfix(loss=f"{shown.get('loss', float('nan')):.3f}", dev=f"{last_dev:.1f}")
-            bar.update(1)
+        with stopping.graceful():  # SIGTERM / Ctrl-C: a last resume point at the next step, then KILLED
+            while state.step < total:
+                if stopping.requested():
+                    flush()
+                    checkpoints.save(student, optimizer, scheduler, scaler, state)
+                    raise stopping.stop_exception(f"resume point written at step {state.step} of {total} "
+                                                  f"({out_dir / 'last'}); rerun to continue from it")
+                epoch, offset = divmod(state.step, len(batches))
+                if epoch != order_epoch:
+                    order_epoch, order = epoch, batches.epoch(epoch)
+                kind, idx = order[offset]
+                if kind == TEXT:
+                    feats = data.text_features(idx, need[TEXT], device)
+                else:
+                    feats = data.pair_features(idx, need[PAIR], device)
+                batch = tokens[kind].batch(idx, device)
+                step_seed = cfg.base.seed * 1_000_003 + state.step  # the step's own random draws: resumable
+                try:
+                    terms = optimizer_step(student, cfg, batch, feats, kind == PAIR, optimizer, scaler, device,
+                                           seed=step_seed, on=on)
+                except Exception as err:
+                    if is_out_of_memory(err):
+                        raise TrainingOutOfMemory(out_of_memory_message(cfg, state.step + 1, resumed_from)) from None
+                    raise
+                scheduler.step()
+                state.step += 1
+                watch.observe(state.step, terms["loss"], watched_norm(terms, scaler))
+                if state.step % LOG_EVERY == 0 or kind == PAIR:  # every image term is logged
+                    metrics: dict[str, Any] = {k if k.startswith(STAT) else f"loss/{k}": v.detach()
+                                               for k, v in terms.items()}
+                    pending.append((metrics | {"lr": scheduler.get_last_lr()[0]}, state.step))
+                evaluating = state.step % cfg.train.eval_steps == 0 or state.step == total
+                checkpointing = state.step % cfg.train.checkpoint_steps == 0 or state.step == total
+                if evaluating:
+                    last_dev = evaluate_now()
+                    if on_eval:
+                        on_eval(state.step, last_dev)
+                if state.step % FLUSH_EVERY == 0 or checkpointing:
+                    flush()
+                if checkpointing:
+                    checkpoints.save(student, optimizer, scheduler, scaler, state)
+                    resumed_from = state.step
+                if evaluating or state.step % FLUSH_EVERY == 0:
+                    bar.set_postfix(loss=f"{shown.get('loss', float('nan')):.3f}", dev=f"{last_dev:.1f}")
+                bar.update(1)
     finally:
         bar.close()
     return finished(state, checkpoints.best)
