@@ -450,10 +450,13 @@ def run(
         # stopped as planned and is FINISHED, not FAILED; Ctrl-C is KILLED.
         default = "KILLED" if isinstance(err, (KeyboardInterrupt, SystemExit)) else "FAILED"
         status = getattr(err, "mlflow_status", default)
-        with contextlib.suppress(Exception):  # the store may be what failed: the error is the one to report
-            if status != "FINISHED":  # the record says why, in one line
+        # the store may be what failed: the error is the one to report, and the run is always left (MLflow
+        # pops it before writing its status; one the store refused stays RUNNING until the job's next run)
+        if status != "FINISHED":  # the record says why, in one line
+            with contextlib.suppress(Exception):
                 mlflow.set_tag(END_REASON_TAG, end_reason(err))
-            mlflow.end_run(status)  # left RUNNING if the store refuses: the next run of the job ends it
+        with contextlib.suppress(Exception):
+            mlflow.end_run(status)
         raise
     mlflow.end_run("FINISHED")
 

@@ -46,16 +46,46 @@ class _QuietNotices:
 STARTUP_SECONDS = "90"
 
 
+def _server_in_its_own_session() -> None:
+    """Start Prefect's temporary server in a session of its own. Prefect starts it in the stage's process
+    group, and a terminal's Ctrl-C goes to every process of that group: the server died at once, and the
+    stage, still stopping its job, spent minutes retrying a dead API. In its own session it only gets
+    the stop Prefect's exit handler sends it (or `stop_stale_temporary_servers`, after a kill -9)."""
+    import subprocess
+    import threading
+
+    from prefect.server.api import server
+
+    cls = server.SubprocessASGIServer
+    if getattr(cls._run_uvicorn_command, "_mmcse_own_session", False):
+        return
+    start, lock = cls._run_uvicorn_command, threading.Lock()
+
+    def in_own_session(self: object) -> subprocess.Popen:
+        popen = subprocess.Popen
+        with lock:  # the module's Popen, swapped only while this one call builds the server's process
+            subprocess.Popen = lambda *args, **kwargs: popen(*args, **{"start_new_session": True, **kwargs})
+            try:
+                return start(self)
+            finally:
+                subprocess.Popen = popen
+
+    in_own_session._mmcse_own_session = True  # type: ignore[attr-defined]
+    cls._run_uvicorn_command = in_own_session
+
+
 def claim_temporary_server(root: str | Path = ".") -> None:
     """Mark the temporary Prefect server this process may start as this project's and this process's,
     give it `STARTUP_SECONDS` to start (unless ``PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS`` is
-    set), and keep the server's start/stop notices out of the stage's output unless
-    ``MMCSE_PREFECT_NOTICES=1``. SIGTERM and Ctrl-C end the process through its exit handlers
+    set) in a session of its own (a terminal's Ctrl-C reaches the stage only), and keep the server's
+    start/stop notices out of the stage's output unless ``MMCSE_PREFECT_NOTICES=1``. SIGTERM and
+    Ctrl-C end the process through its exit handlers
     (`mmcse.stopping`, installed by the entry point; Prefect's handler stops the server)."""
     import logging
 
     os.environ[OWNER_VARIABLE] = _owner_mark(Path(root))
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", STARTUP_SECONDS)
+    _server_in_its_own_session()
     logger = logging.getLogger("prefect")
     for old in [f for f in logger.filters if isinstance(f, _QuietNotices)]:
         logger.removeFilter(old)
