@@ -255,7 +255,7 @@ def synthetic_regions(batch_size: int, g: torch.Generator, n_regions: int = PAPE
     mask (B, n))``: post-ReLU random features (bottom-up-attention features are >= 0), boxes
     ``normalized_boxes`` (Eq. 23) of random valid x1 <= x2, y1 <= y2 boxes in a 640 × 480 image,
     every region valid (the 36-box files have no padding)."""
-    from mmcse.methods.duet import normalized_boxes
+    from mmcse.models.duet import normalized_boxes
 
     width, height = BOX_IMAGE_SIZE
     regions = torch.randn(batch_size, n_regions, region_dim, generator=g).relu()  # (B, n, d)
@@ -355,7 +355,7 @@ class Run:
     """One method's model, optimizer, scaler and inputs for one batch size. A DUET run has
     ``regions`` (regions (B, n, d), boxes (B, n, 5), mask (B, n)) and ``ignore`` (B, B)
     (:func:`mmcse.training.duet.same_image_mask`) and no ``feats``; its ``student`` is the
-    :class:`mmcse.methods.duet.DuetModel`."""
+    :class:`mmcse.models.duet.DuetModel`."""
 
     cfg: Any
     on: dict[str, bool]
@@ -372,7 +372,7 @@ class Run:
 def make_run(cfg: Any, base: torch.nn.Module, batch: dict[str, torch.Tensor], feats: Any, device: torch.device,
              total_steps: int, compile_backbone: bool, pair_batch: bool = True) -> Run:
     """A copy of ``base`` (the same initial weights for every method) with train's optimizer."""
-    from mmcse.config import active_terms
+    from mmcse.methods.objectives import active_terms
     from mmcse.models.precision import grad_scaler
     from mmcse.training.loop import build_optimizer
 
@@ -558,8 +558,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     setup_like_train(device, args.fill_uninitialized_memory)
 
     from mmcse.config import with_overrides
-    from mmcse.methods.duet import DuetModel
     from mmcse.methods.objectives import needed_features
+    from mmcse.models.duet import DuetModel
     from mmcse.models.student import Student, load_backbone, load_tokenizer
     from mmcse.models.tokens import tokenize_texts
     from mmcse.training.batches import TrainData

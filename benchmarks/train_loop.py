@@ -125,7 +125,7 @@ def run_steps(cfg: Any) -> dict[str, int]:
 
 def profile_config(name: str, precision: str, compile_backbone: bool) -> Any:
     from mmcse.config import ConfigError, load_config
-    from mmcse.config.profiles import profile_values
+    from mmcse.experiments.profiles import profile_values
 
     overrides = profile_values(name, REPO) | {"train.precision": precision, "train.compile": compile_backbone}
     try:
@@ -146,7 +146,7 @@ def project_params(profile: str, student: str, device: torch.device, precision: 
     """The repo's params.yaml on demo data, the profile's train.* and loss.* settings, the
     benchmark's student, precision, device and length."""
     from mmcse.config import apply_overrides
-    from mmcse.config.profiles import profile_values
+    from mmcse.experiments.profiles import profile_values
 
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     overrides = {k: v for k, v in profile_values(profile, REPO).items()
@@ -172,9 +172,9 @@ def project_params(profile: str, student: str, device: torch.device, precision: 
 def prepare_project(root: Path, raw: dict[str, Any]) -> Any:
     """``root/params.yaml`` from ``raw``, then download, detect_objects and cache_teachers."""
     from mmcse.config import load_config
+    from mmcse.pipeline.cache_teachers import run_cache_teachers
     from mmcse.pipeline.detect import run_detect
     from mmcse.pipeline.download import run_download
-    from mmcse.pipeline.features import run_cache_teachers
     from mmcse.pipeline.paths import Paths
 
     (root / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -255,8 +255,7 @@ def run_bare(cfg: Any, root: Path, device: torch.device, steps: int, warmup: int
     batches, already on the device: no data loading, evaluation, logging or checkpoints."""
     from safetensors.torch import load_file
 
-    from mmcse.config import active_terms
-    from mmcse.methods.objectives import needed_features
+    from mmcse.methods.objectives import active_terms, needed_features
     from mmcse.models.precision import grad_scaler
     from mmcse.models.student import Student, load_backbone, load_tokenizer
     from mmcse.pipeline.paths import Paths
@@ -394,7 +393,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     st.setup_like_train(device)
 
     from mmcse.config import parse_config
-    from mmcse.config.profiles import list_profiles
+    from mmcse.experiments.profiles import list_profiles
 
     profiles = list_profiles(REPO)
     if args.profile not in profiles:

@@ -6,7 +6,7 @@ import sys
 from mmcse.config import load_config
 from mmcse.entry import run_entry
 from mmcse.io import write_json
-from mmcse.pipeline.features import run_cache_regions
+from mmcse.pipeline.cache_regions import run_cache_regions
 from mmcse.pipeline.paths import Paths
 
 

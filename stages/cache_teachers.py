@@ -5,9 +5,9 @@ import sys
 
 from mmcse.config import load_config
 from mmcse.entry import run_entry
-from mmcse.evaluation.figures import save_threshold_statistics
+from mmcse.evaluation.teacher_statistics import save_threshold_statistics
 from mmcse.io import write_json
-from mmcse.pipeline.features import run_cache_teachers
+from mmcse.pipeline.cache_teachers import run_cache_teachers
 from mmcse.pipeline.paths import Paths
 
 

@@ -2,8 +2,8 @@
 
 from mmcse.config import load_config
 from mmcse.entry import run_entry
-from mmcse.pipeline.features import run_relevance
 from mmcse.pipeline.paths import Paths
+from mmcse.pipeline.relevance import run_relevance
 
 
 def main() -> None:

@@ -77,9 +77,9 @@ def transfer_dir(senteval_dir):
 def prepare_project(root: Path, raw: dict) -> Path:
     """Write ``raw`` as ``root/params.yaml`` and run download, detect_objects, cache_teachers."""
     from mmcse.config import load_config
+    from mmcse.pipeline.cache_teachers import run_cache_teachers
     from mmcse.pipeline.detect import run_detect
     from mmcse.pipeline.download import run_download
-    from mmcse.pipeline.features import run_cache_teachers
     from mmcse.pipeline.paths import Paths
 
     (root / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))

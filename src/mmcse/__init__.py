@@ -1,0 +1,1 @@
+"""mmcse: train and compare multimodal sentence-embedding methods (SimCSE, MCSE, KDMCSE, MCSEO, DALR, DUET)."""

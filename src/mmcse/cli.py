@@ -110,27 +110,31 @@ def _cmd_eval(args: argparse.Namespace) -> None:
         from mmcse.config import load_config
 
         cfg = load_config(args.params)  # before the model loads: a bad params.yaml is one line
-    from mmcse.evaluation.sts import TextEncoder, evaluate_sts
-    from mmcse.evaluation.transfer import evaluate_transfer
+    from mmcse.evaluation.evaluators import EvaluationInputs, build_evaluators, run_evaluators
+    from mmcse.evaluation.sts import TextEncoder
 
     encoder = TextEncoder(args.model, args.pooler, args.device, args.max_seq_len,  # fails fast if offline
                           precision=args.precision)
-    scores: dict[str, float] = {}
-    if args.senteval_dir is not None and (not transfer or available_sts_tasks(args.senteval_dir)):
-        scores |= evaluate_sts(encoder, read_sts_tasks(args.senteval_dir), args.batch_size).scores
-    if transfer:
-        tasks = {t: read_transfer_task(args.senteval_dir, t) for t in transfer}
-        scores |= evaluate_transfer(encoder, tasks, probe, args.batch_size, args.device).scores
-    if mteb_tasks:
-        from mmcse.evaluation.mteb import mteb_scores
-
-        scores |= mteb_scores(encoder, args.model, mteb_tasks, args.batch_size, args.mteb_output)
+    retrieval = None
     if cfg is not None:
         from mmcse.hub import resolve_model
         from mmcse.pipeline.evaluate import checkpoint_retrieval
         from mmcse.pipeline.paths import Paths
 
-        scores |= checkpoint_retrieval(cfg, Paths.of(cfg), encoder, Path(resolve_model(args.model)))
+        def retrieval(_: object) -> dict[str, float]:
+            return checkpoint_retrieval(cfg, Paths.of(cfg), encoder, Path(resolve_model(args.model)))
+
+    sts = (read_sts_tasks(args.senteval_dir)
+           if args.senteval_dir is not None and (not transfer or available_sts_tasks(args.senteval_dir)) else {})
+    if args.senteval_dir is not None and not transfer and not any(sts.values()):
+        raise FileNotFoundError(f"{args.senteval_dir}: no STS task data in this SentEval folder")
+    evaluators = build_evaluators(EvaluationInputs(
+        sts=sts, transfer={t: read_transfer_task(args.senteval_dir, t) for t in transfer},
+        transfer_probe=probe if transfer else TransferConfig(), mteb=mteb_tasks, mteb_model_name=args.model,
+        mteb_output=args.mteb_output, retrieval=retrieval, data_dir=args.senteval_dir,
+        batch_size=args.batch_size, device=args.device,
+    ))
+    scores = run_evaluators(evaluators, encoder)
     print(json.dumps({k: round(v, 4) for k, v in scores.items()}, indent=2))
 
 
@@ -164,7 +168,7 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
 def _cmd_profile(args: argparse.Namespace) -> None:
     import subprocess
 
-    from mmcse.config.profiles import apply_profile, list_profiles
+    from mmcse.experiments.profiles import apply_profile, list_profiles
 
     root = Path(args.params).parent
     if args.name is None:
@@ -254,14 +258,9 @@ def _figures_config(args: argparse.Namespace) -> Config:
 
 
 def _cmd_figures_sts(args: argparse.Namespace) -> None:
-    from mmcse.evaluation.figures import (
-        ablation_job_runs,
-        load_sts_predictions,
-        run_labels,
-        sts_run_statistics,
-        sts_scatter_runs,
-    )
+    from mmcse.evaluation.figures import sts_run_statistics, sts_scatter_runs
     from mmcse.evaluation.plots import save_figure
+    from mmcse.tracking.reading import ablation_job_runs, load_sts_predictions, run_labels
 
     cfg = _figures_config(args)
     log_run = args.log_run
@@ -290,7 +289,7 @@ def _cmd_figures_sts(args: argparse.Namespace) -> None:
 
 
 def _cmd_figures_thresholds(args: argparse.Namespace) -> None:
-    from mmcse.evaluation.figures import save_threshold_statistics
+    from mmcse.evaluation.teacher_statistics import save_threshold_statistics
     from mmcse.pipeline.paths import Paths
 
     cfg = _figures_config(args)

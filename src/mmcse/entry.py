@@ -10,7 +10,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from mmcse import stopping
-from mmcse.config import ConfigError
+from mmcse.config import load_config
+from mmcse.errors import (
+    ConfigError,
+    DownloadError,
+    ModelUnavailableError,
+    PrecisionError,
+    StageError,
+    TrainingDiverged,
+    TrainingOutOfMemory,
+)
+from mmcse.io import hold_outputs
+from mmcse.pipeline.paths import Paths
 
 
 def quiet_libraries() -> None:
@@ -41,10 +52,6 @@ def run_entry(fn: Callable[[], object], stage: str = "", params: str = "params.y
     fails at once naming the first). SIGTERM and SIGINT stop it cleanly (`mmcse.stopping`: a running
     training first writes a resume point; exit 128 + the signal), and a DVC stage also stops when the
     ``dvc`` process that started it dies."""
-    from mmcse.data.fetch import DownloadError
-    from mmcse.errors import PrecisionError, StageError, TrainingDiverged, TrainingOutOfMemory
-    from mmcse.hub import ModelUnavailableError
-    from mmcse.io import hold_outputs
 
     quiet_libraries()
     stopping.install()
@@ -52,9 +59,6 @@ def run_entry(fn: Callable[[], object], stage: str = "", params: str = "params.y
     try:
         holds: Sequence[Path] = ()
         if stage:
-            from mmcse.config import load_config
-            from mmcse.pipeline.paths import Paths
-
             holds = Paths.of(load_config(params)).written_by(stage)
         with hold_outputs(holds, f"the {stage} stage" if stage else "another mmcse process"):
             fn()

@@ -16,6 +16,9 @@ import re
 from importlib import metadata
 from pathlib import Path
 
+import numpy
+from packaging.requirements import InvalidRequirement, Requirement
+
 from mmcse.io import sha256_file, sha256_json
 
 LOCK_NAME = "requirements.lock"
@@ -43,7 +46,6 @@ def locked_versions(path: Path) -> dict[str, str]:
     optionally ``; marker``) pins for this interpreter and platform: lines whose marker does not
     hold here (another Python's fork of a universal lock) are left out. Raises naming the file and
     line on anything but an exact pin."""
-    from packaging.requirements import InvalidRequirement, Requirement
 
     pins: dict[str, str] = {}
     for number, line in enumerate(path.read_text().splitlines(), 1):
@@ -117,7 +119,6 @@ def environment(device: str = "cpu") -> dict[str, str]:
     ``python torch cuda cudnn transformers numpy device platform lock_sha256 locked hash``.
     ``cuda``/``cudnn`` are the versions torch runs with on a CUDA device, else ``cpu``;
     ``locked`` is ``yes``, ``no lock file``, or ``no: <package installed≠locked, …>``."""
-    import numpy
     import torch
     import transformers
 

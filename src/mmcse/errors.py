@@ -1,4 +1,5 @@
-"""Errors that entry points turn into one clear line (importing this module loads no framework)."""
+"""Every error class of mmcse, in one place: entry points turn each into one clear line (importing
+this module loads no framework)."""
 
 
 class PrecisionError(RuntimeError):
@@ -31,3 +32,31 @@ class StageError(RuntimeError):
     """A problem of what a stage runs on, not of its input: an output another process holds, a damaged
     or locked tracking store, a full disk, a server that did not start. One line: what, where, what to
     do; nothing is lost (the previous outputs and the last resume point stay)."""
+
+
+class ConfigError(ValueError):
+    """A params file or override that cannot be turned into a valid config."""
+
+
+class ModelUnavailableError(RuntimeError):
+    """A model id that cannot be loaded here (offline, not cached, or misspelt)."""
+
+
+class DownloadError(RuntimeError):
+    """A download or archive that cannot be used; the message names the source and why."""
+
+
+class TokenCacheError(ValueError):
+    """A token cache folder that does not match its header (truncated or foreign files)."""
+
+
+class MTEBTaskError(ValueError):
+    """A task name that is neither an mteb task nor a task type of :data:`TABLE5_TYPES`."""
+
+
+class MTEBDataMissing(FileNotFoundError):
+    """A task's data set is not in the local Hugging Face cache and cannot be downloaded."""
+
+
+class SpiceUnavailable(RuntimeError):
+    """SPICE relevance cannot run here (raised before any compute, naming what to install)."""

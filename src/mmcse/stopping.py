@@ -15,7 +15,10 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
+
+import psutil
 
 _REQUESTED = threading.Event()
 _SIGNAL: list[int] = []  # the signal that asked to stop
@@ -96,7 +99,6 @@ def watch_parent(poll_seconds: float = 1.0) -> threading.Thread | None:
     orphan beside the next ``dvc repro``. Returns the thread (None: not a DVC stage)."""
     if not os.environ.get("DVC_STAGE"):
         return None
-    import psutil
 
     # dvc runs the stage through ``$SHELL -c``, which usually execs it; where a shell stays in between,
     # watch the process above it (the shell itself would outlive a killed dvc)
@@ -114,8 +116,6 @@ def watch_parent(poll_seconds: float = 1.0) -> threading.Thread | None:
             return True
 
     def watch() -> None:
-        import time
-
         while True:
             time.sleep(poll_seconds)
             if gone():

@@ -152,7 +152,8 @@ def test_retrieval_and_ndcg_keys_are_checked(tmp_path):
 
 
 def test_a_sweep_must_move_a_weight_its_trials_use():
-    from mmcse.config import ConfigError, check_sweep_space
+    from mmcse.config import ConfigError
+    from mmcse.methods.objectives import check_sweep_space
 
     space = {"sweep": {"space": {"loss.lambda_img": {"type": "float", "low": 0.001, "high": 1.0, "log": True}}}}
     check_sweep_space(parse_config({**space, "train": {"method": "mcse"}}))

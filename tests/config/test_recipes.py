@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from mmcse.config import ConfigError, load_config
-from mmcse.config.profiles import apply_profile, list_profiles
 from mmcse.config.recipes import load_recipes, owned_keys, profile_values
 from mmcse.experiments.plan import plan
+from mmcse.experiments.profiles import apply_profile, list_profiles
 from tests.conftest import REPO
 
 

@@ -8,29 +8,29 @@ import pytest
 import yaml
 
 from mmcse.evaluation.figures import (
-    ablation_job_runs,
-    cached_joint_teacher,
     cluster_purity,
     default_task,
     dropout_statistics,
     dropout_tsne_panels,
     dropout_views,
-    load_sts_predictions,
     nearest_sentences,
     neighbours_figure,
-    run_labels,
     sample_sentences,
     sts_run_statistics,
     sts_scatter_runs,
+    tsne_clusters,
+    tsne_figure,
+)
+from mmcse.evaluation.teacher_statistics import (
+    cached_joint_teacher,
     teacher_rank_figure,
     teacher_similarity_figure,
     threshold_figure,
     threshold_metrics,
     threshold_statistics,
     threshold_summary,
-    tsne_clusters,
-    tsne_figure,
 )
+from mmcse.tracking.reading import ablation_job_runs, load_sts_predictions, run_labels
 from tests.conftest import REPO
 
 # --------------------------------------------------------------------------- t-SNE + KMeans

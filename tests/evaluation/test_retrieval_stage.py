@@ -11,12 +11,12 @@ import torch
 from mmcse.cli import main
 from mmcse.config import load_config
 from mmcse.evaluation.ndcg import caption_relevance, ndcg_metrics
-from mmcse.evaluation.retrieval import image_head
 from mmcse.io import read_json, read_jsonl, write_jsonl
+from mmcse.methods.objectives import image_head
 from mmcse.models.student import load_student
 from mmcse.pipeline.evaluate import run_evaluate
-from mmcse.pipeline.features import run_relevance
 from mmcse.pipeline.paths import Paths
+from mmcse.pipeline.relevance import run_relevance
 from mmcse.teachers.cache import FeatureStore
 from mmcse.training.loop import train
 from tests.evaluation.test_retrieval import transcribed

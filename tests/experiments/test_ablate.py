@@ -95,7 +95,8 @@ DALR_REMOVED = {"DALR": set(), "w/o L_info": {"info"}, "w/o L_CML": {"consistenc
 
 @pytest.mark.parametrize("preset", sorted(PRESET_ROWS))
 def test_every_preset_loads_in_the_papers_row_order(preset):
-    from mmcse.config import active_terms, load_config
+    from mmcse.config import load_config
+    from mmcse.methods.objectives import active_terms
 
     cfg = load_config(REPO / "params.yaml", {"ablate.preset": preset})
     assert list(cfg.ablate.variants) == PRESET_ROWS[preset]
@@ -277,6 +278,7 @@ def test_a_job_recorded_under_older_score_names_is_evaluated_again_not_retrained
         raise AssertionError("a finished job was trained again")
 
     monkeypatch.setattr(mmcse.pipeline.train, "run_train", no_training)
+    monkeypatch.setattr("mmcse.experiments.ablate.run_train", no_training)  # where a job calls it
     again = run_job(cfg, job, project / "ablation")
     assert again["skipped"] and again["score_names"] == SCORE_NAMES
     assert again["scores"] == pytest.approx(first["scores"], abs=1e-6)  # today's names, the same numbers
@@ -310,6 +312,7 @@ def test_a_finished_job_survives_its_folder_being_restored_to_an_older_output(pr
         raise AssertionError("a finished job was trained again")
 
     monkeypatch.setattr(mmcse.pipeline.train, "run_train", no_training)
+    monkeypatch.setattr("mmcse.experiments.ablate.run_train", no_training)  # where a job calls it
     again = run_job(cfg, job, project / "ablation")
     assert again["skipped"] and again["scores"] == first["scores"]
     assert (project / "ablation/mcse/seed1/best/checkpoint.json").is_file()

@@ -137,7 +137,12 @@ def test_the_teacher_figures_read_the_first_rows_teacher_cache(project):
     the parent are `threshold_metrics` of that cache."""
     import mlflow
 
-    from mmcse.evaluation.figures import DEFAULT_THRESHOLDS, cached_joint_teacher, threshold_metrics, threshold_summary
+    from mmcse.evaluation.teacher_statistics import (
+        DEFAULT_THRESHOLDS,
+        cached_joint_teacher,
+        threshold_metrics,
+        threshold_summary,
+    )
     from mmcse.pipeline.paths import Paths
 
     row = {"train.method": "kdmcse", "train.epochs": 0}  # kdmcse-fig5's row

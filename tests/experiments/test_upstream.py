@@ -7,6 +7,7 @@ import pytest
 from safetensors.torch import load_file
 
 from mmcse.config import ConfigError, load_config, parse_config, to_dict, with_overrides
+from mmcse.experiments import upstream
 from mmcse.experiments.ablate import Job, job_hash, run_job
 from mmcse.experiments.upstream import resolve
 from mmcse.integrity.keys import artifact_keys, require_top_level
@@ -72,7 +73,7 @@ def test_a_variant_gets_its_own_artifacts_once_and_shares_the_rest(project, monk
     variant = with_overrides(cfg, {"data.captions": "longest", "base.seed": 3})
     calls = []
     real_download = download_stage.run_download
-    monkeypatch.setattr(download_stage, "run_download", lambda *a, **k: calls.append(1) or real_download(*a, **k))
+    monkeypatch.setattr(upstream, "run_download", lambda *a, **k: calls.append(1) or real_download(*a, **k))
     # two jobs of the same variant at once: one computes, the other waits and reuses
     found = []
     threads = [threading.Thread(target=lambda: found.append(resolve(variant, paths, cfg.base.seed)))

@@ -49,12 +49,13 @@ def test_flow_trains_every_variant_retries_failures_and_resumes(project, harness
     raw["ablate"]["retries"] = 1
     (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
 
-    from mmcse.pipeline import train as train_stage
 
-    calls = []  # every job attempt: the job's model
-    real_train = train_stage.run_train
-    monkeypatch.setattr(train_stage, "run_train", lambda *a, **k: calls.append(a[0].model.name_or_path) or
-                        real_train(*a, **k))
+    from mmcse.experiments import upstream
+
+    calls = []  # every job attempt (each resolves its upstream artifacts first): the job's model
+    real_resolve = upstream.resolve_on_record
+    monkeypatch.setattr("mmcse.experiments.ablate.resolve_on_record",
+                        lambda *a, **k: calls.append(a[0].model.name_or_path) or real_resolve(*a, **k))
     rows = {r["variant"]: r for r in ablations("params.yaml")}
     assert rows["mcse"]["status"] == "ok" and rows["mcse"]["seeds"] == 2
     assert rows["simcse"]["status"] == "ok" and 0 <= rows["simcse"]["p_value"] <= 1
@@ -160,7 +161,7 @@ def test_a_diverged_job_fails_at_once_without_retries_and_the_ablation_goes_on(p
 
     calls = []
     real_train = train_stage.run_train
-    monkeypatch.setattr(train_stage, "run_train", lambda *a, **k: calls.append(a[0].train.learning_rate) or
+    monkeypatch.setattr("mmcse.experiments.ablate.run_train", lambda *a, **k: calls.append(a[0].train.learning_rate) or
                         real_train(*a, **k))
     rows = {r["variant"]: r for r in ablations("params.yaml")}
     assert rows["mcse"]["status"] == "ok"

@@ -13,15 +13,8 @@ import pytest
 import torch
 from transformers import AutoModel, BertConfig
 
-from mmcse.methods.duet import (
-    DuetModel,
-    RegionEmbedding,
-    box_regression_loss,
-    duet_objective,
-    max_violation_hinge,
-    norm_regularizer,
-    normalized_boxes,
-)
+from mmcse.methods.duet import box_regression_loss, duet_objective, max_violation_hinge, norm_regularizer
+from mmcse.models.duet import DuetModel, RegionEmbedding, normalized_boxes
 from tests.conftest import TINY_MODEL
 
 # ---------------------------------------------------------------------------- references (loops)

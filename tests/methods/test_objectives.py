@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 
-from mmcse.config import Config, active_terms, parse_config, with_overrides
+from mmcse.config import Config, parse_config, with_overrides
 from mmcse.methods.losses import adapacse_loss, info_nce, simcse_loss
-from mmcse.methods.objectives import StepEmbeddings, needed_features, step_objective
+from mmcse.methods.objectives import StepEmbeddings, active_terms, needed_features, step_objective
 from tests.methods.test_losses import eq1_loop, eq3_loop
 from tests.methods.test_losses_kdmcse import eq13_loop
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mmcse.methods.vsepp import VseppModel, vsepp_objective
+from mmcse.methods.vsepp import vsepp_objective
+from mmcse.models.vsepp import VseppModel
 
 
 def _model(device: torch.device, **kwargs) -> VseppModel:

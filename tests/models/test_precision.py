@@ -52,6 +52,7 @@ def test_bf16_on_a_pre_ampere_gpu_fails_before_any_compute(project, monkeypatch)
     _fake_gpu(monkeypatch, (7, 0), "Tesla V100")
     monkeypatch.setattr(mmcse.training.loop, "resolve_device", lambda name: torch.device("cuda"))
     monkeypatch.setattr("mmcse.models.device.resolve_device", lambda name: torch.device("cuda"))
+    monkeypatch.setattr("mmcse.pipeline.train.resolve_device", lambda name: torch.device("cuda"))
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("computation started before the precision check")

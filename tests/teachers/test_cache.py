@@ -62,7 +62,7 @@ def test_bad_images_name_the_file(tmp_path):
 def test_prepared_project_caches_every_set(prepared_project):
     from mmcse.config import load_config
     from mmcse.io import read_json, read_jsonl
-    from mmcse.pipeline.features import run_cache_teachers
+    from mmcse.pipeline.cache_teachers import run_cache_teachers
     from mmcse.pipeline.paths import Paths
 
     teachers = prepared_project / "data/teachers"
@@ -243,7 +243,7 @@ def _rerecord_image(project, image_id, pixels):
 def test_changed_image_bytes_change_the_image_feature_key(project):
     from mmcse.config import load_config
     from mmcse.io import read_json, read_jsonl
-    from mmcse.pipeline.features import run_cache_teachers
+    from mmcse.pipeline.cache_teachers import run_cache_teachers
     from mmcse.pipeline.paths import Paths
 
     cfg = load_config("params.yaml")
@@ -265,7 +265,7 @@ def test_changed_image_bytes_change_the_image_feature_key(project):
 
 def test_image_changed_after_download_is_named_with_the_stage_to_rerun(project):
     from mmcse.config import load_config
-    from mmcse.pipeline.features import run_cache_teachers
+    from mmcse.pipeline.cache_teachers import run_cache_teachers
     from mmcse.pipeline.paths import Paths
 
     cfg = load_config("params.yaml")
@@ -284,7 +284,7 @@ def test_a_same_size_image_swap_is_named_when_a_set_is_built(project):
     import shutil
 
     from mmcse.config import load_config
-    from mmcse.pipeline.features import run_cache_teachers
+    from mmcse.pipeline.cache_teachers import run_cache_teachers
     from mmcse.pipeline.paths import Paths
 
     cfg = load_config("params.yaml")
@@ -302,8 +302,8 @@ def test_a_same_size_image_swap_is_named_while_every_set_is_cached(project):
     """Issue 33.5: every teacher set cached, one image replaced by other bytes of the same size: the
     stage names it (cache_teachers, and cache_regions and detect_objects read the images too)."""
     from mmcse.config import load_config
+    from mmcse.pipeline.cache_teachers import run_cache_teachers
     from mmcse.pipeline.detect import run_detect
-    from mmcse.pipeline.features import run_cache_teachers
     from mmcse.pipeline.paths import Paths
 
     cfg = load_config("params.yaml")

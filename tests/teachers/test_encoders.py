@@ -173,7 +173,7 @@ def test_pipeline_caches_real_teachers_and_a_hit_builds_no_model(project, tiny_c
     """cache_teachers with ResNet-50 and CLIP (random weights): sets of the right widths;
     rerun = all hits, and neither model is built."""
     from mmcse.config import load_config, with_overrides
-    from mmcse.pipeline.features import run_cache_teachers
+    from mmcse.pipeline.cache_teachers import run_cache_teachers
     from mmcse.pipeline.paths import Paths
     from mmcse.teachers.cache import FeatureStore
 
@@ -192,6 +192,7 @@ def test_pipeline_caches_real_teachers_and_a_hit_builds_no_model(project, tiny_c
         raise AssertionError("a cache hit built a model")
 
     monkeypatch.setattr(tm, "build_resnet50", no_model)
+    monkeypatch.setattr("mmcse.teachers.cache.build_resnet50", no_model)  # where the cache calls it
     monkeypatch.setattr(tm, "load_clip", no_model)
     again = run_cache_teachers(cfg, Paths.of(cfg))
     assert all(again["hits"].values()) and again["sets"] == sets
@@ -203,7 +204,7 @@ def test_the_joint_teachers_text_side_as_a_text_teacher(project, tiny_clip):
     fitted text side of its own text teacher's corpus features."""
     from mmcse.config import ConfigError, load_config, with_overrides
     from mmcse.io import read_jsonl
-    from mmcse.pipeline.features import run_cache_teachers
+    from mmcse.pipeline.cache_teachers import run_cache_teachers
     from mmcse.pipeline.paths import Paths
     from mmcse.teachers.cache import FeatureStore, fit_cca
 

@@ -20,8 +20,8 @@ from mmcse.config import ConfigError, load_config, with_overrides
 from mmcse.detection.regions import RegionStore
 from mmcse.evaluation.retrieval import retrieval_metrics
 from mmcse.io import read_jsonl
-from mmcse.methods.duet import DuetModel
-from mmcse.pipeline.features import run_cache_regions
+from mmcse.models.duet import DuetModel
+from mmcse.pipeline.cache_regions import run_cache_regions
 from mmcse.pipeline.paths import Paths
 from mmcse.training.checkpoints import load_history
 from mmcse.training.duet import (
@@ -215,7 +215,7 @@ def test_a_damaged_stage_region_set_is_passed_by_and_its_rebuilt_copy_used(duet_
     import shutil
 
     from mmcse.integrity.keys import require_top_level
-    from mmcse.pipeline.features import region_sets_for
+    from mmcse.pipeline.cache_regions import region_sets_for
 
     cfg = load_config("params.yaml")
     paths = Paths.of(cfg)
@@ -308,7 +308,7 @@ def test_duet_settings_are_checked_before_any_compute(overrides, message):
 
 def test_duet_presets_and_profiles_resolve(tmp_path):
     from mmcse.analysis.tables import table_metric
-    from mmcse.config.profiles import list_profiles, profile_values
+    from mmcse.experiments.profiles import list_profiles, profile_values
 
     assert {"duet-coco", "duet-flickr"} <= set(list_profiles(REPO))
     coco = load_config(REPO / "params.yaml", profile_values("duet-coco", REPO))
@@ -328,7 +328,7 @@ def test_duet_presets_and_profiles_resolve(tmp_path):
     params.write_text((REPO / "params.yaml").read_text())
     for folder in ("recipes", "profiles", "ablations"):
         (tmp_path / folder).symlink_to(REPO / folder)
-    from mmcse.config.profiles import apply_profile
+    from mmcse.experiments.profiles import apply_profile
 
     apply_profile(params, "duet-coco")
     rows = {row["variant"]: row["config"] for row in plan(params, "duet-table1")["rows"]}
@@ -356,8 +356,8 @@ def test_vsepp_trains_resumes_and_is_scored_by_the_same_loop(duet_cwd, tmp_path)
     """train.method vsepp through DUET's loop: its checkpoint (vocabulary, weights, architecture)
     loads back to the embeddings it was scored with, the dev score is the best checkpoint's val rsum,
     the learning rate follows the step schedule and a killed run resumes to the same weights."""
-    from mmcse.methods.vsepp import VseppModel
     from mmcse.models.tokens import cached_tokens
+    from mmcse.models.vsepp import VseppModel
     from mmcse.training.duet import VSEPP_META, VSEPP_WEIGHTS
 
     cfg = with_overrides(load_config("params.yaml"), {

@@ -428,7 +428,7 @@ def test_zero_epochs_evaluates_the_initial_encoder_without_a_step(project):
 def test_dalr_trains_with_the_joint_teachers_text_side_as_its_text_teacher(project):
     """DALR Table 9's "CLIP / CLIP" row: one text teacher, the joint teacher's text side (width = the
     joint space's), read from the manifest cache_teachers writes for it."""
-    from mmcse.pipeline.features import run_cache_teachers
+    from mmcse.pipeline.cache_teachers import run_cache_teachers
     from mmcse.pipeline.paths import Paths
 
     cfg = with_overrides(load_config("params.yaml"), {

@@ -1,0 +1,1 @@
+"""Tables of finished runs: rows and columns, significance, the papers' printed numbers, reports."""

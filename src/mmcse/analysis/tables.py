@@ -7,16 +7,21 @@ from __future__ import annotations
 
 import math
 import re
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from mmcse.analysis.statistics import ALPHA, FEW_SEEDS, MARKER, significance
 from mmcse.config import Config
+from mmcse.data.prepare import retrieval_set_name
+from mmcse.data.senteval import STS_TASKS, TRANSFER_TASKS
+from mmcse.environment import describe
 from mmcse.evaluation.names import display_name, is_headline, score_key
-from mmcse.io import write_text
+from mmcse.io import atomic_path, write_text
 from mmcse.tracking import metric_name
 
 
@@ -45,7 +50,6 @@ def table_metric(cfg: Config) -> str:
     """The table's primary column: ``ablate.metric``, where a bare retrieval score (``rsum``,
     ``i2t_R1``, ``NDCG25_rouge_l``) gets the data's test set as its prefix (``demo_rsum``,
     ``flickr30k_1k_rsum``; COCO: the 1K folds the papers' ablations report, ``coco_1k_rsum``)."""
-    from mmcse.data.prepare import retrieval_set_name
 
     metric = score_key(cfg.ablate.metric)  # i2t_R@1 and i2t_R1 name the same column
     if not BARE_RETRIEVAL.match(metric):
@@ -64,7 +68,6 @@ def headline_metrics(rows: Sequence[dict[str, Any]], primary: str, limit: int = 
 def metric_order(metrics: Sequence[str]) -> list[str]:
     """Table columns: STS tasks (SentEval order, then others by name), their ``avg``, the
     transfer tasks (SentEval order) and ``transfer_avg``."""
-    from mmcse.data.senteval import STS_TASKS, TRANSFER_TASKS
 
     def key(m: str) -> tuple[int, int, str]:
         if m in TRANSFER_TASKS:
@@ -89,7 +92,6 @@ def environment_notes(results: Sequence[dict[str, Any]]) -> list[str]:
     versions that differ and its jobs: rows made under different software or hardware may differ
     by more than their methods. Jobs recorded before environments were (no ``environment``)
     count as unknown."""
-    from mmcse.environment import describe
 
     groups: dict[str, tuple[dict[str, str], list[str]]] = {}
     for r in results:
@@ -236,10 +238,6 @@ def write_table(
     rows: Sequence[dict[str, Any]], out_dir: Path, primary: str, reference: str, title: str = "",
     notes: Sequence[str] = (),
 ) -> dict[str, Path]:
-    import pandas as pd
-
-    from mmcse.io import atomic_path
-
     out_dir.mkdir(parents=True, exist_ok=True)
     csv_path, md_path = out_dir / "ablation.csv", out_dir / "ablation.md"
     with atomic_path(csv_path) as tmp:
@@ -253,7 +251,6 @@ def terminal_table(markdown: str, width: int = 120) -> str:
     the first column (the row names) starts every block and the other columns fill blocks left to
     right, so a wide table wraps into blocks instead of wrapping each line; the text around the
     table (title, notes) follows, wrapped at ``width``. The CSV keeps full precision."""
-    import textwrap
 
     lines = markdown.splitlines()
     start = next((i for i, line in enumerate(lines) if line.startswith("|")), None)

@@ -9,7 +9,10 @@ scores (`mmcse.evaluation.names.is_headline`).
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+import mlflow
 
 from mmcse.config import Config
 from mmcse.evaluation.names import is_headline
@@ -39,9 +42,6 @@ def _test_order(metric: str) -> tuple[int, str]:
 def set_headline_view(experiment_id: str, max_runs: int = 1000) -> list[str]:
     """Write `HEADLINE_VIEW` into experiment ``experiment_id`` from what its (last ``max_runs``) runs
     log, sorted by the best dev score where there is one; returns its columns."""
-    import json
-
-    import mlflow
 
     client = mlflow.MlflowClient()
     runs = client.search_runs([experiment_id], max_results=max_runs)
@@ -60,7 +60,6 @@ def set_headline_view(experiment_id: str, max_runs: int = 1000) -> list[str]:
 def write_headline_views(cfg: Config) -> dict[str, list[str]]:
     """`set_headline_view` for every experiment ``<prefix>-*`` of the configured store:
     ``{experiment name: its columns}``."""
-    import mlflow
 
     configure(cfg)
     found = mlflow.search_experiments(filter_string=f"name LIKE '{cfg.base.experiment_prefix}-%'")

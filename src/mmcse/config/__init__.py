@@ -44,7 +44,7 @@ from mmcse.config.runs import (
     SweepConfig,
     TransferConfig,
 )
-from mmcse.config.schema import Config, active_terms, check_sweep_space
+from mmcse.config.schema import Config
 from mmcse.config.training import (
     RETRIEVAL_METHODS,
     DALRLossConfig,
@@ -63,7 +63,7 @@ __all__ = [
     "Config", "ConfigError", "DALRLossConfig", "DataConfig", "DemoDataConfig", "DetectConfig", "DuetLossConfig",
     "DuetModelConfig", "EvaluateConfig", "JointTeacherConfig", "KDMCSELossConfig", "LossConfig", "MCSEOLossConfig",
     "ModelConfig", "NdcgConfig", "RegionsConfig", "RetrievalConfig", "SourceConfig", "SourcesConfig", "SweepConfig",
-    "TeachersConfig", "TextTeacherConfig", "TrainConfig", "TransferConfig", "active_terms", "apply_overrides",
-    "check_params", "check_sweep_space", "check_variable_keys", "expand_preset", "is_fixed", "list_presets",
+    "TeachersConfig", "TextTeacherConfig", "TrainConfig", "TransferConfig", "apply_overrides",
+    "check_params", "check_variable_keys", "expand_preset", "is_fixed", "list_presets",
     "load_config", "parse_config", "read_keyed_yaml", "to_dict", "with_overrides",
 ]

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import typing
 
-
-class ConfigError(ValueError):
-    """A params file or override that cannot be turned into a valid config."""
+from mmcse.errors import ConfigError
 
 
 def fail(where: str, key: str, message: str) -> typing.NoReturn:

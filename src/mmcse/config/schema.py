@@ -1,5 +1,5 @@
 """The root `Config`, one frozen dataclass per section of ``params.yaml``, validated as a whole
-(every ablation variant and sweep key included), and which loss terms a configuration trains."""
+(every ablation variant and sweep key included)."""
 
 from __future__ import annotations
 
@@ -46,51 +46,6 @@ class Config:
         check_variable_keys(self.sweep.space, f"{where} (sweep.space)")
         for key in self.sweep.space:
             resolve_path(raw, key, where=f"{where} (sweep.space)")
-
-
-def _switch(value: bool | str, on_for: bool) -> bool:
-    return on_for if value == "auto" else bool(value)
-
-
-def active_terms(cfg: Config) -> dict[str, bool]:
-    """Which loss terms a configuration trains with (every one has its own switch).
-
-    ``simcse`` runs on every batch; the others on image–caption batches (``rank``/``ima``
-    also on text batches with ``loss.dalr.text_batches``).
-    """
-    method, loss = cfg.train.method, cfg.loss
-    cml = _switch(loss.dalr.cml, method == "dalr") and method != "simcse"  # simcse trains on text only
-    iml = _switch(loss.dalr.iml, method == "dalr")
-    return {
-        # DUET and VSE++ are retrieval models: their terms are loss.duet's (Eq. 33) / loss.vsepp's
-        "simcse": method not in RETRIEVAL_METHODS,
-        "image": method in ("mcse", "mcseo") and loss.image_term,
-        "clip_text": method == "mcse" and loss.image_term and loss.mcse.clip_text,
-        "kdmcse": method == "kdmcse" and loss.image_term,
-        "info": method == "dalr" and loss.dalr.info,
-        "consistency": cml and loss.dalr.consistency,
-        "cma": cml and loss.dalr.alignment,
-        "rank": iml and loss.dalr.rank,
-        "ima": iml and loss.dalr.ima,
-        "object": method == "mcseo" and loss.mcseo.object_phrase,
-    }
-
-
-def check_sweep_space(cfg: Config, where: str = "params.yaml") -> None:
-    """A sweep must move something its trials train with: ``loss.lambda_img`` weighs the image term
-    of mcse / mcseo and, only with ``loss.kdmcse.pair_objective: simcse_plus_kdmcse``, KDMCSE's Eq. 14
-    (Algorithm 1 trains it unweighted). Checked when a sweep starts, not at every load: the default
-    sweep space must not stop the other stages of a kdmcse configuration."""
-    if "loss.lambda_img" not in cfg.sweep.space:
-        return
-    on = active_terms(cfg)
-    weighted_kdmcse = on["kdmcse"] and cfg.loss.kdmcse.pair_objective == "simcse_plus_kdmcse"
-    if not (on["image"] or weighted_kdmcse):
-        why = ("trains image–caption batches on ℓ^KDMCSE alone (loss.kdmcse.pair_objective: kdmcse, "
-               "Algorithm 1), without λ" if on["kdmcse"] else "has no term it weighs")
-        fail(f"{where} (sweep.space)", "loss.lambda_img",
-             f"is swept, but train.method {cfg.train.method!r} {why}: drop it from sweep.space"
-             + (", or set loss.kdmcse.pair_objective: simcse_plus_kdmcse" if on["kdmcse"] else ""))
 
 
 def validate_terms(cfg: Config, where: str) -> None:

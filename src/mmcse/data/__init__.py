@@ -1,0 +1,1 @@
+"""Data: the demo scene world, real datasets (sources, safe downloads), SentEval readers."""

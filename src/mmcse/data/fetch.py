@@ -22,12 +22,9 @@ from pathlib import Path, PurePosixPath
 
 from tqdm.auto import tqdm
 
+from mmcse.errors import DownloadError
 from mmcse.hub import hf_download_command, hub_unreachable, offline, unreachable
 from mmcse.io import build_dir, sha256_file, write_json
-
-
-class DownloadError(RuntimeError):
-    """A download or archive that cannot be used; the message names the source and why."""
 
 
 def file_digest(path: str | Path) -> str:

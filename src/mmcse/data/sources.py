@@ -16,6 +16,7 @@ import json
 import logging
 import os
 import shutil
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -86,8 +87,6 @@ def first_use_digest(downloads: Path, origin: str) -> str | None:
 
 
 def record_first_use(downloads: Path, origin: str, digest: str, size: int) -> None:
-    import time
-
     file = downloads / TRUST_FILE
     try:
         recorded = json.loads(file.read_text())

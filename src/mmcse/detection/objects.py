@@ -28,6 +28,7 @@ from mmcse.detection.crops import (
     object_record,
     write_objects,
 )
+from mmcse.detection.sam2 import detect_objects_sam2
 from mmcse.io import atomic_path, open_image, read_jsonl
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,6 @@ def detect_objects(
     ``objects.jsonl`` and ``crops/`` under ``out_dir``; return counts for metrics.
     ``device`` (``base.device``) runs the sam2 backend's models."""
     if cfg.backend == "sam2":
-        from mmcse.detection.sam2 import detect_objects_sam2
 
         return detect_objects_sam2(data_dir, out_dir, cfg, tokenizer, max_seq_len, device)
     return detect_objects_annotations(data_dir, out_dir, cfg, tokenizer, max_seq_len)

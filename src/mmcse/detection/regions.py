@@ -76,7 +76,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.lib.format import open_memmap
+from PIL import Image, UnidentifiedImageError
 
+from mmcse.detection.crops import masked_crop, object_crop
 from mmcse.detection.region_files import (
     FIX_INPUT,
     FLOAT16_MAX,
@@ -99,7 +102,7 @@ from mmcse.integrity.files import (
     read_json_artifact,
     remember_sha256,
 )
-from mmcse.io import build_dir, read_jsonl, sha256_file, sha256_json, write_json
+from mmcse.io import build_dir, open_image, read_jsonl, sha256_file, sha256_json, write_json
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +128,6 @@ def image_rows(raw_dir: str | Path, tables: Sequence[str] = IMAGE_TABLES) -> dic
 
 def image_size(path: Path) -> tuple[int, int]:
     """``(width, height)`` from an image file's header (nothing decoded)."""
-    from PIL import Image, UnidentifiedImageError
 
     try:
         with Image.open(path) as img:
@@ -194,8 +196,6 @@ def regions_from_objects(
     (``cache_teachers``' ``object`` set keyed by crop path, ``image`` / ``retrieval_image`` by image id)
     whose rows are reused instead of encoding (only stores made with ``encoder_key`` when it is given).
     Yields in ``image_ids`` order; ``chunk`` images' crops are encoded per call."""
-    from mmcse.detection.crops import masked_crop, object_crop
-    from mmcse.io import open_image
 
     raw_dir, objects_dir = Path(raw_dir), Path(objects_dir)
     if max_regions < 1:
@@ -480,7 +480,6 @@ def _save(path: Path, array: np.ndarray) -> dict[str, Any]:
 
 def _write_set(folder: Path, ids: Sequence[str], source: RegionSource, max_regions: int, dtype: str) -> dict:
     """Fill ``folder`` with the arrays of ``ids`` streamed from ``source``; return the array records."""
-    from numpy.lib.format import open_memmap
 
     n = len(ids)
     row_of = {image_id: i for i, image_id in enumerate(ids)}

@@ -9,6 +9,7 @@ import numpy as np
 
 from mmcse.data.senteval import SentencePair
 from mmcse.evaluation.retrieval import unit_rows
+from mmcse.evaluation.sts import encode_unique
 
 PRIMARY = "uniformity"
 # Gold score from which an STS pair counts as a positive pair for ``alignment``: 4 on STS-B's
@@ -98,7 +99,6 @@ def sts_dev_geometry(
     """``{"alignment", "uniformity"}`` of the model behind ``encode`` (an ``EncodeFn``, e.g.
     `mmcse.evaluation.sts.TextEncoder` of the best checkpoint) on STS dev pairs: each distinct
     sentence encoded once, then `sts_geometry`. Bad pairs are refused before encoding."""
-    from mmcse.evaluation.sts import encode_unique
 
     flat = _flat(dev_pairs)
     check_sts_geometry(flat, threshold)

@@ -28,8 +28,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import datasets
 import numpy as np
 
+from mmcse.errors import MTEBDataMissing, MTEBTaskError
 from mmcse.evaluation.sts import EncodeFn, encode_unique
 
 if TYPE_CHECKING:
@@ -39,14 +41,6 @@ PRIMARY_METRIC = "mteb_avg"
 BENCHMARK = "MTEB(eng, v1)"
 # DALR Table 5's columns (Re-Rank, CLF, Retrieval, STS) as mteb task types
 TABLE5_TYPES = ("Reranking", "Classification", "Retrieval", "STS")
-
-
-class MTEBTaskError(ValueError):
-    """A task name that is neither an mteb task nor a task type of :data:`TABLE5_TYPES`."""
-
-
-class MTEBDataMissing(FileNotFoundError):
-    """A task's data set is not in the local Hugging Face cache and cannot be downloaded."""
 
 
 def _benchmark_tasks() -> dict[str, AbsTask]:
@@ -121,7 +115,6 @@ def _leaf_tasks(tasks: Iterable[AbsTask]) -> list[AbsTask]:
 
 
 def _fetch_hint(names: Sequence[str]) -> str:
-    import datasets
     from huggingface_hub import constants
 
     offline = bool(constants.HF_HUB_OFFLINE or datasets.config.HF_DATASETS_OFFLINE)

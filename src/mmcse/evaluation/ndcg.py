@@ -57,10 +57,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
+from rouge_score.tokenizers import DefaultTokenizer
 from tqdm.auto import tqdm
 
+from mmcse.errors import SpiceUnavailable
 from mmcse.evaluation.names import ndcg_key
-from mmcse.evaluation.retrieval import unit_rows
+from mmcse.evaluation.retrieval import coco_1k_folds, unit_rows
 from mmcse.io import atomic_path
 
 log = logging.getLogger(__name__)
@@ -78,10 +80,6 @@ SPICE_INSTALL = (
     "python -c 'from pycocoevalcap.spice.get_stanford_models import get_stanford_models; get_stanford_models()'; "
     f"and a Java 8 runtime (java on PATH, version 8..{SPICE_MAX_JAVA}). kind='rouge_l' needs none of these"
 )
-
-
-class SpiceUnavailable(RuntimeError):
-    """SPICE relevance cannot run here (raised before any compute, naming what to install)."""
 
 
 # ----------------------------------------------------------------------------- caption relevance
@@ -150,8 +148,6 @@ def _lcs_bigint(a: Sequence[int], others: Sequence[Sequence[int]]) -> list[int]:
 
 
 def _rouge_l_relevance(captions: list[str]) -> np.ndarray:
-    from rouge_score.tokenizers import DefaultTokenizer  # RougeScorer(["rougeL"])'s tokenizer
-
     tokenizer = DefaultTokenizer(use_stemmer=False)
     vocab: dict[str, int] = {}  # id 0: padding (never matches)
     ids = [[vocab.setdefault(t, len(vocab) + 1) for t in tokenizer.tokenize(c)] for c in captions]
@@ -473,7 +469,6 @@ def test_set_ndcg(set_name: str, image_emb: np.ndarray, text_emb: np.ndarray, te
     """`ndcg_metrics` with the keys the evaluate stage reports, prefixed by the test set as
     `mmcse.evaluation.retrieval.test_set_metrics` does: COCO over all 5K images and as the mean
     of five 1K folds (``coco_1k_*``, when the split has its 5,000 images)."""
-    from mmcse.evaluation.retrieval import coco_1k_folds
 
     scores = {f"{set_name}_{key}": v
               for key, v in ndcg_metrics(image_emb, text_emb, text_image, relevance, k, block).items()}

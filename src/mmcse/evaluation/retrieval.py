@@ -18,8 +18,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from mmcse.config import Config, active_terms
+from mmcse.config import Config
 from mmcse.evaluation.names import recall_key
+from mmcse.evaluation.sts import encode_unique
+from mmcse.io import read_jsonl
+from mmcse.models.precision import autocast
+from mmcse.teachers.cache import FeatureStore
 
 if TYPE_CHECKING:
     from mmcse.evaluation.sts import TextEncoder
@@ -135,32 +139,12 @@ def fold_mean(image_emb: np.ndarray, text_emb: np.ndarray, text_image: Sequence[
 # --------------------------------------------------------------------------- the student's heads
 
 
-def image_head(cfg: Config) -> tuple[str, str] | None:
-    """The trained image head a method's retrieval uses, and the cached test features it reads:
-
-    - kdmcse (Eq. 14) and dalr (L_info, Eq. 4; L_CMA): ``teacher_image_proj`` g_φv on the joint
-      teacher's v̂ (``retrieval_joint_image``);
-    - mcse (Eq. 3) and mcseo (l_img-cap): ``image_proj`` g_φ2 on the image encoder's features
-      (``retrieval_image``);
-    - simcse, or any method trained without an image term: None (no retrieval reported).
-
-    The sentence side is always ``text_proj`` on [CLS] before the pooler, the g_φ1 every image
-    term is trained through (MCSE Eq. 2)."""
-    on = active_terms(cfg)
-    if on["kdmcse"] or on["info"]:
-        return "teacher_image_proj", "retrieval_joint_image"
-    if on["image"]:
-        return "image_proj", "retrieval_image"
-    return None
-
-
 @torch.inference_mode()
 def project(encoder: TextEncoder, captions: Sequence[str], image_features: np.ndarray, head: str,
             batch_size: int) -> tuple[np.ndarray, np.ndarray]:
     """Captions and images in the student's joint space: ``text_proj([CLS])`` ``(N_txt, p)`` and
     ``<head>(features)`` ``(N_img, p)``, with the evaluation's precision; ``encoder`` must hold
     an mmcse student (its heads beside the backbone)."""
-    from mmcse.models.precision import autocast
 
     student = encoder.student
     if student is None:
@@ -240,15 +224,12 @@ class TestSetResult:
 
 
 def evaluate_test_set(cfg: Config, encoder: TextEncoder, data_dir: Path, feature_sets: dict[str, Path],
-                      set_name: str, head: tuple[str, str] | None | str = "config") -> TestSetResult:
-    """R@K of the student on ``<data_dir>/retrieval`` through the heads of `image_head` (of
-    ``cfg``, or ``head`` as the checkpoint recorded it; image features from
+                      set_name: str, head: tuple[str, str] | None) -> TestSetResult:
+    """R@K of the student on ``<data_dir>/retrieval`` through the image head ``head`` (the
+    configuration's `mmcse.methods.objectives.image_head`, or as the checkpoint recorded it; image features from
     ``feature_sets[<set>]``, the cache_teachers folders) and DALR Table 10's
     sentence neighbours with the evaluated pooler. Every caption's image must be in the test
     images and the cached features must cover them, or one error names the file first."""
-    from mmcse.evaluation.sts import encode_unique
-    from mmcse.io import read_jsonl
-    from mmcse.teachers.cache import FeatureStore
 
     r = cfg.evaluate.retrieval
     images = read_jsonl(data_dir / "retrieval" / "images.jsonl")
@@ -265,7 +246,6 @@ def evaluate_test_set(cfg: Config, encoder: TextEncoder, data_dir: Path, feature
         vectors = encode_unique(encoder, captions, cfg.evaluate.batch_size, desc="encode test captions")
         sentence_emb = np.stack([vectors[c] for c in captions])  # (N_txt, H) the evaluated pooler
         result.examples = sentence_neighbours(captions, sentence_emb, text_image, r.examples, r.examples_k)
-    head = image_head(cfg) if head == "config" else head
     if head is None:
         log.info("the model has no trained image head: no image–text retrieval")
         return result

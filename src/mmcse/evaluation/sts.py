@@ -19,6 +19,10 @@ from scipy.stats import spearmanr
 from tqdm.auto import tqdm
 
 from mmcse.data.senteval import SentencePair
+from mmcse.hub import resolve_model
+from mmcse.integrity.files import check_model_folder
+from mmcse.models.precision import autocast, check_precision
+from mmcse.models.student import load_student, pool
 
 PRIMARY_METRIC = "avg"
 EncodeFn = Callable[[list[str]], np.ndarray]
@@ -103,17 +107,12 @@ class TextEncoder:
     ):
         from transformers import AutoModel, AutoTokenizer
 
-        from mmcse.hub import resolve_model
-        from mmcse.models.precision import check_precision
-        from mmcse.models.student import load_student
-
         self.pooler, self.device, self.max_length = pooler, torch.device(device), max_length
         check_precision(precision, self.device)
         self.precision = precision
         location = Path(resolve_model(model_name_or_path))
         self.student = None
         if location.is_dir():  # checked before a loader reads it: a damaged file is one line naming it
-            from mmcse.integrity.files import check_model_folder
 
             fix = ("retrain it (dvc repro train)" if (location / "heads.json").is_file()
                    else "download or save the model again")
@@ -129,8 +128,6 @@ class TextEncoder:
 
     @torch.inference_mode()
     def __call__(self, sentences: list[str]) -> np.ndarray:
-        from mmcse.models.precision import autocast
-
         batch = self.tokenizer(
             sentences, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
         ).to(self.device)
@@ -138,8 +135,6 @@ class TextEncoder:
             return self._pooled(batch).float().cpu().numpy()
 
     def _pooled(self, batch) -> torch.Tensor:
-        from mmcse.models.student import pool
-
         out = self.model(**batch, output_hidden_states=True)
         if self.pooler == "cls" and self.student is None:
             pooled = getattr(out, "pooler_output", None)
@@ -159,7 +154,6 @@ def student_encoder(
     ``keep_tokens`` keeps each batch's token ids on the device for the next call with the
     same sentences: training's dev evaluations encode the same batches every time, and
     re-tokenizing them would cost the GPU an idle gap per evaluation."""
-    from mmcse.models.precision import autocast
 
     kept: dict[tuple[str, ...], Any] = {}
 

@@ -1,0 +1,1 @@
+"""What runs many trainings: ablations, sweeps, upstream artifacts, plans, reports, profiles."""

@@ -9,14 +9,26 @@ with optimizer states. Failed jobs are kept in the table as failed, never droppe
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mmcse import tracking
 from mmcse.config import Config, to_dict, with_overrides
-from mmcse.io import read_json, sha256_json, write_json
+from mmcse.environment import environment
+from mmcse.experiments.upstream import resolve_on_record
+from mmcse.integrity.keys import artifact_keys
+from mmcse.io import build_dir, read_json, sha256_json, write_json
+from mmcse.models.device import device_tags
+from mmcse.pipeline.evaluate import require_trained_with, run_evaluate
+from mmcse.pipeline.paths import Paths
+from mmcse.pipeline.train import run_train
+from mmcse.tracking import remember_run, remembered_run
+from mmcse.training.checkpoints import release_resume_point
 
 
 @dataclass(frozen=True)
@@ -71,7 +83,6 @@ def job_hash(job_cfg: Config, data_seed: int | None = None) -> str:
     the sweep, and the keys of the upstream artifacts it trains on (``data_seed``: the
     pipeline's seed the data is made with, `mmcse.experiments.upstream`); ``ablate.transfer`` counts (a
     result without transfer scores is not finished when they are asked for)."""
-    from mmcse.integrity.keys import artifact_keys
 
     tree = to_dict(job_cfg)
     ablate = tree.pop("ablate")
@@ -87,7 +98,6 @@ def finished_result(folder: Path, config_hash: str, store: Path | None = None) -
     from the folder's run record (`mmcse.tracking.remembered_run`; result.json holds no run id). With
     ``store`` (`mmcse.pipeline.paths.Paths.jobs`), a job finished before but gone from ``folder`` (an
     interrupted `dvc exp run` restores ablation/ from its commit) is put back from the store first."""
-    from mmcse.tracking import remembered_run
 
     if store is not None and _own_result(folder, config_hash) is None:
         restore_finished(store, config_hash, folder)
@@ -113,10 +123,6 @@ def _own_result(folder: Path, config_hash: str) -> dict[str, Any] | None:
 def _link_tree(source: Path, dest: Path) -> None:
     """``dest`` as a copy of ``source`` (hard links where the filesystem allows: a job's best checkpoint
     is not duplicated), built beside and renamed into place."""
-    import os
-    import shutil
-
-    from mmcse.io import build_dir
 
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = build_dir(dest.parent, prefix=f".{dest.name}.")
@@ -160,7 +166,6 @@ def restore_finished(store: Path, config_hash: str, folder: Path) -> bool:
 def _write_result(folder: Path, result: dict[str, Any]) -> None:
     """result.json without the run id (random: the ablation folder is a DVC output), which goes to
     the folder's run record instead."""
-    from mmcse.tracking import remember_run
 
     if result.get("run_id"):
         remember_run(folder, result["run_id"])
@@ -176,8 +181,6 @@ SCORE_NAMES = 2
 def _evaluate(job_cfg: Config, folder: Path, summary: dict[str, Any], run_id: str | None) -> dict[str, float]:
     """The test scores of the job's best checkpoint on the artifacts its training used (``summary``);
     a checkpoint that is damaged or not the job's configuration's is refused (`require_trained_with`)."""
-    from mmcse.pipeline.evaluate import require_trained_with, run_evaluate
-    from mmcse.pipeline.paths import Paths
 
     require_trained_with(job_cfg, folder / "best")
     return run_evaluate(job_cfg, Paths.of(job_cfg), folder / "best", run_id=run_id, experiment_name="ablate",
@@ -194,7 +197,6 @@ def rescore(job_cfg: Config, folder: Path, result: dict[str, Any]) -> dict[str, 
     summary_file = folder / "summary.json"
     if not (folder / "best").is_dir() or not summary_file.is_file():
         return None
-    from mmcse.pipeline.evaluate import require_trained_with
 
     try:
         require_trained_with(job_cfg, folder / "best")
@@ -223,15 +225,8 @@ def run_job(
     (`mmcse.models.device.device_tags`: device, cuda_visible_devices, host) and ``tags`` (e.g. the
     Prefect flow run). ``expected_hash``, from the process that submitted the job, guards a
     worker whose params.yaml differs from the submitter's. The job trains and evaluates on the
-    upstream artifacts of its own configuration (`mmcse.experiments.upstream.resolve`: computed here when
+    upstream artifacts of its own configuration (`mmcse.experiments.upstream.resolve_on_record`: computed here when
     no job made them yet); their keys are in its result and tagged on its MLflow run."""
-    from mmcse import tracking
-    from mmcse.environment import environment
-    from mmcse.experiments.upstream import resolve
-    from mmcse.models.device import device_tags
-    from mmcse.pipeline.paths import Paths
-    from mmcse.pipeline.train import run_train
-    from mmcse.training.checkpoints import release_resume_point
 
     job_cfg = job_config(cfg, job)
     folder = job.folder(root)
@@ -251,10 +246,12 @@ def run_job(
     # the job's row and seed on its run: `mmcse.experiments.report` reads each row's training minutes
     with tracking.tagged({**where, **(tags or {}), tracking.VARIANT_TAG: job.variant,
                           tracking.SEED_TAG: str(job.seed)}):
+        # found or computed before the job trains (a failure leaves the job's run FAILED)
+        upstream = resolve_on_record(job_cfg, paths, cfg.base.seed, "ablate", job_run_name(job), parent_run_id)
         summary = run_train(
             job_cfg, paths, out_dir=folder, experiment_name="ablate",
             run_name=job_run_name(job), parent_run_id=parent_run_id, progress=False,
-            data_seed=cfg.base.seed, resolve_upstream=resolve,
+            data_seed=cfg.base.seed, upstream=upstream,
         )
     scores = _evaluate(job_cfg, folder, summary, summary["run_id"])
     result = {
@@ -293,7 +290,6 @@ def ablation_hash(cfg: Config, jobs: Sequence[Job]) -> str:
 
 def previous_parent(root: Path, ablation: str) -> str | None:
     """The MLflow parent run an interrupted (or finished) run of this same ablation started."""
-    from mmcse.tracking import remembered_run
 
     record = remembered_run(root, "ablation")
     return record["run_id"] if record and record.get("ablation") == ablation else None
@@ -302,7 +298,6 @@ def previous_parent(root: Path, ablation: str) -> str | None:
 def remember_parent(root: Path, ablation: str, run_id: str) -> None:
     """Remember the parent run of ablation ``ablation`` (its hash) for ``root``, beside mlruns/ (not in
     ``root``, a DVC output: a run id is random)."""
-    from mmcse.tracking import remember_run
 
     remember_run(root, run_id, "ablation", ablation=ablation)
 

@@ -4,12 +4,47 @@ parent run, ``plots/ablation.png`` and ``metrics/ablate.json``.
 
 from __future__ import annotations
 
+import math
+import time
 from pathlib import Path
 from typing import Any
 
+import mlflow
+import numpy as np
+import pandas as pd
+from mlflow.entities import Metric
+
+from mmcse.analysis.statistics import ALPHA, TESTS, significance
+from mmcse.analysis.tables import aggregate_metrics, column_label, headline_metrics, table_markdown, table_metric
 from mmcse.config import Config
-from mmcse.io import write_json
+from mmcse.evaluation.figures import (
+    DROPOUT_MASKS,
+    NEIGHBOURS,
+    TSNE_CLUSTERS,
+    dropout_tsne_panels,
+    dropout_views,
+    nearest_sentences,
+    neighbours_figure,
+    sts_scatter_runs,
+    tsne_panels,
+)
+from mmcse.evaluation.plots import ablation_bars, ablation_line, save_figure
+from mmcse.evaluation.sts import TextEncoder, encode_unique
+from mmcse.evaluation.teacher_statistics import (
+    DEFAULT_THRESHOLDS,
+    cached_joint_teacher,
+    teacher_rank_figure,
+    teacher_similarity_figure,
+    threshold_metrics,
+    threshold_summary,
+)
+from mmcse.experiments.ablate import Job, job_config
+from mmcse.experiments.upstream import resolve
+from mmcse.io import read_jsonl, write_json
+from mmcse.models.device import resolve_device
 from mmcse.pipeline.paths import Paths
+from mmcse.tracking import DESCRIPTION_TAG, metric_name
+from mmcse.tracking.reading import load_sts_predictions
 
 DESCRIPTION_LIMIT = 8000  # characters: MLflow's limit on a run tag's value
 
@@ -36,22 +71,9 @@ def log_ablation(cfg: Config, rows: list[dict[str, Any]], files: dict[str, Path]
     ``metrics/ablate.json``. The aggregates are logged once, at step 0: one value per variant and
     score, not a curve. ``run_id``: the parent run, named (not taken from the thread's active run,
     which a job's run may be); default the active run."""
-    import math
-    import time
-
-    import mlflow
-    import pandas as pd
-    from mlflow.entities import Metric
-
-    from mmcse.analysis.statistics import ALPHA, TESTS, significance
-    from mmcse.analysis.tables import aggregate_metrics, headline_metrics, table_markdown
-    from mmcse.evaluation.plots import save_figure
-    from mmcse.tracking import DESCRIPTION_TAG
 
     def finite(value: Any) -> Any:  # JSON has no NaN
         return value if not isinstance(value, float) or math.isfinite(value) else None
-
-    from mmcse.analysis.tables import table_metric
 
     metric = table_metric(cfg)
     if run_id is None:
@@ -97,10 +119,6 @@ def comparison_figure(cfg: Config, rows: list[dict[str, Any]]) -> Any:
     """The variants compared: a panel of bars per headline score (mean ± std over seeds,
     `mmcse.analysis.tables.headline_metrics`, the primary metric first), or for a parameter sweep
     (``ablate.plot_x``) the primary metric along the parameter."""
-    import math
-
-    from mmcse.analysis.tables import column_label, headline_metrics, table_metric
-    from mmcse.evaluation.plots import ablation_bars, ablation_line
 
     metric = table_metric(cfg)
 
@@ -129,9 +147,6 @@ def figure_sentences(raw: Path, n: int, seed: int) -> tuple[list[str], list[str]
     """At most ``n`` distinct test sentences (a seeded sample) and the image each describes: the
     retrieval test captions (DALR Fig. 3: COCO test captions), else the STS test sentences
     (no images: a text-only data set)."""
-    import numpy as np
-
-    from mmcse.io import read_jsonl
 
     captions = raw / "retrieval" / "captions.jsonl"
     if captions.is_file():
@@ -149,8 +164,6 @@ def figure_sentences(raw: Path, n: int, seed: int) -> tuple[list[str], list[str]
 
 
 def _best_checkpoints(jobs: dict[str, dict[str, Any]], ablations: Path) -> dict[str, Path]:
-    from mmcse.experiments.ablate import Job
-
     out = {}
     for variant, job in jobs.items():
         best = Job(variant, job["seed"], {}).folder(ablations) / "best"
@@ -161,19 +174,12 @@ def _best_checkpoints(jobs: dict[str, dict[str, Any]], ablations: Path) -> dict[
 
 
 def _encoder(cfg: Config, best: Path) -> Any:
-    from mmcse.evaluation.sts import TextEncoder
-    from mmcse.models.device import resolve_device
-
     return TextEncoder(str(best), cfg.evaluate.pooler, str(resolve_device(cfg.base.device)),
                        precision=cfg.train.precision)
 
 
 def _tsne_clusters(cfg: Config, jobs: dict[str, dict[str, Any]], ablations: Path) -> tuple[Any, dict[str, float]]:
     """Each row's best checkpoint encodes the same test captions; one t-SNE panel per row."""
-    import numpy as np
-
-    from mmcse.evaluation.figures import TSNE_CLUSTERS, tsne_panels
-    from mmcse.evaluation.sts import encode_unique
 
     sentences, groups = figure_sentences(Paths.of(cfg).raw, FIG3_SENTENCES, cfg.base.seed)
     embeddings = {}
@@ -189,7 +195,6 @@ def _tsne_clusters(cfg: Config, jobs: dict[str, dict[str, Any]], ablations: Path
 def _dropout_tsne(cfg: Config, jobs: dict[str, dict[str, Any]], ablations: Path) -> tuple[Any, dict[str, float]]:
     """KDMCSE Figs. 8-12: ``ablate.sentences`` each encoded under repeated dropout masks by every
     row's best checkpoint, one t-SNE panel per row."""
-    from mmcse.evaluation.figures import DROPOUT_MASKS, dropout_tsne_panels, dropout_views
 
     sentences = list(cfg.ablate.sentences)
     if len(sentences) < 2:
@@ -206,7 +211,6 @@ def _dropout_tsne(cfg: Config, jobs: dict[str, dict[str, Any]], ablations: Path)
 def neighbour_pool(raw: Path) -> list[str]:
     """DALR Table 10's retrieval data: one caption per image of the training pairs (Flickr30k:
     ~30k images, the paper's "30k captions"), the first listed, in the images' order."""
-    from mmcse.io import read_jsonl
 
     first: dict[str, str] = {}
     for row in read_jsonl(raw / "pairs.jsonl"):
@@ -221,10 +225,6 @@ def _neighbours(cfg: Config, jobs: dict[str, dict[str, Any]], ablations: Path,
                 raw: Path) -> tuple[Any, dict[str, float], dict[str, Any]]:
     """DALR Table 10: the top-3 neighbours of each query among the pool, every row side by side.
     Queries: ``ablate.sentences``, else a seeded sample of the pool (the paper picks at random)."""
-    import numpy as np
-
-    from mmcse.evaluation.figures import NEIGHBOURS, nearest_sentences, neighbours_figure
-    from mmcse.evaluation.sts import encode_unique
 
     pool = neighbour_pool(raw)
     if len(pool) <= NEIGHBOURS:
@@ -249,16 +249,6 @@ def _neighbours(cfg: Config, jobs: dict[str, dict[str, Any]], ablations: Path,
 def _teacher_statistics(cfg: Config, jobs: dict[str, dict[str, Any]], figure: str) -> tuple[Any, dict[str, float]]:
     """KDMCSE Figs. 5 and 6 from the joint teacher the first row trained with (its own cached
     sets, `mmcse.experiments.upstream`), its threshold marked."""
-    from mmcse.evaluation.figures import (
-        DEFAULT_THRESHOLDS,
-        cached_joint_teacher,
-        teacher_rank_figure,
-        teacher_similarity_figure,
-        threshold_metrics,
-        threshold_summary,
-    )
-    from mmcse.experiments.ablate import Job, job_config
-    from mmcse.experiments.upstream import resolve
 
     variant, job = next(iter(jobs.items()))
     job_cfg = job_config(cfg, Job(variant, job["seed"], {**cfg.ablate.variants[variant], "base.seed": job["seed"]}))
@@ -293,12 +283,6 @@ def log_ablation_figures(cfg: Config, results: list[dict[str, Any]], run_id: str
 
     A figure that cannot be drawn does not undo the table: its error goes to the parent's tag
     ``figure.<name>.error`` and is printed. Returns the artifacts logged."""
-    import math
-
-    import mlflow
-
-    from mmcse.evaluation.figures import load_sts_predictions, sts_scatter_runs
-    from mmcse.tracking import metric_name
 
     client = mlflow.MlflowClient()
     jobs = first_jobs(results)

@@ -11,7 +11,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mmcse.config import Config, load_config, to_dict
+import yaml
+
+from mmcse.config import Config, apply_overrides, load_config, parse_config, to_dict
 from mmcse.config.load import read_params
 from mmcse.config.recipes import DEMO, profile_values, recipe_conflicts, row_recipe
 from mmcse.experiments.ablate import expand, job_config
@@ -30,9 +32,6 @@ def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def defaults_config(params: Path) -> dict[str, Any]:
     """The offline default configuration: ``params`` with the ``demo`` profile's values."""
-    import yaml
-
-    from mmcse.config import apply_overrides, parse_config
 
     raw = yaml.safe_load(params.read_text()) or {}
     demo = apply_overrides(raw, profile_values(DEMO, params.parent), where=f"profile {DEMO}")

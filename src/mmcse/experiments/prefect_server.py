@@ -11,17 +11,28 @@ A server someone started on purpose (``prefect server start``) carries no mark a
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import psutil
+
+from mmcse.errors import StageError
 
 OWNER_VARIABLE = "MMCSE_PREFECT_SERVER_OWNER"  # "<pid>:<start time>:<project folder>"
 
 
 def _owner_mark(root: Path) -> str:
-    import psutil
-
     me = psutil.Process()
     return f"{me.pid}:{me.create_time():.3f}:{root.resolve()}"
 
@@ -51,8 +62,6 @@ def _server_in_its_own_session() -> None:
     group, and a terminal's Ctrl-C goes to every process of that group: the server died at once, and the
     stage, still stopping its job, spent minutes retrying a dead API. In its own session it only gets
     the stop Prefect's exit handler sends it (or `stop_stale_temporary_servers`, after a kill -9)."""
-    import subprocess
-    import threading
 
     from prefect.server.api import server
 
@@ -81,7 +90,6 @@ def claim_temporary_server(root: str | Path = ".") -> None:
     start/stop notices out of the stage's output unless ``MMCSE_PREFECT_NOTICES=1``. SIGTERM and
     Ctrl-C end the process through its exit handlers
     (`mmcse.stopping`, installed by the entry point; Prefect's handler stops the server)."""
-    import logging
 
     os.environ[OWNER_VARIABLE] = _owner_mark(Path(root))
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", STARTUP_SECONDS)
@@ -101,7 +109,6 @@ def server_start_failed(err: BaseException) -> bool:
 def start_retry(run: Callable[[], object], say: Callable[[str], None] = print) -> object:
     """``run()`` (a flow call that starts the temporary server), once more when the server did not start
     in time; a second failure is one line (`mmcse.errors.StageError`), not Prefect's traceback."""
-    from mmcse.errors import StageError
 
     for attempt in (1, 2):
         try:
@@ -119,8 +126,6 @@ def start_retry(run: Callable[[], object], say: Callable[[str], None] = print) -
 
 
 def _owner_alive(pid: int, started: float) -> bool:
-    import psutil
-
     try:
         return abs(psutil.Process(pid).create_time() - started) < 0.01  # the mark keeps 3 decimals
     except (psutil.NoSuchProcess, psutil.AccessDenied, ValueError):
@@ -129,7 +134,6 @@ def _owner_alive(pid: int, started: float) -> bool:
 
 def stale_temporary_servers(root: str | Path = ".") -> list[int]:
     """The pids of this project's temporary Prefect servers whose owning process is gone."""
-    import psutil
 
     project = str(Path(root).resolve())
     stale = []
@@ -157,7 +161,6 @@ def stale_temporary_servers(root: str | Path = ".") -> list[int]:
 def stop_stale_temporary_servers(root: str | Path = ".", timeout: float = 5.0) -> list[int]:
     """Stop (SIGTERM, then SIGKILL after ``timeout`` s) the temporary Prefect servers a killed run of
     this project left behind; prints one line per server stopped and returns their pids."""
-    import psutil
 
     stopped = []
     for pid in stale_temporary_servers(root):
@@ -183,8 +186,6 @@ UP_DIR = ".prefect-up"  # in the project: the processes `prefect_up` started (pi
 
 
 def _healthy(api_url: str) -> bool:
-    import urllib.request
-
     try:
         with urllib.request.urlopen(f"{api_url}/health", timeout=2) as response:
             return response.status == 200
@@ -195,7 +196,6 @@ def _healthy(api_url: str) -> bool:
 def _start(command: list[str], log: Path, env: dict[str, str], cwd: Path) -> int:
     """A detached process (its own session: it outlives this one and `prefect_down` stops its
     group), output to ``log``; returns its pid."""
-    import subprocess
 
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "ab") as handle:
@@ -218,11 +218,6 @@ def prefect_up(root: str | Path = ".", port: int = 4200, gpu_workers: int | None
     (``CUDA_VISIBLE_DEVICES`` = its index; ``gpu_workers`` workers without GPUs, default 1) and one
     on ``head``. The processes started are recorded in ``<root>/.prefect-up/pids.json`` (their logs
     beside it) for `prefect_down`. Returns the API URL, what was started, and the pools."""
-    import json
-    import shutil
-    import subprocess
-    import sys
-    import time
 
     root = Path(root).resolve()
     if not (root / "prefect.yaml").is_file():
@@ -290,7 +285,6 @@ def prefect_up(root: str | Path = ".", port: int = 4200, gpu_workers: int | None
 
 def _identity(pid: int) -> dict[str, Any]:
     """What tells process ``pid`` from a later one that reuses its number: its start time and command."""
-    import psutil
 
     try:
         process = psutil.Process(pid)
@@ -301,7 +295,6 @@ def _identity(pid: int) -> dict[str, Any]:
 
 def _read_started(pids_file: Path) -> dict[str, dict[str, Any]]:
     """The processes `prefect_up` recorded (an older pids.json holds bare pids: no start time)."""
-    import json
 
     if not pids_file.is_file():
         return {}
@@ -314,7 +307,6 @@ def _same_process(entry: dict[str, Any]) -> bool:
     """Whether the process `prefect_up` recorded in ``entry`` still runs: its pid alive with the same
     start time and command line. A pid the system gave to another process since is not it (and is never
     signalled); an entry without a start time (older mmcse) is checked by its command naming prefect."""
-    import psutil
 
     try:
         process = psutil.Process(int(entry["pid"]))
@@ -329,8 +321,6 @@ def _same_process(entry: dict[str, Any]) -> bool:
 
 
 def _alive(pid: int) -> bool:
-    import psutil
-
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
@@ -357,9 +347,6 @@ def _ensure_pools(api_url: str) -> list[str]:
 def prefect_down(root: str | Path = ".", say: Callable[[str], None] = print) -> list[str]:
     """Stop what `prefect_up` started in ``root`` (workers first, the server last; each process
     group TERM, then KILL after 30 s) and forget it; returns the names stopped."""
-    import signal
-
-    import psutil
 
     pids_file = Path(root).resolve() / UP_DIR / "pids.json"
     if not pids_file.is_file():

@@ -17,6 +17,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import mlflow
+
+from mmcse import tracking
 from mmcse.analysis.papers import Paper, load_paper
 from mmcse.analysis.report import Reproduction, RunCell, paper_report, to_html, to_markdown
 from mmcse.config import Config, ConfigError, list_presets
@@ -93,9 +96,6 @@ def profile_of(run: Any) -> str:
 
 def find_reproductions(cfg: Config, preset: str) -> list[Reproduction]:
     """The latest ablation parent run of ``preset`` per profile (newest first), read back."""
-    import mlflow
-
-    from mmcse import tracking
 
     tracking.configure(cfg)
     client = mlflow.MlflowClient()
@@ -140,7 +140,6 @@ def write_report(cfg: Config, paper_name: str, table: str | None = None, out_dir
                  root: Path | str = ".", log: bool = True) -> dict[str, Path]:
     """``<out_dir>/<paper>[-<table>].{md,html}`` (atomic writes); with ``log`` also under ``report/`` in
     each ablation run the report read."""
-    import mlflow
 
     markdown, page, runs = build_report(cfg, paper_name, table, root)
     stem = paper_name + (f"-{table_keys(load_paper(paper_name, root), table)[0]}" if table else "")

@@ -14,6 +14,7 @@ with one worker per GPU (``CUDA_VISIBLE_DEVICES=<i>``) every trial says which GP
 from __future__ import annotations
 
 import hashlib
+import json
 import sys
 import threading
 import time
@@ -23,9 +24,22 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from mmcse.config import RETRIEVAL_METHODS, Config, check_sweep_space, with_overrides
+import mlflow
+import optuna
+import sqlalchemy
+from filelock import FileLock
+from optuna.trial import TrialState
+from sqlalchemy.pool import NullPool
+from tqdm.auto import tqdm
+
+from mmcse import tracking
+from mmcse.config import RETRIEVAL_METHODS, Config, with_overrides
 from mmcse.errors import TrainingDiverged
+from mmcse.experiments.upstream import resolve_on_record
 from mmcse.io import ensure_sqlite_parent
+from mmcse.methods.objectives import check_sweep_space
+from mmcse.models.device import device_tags
+from mmcse.pipeline.train import run_train
 
 # A running trial records a heartbeat every HEARTBEAT_INTERVAL s (Optuna wants whole seconds);
 # one silent for GRACE_PERIOD s is failed by the next worker that looks (its worker was killed),
@@ -79,15 +93,6 @@ def run_sweep(
     params and ``trials_finished`` / ``best_value`` as metrics; its trials are runs ``trial <n>``.
     ``progress``: a bar on stderr when it is a terminal (`SweepProgress`: finished / n_trials over all
     workers, best so far); elsewhere (logs, pipes) one line per finished trial only."""
-    import mlflow
-    import optuna
-    from filelock import FileLock
-    from optuna.trial import TrialState
-
-    from mmcse import tracking
-    from mmcse.experiments.upstream import resolve
-    from mmcse.models.device import device_tags
-    from mmcse.pipeline.train import run_train
 
     check_sweep_space(cfg)  # before any storage or run is created
     n_trials = n_trials or cfg.sweep.n_trials
@@ -137,11 +142,12 @@ def run_sweep(
                     pruned.mlflow_status = "FINISHED"  # stopped as planned: not a failure (tracking.run)
                     raise pruned
 
+            upstream = resolve_on_record(trial_cfg, paths, cfg.base.seed, "sweep", trial_run_name(trial.number),
+                                         parent.info.run_id)  # a trial's own upstream artifacts, before it trains
             summary = run_train(
                 trial_cfg, paths, out_dir=out_root / f"trial-{trial.number}", experiment_name="sweep",
                 run_name=trial_run_name(trial.number), parent_run_id=parent.info.run_id,
-                on_eval=report, progress=False, data_seed=cfg.base.seed,  # a trial's own upstream artifacts
-                resolve_upstream=resolve,
+                on_eval=report, progress=False, data_seed=cfg.base.seed, upstream=upstream,
             )
             trial.set_user_attr("mlflow_run_id", summary["run_id"])
             return summary["best_dev"]  # dev STS, or DUET's val rsum
@@ -187,8 +193,6 @@ def _next_trial(study: Any, rdb: Any, lock: AbstractContextManager[Any], n_trial
     """Under the study's lock: fail stale trials, then a new RUNNING trial with its first
     heartbeat if finished + running trials are below ``n_trials``; ``WAIT`` if running trials of
     other workers fill the budget (one may still fail); ``None`` when ``n_trials`` are finished."""
-    import optuna
-    from optuna.trial import TrialState
 
     with lock, warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # fail_stale_trials
@@ -225,8 +229,6 @@ def _run_trial(study: Any, rdb: Any, trial: Any, objective: Any, study_name: str
                say: Any = None) -> None:
     """``objective(trial)`` with heartbeats, told as Optuna's ``optimize`` tells it: PRUNED on
     ``TrialPruned``; FAIL and re-raised on any other exception or Ctrl-C."""
-    import optuna
-    from optuna.trial import TrialState
 
     state: TrialState | None = None
     value: float | None = None
@@ -270,9 +272,6 @@ def trial_run_name(number: int) -> str:
 
 def sweep_params(cfg: Config, study_name: str, n_trials: int, storage_url: str) -> dict[str, str]:
     """The sweep's settings as params of a worker's sweep run (the storage without its password)."""
-    import json
-
-    import sqlalchemy
 
     s = cfg.sweep
     return {
@@ -288,7 +287,6 @@ def sweep_params(cfg: Config, study_name: str, n_trials: int, storage_url: str) 
 def progress_counts(study: Any, n_trials: int) -> tuple[int, int, float | None]:
     """(finished, n_trials, best): trials of ``study`` finished (COMPLETE or PRUNED, by any worker)
     and the best COMPLETE value in the study's direction (None before the first)."""
-    from optuna.trial import TrialState
 
     finished = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.PRUNED))
     values = [t.value for t in finished if t.state == TrialState.COMPLETE and t.value is not None]
@@ -307,7 +305,6 @@ class SweepProgress:
 
     def __init__(self, study: Any, study_name: str, n_trials: int, interval: float | None = None,
                  file: Any = None, disable: bool | None = None) -> None:
-        from tqdm.auto import tqdm
 
         self._study, self._n_trials = study, n_trials
         self._interval = POLL_SECONDS if interval is None else interval
@@ -332,7 +329,6 @@ class SweepProgress:
         if self._disabled:
             _say(message)
             return
-        from tqdm.auto import tqdm
 
         with self._lock:
             tqdm.write(message, file=self._file)
@@ -392,16 +388,11 @@ class _AdvisoryLock:
     the server when that connection closes, so a killed worker never leaves it held)."""
 
     def __init__(self, url: str, key: int) -> None:
-        import sqlalchemy
-        from sqlalchemy.pool import NullPool
-
         self._engine = sqlalchemy.create_engine(url, poolclass=NullPool)  # close() really disconnects
         self._key = key
         self._conn: Any = None
 
     def __enter__(self) -> _AdvisoryLock:
-        import sqlalchemy
-
         conn = self._engine.connect()
         try:
             conn.execute(sqlalchemy.text("SELECT pg_advisory_lock(:key)"), {"key": self._key})
@@ -413,8 +404,6 @@ class _AdvisoryLock:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        import sqlalchemy
-
         conn, self._conn = self._conn, None
         try:
             conn.execute(sqlalchemy.text("SELECT pg_advisory_unlock(:key)"), {"key": self._key})
@@ -428,8 +417,6 @@ def trial_lock(storage_url: str, study_name: str) -> AbstractContextManager[Any]
     SQLite: a file lock next to the database file; PostgreSQL: an advisory lock keyed by the
     study name; other databases: a file lock under ``mlruns/``, race-free among the workers of
     one host only (with a warning)."""
-    import sqlalchemy
-    from filelock import FileLock
 
     url = sqlalchemy.engine.make_url(storage_url)
     backend = url.get_backend_name()

@@ -22,19 +22,20 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from filelock import FileLock
+
+from mmcse import tracking
 from mmcse.config import Config
 from mmcse.integrity.keys import Upstream, recorded_key, top_level
+from mmcse.pipeline.cache_teachers import run_cache_teachers
+from mmcse.pipeline.detect import run_detect
+from mmcse.pipeline.download import run_download
 
 
 def resolve(cfg: Config, paths: Any, data_seed: int) -> Upstream:
     """The upstream artifacts of job configuration ``cfg``: the top-level ones where their keys
     match, else the keyed ones under ``<data_dir>/upstream``, computed when absent (under a
     file lock: concurrent jobs with the same key compute once)."""
-    from filelock import FileLock
-
-    from mmcse.pipeline.detect import run_detect
-    from mmcse.pipeline.download import run_download
-    from mmcse.pipeline.features import run_cache_teachers
 
     top = top_level(cfg, paths, data_seed)
     keys = top.keys
@@ -66,3 +67,16 @@ def resolve(cfg: Config, paths: Any, data_seed: int) -> Upstream:
                 run_cache_teachers(data_cfg, dataclasses.replace(paths, raw=raw, objects=objects, teachers=teachers),
                                    manifest_path=manifest, read_only=(paths.teachers,))
     return Upstream(raw, objects, teachers, manifest, (teachers, paths.teachers), keys)
+
+
+def resolve_on_record(cfg: Config, paths: Any, data_seed: int, experiment_name: str, run_name: str,
+                      parent_run_id: str | None = None) -> Upstream:
+    """`resolve`, before the job trains; when it fails (a model that cannot be loaded, a download that
+    fails) the job's MLflow run is still left, ending FAILED with the reason (`mmcse.tracking.run`), so
+    an attempt that never reached training is on the record like one that failed in it."""
+    try:
+        return resolve(cfg, paths, data_seed)
+    except Exception:
+        tracking.configure(cfg)
+        with tracking.run(cfg, experiment_name, run_name=run_name, parent_run_id=parent_run_id):
+            raise

@@ -1,0 +1,1 @@
+"""Integrity: cached sets, images and checkpoints checked; which configuration made an artifact."""

@@ -16,16 +16,19 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import math
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 import numpy as np
+from numpy.lib import format as npy
 
 from mmcse.errors import CorruptArtifact
-from mmcse.io import write_json
+from mmcse.io import read_jsonl, write_json
 
 T = TypeVar("T")
 
@@ -100,7 +103,6 @@ class NpyHeader:
 def npy_header(path: str | Path, fix: str) -> NpyHeader:
     """The header of a ``.npy`` file, checked against the file's size (a truncated or padded
     file is an error, before numpy would memory-map past its end)."""
-    from numpy.lib import format as npy
 
     path = Path(path)
     size = _size(path, fix)
@@ -305,9 +307,6 @@ def verify_images(raw: str | Path, tables: Iterable[str] = ("images.jsonl",), fi
     size, mtime, ctime or inode moved since it was last verified (remembered in
     ``<raw>/../.verified/<raw name>.json``, outside the DVC output; ctime cannot be set back by a
     copy that keeps the mtime). Returns how many files were hashed."""
-    import time
-
-    from mmcse.io import read_jsonl, write_json
 
     raw = Path(raw)
     memo_file = raw.parent / ".verified" / f"{raw.name}.json"
@@ -358,7 +357,6 @@ def find_cached_set(set_name: str, cache_dir: Path, read_only: Iterable[str | Pa
     ``read_only`` caches, then in ``cache_dir``; None when there is none. A damaged read-only set
     is left alone (not ours to delete; the caller builds into ``cache_dir``); a damaged one in
     ``cache_dir`` is reported and left for the caller to replace."""
-    import logging
 
     log = logging.getLogger(__name__)
     for shared in read_only:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import socket
+
 import torch
 
 
@@ -25,8 +28,6 @@ def describe_device(device: torch.device) -> str:
 def device_tags(name: str) -> dict[str, str]:
     """MLflow tags naming the device ``base.device`` resolves to in this process, the
     ``CUDA_VISIBLE_DEVICES`` it was started with (one GPU per worker) and the host."""
-    import os
-    import socket
 
     return {
         "device": describe_device(resolve_device(name)),

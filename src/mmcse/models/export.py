@@ -23,16 +23,21 @@ as ``TextEncoder`` cuts them.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import shutil
 from pathlib import Path
 
+import mlflow
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file
 
 from mmcse.config import POOLERS
 from mmcse.integrity.files import check_sealed, seal_folder
 from mmcse.io import build_dir, write_json
+from mmcse.models.student import HEADS_FILE, HEADS_META
 
 # `mmcse eval --max-seq-len` and the evaluate stage's TextEncoder default: the length the reported
 # STS scores were encoded at (training's dev evaluation uses model.max_seq_len instead).
@@ -49,7 +54,6 @@ _TANH_POOLER_TYPES = ("bert", "roberta", "xlm-roberta", "camembert")
 
 def _hf_pooler_weights(folder: Path) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The saved HF pooler's (weight (H, H), bias (H,)) of a plain encoder folder, if it has them."""
-    from safetensors import safe_open
 
     files = sorted(folder.glob("*.safetensors"))
     found: dict[str, torch.Tensor] = {}
@@ -69,9 +73,6 @@ def _hf_pooler_weights(folder: Path) -> tuple[torch.Tensor, torch.Tensor] | None
 
 def _mlp_weights(folder: Path) -> tuple[torch.Tensor, torch.Tensor]:
     """The student's SimCSE MLP (``Student.mlp``: Linear(H, H) + Tanh) from heads.safetensors."""
-    from safetensors.torch import load_file
-
-    from mmcse.models.student import HEADS_FILE
 
     heads = load_file(str(folder / HEADS_FILE))
     try:
@@ -118,8 +119,6 @@ def export_sentence_transformers(
     from sentence_transformers.sentence_transformer.modules import Pooling, WeightedLayerPooling
     from transformers import AutoConfig, AutoTokenizer
     from transformers import __version__ as hf_version
-
-    from mmcse.models.student import HEADS_META
 
     folder = Path(model_folder)
     if pooler not in POOLERS:
@@ -203,9 +202,7 @@ def log_mlflow_model(folder: str | Path, input_example: list[str], name: str = M
     evaluation did. ``input_example``: sentences that become its example and signature. Its
     requirements are the installed sentence-transformers, transformers and torch (pinned here:
     MLflow's inference would import and scan the environment). Returns the model's URI."""
-    import importlib.metadata
 
-    import mlflow
     from sentence_transformers import SentenceTransformer
 
     folder = Path(folder)

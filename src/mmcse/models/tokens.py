@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from mmcse.errors import TokenCacheError
 from mmcse.io import read_json, sha256_file, sha256_json, write_json
 
 FORMAT = 2  # 2: the arrays' SHA-256 and the key in tokens.json
@@ -52,10 +53,6 @@ def texts_digest(texts: Sequence[str]) -> str:
         h.update(t.encode())
         h.update(b"\n")
     return h.hexdigest()
-
-
-class TokenCacheError(ValueError):
-    """A token cache folder that does not match its header (truncated or foreign files)."""
 
 
 @dataclass

@@ -5,17 +5,17 @@ from __future__ import annotations
 from typing import Any
 
 from mmcse.config import Config
+from mmcse.detection.objects import detect_objects
+from mmcse.integrity.files import verify_images
+from mmcse.integrity.keys import artifact_keys, record_key
 from mmcse.io import write_json
+from mmcse.models.student import load_tokenizer
 from mmcse.pipeline.paths import Paths
 
 
 def run_detect(cfg: Config, paths: Paths, write_metrics: bool = True) -> dict[str, Any]:
     """Object–phrase pairs of ``paths.raw`` into ``paths.objects``; ``artifact.json`` (its key and
     counts) is written last, so an interrupted run is not taken for a finished one."""
-    from mmcse.detection.objects import detect_objects
-    from mmcse.integrity.files import verify_images
-    from mmcse.integrity.keys import artifact_keys, record_key
-    from mmcse.models.student import load_tokenizer
 
     tokenizer = load_tokenizer(cfg.model.name_or_path)
     verify_images(paths.raw)  # the images it detects in are the ones the download stage recorded

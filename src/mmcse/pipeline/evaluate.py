@@ -5,10 +5,40 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import mlflow
+import numpy as np
+
+from mmcse import tracking
 from mmcse.config import RETRIEVAL_METHODS, Config
+from mmcse.data.senteval import TRANSFER_TASKS, SentencePair, TransferExample
+from mmcse.detection.regions import RegionStore
+from mmcse.evaluation.evaluators import EvaluationInputs, EvaluatorProgress, build_evaluators, run_evaluators
+from mmcse.evaluation.evaluators.sts import STSEvaluator
+from mmcse.evaluation.figures import TSNE_CLUSTERS, TSNE_POINTS, sample_sentences, tsne_figure
+from mmcse.evaluation.mteb import prepare_tasks
+from mmcse.evaluation.names import test_metrics
+from mmcse.evaluation.ndcg import test_set_ndcg
+from mmcse.evaluation.plots import save_figure, sts_scatter
+from mmcse.evaluation.retrieval import (
+    evaluate_test_set,
+    neighbours_markdown,
+    sentence_neighbours,
+    test_set_metrics,
+    unit_rows,
+)
+from mmcse.evaluation.sts import TextEncoder, encode_unique, group_by_task
+from mmcse.integrity.files import check_model_folder
+from mmcse.integrity.keys import require_top_level
 from mmcse.io import read_json, read_jsonl, write_text
-from mmcse.pipeline.features import relevance_for
+from mmcse.methods.objectives import image_head
+from mmcse.models.device import resolve_device
+from mmcse.models.export import log_mlflow_model
+from mmcse.models.tokens import cached_tokens
 from mmcse.pipeline.paths import Paths
+from mmcse.pipeline.relevance import relevance_for
+from mmcse.training.batches import teacher_set_folder
+from mmcse.training.checkpoints import run_definition_hash
+from mmcse.training.duet import RetrievalSplit, load_duet, split_embeddings
 
 
 def require_trained_with(cfg: Config, model_dir: Path) -> str:
@@ -16,8 +46,6 @@ def require_trained_with(cfg: Config, model_dir: Path) -> str:
     and was trained with ``cfg`` (its seal's configuration hash, `run_definition_hash`); returns that
     hash. Anything else is one line naming the folder and what to run: a result always comes from its
     configuration's training."""
-    from mmcse.integrity.files import check_model_folder
-    from mmcse.training.checkpoints import run_definition_hash
 
     fix = "rerun the train stage (dvc repro train)"
     sealed = check_model_folder(model_dir, fix)
@@ -60,17 +88,6 @@ def run_evaluate(
     (``sentence_retrieval.md`` in ``plots_dir`` and the run).
 
     ``train.method: duet``: `evaluate_duet` (``region_sets``: the training's, `region_sets_for`)."""
-    import numpy as np
-
-    from mmcse.data.senteval import TRANSFER_TASKS, SentencePair, TransferExample
-    from mmcse.evaluation.figures import TSNE_CLUSTERS, TSNE_POINTS, sample_sentences, tsne_figure
-    from mmcse.evaluation.geometry import POSITIVE_GOLD, sts_dev_geometry
-    from mmcse.evaluation.mteb import mteb_scores, prepare_tasks
-    from mmcse.evaluation.plots import sts_scatter
-    from mmcse.evaluation.retrieval import neighbours_markdown
-    from mmcse.evaluation.sts import TextEncoder, encode_unique, evaluate_sts, group_by_task
-    from mmcse.evaluation.transfer import evaluate_transfer
-    from mmcse.models.device import resolve_device
 
     if cfg.train.method in RETRIEVAL_METHODS:  # an image–text retrieval model: no sentence-embedding tasks
         return evaluate_duet(cfg, paths, model_dir, region_sets or {}, run_id, plots_dir, experiment_name, data_dir)
@@ -80,6 +97,8 @@ def run_evaluate(
     encoder = TextEncoder(str(model_dir), cfg.evaluate.pooler, str(device), precision=cfg.train.precision)
     raw = data_dir or paths.raw
     tasks = group_by_task([SentencePair.from_row(r) for r in read_jsonl(raw / "sts" / "test.jsonl")])
+    if not tasks:
+        raise ValueError(f"{raw / 'sts' / 'test.jsonl'}: no STS pairs to evaluate; rerun the download stage")
     transfer_files = [raw / "transfer" / f"{t}.jsonl" for t in TRANSFER_TASKS] if transfer else []
     transfer_tasks = {
         f.stem: [TransferExample.from_row(r) for r in read_jsonl(f)] for f in transfer_files if f.is_file()
@@ -87,33 +106,25 @@ def run_evaluate(
     manifest = read_json(raw / "manifest.json") if (raw / "manifest.json").is_file() else {}
     # retrieval goes through the student's heads: a plain HF model (mmcse eval of any encoder) has none
     retrieval = cfg.evaluate.retrieval.enabled and manifest.get("retrieval_set") and encoder.student is not None
-    steps = EvaluatorProgress([f"STS test ({len(tasks)} task{'s' if len(tasks) > 1 else ''})",
-                               *(["MTEB"] if mteb_tasks else []), "dev geometry",
-                               *([f"transfer ({len(transfer_tasks)} task{'s' if len(transfer_tasks) > 1 else ''})"]
-                                 if transfer_tasks else []),
-                               *(["image-text retrieval"] if retrieval else []),
-                               *(["t-SNE"] if plots_dir is not None else [])],
+    found: dict[str, Any] = {}  # the retrieval test set, for its nearest-caption examples
+
+    def retrieval_scores(_: Any) -> dict[str, float]:
+        found["test_set"] = retrieval_test_set(cfg, paths, encoder, raw, teacher_manifest, teacher_dirs)
+        return found["test_set"].scores
+
+    evaluators = build_evaluators(EvaluationInputs(
+        sts=tasks,  # DALR Table 6 / Appendix D: alignment (dev pairs with gold >= 4), uniformity (all dev sentences)
+        dev=[SentencePair.from_row(r) for r in read_jsonl(raw / "sts" / "dev.jsonl")],
+        transfer=transfer_tasks, transfer_probe=cfg.evaluate.transfer,
+        mteb=mteb_tasks, mteb_model_name=f"mmcse/{cfg.train.method}",  # DALR Table 5
+        retrieval=retrieval_scores if retrieval else None,
+        data_dir=raw, batch_size=cfg.evaluate.batch_size, device=str(device),
+    ))
+    steps = EvaluatorProgress([e.label for e in evaluators] + (["t-SNE"] if plots_dir is not None else []),
                               show=plots_dir is not None)  # the stage shows it; an ablation job prints its line
-    steps.next()
-    result = evaluate_sts(encoder, tasks, cfg.evaluate.batch_size)
-    scores = dict(result.scores)
-    if mteb_tasks:  # DALR Table 5
-        steps.next()
-        scores |= mteb_scores(encoder, f"mmcse/{cfg.train.method}", mteb_tasks, cfg.evaluate.batch_size)
-    # DALR Table 6 / Appendix D: alignment (dev pairs with gold >= 4) and uniformity (all dev sentences)
-    steps.next()
-    dev = [SentencePair.from_row(r) for r in read_jsonl(raw / "sts" / "dev.jsonl")]
-    scores |= sts_dev_geometry(encoder, dev, POSITIVE_GOLD, cfg.evaluate.batch_size)
-    if transfer_tasks:
-        steps.next()
-        scores |= evaluate_transfer(
-            encoder, transfer_tasks, cfg.evaluate.transfer, cfg.evaluate.batch_size, device
-        ).scores
-    test_set = None
-    if retrieval:
-        steps.next()
-        test_set = retrieval_test_set(cfg, paths, encoder, raw, teacher_manifest, teacher_dirs)
-        scores |= test_set.scores
+    scores = run_evaluators(evaluators, encoder, steps)
+    result = next(e.result for e in evaluators if isinstance(e, STSEvaluator))
+    test_set = found.get("test_set")
     examples = (neighbours_markdown(test_set.examples, f"Nearest test captions ({test_set.set_name}, "
                                     f"{cfg.evaluate.pooler} embeddings)") if test_set and test_set.examples else None)
     fig = sts_scatter(result.predictions, result.task_scores)
@@ -138,29 +149,6 @@ def run_evaluate(
     return scores
 
 
-class EvaluatorProgress:
-    """One bar over an evaluation's evaluators (stderr), naming the one that runs: the evaluate
-    stage is otherwise silent between its start and DVC's "Updating lock file"."""
-
-    def __init__(self, names: list[str], show: bool = True) -> None:
-        from tqdm.auto import tqdm
-
-        self.names = names
-        self.done = -1
-        self.bar = tqdm(total=len(names), desc="evaluate", unit="evaluator", leave=True, disable=not show)
-
-    def next(self) -> None:
-        if self.done >= 0:
-            self.bar.update()
-        self.done += 1
-        self.bar.set_postfix_str(self.names[self.done] if self.done < len(self.names) else "")
-
-    def close(self) -> None:
-        self.bar.update(len(self.names) - self.bar.n)
-        self.bar.set_postfix_str("done")
-        self.bar.close()
-
-
 def record_evaluation(cfg: Config, scores: dict[str, float], run_id: str | None, experiment_name: str | None,
                       plots_dir: Path | None, examples: str | None, sts_scatter: Any, tsne: Any,
                       dicts: dict[str, Any] | None = None, log_scatter: bool = True,
@@ -172,11 +160,6 @@ def record_evaluation(cfg: Config, scores: dict[str, float], run_id: str | None,
     ``mmcse.model_uri``); into ``plots_dir`` (the evaluate stage's DVC outputs) ``sts_scatter.png``,
     ``sentence_retrieval.md`` and ``tsne.png``. Figures are closed either way."""
     import matplotlib.pyplot as plt
-    import mlflow
-
-    from mmcse import tracking
-    from mmcse.evaluation.names import test_metrics
-    from mmcse.evaluation.plots import save_figure
 
     if run_id:
         with tracking.run(cfg, experiment_name or cfg.train.method, run_id=run_id):
@@ -190,7 +173,6 @@ def record_evaluation(cfg: Config, scores: dict[str, float], run_id: str | None,
             for artifact, value in (dicts or {}).items():
                 mlflow.log_dict(value, artifact)
             if model is not None:
-                from mmcse.models.export import log_mlflow_model
 
                 mlflow.set_tag("mmcse.model_uri", log_mlflow_model(*model))
     if plots_dir is not None:
@@ -214,10 +196,6 @@ def evaluate_duet(cfg: Config, paths: Paths, model_dir: Path, region_sets: dict[
     with cluster purity against their images (``tsne.png``, ``cluster_silhouette``,
     ``cluster_purity``); ``sts_scatter.png`` says that a retrieval model has no STS scores."""
     import matplotlib.pyplot as plt
-
-    from mmcse.evaluation.figures import TSNE_CLUSTERS, TSNE_POINTS, tsne_figure
-    from mmcse.evaluation.ndcg import test_set_ndcg
-    from mmcse.evaluation.retrieval import neighbours_markdown, sentence_neighbours, test_set_metrics, unit_rows
 
     raw = data_dir or paths.raw
     manifest = read_json(raw / "manifest.json")
@@ -258,10 +236,6 @@ def evaluate_duet(cfg: Config, paths: Paths, model_dir: Path, region_sets: dict[
 def duet_test_embeddings(cfg: Config, raw: Path, model_dir: Path, test_regions: Path) -> tuple[Any, Any, Any]:
     """The test split of ``raw`` (`mmcse.training.duet.RetrievalSplit` on the region set ``test_regions``)
     and a DUET checkpoint's v_I ``(N_img, D)`` and v_C ``(N_txt, D)`` of it (Eq. 27)."""
-    from mmcse.detection.regions import RegionStore
-    from mmcse.models.device import resolve_device
-    from mmcse.models.tokens import cached_tokens
-    from mmcse.training.duet import RetrievalSplit, load_duet, split_embeddings
 
     device = resolve_device(cfg.base.device)
     model, tokenizer = load_duet(model_dir, device)
@@ -278,14 +252,12 @@ def retrieval_test_set(cfg: Config, paths: Paths, encoder: Any, raw: Path, teach
     """`mmcse.evaluation.retrieval.evaluate_test_set` on ``<raw>/retrieval`` with the image features
     the teacher manifest names, plus graded NDCG (``evaluate.ndcg``, relevance from `relevance_for`)
     in its scores: what the evaluate stage and ``mmcse eval --retrieval`` report."""
-    from mmcse.evaluation.ndcg import test_set_ndcg
-    from mmcse.evaluation.retrieval import evaluate_test_set
-    from mmcse.training.batches import teacher_set_folder
 
     manifest = read_json(raw / "manifest.json")
     sets = read_json(teacher_manifest or paths.teachers / "manifest.json")["sets"]
     folders = {name: teacher_set_folder(sets[name], paths.teachers, teacher_dirs)
                for name in ("retrieval_image", "retrieval_joint_image") if name in sets}
+    head = image_head(cfg) if head == "config" else head
     test_set = evaluate_test_set(cfg, encoder, raw, folders, manifest["retrieval_set"], head)
     if test_set.image_emb is not None and cfg.evaluate.ndcg.relevance:
         relevance = {kind: relevance_for(paths, test_set.captions, kind) for kind in cfg.evaluate.ndcg.relevance}
@@ -299,7 +271,6 @@ def checkpoint_retrieval(cfg: Config, paths: Paths, encoder: Any, model_dir: Pat
     """``mmcse eval --retrieval``: R@K and NDCG of a best checkpoint (``train_state.json`` records
     its method's image head) on the retrieval test set of ``cfg``'s top-level artifacts, refused
     when they were made from another configuration (`mmcse.integrity.keys.require_top_level`)."""
-    from mmcse.integrity.keys import require_top_level
 
     state_file = Path(model_dir) / "train_state.json"
     if state_file.is_file() and read_json(state_file).get("method") in RETRIEVAL_METHODS:
@@ -322,7 +293,6 @@ def checkpoint_duet_retrieval(cfg: Config, paths: Paths, model_dir: Path, state:
     """``mmcse eval --retrieval`` of a DUET checkpoint: `evaluate_duet` on the test region set its
     training recorded (``train_state.json``), found in the cache_regions folder or
     ``<data>/upstream/regions``, on ``cfg``'s top-level artifacts (refused when stale)."""
-    from mmcse.integrity.keys import require_top_level
 
     up = require_top_level(cfg, paths)
     return evaluate_duet(cfg, paths, model_dir, {"test": checkpoint_test_regions(paths, model_dir, state)},

@@ -8,12 +8,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import mlflow
+
+from mmcse import tracking
 from mmcse.config import RETRIEVAL_METHODS, Config
-from mmcse.integrity.keys import Upstream
-from mmcse.io import write_json
-from mmcse.pipeline.features import region_sets_for
+from mmcse.evaluation.plots import geometry_trajectory, save_figure, training_curves
+from mmcse.integrity.keys import Upstream, artifact_keys, artifact_tags, require_top_level
+from mmcse.io import atomic_path, write_json
+from mmcse.models.device import resolve_device
+from mmcse.models.precision import check_precision
+from mmcse.pipeline.cache_regions import region_sets_for
 from mmcse.pipeline.paths import Paths
 from mmcse.tracking import TRAIN_MINUTES
+from mmcse.training.batches import check_inputs
+from mmcse.training.checkpoints import resume_point_run, run_definition_hash
+from mmcse.training.duet import best_checkpoint_files, train_duet
+from mmcse.training.loop import train
 
 # summary keys kept out of summary.json (a DVC output): they differ between two identical runs
 VOLATILE = ("run_id", TRAIN_MINUTES)
@@ -25,8 +35,6 @@ def write_curves(history: list[dict[str, float]], plots_dir: Path, title: str = 
     for every method, so no declared plot is left empty), ``dev_geometry.csv`` (step, alignment,
     uniformity: every dev evaluation that logged them) and ``geometry_trajectory.png``
     (`mmcse.evaluation.plots.geometry_trajectory`)."""
-    from mmcse.evaluation.plots import geometry_trajectory, save_figure
-    from mmcse.io import atomic_path
 
     plots_dir.mkdir(parents=True, exist_ok=True)
     tables = (("train_loss.csv", ["loss"], ["loss"]), ("dev.csv", ["dev"], ["dev"]),
@@ -57,41 +65,28 @@ def run_train(
     on_eval: Callable[[int, float], None] | None = None,
     progress: bool = True,
     data_seed: int | None = None,
-    resolve_upstream: Callable[[Config, Paths, int], Upstream] | None = None,
+    upstream: Upstream | None = None,
 ) -> dict[str, Any]:
     """Train with MLflow tracking; returns the summary written to ``<out>/summary.json``.
 
     Without ``data_seed`` (the train stage) it trains on the top-level artifacts, refused unless
     they were made from ``cfg``. With it (an ablation job, a sweep trial: ``data_seed`` is the
-    pipeline's seed) on the upstream artifacts of ``cfg``, found or computed inside the run by
-    ``resolve_upstream(cfg, paths, data_seed)`` (the runner's `mmcse.experiments.upstream.resolve`,
-    which runs this package's stages: so a failure there is on the record). The run is tagged with
+    pipeline's seed) on ``upstream``, the artifacts of ``cfg`` its runner found or computed before
+    (`mmcse.experiments.upstream.resolve`): this module never calls back into the runner. The run is tagged with
     the artifacts' keys (``artifact.data|objects|teachers``), also in the summary with the data
     folder (``data_dir``). A training resumed from ``<out>/last`` continues the MLflow run its
     resume point names: a killed and resumed training is one run with one contiguous history."""
-    import mlflow
 
-    from mmcse import tracking
-    from mmcse.evaluation.plots import geometry_trajectory, save_figure, training_curves
-    from mmcse.integrity.keys import artifact_keys, artifact_tags, require_top_level
-    from mmcse.models.device import resolve_device
-    from mmcse.models.precision import check_precision
-    from mmcse.training.batches import check_inputs
-    from mmcse.training.checkpoints import resume_point_run, run_definition_hash
-    from mmcse.training.duet import best_checkpoint_files
-    from mmcse.training.loop import train
-
-    if data_seed is not None and resolve_upstream is None:
-        raise ValueError("run_train: data_seed (a job's own upstream artifacts) needs resolve_upstream")
+    if (data_seed is None) != (upstream is None):
+        raise ValueError("run_train: a job's own upstream artifacts (upstream) come with its data_seed, and only then")
     out_dir = out_dir or paths.student
     keys = artifact_keys(cfg, data_seed)
-    up = require_top_level(cfg, paths) if data_seed is None else None
-    if up is not None:
-        check_inputs(up.raw, up.teachers, up.teacher_manifest, up.teacher_dirs)
+    up = require_top_level(cfg, paths) if upstream is None else upstream
+    check_inputs(up.raw, up.teachers, up.teacher_manifest, up.teacher_dirs)
     check_precision(cfg.train.precision, resolve_device(cfg.base.device))  # before a run is started
     duet = cfg.train.method in RETRIEVAL_METHODS  # DUET, VSE++: retrieval models on region sets
     region_sets: dict[str, Path] = {}
-    if up is not None and duet:  # pre-flight: a set that cannot be had fails before a run is started
+    if duet:  # pre-flight: a set that cannot be had fails before a run is started
         region_sets = region_sets_for(cfg, paths, up)
     tracking.configure(cfg)
     # continue the folder's run only when training will continue its resume point (a damaged best or
@@ -110,9 +105,6 @@ def run_train(
             tracking.supersede_run(decision.stale_run, active.info.run_id, decision.reason)
             mlflow.set_tags({"mmcse.restarted_from_run": decision.stale_run,
                              "mmcse.restart_reason": decision.reason[:500]})
-        if up is None:
-            up = resolve_upstream(cfg, paths, data_seed)
-            check_inputs(up.raw, up.teachers, up.teacher_manifest, up.teacher_dirs)
         if resumed_run is None:
             tracking.log_config(cfg)
         else:
@@ -123,9 +115,7 @@ def run_train(
         before = (mlflow.get_run(active.info.run_id).data.metrics.get(TRAIN_MINUTES, 0.0)
                   if resumed_run else 0.0)
         if duet:  # DUET: a retrieval model on region features; dev = val rsum (`mmcse.training.duet`)
-            from mmcse.training.duet import train_duet
 
-            region_sets = region_sets or region_sets_for(cfg, paths, up)
             result = train_duet(cfg, up.raw, region_sets, out_dir, tracking.log_metric_steps, on_eval, progress)
         else:
             result = train(cfg, up.raw, up.teachers, out_dir, tracking.log_metric_steps, on_eval, progress,

@@ -25,8 +25,12 @@ from tqdm.auto import tqdm
 
 from mmcse.config import TeachersConfig
 from mmcse.errors import CorruptArtifact
+from mmcse.hub import resolve_model
 from mmcse.integrity.files import HashingWriter, check_npy, find_cached_set, read_json_artifact, remember_sha256
 from mmcse.io import atomic_path, open_image, sha256_json, write_json
+from mmcse.models.student import pool
+from mmcse.teachers import encoders as tm
+from mmcse.teachers.encoders import build_resnet50, clip_text_features, resnet50_features, resolve_resnet50, revision
 
 log = logging.getLogger(__name__)
 REBUILD = "rerun the cache_teachers stage to rebuild it (dvc repro cache_teachers)"
@@ -94,15 +98,11 @@ def text_teacher_features(
     model's projected text feature (`mmcse.teachers.encoders.clip_text_features`), its only pooler."""
     from transformers import AutoModel, AutoTokenizer
 
-    from mmcse.hub import resolve_model
-    from mmcse.models.student import pool
-
     device = device or torch.device("cpu")
     if "clip" in poolers:
         if set(poolers) != {"clip"}:
             raise ValueError(f"teachers.text: {name_or_path} is a CLIP model (pooler clip); it has no "
                              f"{sorted(set(poolers) - {'clip'})} pooling of hidden states")
-        from mmcse.teachers.encoders import clip_text_features
 
         return {"clip": clip_text_features(name_or_path, sentences, batch_size, device)}
     location = resolve_model(name_or_path)
@@ -143,7 +143,6 @@ def image_encoder(cfg: TeachersConfig, device: torch.device) -> tuple[dict[str, 
 
         return {"name": cfg.image_encoder, "grid": cfg.image_grid, "bins": cfg.colour_bins, "size": size}, \
             colour_edge_grid
-    from mmcse.teachers.encoders import build_resnet50, resnet50_features, resolve_resnet50
 
     path, preprocess, described = resolve_resnet50(cfg.image_weights)  # fails here, before compute, when offline
     built: list[torch.nn.Module] = []  # one model for images and object crops, built on the first miss
@@ -158,8 +157,6 @@ def image_encoder(cfg: TeachersConfig, device: torch.device) -> tuple[dict[str, 
 
 def text_teacher_key(name_or_path: str, pooler: str) -> dict[str, Any]:
     """Cache key of a text teacher: model id, the revision it resolves to, and the pooler."""
-    from mmcse.hub import resolve_model
-    from mmcse.teachers.encoders import revision
 
     return {"name": name_or_path, "revision": revision(resolve_model(name_or_path)), "pooler": pooler}
 
@@ -170,7 +167,6 @@ JointFeatures = Callable[[Sequence[str], Sequence[Path]], tuple[np.ndarray, np.n
 def pretrained_joint_teacher(cfg: TeachersConfig, device: torch.device) -> tuple[dict[str, Any], JointFeatures]:
     """A pretrained joint text–image teacher (``clip`` or ``open_clip``): its cache-key
     description and ``(captions, image files) -> (t̂, v̂)``."""
-    from mmcse.teachers import encoders as tm
 
     j = cfg.joint
     if j.kind == "clip":

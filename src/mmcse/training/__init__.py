@@ -1,0 +1,1 @@
+"""Training: the loops, batches, checkpoints and the divergence watch."""

@@ -12,6 +12,7 @@ so on disk the two always agree (`Checkpoints`).
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
@@ -92,7 +93,6 @@ def _fresh_tmp(folder: Path) -> Path:
 
 def _disk_full(err: BaseException) -> bool:
     """ENOSPC, as an OSError or as the message a writer wraps it in (safetensors: "os error 28")."""
-    import errno
 
     if isinstance(err, OSError) and err.errno == errno.ENOSPC:
         return True

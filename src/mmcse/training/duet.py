@@ -43,12 +43,15 @@ from mmcse.errors import StageError, TrainingOutOfMemory
 from mmcse.evaluation.retrieval import check_text_image, retrieval_metrics
 from mmcse.integrity.files import check_model_folder
 from mmcse.io import read_json, read_jsonl, write_json
-from mmcse.methods.duet import DuetModel, duet_objective
-from mmcse.methods.vsepp import VseppModel, vsepp_objective
+from mmcse.methods.duet import duet_objective
+from mmcse.methods.vsepp import vsepp_objective
 from mmcse.models.device import resolve_device
+from mmcse.models.duet import DuetModel
 from mmcse.models.precision import autocast, check_precision, configure_kernels, deterministic_kernels, grad_scaler
 from mmcse.models.student import load_backbone, load_tokenizer, save_tokenizer
 from mmcse.models.tokens import TokenTable, cached_tokens, to_device
+from mmcse.models.vocabulary import word_tokenizer
+from mmcse.models.vsepp import VseppModel
 from mmcse.training.checkpoints import Checkpoints, TrainState, run_definition_hash
 from mmcse.training.divergence import DivergenceWatch
 from mmcse.training.loop import (
@@ -324,7 +327,6 @@ def train_duet(
 
     vsepp = cfg.train.method == "vsepp"
     if vsepp:  # VSE++: its own word vocabulary of the training captions, a GRU and an image projection
-        from mmcse.models.vocabulary import word_tokenizer
 
         tokenizer = word_tokenizer(data.captions, cfg.model.vsepp.min_word_count)
         architecture = vsepp_architecture(cfg, data.regions.dim, tokenizer)

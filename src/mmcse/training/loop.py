@@ -17,14 +17,21 @@ from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
 from mmcse import stopping
-from mmcse.config import Config, active_terms
+from mmcse.config import Config
 from mmcse.errors import StageError, TrainingDiverged, TrainingOutOfMemory
 from mmcse.evaluation.geometry import POSITIVE_GOLD, check_sts_geometry, sts_geometry
-from mmcse.evaluation.retrieval import image_head
 from mmcse.evaluation.sts import PRIMARY_METRIC, evaluate_sts, student_encoder
 from mmcse.io import write_json
 from mmcse.methods.losses import aggregated_teacher_embedding, span_mean, text_teacher_similarity
-from mmcse.methods.objectives import STAT, StepEmbeddings, needed_features, step_objective
+from mmcse.methods.objectives import (
+    STAT,
+    StepEmbeddings,
+    active_terms,
+    image_head,
+    needed_features,
+    needed_inputs,
+    step_objective,
+)
 from mmcse.models.device import resolve_device
 from mmcse.models.export import EVAL_MAX_SEQ_LEN, export_sentence_transformers
 from mmcse.models.precision import (
@@ -159,26 +166,28 @@ def training_step_loss(
     z = student.mlp(cls)  # (2B, H)
     e = StepEmbeddings(z1=z[:n], z2=z[n:], pair_batch=pair_batch)
     on = on if on is not None else active_terms(cfg)
+    wanted = needed_inputs(cfg, pair_batch, on)  # what this batch's active terms read
     feats = feats or BatchFeatures()
-    if pair_batch and (on["image"] or on["clip_text"] or on["kdmcse"] or on["info"] or on["cma"] or on["object"]):
+    if pair_batch and "s" in wanted:
         s = student.text_proj(cls)  # (2B, p): g_φ1 on [CLS] (MCSE Eq. 2)
         e.s1, e.s2 = s[:n], s[n:]
     if feats.image is not None:
         e.image = student.image_proj(feats.image)  # (B, p): g_φ2 on frozen image features
     if feats.joint_text is not None:
         e.joint_text, e.joint_image = feats.joint_text, feats.joint_image
-        if on["kdmcse"] or on["clip_text"]:  # KDMCSE's text term and MCSE's CLIP-text term use g_φt
+        if "teacher_text" in wanted:
             e.teacher_text = student.teacher_text_proj(feats.joint_text)  # (B, p): g_φt(t̂)
-        e.teacher_image = student.teacher_image_proj(feats.joint_image)  # (B, p): g_φv(v̂)
-        if on["consistency"]:
+        if "teacher_image" in wanted:
+            e.teacher_image = student.teacher_image_proj(feats.joint_image)  # (B, p): g_φv(v̂)
+        if "shared_text" in wanted or "shared_image" in wanted:
             e.shared_text = student.shared_text(cls[:n])  # (B, p)
             e.shared_image = student.shared_image(feats.joint_image)  # (B, p)
     if feats.text_teachers is not None:
-        if on["rank"] or cfg.loss.dalr.teacher_space == "raw":
+        if "text_teacher_sim" in wanted:
             with torch.no_grad():
                 e.text_teacher_sim = text_teacher_similarity(feats.text_teachers, feats.text_weights,
                                                              cfg.loss.dalr.teacher_weighting)  # (B, B)
-        if cfg.loss.dalr.teacher_space == "projected" and (on["cma"] or on["ima"]):
+        if "text_teacher" in wanted:
             # DALR h^t = g_φt(f_t(t)) (Eq. 3): one projected text teacher for L_CMA's and L_IMA's Q^{t2t}
             e.text_teacher = student.text_teacher_proj(
                 aggregated_teacher_embedding(feats.text_teachers, feats.text_weights))  # (B, p)
@@ -270,16 +279,15 @@ def train(
     # the dev geometry needs positive pairs (gold >= 4) and two sentences: refused before any compute
     check_sts_geometry(data.dev, POSITIVE_GOLD, str(data_dir / "sts" / "dev.jsonl"))
     on = active_terms(cfg)  # per run, not per step
+    need = {kind: needed_features(cfg, kind == PAIR, on) for kind in (TEXT, PAIR)}
     widths = sorted({store.dim for store in data.text_captions})
-    aggregates = cfg.loss.dalr.teacher_weighting == "embeddings" and (
-        on["rank"] or on["ima"] or (on["cma"] and cfg.loss.dalr.teacher_space == "projected"))
+    aggregates = cfg.loss.dalr.teacher_weighting == "embeddings" and "text_teachers" in need[TEXT] | need[PAIR]
     if aggregates and len(widths) > 1:
         raise ValueError(f"teachers.text: embeddings of widths {widths} cannot be aggregated with "
                          "loss.dalr.teacher_weighting: embeddings (DALR App. B); use teachers of one width, or "
                          "loss.dalr.teacher_weighting: similarities with loss.dalr.teacher_space: raw")
-    if on["object"]:
+    if "objects" in need[PAIR]:
         data.check_objects(cfg.detect.min_objects, cfg.model.max_seq_len, objects_dir)
-    need = {kind: needed_features(cfg, pair_batch=kind == PAIR) for kind in (TEXT, PAIR)}
     if device.type == "cuda":  # deterministic cuBLAS (bit-identical resume); read when cuBLAS starts
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     configure_kernels(device)

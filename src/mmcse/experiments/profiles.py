@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedSeq
 
 from mmcse.config.coercion import apply_overrides
 from mmcse.config.load import parse_config
@@ -36,7 +38,6 @@ def _yaml_float(representer: Any, value: float) -> Any:
 
 def _flow_list(value: list) -> Any:
     """A list of plain values written inline (``[1, 2, 3]``) as params.yaml writes them."""
-    from ruamel.yaml.comments import CommentedSeq
 
     if any(isinstance(v, Mapping | list) for v in value):
         return value
@@ -74,7 +75,6 @@ def apply_profile(params: str | Path, name: str, root: str | Path | None = None,
     (`LOCAL_DATA_KEYS`) is kept; ``kept`` (a dict) receives those keys and folders.
     The result is validated as a whole before anything is written (a bad profile leaves the
     file untouched), and the file is replaced atomically."""
-    from ruamel.yaml import YAML
 
     params = Path(params)
     root = params.parent if root is None else Path(root)

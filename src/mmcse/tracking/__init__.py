@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import json
 import os
 import re
+import socket
+import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import mlflow
+from mlflow.entities import Metric
+from mlflow.exceptions import MlflowException
+
 from mmcse.config import Config, to_dict
-from mmcse.environment import TAG_PREFIX, environment_tags
-from mmcse.io import ensure_sqlite_parent
+from mmcse.environment import TAG_PREFIX, describe, environment_tags
+from mmcse.errors import StageError
+from mmcse.io import ensure_sqlite_parent, sha256_json, write_json
 
 # Tags added to every run started (not resumed) inside `tagged(...)`: where a job ran
 # (device, CUDA_VISIBLE_DEVICES, Prefect flow run) reaches the runs that library code starts.
@@ -33,7 +42,6 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def configure(cfg: Config) -> None:
     """Point MLflow at the configured store (a relative SQLite path is under the cwd), checked first
     (`check_store`: a damaged SQLite file is one line, not SQLAlchemy's traceback)."""
-    import mlflow
 
     uri = ensure_sqlite_parent(cfg.base.mlflow_tracking_uri)
     check_store(uri)
@@ -49,9 +57,6 @@ def check_store(uri: str) -> None:
     """A SQLite tracking store that exists must be a whole database: ``PRAGMA quick_check`` once per
     process and file version; a damaged one is a `mmcse.errors.StageError` naming the file and what to
     do (a locked one is not damaged: it is waited for where runs are written, `retry_locked`)."""
-    import sqlite3
-
-    from mmcse.errors import StageError
 
     if not uri.startswith("sqlite:///"):
         return
@@ -92,9 +97,6 @@ def retry_locked(write: Any, what: str = "write") -> Any:
     """``write()``, retried with backoff (1, 2, 4 … 15 s between attempts) while the tracking store is
     locked by another process, for ``MMCSE_STORE_RETRY_SECONDS`` (default 300) at most; then a
     `mmcse.errors.StageError` in one line. Other errors pass through."""
-    import time
-
-    from mmcse.errors import StageError
 
     limit = float(os.environ.get("MMCSE_STORE_RETRY_SECONDS", STORE_RETRY_SECONDS))
     started, pause = time.monotonic(), 1.0
@@ -106,7 +108,6 @@ def retry_locked(write: Any, what: str = "write") -> Any:
                 raise
             waited = time.monotonic() - started  # each attempt itself waits SQLite's busy timeout (MLflow: 20 s)
             if waited >= limit:
-                import mlflow
 
                 raise StageError(f"{mlflow.get_tracking_uri()}: the MLflow tracking store stayed locked for "
                                  f"{waited:.0f} s while this run's {what} waited (another process holds it: an "
@@ -152,7 +153,6 @@ def experiment_urls(cfg: Config, base: str) -> dict[str, str]:
     """``{name: ui_url}`` of every experiment ``<prefix>-*`` in the configured store, each tagged as
     model training on the way (experiments made before mmcse tagged them). The list page of MLflow
     3.17 links an experiment without ``workflowType``: these links keep the training view."""
-    import mlflow
 
     configure(cfg)
     found = mlflow.search_experiments(filter_string=f"name LIKE '{cfg.base.experiment_prefix}-%'",
@@ -165,7 +165,6 @@ def experiment_urls(cfg: Config, base: str) -> dict[str, str]:
 def latest_ablation_url(cfg: Config, base: str) -> str | None:
     """The UI address of the newest ablation's parent run (``ablation <preset>`` in
     ``<prefix>-ablate``, whose page starts with the variants' headline table), or None."""
-    import mlflow
 
     configure(cfg)
     found = mlflow.get_experiment_by_name(f"{cfg.base.experiment_prefix}-ablate")
@@ -212,7 +211,6 @@ def mark_model_training(experiment_id: str, tags: dict[str, str] | None = None, 
     """Tag experiment ``experiment_id`` as model training (`EXPERIMENT_KIND_TAG`) unless it already
     is, and give it its description (`experiment_description` of ``name``) when it has none;
     ``tags``: its current tags when known (saves a request)."""
-    import mlflow
 
     client = mlflow.MlflowClient()
     if tags is None:
@@ -227,7 +225,6 @@ def experiment(cfg: Config, name: str) -> str:
     """Create (or find) experiment ``<prefix>-<name>`` with artifacts under ``mlruns/artifacts``,
     tagged as model training (`EXPERIMENT_KIND_TAG`) and described (`experiment_description`); an
     existing experiment gets the tag, and the description when it has none."""
-    import mlflow
 
     configure(cfg)
     full = f"{cfg.base.experiment_prefix}-{name}"
@@ -251,8 +248,6 @@ def experiment(cfg: Config, name: str) -> str:
 
 
 def log_config(cfg: Config) -> None:
-    import mlflow
-
     params = {k: str(v)[:500] for k, v in flatten(to_dict(cfg)).items()}
     items = list(params.items())
     for start in range(0, len(items), 90):  # MLflow caps params per batch
@@ -282,8 +277,6 @@ RUN_RECORDS = Path("mlruns") / "records"
 
 
 def _record_file(folder: str | Path, kind: str) -> Path:
-    from mmcse.io import sha256_json
-
     return RUN_RECORDS / f"{kind}-{sha256_json(str(Path(folder).resolve()))[:20]}.json"
 
 
@@ -293,7 +286,6 @@ def remember_run(folder: str | Path, run_id: str, kind: str = "train", config_ha
     and its evaluation —, or ablation — an ablation's parent run, with ``extra`` such as its hash).
     ``config_hash`` (a training's `run_definition_hash`): the run is also remembered as that
     configuration's, so a folder another configuration trained in meanwhile never continues it."""
-    from mmcse.io import write_json
 
     previous = remembered_run(folder, kind) or {}
     runs = dict(previous.get("runs") or {})
@@ -306,7 +298,6 @@ def remember_run(folder: str | Path, run_id: str, kind: str = "train", config_ha
 def remembered_run(folder: str | Path, kind: str = "train", config_hash: str | None = None) -> dict[str, Any] | None:
     """What `remember_run` recorded for ``folder`` (None: nothing, or an unreadable record); with
     ``config_hash``, the run remembered for that configuration only (``{"run_id": ...}``, or None)."""
-    import json
 
     try:
         record = json.loads(_record_file(folder, kind).read_text())
@@ -336,8 +327,6 @@ def folder_run_id(folder: str | Path, recorded: dict[str, Any] | None = None, co
 def existing_run(run_id: str | None) -> str | None:
     """``run_id`` if the tracking store holds it and it is not deleted (a resume point may name a
     run of another store, or one a user deleted: then a new run starts)."""
-    import mlflow
-    from mlflow.exceptions import MlflowException
 
     if not run_id:
         return None
@@ -352,7 +341,6 @@ def supersede_run(run_id: str | None, new_run_id: str, reason: str) -> None:
     """Close the record of a training that restarts from step 0 in a new run ``new_run_id``: the
     old run (if the store still holds it) is tagged with the reason and its successor, and ends
     KILLED when it was left RUNNING (a killed process); a FINISHED or FAILED run keeps its status."""
-    import mlflow
 
     if existing_run(run_id) is None or run_id == new_run_id:
         return
@@ -377,9 +365,6 @@ def end_stale_runs(experiment_id: str, job: str, keep: str | None = None) -> lis
     """Mark KILLED the runs of ``job`` left RUNNING by a process that died without ending them
     (kill -9, power loss): same host, process gone. Runs of a live process, or of another host
     (whose processes cannot be checked from here), are left as they are. Returns the ids ended."""
-    import socket
-
-    import mlflow
 
     client = mlflow.MlflowClient()
     host = socket.gethostname()
@@ -419,9 +404,6 @@ def run(
     the host and this process id, and runs of the same job left RUNNING by a dead process are
     marked KILLED first (`end_stale_runs`). The run ends FINISHED, or with the status the
     exception that leaves the block names (``mlflow_status``; Ctrl-C: KILLED; else FAILED)."""
-    import socket
-
-    import mlflow
 
     exp_id = experiment(cfg, experiment_name)
     extra = _EXTRA_TAGS.get()
@@ -481,9 +463,6 @@ def note_resumed_environment(run_id: str, env: dict[str, str]) -> None:
     """A run continued under another environment than it started in (``env.hash`` differs) gets the
     tag ``env.resumed_under``: the new environment, described, so its numbers are not taken for one
     environment's."""
-    import mlflow
-
-    from mmcse.environment import describe
 
     started = mlflow.MlflowClient().get_run(run_id).data.tags
     now = {k[len(TAG_PREFIX):]: v for k, v in env.items()}
@@ -499,8 +478,6 @@ def metric_name(key: str) -> str:
 
 
 def log_metrics(metrics: dict[str, float], step: int | None = None) -> None:
-    import mlflow
-
     mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
 
 
@@ -521,10 +498,6 @@ def prefect_tags() -> dict[str, str]:
 def log_metric_steps(entries: list[tuple[dict[str, float], int]]) -> None:
     """Log many steps' metrics into the active run in one request per 1000 values (MLflow's
     batch limit) instead of one per step: training hands over its buffered values this way."""
-    import time
-
-    import mlflow
-    from mlflow.entities import Metric
 
     active = mlflow.active_run()
     if active is None:

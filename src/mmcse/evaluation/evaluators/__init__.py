@@ -1,0 +1,65 @@
+"""Every evaluator, registered once by its own module here (:mod:`.base` holds the protocol).
+
+Importing this package imports each module in it: a new evaluator is a new module here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from tqdm.auto import tqdm
+
+from mmcse.evaluation.evaluators.base import REGISTRY, EvaluationInputs, Evaluator, register
+from mmcse.evaluation.sts import EncodeFn
+
+for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    if _module != "base":
+        importlib.import_module(f"{__name__}.{_module}")
+
+
+def build_evaluators(inputs: EvaluationInputs) -> list[Evaluator]:
+    """The evaluators ``inputs`` asks for, in their registered order."""
+    built = (r.build(inputs) for r in sorted(REGISTRY.values(), key=lambda r: r.order))
+    return [e for e in built if e is not None]
+
+
+class EvaluatorProgress:
+    """One bar over an evaluation's steps (stderr), naming the one that runs: the evaluate stage is
+    otherwise silent between its start and DVC's "Updating lock file"."""
+
+    def __init__(self, names: list[str], show: bool = True) -> None:
+        self.names = names
+        self.done = -1
+        self.bar = tqdm(total=len(names), desc="evaluate", unit="evaluator", leave=True, disable=not show)
+
+    def next(self) -> None:
+        if self.done >= 0:
+            self.bar.update()
+        self.done += 1
+        self.bar.set_postfix_str(self.names[self.done] if self.done < len(self.names) else "")
+
+    def close(self) -> None:
+        self.bar.update(len(self.names) - self.bar.n)
+        self.bar.set_postfix_str("done")
+        self.bar.close()
+
+
+def run_evaluators(evaluators: list[Evaluator], encode: EncodeFn,
+                   progress: EvaluatorProgress | None = None) -> dict[str, float]:
+    """Call each evaluator on ``encode`` in order (``progress.next()`` before each) and merge their
+    scores; a key two evaluators both write is refused, not overwritten."""
+    scores: dict[str, float] = {}
+    for evaluator in evaluators:
+        if progress is not None:
+            progress.next()
+        new = evaluator(encode)
+        clash = sorted(scores.keys() & new.keys())
+        if clash:
+            raise ValueError(f"evaluator {evaluator.label!r} writes keys another already wrote: {clash}")
+        scores |= new
+    return scores
+
+
+__all__ = ["REGISTRY", "EvaluationInputs", "Evaluator", "EvaluatorProgress", "build_evaluators", "register",
+           "run_evaluators"]

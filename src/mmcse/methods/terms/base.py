@@ -1,0 +1,150 @@
+"""What a loss term is: one object that owns its name, its switch, its weight's parameter, the batch
+embeddings it reads and its function. The paper equations stay pure functions of tensors in
+:mod:`mmcse.methods.losses`; a term only wires a configuration to one of them.
+
+Every module of :mod:`mmcse.methods.terms` registers its terms with :func:`register`; the package
+imports each module it holds, so a new term is one module there (plus its parameters, test and docs).
+What a configuration trains (`mmcse.methods.objectives.active_terms`), which cached features a batch
+loads (`needed_features`), which student outputs a step computes (`needed_inputs`) and the step's
+weighted sum (`step_objective`) are all derived from the registered terms.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from mmcse.config import Config
+
+STAT = "stat/"  # prefix of diagnostics in a step's dict: logged, never added to the loss
+
+# The fields of `StepEmbeddings` a term may read, and the cached feature group each one comes from
+# (None: the student makes it from the batch's tokens alone).
+INPUT_FEATURES: dict[str, str | None] = {
+    "z": None,  # z1, z2: the SimCSE space on both dropout views
+    "s": None,  # s1, s2: g_φ1 on [CLS]
+    "image": "image",
+    "teacher_text": "joint",
+    "teacher_image": "joint",
+    "joint_text": "joint",
+    "joint_image": "joint",
+    "shared_text": None,
+    "shared_image": "joint",
+    "text_teacher_sim": "text_teachers",
+    "text_teacher": "text_teachers",
+    "phrases": "objects",
+    "objects": "objects",
+    "object_pair": "objects",
+}
+
+
+@dataclass
+class StepEmbeddings:
+    """One batch of N sentences: student outputs and cached teacher features.
+
+    Only the fields the active terms read (`needed_inputs`) are set.
+    """
+
+    z1: torch.Tensor  # (N, H) SimCSE space, dropout view z
+    z2: torch.Tensor  # (N, H) dropout view z'
+    pair_batch: bool = False
+    s1: torch.Tensor | None = None  # (N, p) g_φ1/g_φg on [CLS], view z
+    s2: torch.Tensor | None = None  # (N, p) view z'
+    image: torch.Tensor | None = None  # (N, p) g_φ2 of the image-encoder features (MCSE, MCSEO)
+    teacher_text: torch.Tensor | None = None  # (N, p) g_φt(t̂) (KDMCSE Eq. 5)
+    teacher_image: torch.Tensor | None = None  # (N, p) g_φv(v̂) (KDMCSE Eq. 6, DALR h^v)
+    joint_text: torch.Tensor | None = None  # (N, k) t̂: raw cached joint-teacher caption features
+    joint_image: torch.Tensor | None = None  # (N, k) v̂: raw cached joint-teacher image features
+    shared_text: torch.Tensor | None = None  # (N, p) DALR consistency MLP on the sentence
+    shared_image: torch.Tensor | None = None  # (N, p) DALR consistency MLP on the image
+    text_teacher_sim: torch.Tensor | None = None  # (N, N) the text teachers' own similarity (L_rank; raw L_IMA)
+    text_teacher: torch.Tensor | None = None  # (N, p) DALR h^t = g_φt(Σ_k w_k F_k) (Eq. 3; projected Q^{t2t})
+    phrases: torch.Tensor | None = None  # (T, p) projected phrase span means (MCSEO)
+    objects: torch.Tensor | None = None  # (T, p) projected object-crop features (MCSEO)
+    object_pair: torch.Tensor | None = None  # (T,) row of each object–phrase pair's caption
+
+
+def need(x: torch.Tensor | None, name: str, term: str) -> torch.Tensor:
+    """``x``, or a clear error naming the term and the input this batch lacks."""
+    if x is None:
+        raise ValueError(f"loss term '{term}' needs {name}, which this batch does not carry")
+    return x
+
+
+def switch(value: bool | str, on_for: bool) -> bool:
+    """A ``true | false | auto`` switch: ``auto`` is on where the method's paper uses the term."""
+    return on_for if value == "auto" else bool(value)
+
+
+def setting(cfg: Config, path: str) -> float:
+    """The value of a dotted parameter path (``loss.dalr.mu_iml``) of ``cfg``."""
+    return float(functools.reduce(getattr, path.split("."), cfg))
+
+
+Compute = Callable[[Config, StepEmbeddings, "torch.Generator | None"], "torch.Tensor | dict[str, torch.Tensor]"]
+
+
+@dataclass(frozen=True)
+class LossTerm:
+    """One loss term of the sentence encoders' step.
+
+    - ``name``: its key in the step's dict and in MLflow (``loss/<name>``), the only place it is spelled;
+    - ``equation``: the paper and equation it transcribes (docs and error messages);
+    - ``active(cfg)``: its switch, read from the configuration;
+    - ``weight``: the dotted parameter path of its weight in the sum (None: weight 1);
+    - ``inputs(cfg)``: the `StepEmbeddings` fields it reads (names of `INPUT_FEATURES`);
+    - ``compute(cfg, e, generator)``: its value, or a dict holding ``name`` plus sub-terms and
+      ``stat/…`` diagnostics; ``generator`` is the term's own CPU stream when ``stream`` is set;
+    - ``on_pairs``/``on_text(cfg)``: which batches it runs on (image–caption, text-only);
+    - ``applies(e)``: False skips it for one batch (a pair batch without object–phrase pairs);
+    - ``alone(cfg)``: on image–caption batches it replaces the text term and is summed unweighted
+      (KDMCSE Algorithm 1), ``alone_reason`` saying why in a sweep's error; ``yields_to_alone``:
+      this is the text term such a term replaces;
+    - ``order``: its place in the sum (a fixed order keeps every step's float sum the same);
+    - ``stream``: the number of its random stream (mismatched pairs, ranking ties), unique, so
+      switching one term off leaves every other term's draws unchanged;
+    - ``retrieval_head``: the trained image head and cached test features its image side gives
+      retrieval (``(head, features)``), None when it trains no image side.
+    """
+
+    name: str
+    equation: str
+    order: int
+    active: Callable[[Config], bool]
+    inputs: Callable[[Config], set[str]]
+    compute: Compute
+    weight: str | None = None
+    on_pairs: bool = True
+    on_text: Callable[[Config], bool] = lambda cfg: False
+    applies: Callable[[StepEmbeddings], bool] = lambda e: True
+    alone: Callable[[Config], bool] = lambda cfg: False
+    alone_reason: str = ""
+    yields_to_alone: bool = False
+    stream: int | None = None
+    retrieval_head: tuple[str, str] | None = None
+
+    def runs_on(self, cfg: Config, pair_batch: bool) -> bool:
+        return self.on_pairs if pair_batch else self.on_text(cfg)
+
+    def generator(self, seed: int) -> torch.Generator | None:
+        """A CPU generator for this term's draws: the same numbers on every training device."""
+        return None if self.stream is None else torch.Generator().manual_seed(seed * 16 + self.stream)
+
+
+REGISTRY: dict[str, LossTerm] = {}
+
+
+def register(*terms: LossTerm) -> None:
+    """Add terms to the registry; a second term of one name, order or stream is refused."""
+    for term in terms:
+        for other in REGISTRY.values():
+            if other.name == term.name:
+                raise ValueError(f"loss term {term.name!r} is registered twice")
+            if other.order == term.order:
+                raise ValueError(f"loss terms {other.name!r} and {term.name!r} share order {term.order}")
+            if term.stream is not None and other.stream == term.stream:
+                raise ValueError(f"loss terms {other.name!r} and {term.name!r} share random stream {term.stream}")
+        REGISTRY[term.name] = term

@@ -1,0 +1,94 @@
+"""The evaluator protocol: each evaluator registered once, built from `EvaluationInputs`, called on an
+encoder, returning ``dict[str, float]`` with its primary metric (mmcse.evaluation.evaluators)."""
+
+import hashlib
+
+import numpy as np
+import pytest
+
+from mmcse.data.senteval import SentencePair
+from mmcse.evaluation import evaluators as ev
+from mmcse.evaluation.evaluators import EvaluationInputs, build_evaluators, register, run_evaluators
+from mmcse.evaluation.geometry import sts_dev_geometry
+from mmcse.evaluation.sts import evaluate_sts
+
+
+def encode(sentences: list[str]) -> np.ndarray:
+    """A deterministic stand-in encoder: each sentence's vector from its SHA-256, plus a shared
+    word-count direction so similar sentences agree a little."""
+    rows = []
+    for s in sentences:
+        digest = np.frombuffer(hashlib.sha256(s.encode()).digest(), dtype=np.uint8).astype(np.float64)
+        rows.append(np.concatenate([digest[:8] / 255.0, [len(s.split())]]))
+    return np.stack(rows)
+
+
+def pairs(task: str, n: int = 12) -> list[SentencePair]:
+    rng = np.random.default_rng(len(task))
+    words = ["a", "dog", "runs", "on", "the", "beach", "cat", "sleeps", "red", "car"]
+    out = []
+    for i in range(n):
+        s1 = " ".join(rng.choice(words, size=2 + i % 5))
+        s2 = " ".join(rng.choice(words, size=2 + (i * 3) % 5))
+        out.append(SentencePair(task, "", s1, s2, float(i % 6)))
+    return out
+
+
+def test_every_evaluator_is_registered_once_in_its_order():
+    assert [r.name for r in sorted(ev.REGISTRY.values(), key=lambda r: r.order)] == [
+        "sts", "mteb", "geometry", "transfer", "retrieval"]
+    with pytest.raises(ValueError, match="registered twice"):
+        register("sts", order=999)(lambda inputs: None)
+    assert build_evaluators(EvaluationInputs()) == []
+
+
+def test_the_evaluators_give_what_the_metric_functions_give_with_their_primary_metric():
+    tasks = {"STS12": pairs("STS12"), "STS13": pairs("STS13")}
+    dev = pairs("dev", 20)
+    built = build_evaluators(EvaluationInputs(sts=tasks, dev=dev, batch_size=4))
+    assert [e.label for e in built] == ["STS test (2 tasks)", "dev geometry"]
+    scores = run_evaluators(built, encode)
+    direct = evaluate_sts(encode, tasks, 4).scores | sts_dev_geometry(encode, dev, batch_size=4)
+    assert scores == pytest.approx(direct)
+    for evaluator in built:
+        assert evaluator.primary_metric in scores
+    assert built[0].result.task_scores.keys() == {"STS12", "STS13"}  # the scatter's predictions are kept
+
+
+def test_a_key_written_twice_is_refused():
+    class Twice:
+        label, primary_metric = "twice", "avg"
+
+        def __call__(self, encode):
+            return {"avg": 1.0}
+
+    with pytest.raises(ValueError, match="'twice' writes keys another already wrote: \\['avg'\\]"):
+        run_evaluators([Twice(), Twice()], encode)
+
+
+def test_a_new_evaluator_is_one_registration(monkeypatch, tmp_path):
+    """A throwaway evaluator reading its own file from the data folder: registered, built, run."""
+    from mmcse.evaluation.evaluators import base
+
+    registry = dict(ev.REGISTRY)  # the registration is this test's only
+    monkeypatch.setattr(ev, "REGISTRY", registry)
+    monkeypatch.setattr(base, "REGISTRY", registry)
+    (tmp_path / "words.txt").write_text("dog\ncat\nbeach\n")
+
+    class Norms:
+        label, primary_metric = "mean norm", "mean_norm"
+
+        def __init__(self, words):
+            self.words = words
+
+        def __call__(self, encode):
+            return {"mean_norm": float(np.linalg.norm(encode(self.words), axis=1).mean())}
+
+    @register("norms", order=60)
+    def build(inputs):
+        path = inputs.data_dir / "words.txt" if inputs.data_dir else None
+        return Norms(path.read_text().split()) if path and path.is_file() else None
+
+    assert [e.label for e in build_evaluators(EvaluationInputs(data_dir=tmp_path))] == ["mean norm"]
+    scores = run_evaluators(build_evaluators(EvaluationInputs(data_dir=tmp_path)), encode)
+    assert scores["mean_norm"] == pytest.approx(float(np.linalg.norm(encode(["dog", "cat", "beach"]), axis=1).mean()))
