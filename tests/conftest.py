@@ -74,6 +74,14 @@ def transfer_dir(senteval_dir):
     return senteval_dir
 
 
+def params_copy(root: Path) -> Path:
+    """``root`` with a copy of the repo's params.yaml and the presets, profiles and recipes beside it."""
+    shutil.copy(REPO / "params.yaml", root / "params.yaml")
+    for folder in ("ablations", "profiles", "recipes"):
+        shutil.copytree(REPO / folder, root / folder)
+    return root
+
+
 def prepare_project(root: Path, raw: dict) -> Path:
     """Write ``raw`` as ``root/params.yaml`` and run download, detect_objects, cache_teachers."""
     from mmcse.config import load_config

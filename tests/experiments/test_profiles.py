@@ -4,7 +4,6 @@ land where they belong, bad profiles change nothing, and the real path fails fas
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 
@@ -13,16 +12,13 @@ import yaml
 
 from mmcse.config import ConfigError, load_config
 from mmcse.experiments.profiles import apply_profile, list_profiles, profile_values
-from tests.conftest import REPO
+from tests.conftest import REPO, params_copy
 
 
 @pytest.fixture
 def project(tmp_path):
     """A copy of the repo's params.yaml with the presets, profiles and recipes beside it."""
-    shutil.copy(REPO / "params.yaml", tmp_path / "params.yaml")
-    for folder in ("ablations", "profiles", "recipes"):
-        shutil.copytree(REPO / folder, tmp_path / folder)
-    return tmp_path
+    return params_copy(tmp_path)
 
 PROFILES = REPO / "profiles"
 
