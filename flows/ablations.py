@@ -35,20 +35,15 @@ from mmcse.config import Config, check_params, load_config
 from mmcse.errors import TrainingDiverged
 from mmcse.experiments.ablate import (
     SCORE_NAMES,
-    Job,
-    ablation_hash,
-    expand,
     failed_result,
     finished_result,
-    job_config,
-    job_hash,
-    parent_run_name,
     previous_parent,
     record_result,
     remember_parent,
     run_job,
 )
 from mmcse.experiments.ablation_record import log_ablation, log_ablation_figures
+from mmcse.experiments.jobs import Job, ablation_hash, expand, job_config, job_hash, parent_run_name
 from mmcse.experiments.prefect_server import claim_temporary_server, start_retry, stop_stale_temporary_servers
 from mmcse.pipeline.paths import Paths
 from mmcse.tracking import prefect_tags

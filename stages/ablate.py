@@ -3,14 +3,19 @@
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for flows/
+from mmcse.config import check_params
+from mmcse.entry import run_entry
 
-from flows.ablations import main as ablations_checked  # noqa: E402
-from mmcse.entry import run_entry  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for flows/
 
 
 def main() -> None:
-    ablations_checked("params.yaml")  # every row and the sweep space checked before a Prefect server starts
+    # every row and the sweep space checked before the flow's imports (Prefect, the training stack:
+    # seconds) and before a Prefect server starts, so a bad row is named at once
+    check_params("params.yaml")
+    from flows.ablations import main as ablations_checked
+
+    ablations_checked("params.yaml")
 
 
 if __name__ == "__main__":

@@ -5,11 +5,14 @@ from __future__ import annotations
 import copy
 import os
 import shutil
+import sqlite3
 from pathlib import Path
 
 import pytest
+import sqlalchemy
 import torch
 import yaml
+from mlflow.store.db import utils as mlflow_db
 
 REPO = Path(__file__).resolve().parents[1]
 SENTEVAL = Path(os.environ.get("MMCSE_SENTEVAL_DIR", REPO.parent / "shared" / "data" / "senteval"))
@@ -28,6 +31,35 @@ TINY_MODEL = {
 
 # Every device this machine has: the loss, objective and step tests run once per entry.
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.fixture(scope="session", autouse=True)
+def mlflow_schema_built_once(tmp_path_factory):
+    """A fresh SQLite tracking store gets its schema from MLflow's migrations (about 2 s each); the tests
+    create a fresh store in most projects, so MLflow builds the schema once here and each new store gets
+    a copy of it (SQLite's backup API). MLflow still creates the default experiment in each store itself;
+    stores in subprocesses (stage runs) build their own."""
+    original = mlflow_db._initialize_tables
+    template = tmp_path_factory.mktemp("mlflow-schema") / "mlflow.db"
+    engine = sqlalchemy.create_engine(f"sqlite:///{template}")
+    original(engine)
+    engine.dispose()
+
+    def initialize(engine) -> None:
+        database = engine.url.database
+        if engine.url.get_backend_name() != "sqlite" or not database or database == ":memory:":
+            original(engine)
+            return
+        source, target = sqlite3.connect(template), sqlite3.connect(database)
+        try:
+            source.backup(target)
+        finally:
+            source.close()
+            target.close()
+
+    mlflow_db._initialize_tables = initialize
+    yield
+    mlflow_db._initialize_tables = original
 
 
 @pytest.fixture(params=DEVICES, ids=DEVICES)

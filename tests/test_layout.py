@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 import yaml
 
+from mmcse.integrity import code
+from mmcse.integrity.code import imports_of
 from tests.conftest import REPO
 
 SRC = REPO / "src"
@@ -36,51 +37,8 @@ LAYERS = [
 RANK = {package: rank for rank, packages in enumerate(LAYERS) for package in packages}
 
 
-def module_name(path: Path, root: Path = SRC) -> str:
-    parts = list(path.relative_to(root).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def _executed(tree: ast.Module) -> Iterable[ast.AST]:
-    """Every node of ``tree`` that can run: the bodies of ``if TYPE_CHECKING:`` are left out."""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
-            node.body = []
-    return ast.walk(tree)
-
-
-def imports_of(path: Path, modules: set[str]) -> set[str]:
-    """The mmcse modules ``path`` imports (``from mmcse.x import y`` names module ``mmcse.x.y`` when
-    that is a module, else ``mmcse.x``)."""
-    this = module_name(path) if path.is_relative_to(SRC) else ""
-    package = this if path.name == "__init__.py" else this.rpartition(".")[0]
-    found: set[str] = set()
-    source = path.read_text()
-    if path.name == "__init__.py" and "pkgutil.iter_modules(__path__)" in source:
-        # a package that imports every module it holds (mmcse.methods.terms registers its terms so)
-        found |= {m for m in modules if m.rpartition(".")[0] == this}
-    for node in _executed(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(parent + ([base] if base else []))
-            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
-        else:
-            continue
-        for name in names:
-            while name and name not in modules:
-                name = name.rpartition(".")[0]
-            if name and name != this:
-                found.add(name)
-    return found
-
-
 def import_graph() -> dict[str, set[str]]:
-    files = {module_name(p): p for p in (SRC / "mmcse").rglob("*.py")}
-    return {name: imports_of(path, set(files)) for name, path in files.items()}
+    return code.import_graph(SRC / "mmcse")
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -146,20 +104,14 @@ def test_the_checks_find_a_circle_and_a_lazy_import(tmp_path):
 
 
 def stage_modules(script: Path, graph: dict[str, set[str]]) -> set[str]:
-    """Every mmcse module a stage script runs: its imports (a ``flows.x`` import: that file's) and
-    theirs, transitively."""
+    """Every mmcse module a stage script runs: its imports (a ``flows.x`` import: that file's), theirs,
+    transitively, and the packages above them (`mmcse.integrity.code.modules_run`)."""
     modules = set(graph)
-    todo = list(imports_of(script, modules))
+    roots = imports_of(script, modules)
     for local in ast.walk(ast.parse(script.read_text())):  # the repo's flows/ (stage ablate)
         if isinstance(local, ast.ImportFrom) and (local.module or "").startswith("flows."):
-            todo += imports_of(REPO / (local.module.replace(".", "/") + ".py"), modules)
-    seen: set[str] = set()
-    while todo:
-        module = todo.pop()
-        if module not in seen:
-            seen.add(module)
-            todo += graph.get(module, ())
-    return seen
+            roots |= imports_of(REPO / (local.module.replace(".", "/") + ".py"), modules)
+    return code.modules_run(roots, graph)
 
 
 def module_file(module: str) -> str:
@@ -176,9 +128,6 @@ def stage_dependencies(stage: str, graph: dict[str, set[str]] | None = None) -> 
     standing for its files when the stage runs all of them, nothing it does not run."""
     graph = graph if graph is not None else import_graph()
     modules = stage_modules(REPO / STAGES[stage]["cmd"].split()[-1], graph)
-    for module in list(modules):
-        parts = module.split(".")
-        modules |= {".".join(parts[:i]) for i in range(1, len(parts)) if ".".join(parts[:i]) in graph}
     files = {module_file(m) for m in modules}
     folders = sorted({str(Path(f).parent) for f in files}, key=lambda d: (-d.count("/"), d))
     listed = set(files)

@@ -110,19 +110,20 @@ def _cmd_eval(args: argparse.Namespace) -> None:
         from mmcse.config import load_config
 
         cfg = load_config(args.params)  # before the model loads: a bad params.yaml is one line
+    from mmcse.hub import resolve_model
+
+    model = resolve_model(args.model)  # a hub id not on this machine, offline: one line before the imports
     from mmcse.evaluation.evaluators import EvaluationInputs, build_evaluators, run_evaluators
     from mmcse.evaluation.sts import TextEncoder
 
-    encoder = TextEncoder(args.model, args.pooler, args.device, args.max_seq_len,  # fails fast if offline
-                          precision=args.precision)
+    encoder = TextEncoder(model, args.pooler, args.device, args.max_seq_len, precision=args.precision)
     retrieval = None
     if cfg is not None:
-        from mmcse.hub import resolve_model
         from mmcse.pipeline.evaluate import checkpoint_retrieval
         from mmcse.pipeline.paths import Paths
 
         def retrieval(_: object) -> dict[str, float]:
-            return checkpoint_retrieval(cfg, Paths.of(cfg), encoder, Path(resolve_model(args.model)))
+            return checkpoint_retrieval(cfg, Paths.of(cfg), encoder, Path(model))
 
     sts = (read_sts_tasks(args.senteval_dir)
            if args.senteval_dir is not None and (not transfer or available_sts_tasks(args.senteval_dir)) else {})

@@ -230,6 +230,7 @@ def test_cli_eval_rejects_bad_arguments_in_one_line(argv, message, capsys):
     assert err.count("\n") == 1
 
 
+@pytest.mark.slow  # end to end: real stages, models or subprocesses (the full suite runs it)
 def test_offline_missing_dataset_fails_before_encoding_or_loading_the_model(tmp_path):
     """A fresh HF_HOME, offline: the library names each missing data set before encoding the tiny
     (present) task, and the CLI fails before loading the (nonexistent) model."""

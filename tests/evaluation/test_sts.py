@@ -119,6 +119,7 @@ def test_text_encoder_poolers_on_a_real_model_folder(tiny_model_dir):
         np.testing.assert_allclose(got, want, atol=1e-5, err_msg=pooler)
 
 
+@pytest.mark.slow  # end to end: real stages, models or subprocesses (the full suite runs it)
 def test_cli_prints_senteval_task_names(tmp_path, senteval_dir, tiny_model_dir):
     import shutil
 

@@ -6,7 +6,7 @@ from scipy import stats
 
 from mmcse.analysis.tables import aggregate, table_markdown
 from mmcse.config import parse_config, with_overrides
-from mmcse.experiments.ablate import expand, job_config, job_hash
+from mmcse.experiments.jobs import expand, job_config, job_hash
 from tests.conftest import REPO
 
 
@@ -262,7 +262,8 @@ def test_a_job_recorded_under_older_score_names_is_evaluated_again_not_retrained
 
     import mmcse.pipeline.train
     from mmcse.config import load_config
-    from mmcse.experiments.ablate import SCORE_NAMES, Job, run_job
+    from mmcse.experiments.ablate import SCORE_NAMES, run_job
+    from mmcse.experiments.jobs import Job
 
     cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 2, "train.eval_steps": 2})
     job = Job("mcse", 1, {"base.seed": 1})
@@ -288,6 +289,43 @@ def test_a_job_recorded_under_older_score_names_is_evaluated_again_not_retrained
     assert run_job(cfg, job, project / "ablation")["scores"] == again["scores"] and not calls  # reused as is
 
 
+def test_a_finished_job_is_rescored_after_an_evaluation_edit_and_retrained_after_a_training_edit(project,
+                                                                                                   monkeypatch):
+    """Code edited since a job finished: evaluation code (a metric) → its checkpoint is scored again, not
+    trained; training code (a loss) → the job is trained again from step 0 under a new hash."""
+    import json
+
+    import mmcse.experiments.ablate as ablate
+    import mmcse.experiments.jobs as jobs
+    import mmcse.training.checkpoints as checkpoints
+    from mmcse.config import load_config
+    from mmcse.integrity.code import EVALUATION_CODE, TRAINING_CODE, code_files
+
+    def edited(roots_edited, name):
+        return lambda roots: {**code_files(roots), **({name: "0" * 64} if roots == roots_edited else {})}
+
+    cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 2, "train.eval_steps": 2})
+    job = jobs.Job("mcse", 1, {"base.seed": 1})
+    first = ablate.run_job(cfg, job, project / "ablation")
+    trained = []
+    real_train = ablate.run_train
+    monkeypatch.setattr(ablate, "run_train", lambda *a, **k: trained.append(1) or real_train(*a, **k))
+
+    monkeypatch.setattr(ablate, "code_files", edited(EVALUATION_CODE, "mmcse/evaluation/sts.py"))
+    again = ablate.run_job(cfg, job, project / "ablation")
+    assert again["skipped"] and not trained and again["evaluation_code"] != first["evaluation_code"]
+    assert again["scores"] == pytest.approx(first["scores"], abs=1e-6)
+    assert ablate.run_job(cfg, job, project / "ablation")["skipped"] and not trained  # rescored once
+
+    for module in (jobs, checkpoints):  # the job's hash and its checkpoint's seal
+        monkeypatch.setattr(module, "code_files", edited(TRAINING_CODE, "mmcse/methods/terms/mcse.py"))
+    retrained = ablate.run_job(cfg, job, project / "ablation")
+    assert not retrained.get("skipped") and trained == [1]
+    assert retrained["config_hash"] == job_hash(job_config(cfg, job), cfg.base.seed) != first["config_hash"]
+    sealed = json.loads((project / "ablation/mcse/seed1/best/checkpoint.json").read_text())
+    assert sealed["code_files"]["mmcse/methods/terms/mcse.py"] == "0" * 64  # trained by the edited code
+
+
 def test_a_finished_job_survives_its_folder_being_restored_to_an_older_output(project, monkeypatch):
     """Issue 33.8: `dvc exp run` restores the ablation/ output of its commit, which drops the jobs an
     interrupted run finished; they are kept by configuration hash under data/jobs and put back, not
@@ -296,7 +334,8 @@ def test_a_finished_job_survives_its_folder_being_restored_to_an_older_output(pr
 
     import mmcse.pipeline.train
     from mmcse.config import load_config
-    from mmcse.experiments.ablate import Job, job_hash, run_job
+    from mmcse.experiments.ablate import run_job
+    from mmcse.experiments.jobs import Job, job_hash
 
     cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 2, "train.eval_steps": 2})
     job = Job("mcse", 1, {"base.seed": 1})

@@ -120,7 +120,8 @@ def test_two_workers_share_one_study(project):
 
 def _in_process_sweep(project, monkeypatch, study_name: str, n_trials: int, grace: int = 1):
     """params.yaml for an in-process sweep with 1 s heartbeats, a ``grace`` s grace period, a short
-    poll, and the study created beforehand (as another worker would have); returns (cfg, storage URL, study)."""
+    poll, and the study created beforehand (as another worker of this checkout would have, its training
+    code recorded); returns (cfg, storage URL, study)."""
     monkeypatch.setattr(sweep, "HEARTBEAT_INTERVAL", 1)
     monkeypatch.setattr(sweep, "GRACE_PERIOD", grace)
     monkeypatch.setattr(sweep, "POLL_SECONDS", 0.2)
@@ -128,7 +129,33 @@ def _in_process_sweep(project, monkeypatch, study_name: str, n_trials: int, grac
     cfg = load_config("params.yaml")
     url = f"sqlite:///{project}/mlruns/optuna.db"
     (project / "mlruns").mkdir(exist_ok=True)
-    return cfg, url, optuna.create_study(study_name=study_name, storage=url, direction=cfg.sweep.direction)
+    study = optuna.create_study(study_name=study_name, storage=url, direction=cfg.sweep.direction)
+    sweep.claim_study_code(study, study_name, url)
+    return cfg, url, study
+
+
+def test_a_study_of_trials_trained_by_other_code_is_refused_by_name(monkeypatch):
+    """A loss edited between two runs of one study (or a worker with another checkout): the study's
+    values and new ones would be compared as if made alike; refused, naming the file. Enqueued trials
+    (not yet trained) do not count."""
+    from mmcse.errors import StageError
+    from mmcse.integrity.code import TRAINING_CODE, code_files
+
+    study = optuna.create_study(direction="maximize")
+    study.enqueue_trial({"x": 1})
+    sweep.claim_study_code(study, "s", "memory")  # only an enqueued trial: claimed
+    assert study.user_attrs[sweep.CODE_ATTR] == code_files(TRAINING_CODE)
+    study.tell(study.ask(), 0.5)  # the enqueued trial, trained
+    study.tell(study.ask(), 0.7)
+    sweep.claim_study_code(study, "s", "memory")  # the same code: goes on
+    monkeypatch.setattr(sweep, "code_files", lambda roots: {**code_files(roots), "mmcse/methods/terms/mcse.py": "0"})
+    with pytest.raises(StageError, match=r"holds 2 trials trained by other library code \(changed since: "
+                                         r"mmcse/methods/terms/mcse.py\).*new study"):
+        sweep.claim_study_code(study, "s", "memory")
+    unrecorded = optuna.create_study()
+    unrecorded.tell(unrecorded.ask(), 0.1)  # trained by an mmcse that recorded no code
+    with pytest.raises(StageError, match=r"unknown files \(not recorded\)"):
+        sweep.claim_study_code(unrecorded, "u", "memory")
 
 
 def test_stale_running_trials_are_failed_and_their_slots_run_again(project, monkeypatch, capsys):

@@ -8,7 +8,8 @@ from safetensors.torch import load_file
 
 from mmcse.config import ConfigError, load_config, parse_config, to_dict, with_overrides
 from mmcse.experiments import upstream
-from mmcse.experiments.ablate import Job, job_hash, run_job
+from mmcse.experiments.ablate import run_job
+from mmcse.experiments.jobs import Job, job_hash
 from mmcse.experiments.upstream import resolve
 from mmcse.integrity.keys import artifact_keys, require_top_level
 from mmcse.io import read_json, read_jsonl
@@ -125,7 +126,7 @@ def test_an_ablation_job_trains_on_the_teachers_its_variant_names(project):
 def test_the_teacher_comparison_preset_computes_each_teacher_set_once_offline(project):
     import shutil
 
-    from mmcse.experiments.ablate import expand, job_config
+    from mmcse.experiments.jobs import expand, job_config
     from tests.conftest import REPO
 
     shutil.copytree(REPO / "ablations", project / "ablations")

@@ -52,7 +52,8 @@ def test_pairs_none_trains_and_evaluates_simcse_from_the_corpus_alone(tmp_path, 
     # Train + evaluate as ablation jobs (2 rows × 2 seeds), transfer asked for on data without it.
     from mmcse.analysis.tables import aggregate, write_table
     from mmcse.config import with_overrides
-    from mmcse.experiments.ablate import expand, run_job
+    from mmcse.experiments.ablate import run_job
+    from mmcse.experiments.jobs import expand
 
     cfg = with_overrides(load_config("params.yaml"), {
         "ablate.variants": {"simcse": {}, "lr 5e-4": {"train.learning_rate": 5e-4}}, "ablate.transfer": True})

@@ -103,6 +103,7 @@ def test_train_stage_names_a_truncated_teacher_set_in_one_line(project):
     assert not (project / "mlruns").exists()  # caught before a (failed) MLflow run was started
 
 
+@pytest.mark.slow  # end to end: real stages, models or subprocesses (the full suite runs it)
 def test_cache_teachers_stage_rebuilds_a_truncated_set(project):
     file, whole = _truncated_teacher_set(project)
     out = _stage("cache_teachers", project)

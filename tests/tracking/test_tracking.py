@@ -219,8 +219,9 @@ def test_ablation_parent_and_job_runs_read_as_the_table(project):
     from flows.ablations import ablation_params, log_partial
     from mmcse.analysis.tables import aggregate, table_metric, write_table
     from mmcse.config import with_overrides
-    from mmcse.experiments.ablate import expand, job_run_name, parent_run_name, run_job
+    from mmcse.experiments.ablate import run_job
     from mmcse.experiments.ablation_record import log_ablation
+    from mmcse.experiments.jobs import expand, job_run_name, parent_run_name
     from mmcse.pipeline.paths import Paths
 
     cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 2, "train.eval_steps": 2,

@@ -103,6 +103,44 @@ def test_another_configurations_interrupted_run_never_becomes_the_result(project
     assert read_seal(out / "best", "")["config_hash"] == run_definition_hash(cfg)
 
 
+def edit_training_code(monkeypatch, name="mmcse/methods/terms/mcse.py"):
+    """As if ``name`` had been edited since: the code map checkpoints see differs in that file."""
+    import mmcse.training.checkpoints as checkpoints
+
+    real = checkpoints.code_files
+    monkeypatch.setattr(checkpoints, "code_files", lambda roots: {**real(roots), name: "0" * 64})
+
+
+def test_a_checkpoint_of_code_edited_since_is_trained_again_not_taken(project, cfg, monkeypatch):
+    """A finished run, and a run killed after its first checkpoint, then an edit of a loss: DVC reruns
+    the stage, which must train from step 0 (not stop at the sealed best/, not continue the resume
+    point), and evaluation refuses the old best/ naming the file."""
+    out = project / "m"
+    train(cfg, "data/raw", "data/teachers", out, progress=False)
+    edit_training_code(monkeypatch)
+    plan = plan_start(out, run_definition_hash(cfg))
+    assert plan.resume_from is None and "trained by other library code" in plan.reason
+    assert "mmcse/methods/terms/mcse.py" in plan.reason and plan.reason.endswith("retrained from step 0")
+    with pytest.raises(ValueError, match=r"other library code \(changed since: mmcse/methods/terms/mcse.py\)"):
+        require_trained_with(cfg, out / "best")
+    evals = []
+    train(cfg, "data/raw", "data/teachers", out, on_eval=lambda s, v: evals.append(s), progress=False)
+    assert evals == [4, 8]  # from step 0
+    sealed = read_seal(out / "best", "")
+    assert sealed["config_hash"] == run_definition_hash(cfg)
+    assert sealed["code_files"]["mmcse/methods/terms/mcse.py"] == "0" * 64
+    assert require_trained_with(cfg, out / "best") == run_definition_hash(cfg)
+
+    # killed after its checkpoint at step 4, then another edit: not continued from step 4
+    shutil.rmtree(out)
+    with pytest.raises(Killed):
+        train(cfg, "data/raw", "data/teachers", out, on_eval=kill_at(8), progress=False)
+    edit_training_code(monkeypatch, "mmcse/training/loop.py")
+    evals = []
+    train(cfg, "data/raw", "data/teachers", out, on_eval=lambda s, v: evals.append(s), progress=False)
+    assert evals == [4, 8]
+
+
 def test_the_mlflow_run_continued_is_only_ever_the_same_configurations(project, cfg):
     out = project / "m"
     first = run_train(cfg, Paths.of(cfg), out_dir=out, progress=False)

@@ -259,7 +259,8 @@ def test_the_dev_score_is_the_val_rsum_of_the_best_checkpoint(duet_cwd, tmp_path
 
 def test_an_ablation_job_of_another_region_setting_builds_its_own_regions(duet_cwd):
     from mmcse.analysis.tables import table_metric
-    from mmcse.experiments.ablate import expand, run_job
+    from mmcse.experiments.ablate import run_job
+    from mmcse.experiments.jobs import expand
 
     cfg = with_overrides(load_config("params.yaml"), {
         "ablate.variants": {"36 regions": {}, "2 regions": {"regions.max_regions": 2}},

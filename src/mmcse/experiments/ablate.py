@@ -10,87 +10,28 @@ with optimizer states. Failed jobs are kept in the table as failed, never droppe
 from __future__ import annotations
 
 import os
-import re
 import shutil
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mmcse import tracking
-from mmcse.config import Config, to_dict, with_overrides
+from mmcse.config import Config
 from mmcse.environment import environment
+from mmcse.experiments.jobs import (
+    Job,
+    job_config,
+    job_hash,
+    job_run_name,
+)
 from mmcse.experiments.upstream import resolve_on_record
-from mmcse.integrity.keys import artifact_keys
-from mmcse.io import build_dir, read_json, sha256_json, write_json
+from mmcse.integrity.code import EVALUATION_CODE, code_digest, code_files
+from mmcse.io import build_dir, read_json, write_json
 from mmcse.models.device import device_tags
 from mmcse.pipeline.evaluate import require_trained_with, run_evaluate
 from mmcse.pipeline.paths import Paths
 from mmcse.pipeline.train import run_train
 from mmcse.tracking import remember_run, remembered_run
 from mmcse.training.checkpoints import release_resume_point
-
-
-@dataclass(frozen=True)
-class Job:
-    variant: str
-    seed: int
-    overrides: dict[str, Any]
-
-    def folder(self, root: Path) -> Path:
-        return root / slug(self.variant) / f"seed{self.seed}"
-
-
-def slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", name).strip("_") or "variant"
-
-
-def expand(cfg: Config) -> list[Job]:
-    """Every (variant, seed) with its overrides (seed included), in params.yaml order."""
-    jobs = []
-    for name, overrides in cfg.ablate.variants.items():
-        for seed in cfg.ablate.seeds:
-            jobs.append(Job(name, seed, {**overrides, "base.seed": seed}))
-    slugs = [slug(n) for n in cfg.ablate.variants]
-    if len(set(slugs)) != len(slugs):
-        raise ValueError(f"params.yaml: ablate.variants names collide as folder names: {slugs}")
-    return jobs
-
-
-def job_run_name(job: Job) -> str:
-    """The MLflow run name of an ablation job: ``<variant>-seed<seed>`` (e.g. ``no-teacher-seed2``)."""
-    return f"{job.variant}-seed{job.seed}"
-
-
-def parent_run_name(cfg: Config) -> str:
-    """The MLflow run name of an ablation's parent run: ``ablation <preset>``, else ``ablation
-    <ablate.title>``, else ``ablation variants``."""
-    if cfg.ablate.preset != "none":
-        return f"ablation {cfg.ablate.preset}"
-    return f"ablation {cfg.ablate.title.strip() or 'variants'}"
-
-
-def job_config(cfg: Config, job: Job) -> Config:
-    """``cfg`` with the job's overrides. Its ablate section keeps only the job's own variant (the
-    others were checked against ``cfg``; checked against a row that drops the image–caption pairs,
-    e.g. a wiki-only SimCSE row, every other row would fail). `job_hash` leaves the section out."""
-    own = {"ablate.variants": {job.variant: job.overrides}, "ablate.reference": job.variant}
-    return with_overrides(cfg, {**job.overrides, **own}, where=f"params.yaml (ablate.variants.{job.variant})")
-
-
-def job_hash(job_cfg: Config, data_seed: int | None = None) -> str:
-    """What makes a job's result: the whole configuration but the ablation's bookkeeping and
-    the sweep, and the keys of the upstream artifacts it trains on (``data_seed``: the
-    pipeline's seed the data is made with, `mmcse.experiments.upstream`); ``ablate.transfer`` counts (a
-    result without transfer scores is not finished when they are asked for)."""
-
-    tree = to_dict(job_cfg)
-    ablate = tree.pop("ablate")
-    tree.pop("sweep")
-    tree["artifacts"] = artifact_keys(job_cfg, data_seed)
-    if ablate["transfer"]:
-        tree["ablate.transfer"] = True
-    return sha256_json(tree)
 
 
 def finished_result(folder: Path, config_hash: str, store: Path | None = None) -> dict[str, Any] | None:
@@ -190,10 +131,16 @@ def _evaluate(job_cfg: Config, folder: Path, summary: dict[str, Any], run_id: st
                         region_sets={k: Path(v) for k, v in summary.get("region_sets", {}).items()})
 
 
+def evaluation_code() -> str:
+    """The digest of the library code that scores a job (`mmcse.integrity.code.EVALUATION_CODE`)."""
+    return code_digest(code_files(EVALUATION_CODE))
+
+
 def rescore(job_cfg: Config, folder: Path, result: dict[str, Any]) -> dict[str, Any] | None:
-    """A finished job whose result.json predates `SCORE_NAMES`: its best checkpoint evaluated again
-    (into its MLflow run, when the run is still known) and the result rewritten with today's
-    names; None (train it again) when its checkpoint or training summary is gone."""
+    """A finished job whose result.json predates `SCORE_NAMES`, or whose scores were computed by
+    evaluation code edited since: its best checkpoint evaluated again (into its MLflow run, when the run
+    is still known) and the result rewritten with today's names and code; None (train it again) when
+    its checkpoint or training summary is gone."""
     summary_file = folder / "summary.json"
     if not (folder / "best").is_dir() or not summary_file.is_file():
         return None
@@ -203,10 +150,12 @@ def rescore(job_cfg: Config, folder: Path, result: dict[str, Any]) -> dict[str, 
     except ValueError as err:  # damaged, unsealed or another configuration's: trained again
         print(f"{result['variant']} seed={result['seed']}: {err}", flush=True)
         return None
-    print(f"{result['variant']} seed={result['seed']}: recorded under older score names; evaluating its "
-          "checkpoint again (not retraining)", flush=True)
+    why = ("recorded under older score names" if result.get("score_names") != SCORE_NAMES
+           else "scored by evaluation code edited since")
+    print(f"{result['variant']} seed={result['seed']}: {why}; evaluating its checkpoint again (not retraining)",
+          flush=True)
     scores = _evaluate(job_cfg, folder, read_json(summary_file), result.get("run_id"))
-    rescored = {**result, "scores": scores, "score_names": SCORE_NAMES}
+    rescored = {**result, "scores": scores, "score_names": SCORE_NAMES, "evaluation_code": evaluation_code()}
     _write_result(folder, rescored)
     return rescored
 
@@ -234,11 +183,14 @@ def run_job(
     if expected_hash is not None and expected_hash != config_hash:
         raise ValueError(
             f"params.yaml: job {job.variant!r} seed {job.seed} resolves to config hash {config_hash[:12]} here but "
-            f"{expected_hash[:12]} where it was submitted: the worker's checkout differs (sync params.yaml)"
+            f"{expected_hash[:12]} where it was submitted: the worker's checkout differs (params.yaml or the "
+            "library code; sync the checkout)"
         )
     paths = Paths.of(job_cfg)
     done = finished_result(folder, config_hash, paths.jobs)
-    if done is not None and done.get("score_names") != SCORE_NAMES:
+    stale_scores = done is not None and (done.get("score_names") != SCORE_NAMES
+                                         or done.get("evaluation_code") != evaluation_code())
+    if stale_scores:
         done = rescore(job_cfg, folder, done)
     if done is not None:
         return done | {"skipped": True}
@@ -267,25 +219,12 @@ def run_job(
         "environment": environment(job_cfg.base.device),
         "scores": scores,
         "score_names": SCORE_NAMES,
+        "evaluation_code": evaluation_code(),
     }
     _write_result(folder, result)
     release_resume_point(folder)  # the result is recorded: a rerun skips this job
     keep_finished(folder, config_hash, paths.jobs)  # beside the DVC output too: an interrupted `dvc exp run` keeps it
     return result
-
-
-def ablation_hash(cfg: Config, jobs: Sequence[Job]) -> str:
-    """What one ablation is: its jobs (each job's hash, or its config error) and how the table is
-    made. A rerun with the same hash continues the same MLflow parent run."""
-    hashes = []
-    for job in jobs:
-        try:
-            hashes.append(job_hash(job_config(cfg, job), cfg.base.seed))
-        except ValueError as err:  # a bad override fails as a job; it still names the ablation
-            hashes.append(f"invalid: {err}")
-    a = cfg.ablate
-    return sha256_json({"jobs": [[j.variant, j.seed, h] for j, h in zip(jobs, hashes, strict=True)],
-                        "table": [a.reference, a.metric, a.plot_x, a.title, a.preset]})
 
 
 def previous_parent(root: Path, ablation: str) -> str | None:
@@ -309,7 +248,7 @@ def record_result(root: Path, job: Job, result: dict[str, Any]) -> None:
         return
     folder = job.folder(root)
     here = finished_result(folder, result["config_hash"])
-    if here is None or here.get("score_names") != result.get("score_names"):
+    if here is None or any(here.get(k) != result.get(k) for k in ("score_names", "evaluation_code")):
         _write_result(folder, result)
 
 

@@ -38,7 +38,7 @@ from mmcse.evaluation.teacher_statistics import (
     threshold_metrics,
     threshold_summary,
 )
-from mmcse.experiments.ablate import Job, job_config
+from mmcse.experiments.jobs import Job, job_config
 from mmcse.experiments.upstream import resolve
 from mmcse.io import read_jsonl, write_json
 from mmcse.models.device import resolve_device

@@ -16,7 +16,7 @@ import yaml
 from mmcse.config import Config, apply_overrides, load_config, parse_config, to_dict
 from mmcse.config.load import read_params
 from mmcse.config.recipes import DEMO, profile_values, recipe_conflicts, row_recipe
-from mmcse.experiments.ablate import expand, job_config
+from mmcse.experiments.jobs import expand, job_config
 
 
 def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -34,8 +34,9 @@ from tqdm.auto import tqdm
 
 from mmcse import tracking
 from mmcse.config import RETRIEVAL_METHODS, Config, with_overrides
-from mmcse.errors import TrainingDiverged
+from mmcse.errors import StageError, TrainingDiverged
 from mmcse.experiments.upstream import resolve_on_record
+from mmcse.integrity.code import TRAINING_CODE, changed_code, code_digest, code_files
 from mmcse.io import ensure_sqlite_parent
 from mmcse.methods.objectives import check_sweep_space
 from mmcse.models.device import device_tags
@@ -56,6 +57,7 @@ WAIT = object()  # _next_trial: no trial for now, look again
 # A trial whose training diverged (`mmcse.errors.TrainingDiverged`) ends FAIL with this user attr (the
 # reason) and counts towards n_trials: a space that diverges everywhere ends, the study goes on otherwise.
 DIVERGED_ATTR = "mmcse.diverged"
+CODE_ATTR = "mmcse.training_code"  # study user attr: {file: SHA-256} of the code its trials train with
 
 
 def suggest(trial: Any, space: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
@@ -117,6 +119,7 @@ def run_sweep(
         )
         # the objective's name, for optuna-dashboard and study.trials_dataframe (not "Objective 0")
         study.set_metric_names([objective_name(cfg)])
+        claim_study_code(study, study_name, storage_url)
         tracking.experiment(cfg, "sweep")
     lock = trial_lock(storage_url, study_name)
     out_root = Path("sweeps") / study_name
@@ -181,6 +184,24 @@ def run_sweep(
         "best_value": best.value if best else None,
         "best_params": best.params if best else None,
     }
+
+
+def claim_study_code(study: Any, study_name: str, storage_url: str) -> None:
+    """Record the library code that trains (`mmcse.integrity.code.TRAINING_CODE`) on a new study, and
+    refuse a study whose trials were trained by other code (a loss or the loop edited since, or a worker
+    with another checkout): their values and a new trial's would be compared as if made alike."""
+    current = code_files(TRAINING_CODE)
+    recorded = study.user_attrs.get(CODE_ATTR)
+    if recorded is not None and code_digest(recorded) == code_digest(current):
+        return
+    made = [t for t in study.get_trials(deepcopy=False) if t.state != TrialState.WAITING]
+    if made:
+        raise StageError(
+            f"sweep study {study_name!r} in {storage_url} holds {len(made)} trial{'s' * (len(made) != 1)} trained by "
+            f"other library code "
+            f"(changed since: {changed_code(recorded, current)}); their values cannot be set against new trials'. "
+            "Name a new study (sweep.study_name, or --study-name) or delete this one (optuna delete-study)")
+    study.set_user_attr(CODE_ATTR, current)
 
 
 def objective_name(cfg: Config) -> str:

@@ -2,12 +2,14 @@
 
 A training folder holds ``best/`` (the best dev checkpoint, what evaluation reads) and ``last/`` (the
 resume point: weights, optimizer, scheduler, RNG and the history). Both are written atomically, both
-say which configuration wrote them (`run_definition_hash`) and carry their files' SHA-256 (``best/``:
+say which configuration and which library code wrote them (`run_definition_hash`; the code's files are
+listed too, `mmcse.integrity.code`, so a refusal names what changed) and carry their files' SHA-256 (``best/``:
 its seal, `mmcse.integrity.files.SEAL`; ``last/``: ``state.json``'s ``files``), and both are checked
 before anything is taken from them (`plan_start`): a folder left by another configuration, a damaged
-or missing ``best/``, or a ``best/`` that is not the step the resume point calls best is never taken for
-this run's result. The best weights are held in memory and written together with the next resume point,
-so on disk the two always agree (`Checkpoints`).
+or missing ``best/``, a ``best/`` that is not the step the resume point calls best, or a folder trained
+by code that has been edited since (a loss, the loop: DVC reruns the stage, and the stage must not stop
+at yesterday's weights) is never taken for this run's result. The best weights are held in memory and
+written together with the next resume point, so on disk the two always agree (`Checkpoints`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from safetensors.torch import load_file, save_file
 
 from mmcse.config import Config, to_dict
 from mmcse.errors import CorruptArtifact, StageError, TrainingDiverged
+from mmcse.integrity.code import TRAINING_CODE, changed_code, code_digest, code_files
 from mmcse.integrity.files import (
     check_model_folder,
     check_safetensors,
@@ -60,13 +63,26 @@ _IGNORED = "resume point ignored"
 
 
 def run_definition_hash(cfg: Config) -> str:
-    """What defines a training run: everything but bookkeeping that cannot change the numbers
-    (a resume point or best checkpoint of another definition is never taken for this run's)."""
+    """What defines a training run: the configuration but bookkeeping that cannot change the numbers,
+    and the library code that trains (`mmcse.integrity.code.TRAINING_CODE`'s modules); a resume point or
+    best checkpoint of another definition is never taken for this run's. Recorded as ``config_hash``."""
     run_def = to_dict(cfg)
     for section in ("ablate", "sweep", "evaluate"):
         run_def.pop(section)
     run_def["dev_pooler"] = cfg.evaluate.pooler  # it picks the best checkpoint
-    return sha256_json(run_def)
+    return sha256_json({"config": run_def, "code": code_digest(code_files(TRAINING_CODE))})
+
+
+ANOTHER_CONFIGURATION = "trained with another configuration"
+
+
+def other_definition(recorded: dict[str, Any]) -> str:
+    """Why a folder's seal or state (``recorded``) with another `run_definition_hash` is not this run's:
+    the training code changed since (naming the files), else `ANOTHER_CONFIGURATION`."""
+    code = recorded.get("code_files")
+    if not isinstance(code, dict) or code_digest(code) != code_digest(code_files(TRAINING_CODE)):
+        return f"trained by other library code (changed since: {changed_code(code, code_files(TRAINING_CODE))})"
+    return ANOTHER_CONFIGURATION
 
 
 # --------------------------------------------------------------------------- writing
@@ -176,6 +192,7 @@ def save_resume_point(
         (tmp / "state.json").write_text(
             json.dumps({"step": state.step, "best_score": state.best_score, "best_step": state.best_step,
                         "history": state.history, "config_hash": config_hash,
+                        "code_files": code_files(TRAINING_CODE),
                         "files": {name: file_sha256(tmp / name) for name in RESUME_WEIGHTS}})
         )
         follow_umask(tmp)
@@ -255,7 +272,9 @@ def best_problem(best: Path, config_hash: str, best_step: int, required: Sequenc
     if sealed is None:
         return f"{best} has no checkpoint seal (written by an older mmcse)"
     if sealed.get("config_hash") != config_hash:
-        return f"{best} holds another configuration's checkpoint"
+        why = other_definition(sealed)
+        return f"{best} holds another configuration's checkpoint" if why == ANOTHER_CONFIGURATION else \
+            f"{best} holds a checkpoint {why}"
     if sealed.get("step") != best_step:
         return f"{best} holds step {sealed.get('step')}, not the best step {best_step} of the resume point"
     return None
@@ -287,6 +306,9 @@ def plan_start(out_dir: Path, config_hash: str, best_required: Sequence[str] = B
         if meta is None and not (folder / "state.json").exists():
             continue
         if meta is not None and meta.get("config_hash") != config_hash:
+            if other_definition(meta) != ANOTHER_CONFIGURATION:
+                # mixing steps of two versions of a loss is neither version's result: trained again
+                problems.append(f"{folder} was {other_definition(meta)}")
             continue  # another configuration's (another method, a changed param): not ours, not a problem
         problem = _resume_point_problem(folder)
         if problem is not None:
@@ -368,7 +390,8 @@ class Checkpoints:
             return
         check_finite(self.best_weights, "best checkpoint", state.best_step)
         write_weights_folder(model, self.best_weights, self.best, lambda tmp: self.save_best(tmp, state),
-                             config_hash=self.config_hash, step=state.best_step)
+                             config_hash=self.config_hash, step=state.best_step,
+                             code_files=code_files(TRAINING_CODE))
         self.best_weights = None
 
     def save(self, model: torch.nn.Module, optimizer, scheduler, scaler, state: TrainState) -> None:

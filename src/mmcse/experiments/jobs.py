@@ -1,0 +1,96 @@
+"""What an ablation is made of, known before anything runs: its jobs (variant × seed, each with its
+overrides), each job's configuration and hash, and the ablation's hash. `mmcse plan` and the checks
+before a stage starts read these without importing the training stack (`mmcse.experiments.ablate`
+runs the jobs)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mmcse.config import Config, to_dict, with_overrides
+from mmcse.integrity.code import TRAINING_CODE, code_digest, code_files
+from mmcse.integrity.keys import artifact_keys
+from mmcse.io import sha256_json
+
+
+@dataclass(frozen=True)
+class Job:
+    variant: str
+    seed: int
+    overrides: dict[str, Any]
+
+    def folder(self, root: Path) -> Path:
+        return root / slug(self.variant) / f"seed{self.seed}"
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", name).strip("_") or "variant"
+
+
+def expand(cfg: Config) -> list[Job]:
+    """Every (variant, seed) with its overrides (seed included), in params.yaml order."""
+    jobs = []
+    for name, overrides in cfg.ablate.variants.items():
+        for seed in cfg.ablate.seeds:
+            jobs.append(Job(name, seed, {**overrides, "base.seed": seed}))
+    slugs = [slug(n) for n in cfg.ablate.variants]
+    if len(set(slugs)) != len(slugs):
+        raise ValueError(f"params.yaml: ablate.variants names collide as folder names: {slugs}")
+    return jobs
+
+
+def job_run_name(job: Job) -> str:
+    """The MLflow run name of an ablation job: ``<variant>-seed<seed>`` (e.g. ``no-teacher-seed2``)."""
+    return f"{job.variant}-seed{job.seed}"
+
+
+def parent_run_name(cfg: Config) -> str:
+    """The MLflow run name of an ablation's parent run: ``ablation <preset>``, else ``ablation
+    <ablate.title>``, else ``ablation variants``."""
+    if cfg.ablate.preset != "none":
+        return f"ablation {cfg.ablate.preset}"
+    return f"ablation {cfg.ablate.title.strip() or 'variants'}"
+
+
+def job_config(cfg: Config, job: Job) -> Config:
+    """``cfg`` with the job's overrides. Its ablate section keeps only the job's own variant (the
+    others were checked against ``cfg``; checked against a row that drops the image–caption pairs,
+    e.g. a wiki-only SimCSE row, every other row would fail). `job_hash` leaves the section out."""
+    own = {"ablate.variants": {job.variant: job.overrides}, "ablate.reference": job.variant}
+    return with_overrides(cfg, {**job.overrides, **own}, where=f"params.yaml (ablate.variants.{job.variant})")
+
+
+def job_hash(job_cfg: Config, data_seed: int | None = None) -> str:
+    """What makes a job's result: the whole configuration but the ablation's bookkeeping and
+    the sweep, the keys of the upstream artifacts it trains on (``data_seed``: the
+    pipeline's seed the data is made with, `mmcse.experiments.upstream`) and the library code that
+    trains (`mmcse.integrity.code.TRAINING_CODE`: a job finished before a loss was edited is trained
+    again); ``ablate.transfer`` counts (a result without transfer scores is not finished when they are
+    asked for). The code that scores is checked apart (`evaluation_code`): its change only rescores."""
+
+    tree = to_dict(job_cfg)
+    ablate = tree.pop("ablate")
+    tree.pop("sweep")
+    tree["artifacts"] = artifact_keys(job_cfg, data_seed)
+    tree["code"] = code_digest(code_files(TRAINING_CODE))
+    if ablate["transfer"]:
+        tree["ablate.transfer"] = True
+    return sha256_json(tree)
+
+
+def ablation_hash(cfg: Config, jobs: Sequence[Job]) -> str:
+    """What one ablation is: its jobs (each job's hash, or its config error) and how the table is
+    made. A rerun with the same hash continues the same MLflow parent run."""
+    hashes = []
+    for job in jobs:
+        try:
+            hashes.append(job_hash(job_config(cfg, job), cfg.base.seed))
+        except ValueError as err:  # a bad override fails as a job; it still names the ablation
+            hashes.append(f"invalid: {err}")
+    a = cfg.ablate
+    return sha256_json({"jobs": [[j.variant, j.seed, h] for j, h in zip(jobs, hashes, strict=True)],
+                        "table": [a.reference, a.metric, a.plot_x, a.title, a.preset]})

@@ -1,0 +1,120 @@
+"""Which library code a result was made with: the mmcse modules a stage runs, found from the imports
+(static, as the layout test and dvc.yaml's deps see them), and their files' SHA-256.
+
+A checkpoint, an ablation job's result and a sweep's study record the digest of the code that made
+them, so a rerun after a loss or the loop was edited trains again instead of taking yesterday's
+weights for today's code (DVC reruns the stage; without this the stage would find its sealed output
+and stop there).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from mmcse.io import sha256_json
+
+PACKAGE = Path(__file__).resolve().parents[1]  # src/mmcse
+TRAINING_CODE = ("mmcse.pipeline.train",)  # what the train stage, an ablation job and a sweep trial run to train
+EVALUATION_CODE = ("mmcse.pipeline.evaluate",)  # what scores a checkpoint
+
+
+def module_name(path: Path, root: Path = PACKAGE.parent) -> str:
+    """``root/mmcse/a/b.py`` → ``mmcse.a.b``; a package's ``__init__.py`` is the package."""
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _executed(tree: ast.Module) -> Iterable[ast.AST]:
+    """Every node of ``tree`` that can run: the bodies of ``if TYPE_CHECKING:`` are left out."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            node.body = []
+    return ast.walk(tree)
+
+
+def imports_of(path: Path, modules: set[str], root: Path = PACKAGE.parent) -> set[str]:
+    """The mmcse modules ``path`` imports, at its top or inside a function (``from mmcse.x import y``
+    names module ``mmcse.x.y`` when that is a module, else ``mmcse.x``); a package ``__init__`` that
+    imports every module it holds (``pkgutil.iter_modules(__path__)``, as `mmcse.methods.terms`) imports
+    them all."""
+    this = module_name(path, root) if path.is_relative_to(root) else ""
+    package = this if path.name == "__init__.py" else this.rpartition(".")[0]
+    found: set[str] = set()
+    source = path.read_text()
+    if path.name == "__init__.py" and "pkgutil.iter_modules(__path__)" in source:
+        found |= {m for m in modules if m.rpartition(".")[0] == this}
+    for node in _executed(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parent + ([base] if base else []))
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        else:
+            continue
+        for name in names:
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name and name != this:
+                found.add(name)
+    return found
+
+
+def module_files(package: Path = PACKAGE) -> dict[str, Path]:
+    """Every module of the package folder ``package`` by name."""
+    return {module_name(p, package.parent): p for p in sorted(package.rglob("*.py"))}
+
+
+def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
+    """Module → the package's modules it imports."""
+    files = module_files(package)
+    return {name: imports_of(path, set(files), package.parent) for name, path in files.items()}
+
+
+def modules_run(roots: Iterable[str], graph: Mapping[str, set[str]]) -> set[str]:
+    """Every module importing ``roots`` runs: their imports, transitively, and the packages above each
+    (importing ``mmcse.a.b`` runs ``mmcse/__init__.py`` and ``mmcse/a/__init__.py`` first)."""
+    todo, seen = list(roots), set()
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        todo += graph.get(module, ())
+        parts = module.split(".")
+        todo += [p for i in range(1, len(parts)) if (p := ".".join(parts[:i])) in graph]
+    return seen
+
+
+@functools.lru_cache(maxsize=8)
+def code_files(roots: Sequence[str] = TRAINING_CODE, package: Path = PACKAGE) -> dict[str, str]:
+    """``{path under src/: SHA-256}`` of every module importing ``roots`` runs (`modules_run`), read
+    once per process (a process runs the code it imported, not later edits)."""
+    files = module_files(package)
+    unknown = [r for r in roots if r not in files]
+    if unknown:
+        raise ValueError(f"no module {unknown} in {package}")
+    run = modules_run(roots, import_graph(package))
+    return {str(files[m].relative_to(package.parent)): hashlib.sha256(files[m].read_bytes()).hexdigest()
+            for m in sorted(run)}
+
+
+def code_digest(files: Mapping[str, str]) -> str:
+    """One hash for a `code_files` map."""
+    return sha256_json(dict(sorted(files.items())))
+
+
+def changed_code(recorded: Mapping[str, str] | None, current: Mapping[str, str], shown: int = 4) -> str:
+    """The files that differ between two `code_files` maps, for a message (``"mmcse/methods/losses.py,
+    mmcse/training/loop.py"``, at most ``shown`` named); ``"unknown files"`` when nothing was recorded."""
+    if not recorded:
+        return "unknown files (not recorded)"
+    differ = sorted(p for p in set(recorded) | set(current) if recorded.get(p) != current.get(p))
+    more = f" and {len(differ) - shown} more" if len(differ) > shown else ""
+    return ", ".join(differ[:shown]) + more

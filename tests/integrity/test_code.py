@@ -1,0 +1,58 @@
+"""`mmcse.integrity.code`: which library files a result was made with."""
+
+import yaml
+
+from mmcse.integrity.code import TRAINING_CODE, changed_code, code_digest, code_files, imports_of
+from tests.conftest import REPO
+
+
+def write_package(root):
+    files = {
+        "mmcse/__init__.py": "",
+        "mmcse/a.py": "import mmcse.b\n",
+        "mmcse/b.py": "from mmcse.sub import d\n\ndef f():\n    from mmcse import e  # run when called: counts\n",
+        "mmcse/c.py": "import mmcse.a\n",  # imports a, is not imported by it
+        "mmcse/e.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import mmcse.c\n",
+        "mmcse/sub/__init__.py": "",
+        "mmcse/sub/d.py": "x = 1\n",
+    }
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root / "mmcse"
+
+
+def test_the_files_a_module_runs_are_its_imports_transitively_and_the_packages_above(tmp_path):
+    package = write_package(tmp_path)
+    files = code_files(("mmcse.a",), package)
+    assert set(files) == {"mmcse/__init__.py", "mmcse/a.py", "mmcse/b.py", "mmcse/e.py", "mmcse/sub/__init__.py",
+                          "mmcse/sub/d.py"}
+    assert imports_of(package / "e.py", {"mmcse", "mmcse.c", "mmcse.e"}, tmp_path) == set()
+
+
+def test_an_edit_changes_the_digest_only_when_the_module_is_run_and_is_named(tmp_path):
+    package = write_package(tmp_path)
+    before = code_files(("mmcse.a",), package)
+    (package / "c.py").write_text("import mmcse.a\ny = 2\n")  # not run by mmcse.a
+    code_files.cache_clear()
+    assert code_digest(code_files(("mmcse.a",), package)) == code_digest(before)
+    (package / "sub/d.py").write_text("x = 2\n")
+    code_files.cache_clear()
+    after = code_files(("mmcse.a",), package)
+    assert code_digest(after) != code_digest(before)
+    assert changed_code(before, after) == "mmcse/sub/d.py"
+    assert changed_code(None, after) == "unknown files (not recorded)"
+    many = {f"mmcse/m{i}.py": "0" for i in range(6)}
+    assert changed_code(many, {}) == "mmcse/m0.py, mmcse/m1.py, mmcse/m2.py, mmcse/m3.py and 2 more"
+
+
+def test_the_training_code_is_what_the_train_stage_depends_on():
+    """Every file a checkpoint's seal covers is a dep of dvc.yaml's train stage (an edit reruns the
+    stage, and the stage then trains again), and it holds every loss term, not the figures."""
+    files = code_files(TRAINING_CODE)
+    deps = [d for d in yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]["train"]["deps"]
+            if d.startswith("src/")]
+    uncovered = [f for f in files if not any(f"src/{f}" == d or f"src/{f}".startswith(d + "/") for d in deps)]
+    assert not uncovered
+    assert {"mmcse/training/loop.py", "mmcse/methods/terms/dalr.py", "mmcse/methods/terms/simcse.py"} <= set(files)
+    assert "mmcse/evaluation/figures.py" not in files and "mmcse/cli.py" not in files
