@@ -10,7 +10,7 @@ import torch
 from scipy.stats import spearmanr
 
 from mmcse.data.senteval import SentencePair, read_sts_tasks
-from mmcse.evaluation.sts import TextEncoder, evaluate_sts, spearman_x100
+from mmcse.evaluation.sts import TextEncoder, collapsed_message, evaluate_sts, spearman_x100
 from tests.conftest import TINY_MODEL
 
 
@@ -134,6 +134,32 @@ def test_cli_prints_senteval_task_names(tmp_path, senteval_dir, tiny_model_dir):
     scores = json.loads(out.stdout)
     assert set(scores) == {"STS15", "STS16", "avg"}  # missing tasks omitted, not zero
     assert scores["avg"] == pytest.approx((scores["STS15"] + scores["STS16"]) / 2, abs=1e-4)
+
+
+def test_a_constant_prediction_is_a_collapsed_model_not_a_scipy_warning(caplog):
+    """Issue 39.4: every sentence the same vector: each task's Spearman is NaN, the tasks are listed and
+    said once in the evaluation's own words; scipy's ConstantInputWarning never fires."""
+    import logging
+    import math
+    import warnings
+
+    pairs = {task: [SentencePair(task, "test", f"{task} a{i}", f"{task} b{i}", float(i)) for i in range(5)]
+             for task in ("STS12", "STSB")}
+    with warnings.catch_warnings(), caplog.at_level(logging.WARNING, logger="mmcse.evaluation.sts"):
+        warnings.simplefilter("error")
+        result = evaluate_sts(lambda batch: np.ones((len(batch), 3)), pairs)
+    assert result.collapsed == ["STS12", "STSB"] and all(math.isnan(v) for v in result.scores.values())
+    assert [r.getMessage() for r in caplog.records] == [collapsed_message(["STS12", "STSB"])]
+    assert "the model returns the same vector for every sentence" in collapsed_message(["STSB"])
+    # a model that is not collapsed: nothing said, and Spearman as scipy computes it
+    rng = np.random.default_rng(0)
+    predicted, gold = rng.normal(size=9), rng.normal(size=9)
+    assert spearman_x100(predicted, gold) == pytest.approx(spearmanr(predicted, gold).statistic * 100)
+    assert math.isnan(spearman_x100([0.3] * 9, gold))
+    caplog.clear()
+    vectors = {s: rng.normal(size=3) for ps in pairs.values() for p in ps for s in (p.s1, p.s2)}
+    assert evaluate_sts(lambda batch: np.stack([vectors[s] for s in batch]), pairs).collapsed == []
+    assert not caplog.records
 
 
 def test_one_task_is_reported_once_as_the_average():

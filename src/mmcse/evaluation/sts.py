@@ -8,6 +8,7 @@ batches.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,12 +25,26 @@ from mmcse.integrity.files import check_model_folder
 from mmcse.models.precision import autocast, check_precision
 from mmcse.models.student import load_student, pool
 
+log = logging.getLogger(__name__)
+
 PRIMARY_METRIC = "avg"
 EncodeFn = Callable[[list[str]], np.ndarray]
+COLLAPSED_TAG = "mmcse.evaluation_warning"  # MLflow tag of a run whose model was found collapsed
 
 
 def spearman_x100(predicted: Sequence[float], gold: Sequence[float]) -> float:
+    """Spearman × 100; NaN when ``predicted`` is constant (a rank correlation of a constant is
+    undefined: said by `evaluate_sts` as a collapsed model, not by scipy's ConstantInputWarning)."""
+    if np.ptp(np.asarray(predicted, dtype=np.float64)) == 0:
+        return float("nan")
     return float(spearmanr(predicted, gold).statistic * 100.0)
+
+
+def collapsed_message(tasks: Sequence[str]) -> str:
+    """What a collapsed model is told: every sentence gets the same vector, so every cosine of the STS
+    ``tasks`` is the same and their Spearman undefined."""
+    return (f"the model returns the same vector for every sentence (every cosine of {', '.join(tasks)} is the "
+            "same): its Spearman there is undefined (nan); the encoder collapsed, or its weights did not load")
 
 
 def encode_unique(encode: EncodeFn, sentences: Sequence[str], batch_size: int, desc: str = "encode") -> dict:
@@ -59,6 +74,7 @@ class STSResult:
     predictions: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)  # task -> (cos, gold)
     # sentence -> its (d,) embedding, float64; filled only with ``evaluate_sts(..., keep_vectors=True)``
     vectors: dict[str, np.ndarray] = field(default_factory=dict)
+    collapsed: list[str] = field(default_factory=list)  # tasks whose cosines are all the same (`collapsed_message`)
 
     @property
     def primary(self) -> float:
@@ -69,7 +85,8 @@ def evaluate_sts(
     encode: EncodeFn, tasks: Mapping[str, Sequence[SentencePair]], batch_size: int = 128,
     keep_vectors: bool = False,
 ) -> STSResult:
-    """Spearman × 100 per task plus their mean ``avg``; tasks with no pairs are omitted. With one
+    """Spearman × 100 per task plus their mean ``avg``; tasks with no pairs are omitted, tasks whose
+    cosines are all equal (a collapsed model) are listed in ``collapsed`` and logged once. With one
     task the mean is that task's score, so ``scores`` holds it once, as ``avg`` (one name per number,
     `mmcse.evaluation.names`); ``task_scores`` names the task. ``keep_vectors``
     keeps each distinct sentence's embedding in ``STSResult.vectors`` (training's dev geometry
@@ -85,6 +102,10 @@ def evaluate_sts(
         gold = np.array([p.score for p in pairs])
         result.task_scores[name] = spearman_x100(cos, gold)
         result.predictions[name] = (cos, gold)
+        if len(pairs) > 1 and np.ptp(cos) == 0:
+            result.collapsed.append(name)
+    if result.collapsed:
+        log.warning("%s", collapsed_message(result.collapsed))
     if len(tasks) > 1:
         result.scores.update(result.task_scores)
     result.scores[PRIMARY_METRIC] = float(np.mean(list(result.task_scores.values())))

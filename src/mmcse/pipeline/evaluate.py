@@ -26,7 +26,7 @@ from mmcse.evaluation.retrieval import (
     test_set_metrics,
     unit_rows,
 )
-from mmcse.evaluation.sts import TextEncoder, encode_unique, group_by_task
+from mmcse.evaluation.sts import COLLAPSED_TAG, TextEncoder, collapsed_message, encode_unique, group_by_task
 from mmcse.integrity.files import check_model_folder
 from mmcse.integrity.keys import require_top_level
 from mmcse.io import read_json, read_jsonl, write_text
@@ -147,25 +147,29 @@ def run_evaluate(
     model = ((model_dir, [p.s1 for pairs in tasks.values() for p in pairs[:2]])
              if plots_dir is not None and (Path(model_dir) / "modules.json").is_file() else None)
     record_evaluation(cfg, scores, run_id, experiment_name, plots_dir, examples, fig, tsne,
-                      {"evaluation/sts_predictions.json": predictions}, model=model)
+                      {"evaluation/sts_predictions.json": predictions}, model=model,
+                      tags={COLLAPSED_TAG: collapsed_message(result.collapsed)} if result.collapsed else None)
     return scores
 
 
 def record_evaluation(cfg: Config, scores: dict[str, float], run_id: str | None, experiment_name: str | None,
                       plots_dir: Path | None, examples: str | None, sts_scatter: Any, tsne: Any,
                       dicts: dict[str, Any] | None = None, log_scatter: bool = True,
-                      model: tuple[Path, list[str]] | None = None) -> None:
+                      model: tuple[Path, list[str]] | None = None, tags: dict[str, str] | None = None) -> None:
     """What an evaluation leaves behind: into training run ``run_id`` the scores (``test_<name>``), the
     nearest-caption examples, the t-SNE and STS-scatter figures (``log_scatter``), ``dicts``
     (artifact path -> JSON) and ``model`` = (the evaluated sentence-transformers folder, example
     sentences) as an MLflow model (`mmcse.models.export.log_mlflow_model`, its URI in the run's tag
-    ``mmcse.model_uri``); into ``plots_dir`` (the evaluate stage's DVC outputs) ``sts_scatter.png``,
-    ``sentence_retrieval.md`` and ``tsne.png``. Figures are closed either way."""
+    ``mmcse.model_uri``) and ``tags`` (e.g. `mmcse.evaluation.sts.COLLAPSED_TAG`); into ``plots_dir`` (the
+    evaluate stage's DVC outputs) ``sts_scatter.png``, ``sentence_retrieval.md`` and ``tsne.png``.
+    Figures are closed either way."""
     import matplotlib.pyplot as plt
 
     if run_id:
         with tracking.run(cfg, experiment_name or cfg.train.method, run_id=run_id):
             mlflow.log_metrics(test_metrics(scores))
+            if tags:
+                mlflow.set_tags(tags)
             if examples:
                 mlflow.log_text(examples, "evaluation/sentence_retrieval.md")
             if tsne is not None:
