@@ -200,6 +200,18 @@ def _cmd_plan(args: argparse.Namespace) -> None:
         print(plan_text(result, defaults_config(Path(args.params))), end="")
 
 
+def _cmd_schema(args: argparse.Namespace) -> None:
+    from mmcse.config import Config
+    from mmcse.config.declared import json_schema
+    from mmcse.io import write_text
+
+    text = json.dumps(json_schema(Config), indent=2, ensure_ascii=False) + "\n"
+    if args.out is None:
+        print(text, end="")
+    else:
+        write_text(args.out, text)
+
+
 def _cmd_runs(args: argparse.Namespace) -> None:
     import shutil
 
@@ -482,6 +494,10 @@ def main(argv: list[str] | None = None) -> None:
     pl.add_argument("--params", default="params.yaml")
     pl.add_argument("--json", action="store_true", help="every row's whole configuration as JSON")
     pl.set_defaults(func=_cmd_plan)
+
+    sc_ = sub.add_parser("schema", help="the JSON Schema of params.yaml (types, bounds, valid keys) for an editor")
+    sc_.add_argument("--out", type=Path, default=None, help="write it here (params.schema.json) instead of stdout")
+    sc_.set_defaults(func=_cmd_schema)
 
     rn = sub.add_parser("runs", help="DVC's experiments in one compact table: method, changed params, headline "
                         "scores (what `dvc exp show` lists in ~400 columns)")

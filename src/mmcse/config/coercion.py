@@ -1,95 +1,19 @@
-"""Turning a nested mapping into the frozen dataclasses, and dotted overrides into a mapping:
-every unknown key and wrong type fails naming the key.
+"""Dotted overrides into a mapping (every unknown key fails naming the key and the valid ones), a
+config back into a plain mapping, and the strict YAML files beside params.yaml (presets, profiles).
+Turning a mapping into the frozen dataclasses is `mmcse.config.declared.build`.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import types
-import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 
-from mmcse.config.checks import ConfigError, fail
-
-
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", str(tp))
-
-
-def _coerce(value: Any, tp: Any, where: str, key: str) -> Any:
-    origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, Mapping):
-            fail(where, key, f"must be a mapping, got {type(value).__name__}")
-        return build(tp, value, where, key)
-    if origin is Literal:
-        choices = typing.get_args(tp)
-        if value not in choices:
-            fail(where, key, f"must be one of {list(choices)}, got {value!r}")
-        return value
-    if origin in (types.UnionType, typing.Union):
-        for arg in typing.get_args(tp):
-            try:
-                return _coerce(value, arg, where, key)
-            except ConfigError:
-                continue
-        fail(where, key, f"has the wrong type: {value!r}")
-    if origin is dict:
-        if not isinstance(value, Mapping):
-            fail(where, key, f"must be a mapping, got {type(value).__name__}")
-        return {str(k): copy.deepcopy(v) for k, v in value.items()}
-    if origin is list:
-        if not isinstance(value, list | tuple):
-            fail(where, key, f"must be a list, got {type(value).__name__}")
-        (item_tp,) = typing.get_args(tp)
-        return [_coerce(v, item_tp, where, f"{key}[{i}]") for i, v in enumerate(value)]
-    if tp is bool:
-        if not isinstance(value, bool):
-            fail(where, key, f"must be true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            fail(where, key, f"must be an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, str):
-            try:
-                value = float(value)  # YAML reads "1e-3" as a string
-            except ValueError:
-                fail(where, key, f"must be a number, got {value!r}")
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            fail(where, key, f"must be a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            fail(where, key, f"must be a string, got {value!r}")
-        return value
-    if tp is Any:
-        return value
-    raise TypeError(f"unsupported config type {_type_name(tp)} for {key}")
-
-
-def build(cls: type, raw: Mapping[str, Any], where: str, prefix: str) -> Any:
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    unknown = [k for k in raw if k not in names]
-    if unknown:
-        dotted = ", ".join(f"{prefix}.{k}" if prefix else str(k) for k in unknown)
-        raise ConfigError(
-            f"{where}: unknown key(s) {dotted}; valid keys"
-            f"{' under ' + prefix if prefix else ''}: {', '.join(names)}"
-        )
-    kwargs = {}
-    for name in names:
-        if name in raw:
-            key = f"{prefix}.{name}" if prefix else name
-            kwargs[name] = _coerce(raw[name], hints[name], where, key)
-    return cls(**kwargs)
+from mmcse.config.checks import ConfigError
 
 
 def to_dict(config: Any) -> dict[str, Any]:

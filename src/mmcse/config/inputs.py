@@ -9,9 +9,14 @@ import importlib.util
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
+
+from pydantic import Field
 
 from mmcse.config.checks import check
+from mmcse.config.declared import SECTION, Bool, Int, Name, NonNegativeInt, PositiveInt, Str
+
+AtLeast10 = Annotated[Int, Field(ge=10)]
 
 # SentEval's transfer tasks, in its order: `data.transfer_tasks` names some (`mmcse.data.senteval` reads them)
 TRANSFER_TASKS = ("MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC")
@@ -19,53 +24,35 @@ TRANSFER_TASKS = ("MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC")
 
 @dataclass(frozen=True)
 class BaseConfig:
-    seed: int = 42
+    __pydantic_config__ = SECTION
+    seed: NonNegativeInt = 42
     device: Literal["auto", "cpu", "cuda"] = "cpu"
-    data_dir: str = "data"
-    models_dir: str = "models"
-    metrics_dir: str = "metrics"
-    plots_dir: str = "plots"
-    mlflow_tracking_uri: str = "sqlite:///mlruns/mlflow.db"
-    experiment_prefix: str = "mmcse"
-    profile: str = "demo"  # the paper profile params.yaml holds (`mmcse profile`; mmcse.config.recipes)
-
-    def validate(self, where: str) -> None:
-        check(self.seed >= 0, where, "base.seed", "must be >= 0")
-        for name in ("data_dir", "models_dir", "metrics_dir", "plots_dir", "experiment_prefix"):
-            check(bool(getattr(self, name).strip()), where, f"base.{name}", "must not be empty")
+    data_dir: Name = "data"
+    models_dir: Name = "models"
+    metrics_dir: Name = "metrics"
+    plots_dir: Name = "plots"
+    mlflow_tracking_uri: Str = "sqlite:///mlruns/mlflow.db"
+    experiment_prefix: Name = "mmcse"
+    profile: Str = "demo"  # the paper profile params.yaml holds (`mmcse profile`; mmcse.config.recipes)
 
 
 @dataclass(frozen=True)
 class DemoDataConfig:
-    num_images: int = 320
-    captions_per_image: int = 4
-    image_size: int = 64
-    min_objects: int = 2
-    max_objects: int = 4
-    corpus_sentences: int = 6000
-    sts_dev_pairs: int = 400
-    sts_test_pairs: int = 800
-    retrieval_images: int = 100  # the retrieval test set: scenes drawn apart from training's
+    __pydantic_config__ = SECTION
+    num_images: Annotated[Int, Field(ge=4)] = 320
+    captions_per_image: PositiveInt = 4
+    image_size: Annotated[Int, Field(ge=32, le=512)] = 64
+    min_objects: PositiveInt = 2
+    max_objects: Annotated[Int, Field(le=6)] = 4
+    corpus_sentences: PositiveInt = 6000
+    sts_dev_pairs: AtLeast10 = 400
+    sts_test_pairs: AtLeast10 = 800
+    retrieval_images: AtLeast10 = 100  # the retrieval test set: scenes drawn apart from training's
     # the retrieval validation set (dev rsum picks checkpoints, e.g. DUET's): scenes apart from both
-    retrieval_val_images: int = 50
+    retrieval_val_images: AtLeast10 = 50
 
     def validate(self, where: str) -> None:
-        p = "data.demo."
-        check(self.num_images >= 4, where, p + "num_images", "must be >= 4")
-        check(self.captions_per_image >= 1, where, p + "captions_per_image", "must be >= 1")
-        check(32 <= self.image_size <= 512, where, p + "image_size", "must be in [32, 512]")
-        check(self.min_objects >= 1, where, p + "min_objects", "must be >= 1")
-        check(
-            self.min_objects <= self.max_objects <= 6,
-            where,
-            p + "max_objects",
-            "must be in [min_objects, 6]",
-        )
-        check(self.corpus_sentences >= 1, where, p + "corpus_sentences", "must be >= 1")
-        check(self.sts_dev_pairs >= 10, where, p + "sts_dev_pairs", "must be >= 10")
-        check(self.sts_test_pairs >= 10, where, p + "sts_test_pairs", "must be >= 10")
-        check(self.retrieval_images >= 10, where, p + "retrieval_images", "must be >= 10")
-        check(self.retrieval_val_images >= 10, where, p + "retrieval_val_images", "must be >= 10")
+        check(self.min_objects <= self.max_objects, where, "data.demo.max_objects", "must be in [min_objects, 6]")
 
 
 _SHA256_HEX = set("0123456789abcdef")
@@ -73,16 +60,17 @@ _SHA256_HEX = set("0123456789abcdef")
 
 @dataclass(frozen=True)
 class SourceConfig:
+    __pydantic_config__ = SECTION
     # Where one dataset file comes from: `url` (plain HTTP with Range resume), `hub` + `file`
     # (a Hugging Face hub dataset repo, through its cache and offline mode) or `path` (a file or
     # folder already on this machine: nothing is fetched). sha256 is checked when given and
     # every fetched file's digest is written to the download manifest either way.
-    url: str = ""
-    hub: str = ""
-    file: str = ""
-    revision: str = ""
-    path: str = ""
-    sha256: str = ""
+    url: Str = ""
+    hub: Str = ""
+    file: Str = ""
+    revision: Str = ""
+    path: Str = ""
+    sha256: Str = ""
 
     def validate(self, where: str, key: str) -> None:
         given = [name for name in ("url", "hub", "path") if getattr(self, name)]
@@ -98,6 +86,7 @@ class SourceConfig:
 
 @dataclass(frozen=True)
 class SourcesConfig:
+    __pydantic_config__ = SECTION
     # Karpathy's caption_datasets.zip: dataset_flickr30k.json + dataset_coco.json (splits, captions)
     karpathy_splits: SourceConfig = field(default_factory=lambda: SourceConfig(
         url="https://cs.stanford.edu/people/karpathy/deepimagesent/caption_datasets.zip"))
@@ -138,56 +127,54 @@ KARPATHY_SPLITS = ("train", "restval", "val", "test")
 
 @dataclass(frozen=True)
 class DataConfig:
+    __pydantic_config__ = SECTION
     # STS sets. demo: generated; senteval: STS-B dev + the seven STS test sets from
     # senteval_dir (a SentEval-layout folder, or `download`: fetch sources.senteval).
     source: Literal["demo", "senteval"] = "demo"
-    senteval_dir: str = "../shared/data/senteval"
+    senteval_dir: Str = "../shared/data/senteval"
     # SentEval transfer tasks copied from senteval_dir for the evaluate stage (source senteval):
     # any of MR, CR, SUBJ, MPQA, SST2, TREC, MRPC.
-    transfer_tasks: list[str] = field(default_factory=list)
+    transfer_tasks: list[Str] = field(default_factory=list)
     # Image–caption pairs. demo: the generated scene world; flickr30k / coco: the real images
     # with Karpathy's splits (sources.karpathy_splits + the image archives); none: no pairs at
     # all, the text corpus only (SimCSE's "wiki" setting: needs train.method simcse).
     # cc12m: Conceptual 12M (one caption per image, no test split; KDMCSE Table 4), in subsets of
     # data.image_limit pairs.
     pairs: Literal["demo", "flickr30k", "coco", "cc12m", "none"] = "demo"
-    splits: list[str] = field(default_factory=lambda: ["train"])  # coco papers: train + restval
-    image_limit: int = 0  # first N images of the chosen splits (0: all); cc12m: the subset size
+    splits: list[Str] = field(default_factory=lambda: ["train"])  # coco papers: train + restval
+    # first N images of the chosen splits; cc12m: the subset size
+    image_limit: Annotated[Int, Field(ge=0, description="0: all")] = 0
     # cc12m: which block of data.image_limit pairs, in shard order (KDMCSE Table 4's subsets 1 and 2)
-    cc12m_subset: int = 1
+    cc12m_subset: PositiveInt = 1
     # The retrieval validation set: the first N images of Karpathy's val split (0: all); none
     # when data.splits trains on val
-    val_images: int = 1000
+    val_images: Annotated[Int, Field(ge=0, description="0: all")] = 1000
     # The retrieval test set: same = Karpathy's test split of data.pairs (demo: its own test
     # scenes); flickr30k / coco = that data set's test split whatever trains (DALR Table 4 scores its
     # wiki+coco models on Flickr30k). No pairs (none): no image head, no retrieval test set.
     retrieval_test: Literal["same", "flickr30k", "coco"] = "same"
-    verify_images: bool = True  # decode every image once; unreadable ones are dropped and counted
+    verify_images: Bool = True  # decode every image once; unreadable ones are dropped and counted
     # Phrase boxes for detect.backend annotations on real pairs: none | flickr30k_entities
     annotations: Literal["none", "flickr30k_entities"] = "none"
-    downloads_dir: str = "downloads"  # under base.data_dir: fetched archives, kept for resume and reruns
+    downloads_dir: Name = "downloads"  # under base.data_dir: fetched archives, kept for resume and reruns
     sources: SourcesConfig = field(default_factory=SourcesConfig)
     # Training pairs per image: all captions (KDMCSE), one random (MCSE) or the longest (MCSEO).
     captions: Literal["all", "random", "longest"] = "all"
     # The text-only corpus: demo (generated), wiki1m (SimCSE's 1M Wikipedia sentences,
     # sources.wiki1m), or a local text file with one sentence per line.
-    corpus: str = "demo"
-    corpus_limit: int = 0  # keep the first N sentences (0: all)
+    corpus: Str = "demo"
+    corpus_limit: Annotated[Int, Field(ge=0, description="0: all")] = 0  # keep the first N sentences
     demo: DemoDataConfig = field(default_factory=DemoDataConfig)
 
     def validate(self, where: str) -> None:
         self.demo.validate(where)
         self.sources.validate(where)
-        check(self.corpus_limit >= 0, where, "data.corpus_limit", "must be >= 0 (0: all)")
-        check(self.image_limit >= 0, where, "data.image_limit", "must be >= 0 (0: all)")
-        check(self.val_images >= 0, where, "data.val_images", "must be >= 0 (0: all)")
         check(bool(self.splits), where, "data.splits", f"must name at least one of {', '.join(KARPATHY_SPLITS)}")
         for split in self.splits:
             check(split in KARPATHY_SPLITS, where, "data.splits",
                    f"unknown split {split!r}; valid: {', '.join(KARPATHY_SPLITS)}")
         check("test" not in self.splits or self.pairs == "demo", where, "data.splits",
                "must not include test: Karpathy's test split is the retrieval test set (evaluate.retrieval)")
-        check(self.cc12m_subset >= 1, where, "data.cc12m_subset", "must be >= 1")
         if self.pairs == "cc12m":
             check(self.splits == ["train"], where, "data.splits", "CC12M has one split: leave data.splits at [train]")
             check(self.image_limit > 0 or self.cc12m_subset == 1, where, "data.cc12m_subset",
@@ -201,7 +188,6 @@ class DataConfig:
                "scored on its own test scenes: use same")
         check(self.annotations == "none" or self.pairs == "flickr30k", where, "data.annotations",
                "flickr30k_entities annotates Flickr30k images: needs data.pairs: flickr30k")
-        check(bool(self.downloads_dir.strip()), where, "data.downloads_dir", "must not be empty")
         if self.corpus not in ("demo", "wiki1m"):
             check(Path(self.corpus).expanduser().is_file(), where, "data.corpus",
                    f"is neither demo, wiki1m nor an existing text file: {self.corpus!r}")
@@ -234,33 +220,27 @@ def sam2_config_for(checkpoint: str) -> str | None:
 
 @dataclass(frozen=True)
 class DetectConfig:
+    __pydantic_config__ = SECTION
     # annotations: the generator's ground-truth boxes, masks and phrase spans. sam2: MCSEO §3.3's
     # models: Florence-2 phrase grounding of each caption, then SAM 2 masks from the boxes.
     # Phrases are tokenised with the student's tokenizer at model.max_seq_len.
     backend: Literal["annotations", "sam2"] = "annotations"
-    min_objects: int = 2
+    min_objects: PositiveInt = 2
     # sam2 backend. Florence-2 through transformers (HF id or local folder); the paper used -large.
-    grounding_model: str = "florence-community/Florence-2-base"
-    sam2_config: str = "configs/sam2.1/sam2.1_hiera_t.yaml"  # bundled in the sam2 package
-    sam2_checkpoint: str = "facebook/sam2.1-hiera-tiny"  # HF repo id (hub cache first) or a local .pt
-    batch_size: int = 8  # images per grounding batch (all their captions in one generate call)
-    shard_size: int = 256  # images per persisted shard: an interrupted run resumes at the first unfinished one
-    max_new_tokens: int = 1024
-    num_beams: int = 3
+    grounding_model: Name = "florence-community/Florence-2-base"
+    sam2_config: Name = "configs/sam2.1/sam2.1_hiera_t.yaml"  # bundled in the sam2 package
+    sam2_checkpoint: Name = "facebook/sam2.1-hiera-tiny"  # HF repo id (hub cache first) or a local .pt
+    batch_size: PositiveInt = 8  # images per grounding batch (all their captions in one generate call)
+    shard_size: PositiveInt = 256  # images per persisted shard: an interrupted run resumes at the first unfinished one
+    # Florence-2's BART decoder has 1024 positions
+    max_new_tokens: Annotated[Int, Field(ge=1, le=1024)] = 1024
+    num_beams: Annotated[Int, Field(ge=1, le=16)] = 3
 
     def validate(self, where: str) -> None:
         p = "detect."
-        check(self.min_objects >= 1, where, p + "min_objects", "must be >= 1")
-        for name in ("grounding_model", "sam2_config", "sam2_checkpoint"):
-            check(bool(getattr(self, name).strip()), where, p + name, "must not be empty")
         check(self.sam2_config.endswith(".yaml"), where, p + "sam2_config",
                f"must name a .yaml config bundled with sam2 (e.g. {DetectConfig.sam2_config}), "
                f"got {self.sam2_config!r}")
-        check(self.batch_size >= 1, where, p + "batch_size", "must be >= 1")
-        check(self.shard_size >= 1, where, p + "shard_size", "must be >= 1")
-        # Florence-2's BART decoder has 1024 positions.
-        check(1 <= self.max_new_tokens <= 1024, where, p + "max_new_tokens", "must be in [1, 1024]")
-        check(1 <= self.num_beams <= 16, where, p + "num_beams", "must be in [1, 16]")
         expected = sam2_config_for(self.sam2_checkpoint)
         check(expected is None or expected == self.sam2_config, where, p + "sam2_config",
                f"{self.sam2_config!r} does not fit detect.sam2_checkpoint {self.sam2_checkpoint!r}: "
@@ -282,41 +262,36 @@ JOINT_TEXT_TEACHER = "joint"  # teachers.text[*].teacher: the joint teacher's te
 
 @dataclass(frozen=True)
 class TextTeacherConfig:
+    __pydantic_config__ = SECTION
     # HF id, local folder or packaged:<name>; any SimCSE pooler that needs no trained MLP head
     # (a frozen teacher has none of ours). joint: the joint teacher's own text embedding
     # (teachers.joint: CLIP's projected text feature, DALR Table 9's "CLIP" text teacher; the CCA's
     # text side offline), pooled its own way: leave pooler out.
-    teacher: str = "packaged:all-MiniLM-L6-v2"
+    teacher: Name = "packaged:all-MiniLM-L6-v2"
     # clip: a CLIP model's projected text feature (teacher = a transformers CLIP id or folder)
     pooler: Literal["avg", "cls_before_pooler", "avg_first_last", "avg_top2", "clip"] = "avg"
-    weight: float = 1.0
+    weight: Annotated[float, Field(gt=0)] = 1.0
 
 
 @dataclass(frozen=True)
 class JointTeacherConfig:
+    __pydantic_config__ = SECTION
     # The joint text–image teacher whose similarities α (KDMCSE Eq. 7, DALR Q) and features
     # t̂, v̂ (KDMCSE Eq. 5–6) the methods distil. cca: regularised CCA between a text teacher and
     # the image encoder, fitted on the training pairs (no download); clip: a transformers CLIP
     # (model = HF id or folder); open_clip: model = architecture, pretrained = tag or file.
     kind: Literal["cca", "clip", "open_clip"] = "cca"
-    text_teacher: str = "packaged:all-MiniLM-L6-v2"  # cca
+    text_teacher: Name = "packaged:all-MiniLM-L6-v2"  # cca
     text_pooler: Literal["avg", "cls_before_pooler", "avg_first_last", "avg_top2"] = "avg"  # cca
-    dim: int = 32  # cca
-    regularization: float = 0.1  # cca
-    model: str = "openai/clip-vit-base-patch32"  # clip / open_clip
-    pretrained: str = "openai"  # open_clip
-
-    def validate(self, where: str) -> None:
-        p = "teachers.joint."
-        check(bool(self.text_teacher.strip()), where, p + "text_teacher", "must not be empty")
-        check(self.dim >= 2, where, p + "dim", "must be >= 2")
-        check(self.regularization > 0, where, p + "regularization", "must be > 0")
-        check(bool(self.model.strip()), where, p + "model", "must not be empty")
-        check(bool(self.pretrained.strip()), where, p + "pretrained", "must not be empty")
+    dim: Annotated[Int, Field(ge=2)] = 32  # cca
+    regularization: Annotated[float, Field(gt=0)] = 0.1  # cca
+    model: Name = "openai/clip-vit-base-patch32"  # clip / open_clip
+    pretrained: Name = "openai"  # open_clip
 
 
 @dataclass(frozen=True)
 class TeachersConfig:
+    __pydantic_config__ = SECTION
     # Frozen feature extractors whose outputs are cached once and memory-mapped.
     # text: DALR's multi-teacher text similarity Σ_k w_k cos(F_k, F_k) (SimCSE + DiffCSE in the paper).
     text: list[TextTeacherConfig] = field(
@@ -327,19 +302,17 @@ class TeachersConfig:
     )
     # colour-edge-grid: weight-free; resnet50: torchvision (MCSE's image / MCSEO's object encoder)
     image_encoder: Literal["colour-edge-grid", "resnet50"] = "colour-edge-grid"
-    image_grid: int = 4  # colour-edge-grid
-    colour_bins: int = 4  # colour-edge-grid
-    image_weights: str = "IMAGENET1K_V2"  # resnet50: torchvision weights name, a local file, or random
+    image_grid: Annotated[Int, Field(ge=1, le=16)] = 4  # colour-edge-grid
+    colour_bins: Annotated[Int, Field(ge=2, le=16)] = 4  # colour-edge-grid
+    image_weights: Str = "IMAGENET1K_V2"  # resnet50: torchvision weights name, a local file, or random
     joint: JointTeacherConfig = field(default_factory=JointTeacherConfig)
-    batch_size: int = 128
-    num_workers: int = 2  # DataLoader workers reading images for the neural encoders
-    cache_dir: str = "teachers"
+    batch_size: PositiveInt = 128
+    num_workers: NonNegativeInt = 2  # DataLoader workers reading images for the neural encoders
+    cache_dir: Str = "teachers"
 
     def validate(self, where: str) -> None:
         check(len(self.text) >= 1, where, "teachers.text", "needs at least one text teacher")
         for i, t in enumerate(self.text):
-            check(bool(t.teacher.strip()), where, f"teachers.text[{i}].teacher", "must not be empty")
-            check(t.weight > 0, where, f"teachers.text[{i}].weight", "must be > 0")
             check(t.teacher != JOINT_TEXT_TEACHER or t.pooler == "avg", where, f"teachers.text[{i}].pooler",
                   "the joint text teacher pools its own way (CLIP's projection, the CCA's text side): leave pooler out")
         keys = [(t.teacher, t.pooler) for t in self.text]
@@ -347,28 +320,25 @@ class TeachersConfig:
         clip = {t.teacher for t in self.text if t.pooler == "clip"}
         mixed = sorted({t.teacher for t in self.text if t.pooler != "clip"} & clip)
         check(not mixed, where, "teachers.text", f"{mixed}: a CLIP model (pooler clip) has no other pooler")
-        check(1 <= self.image_grid <= 16, where, "teachers.image_grid", "must be in [1, 16]")
-        check(2 <= self.colour_bins <= 16, where, "teachers.colour_bins", "must be in [2, 16]")
-        self.joint.validate(where)
-        check(self.batch_size >= 1, where, "teachers.batch_size", "must be >= 1")
-        check(self.num_workers >= 0, where, "teachers.num_workers", "must be >= 0")
 
 
 @dataclass(frozen=True)
 class RegionsConfig:
+    __pydantic_config__ = SECTION
     # Stage cache_regions: DUET's region features r_i and boxes b_i (§4.1.1, Eq. 23), cached once per
     # image set (training, val, test) under <base.data_dir>/<cache_dir> (mmcse.detection.regions).
     # objects: each image's objects (demo annotations / the detect stage's) and the whole image,
     # encoded with teachers.image_encoder | tsv: bottom-up-attention TSV files | npy: a folder of
     # per-image .npz / .npy files (the published 36 x 2048 Visual Genome features).
     source: Literal["objects", "tsv", "npy"] = "objects"
-    files: list[str] = field(default_factory=list)  # tsv: the TSV file(s)
-    folder: str = ""  # npy: the folder
-    dim: int = 0  # tsv / npy: the feature width the files must have (0: whatever they hold, equal across images)
-    max_regions: int = 36  # regions kept per image (§5.2: top 36)
-    whole_image: bool = True  # objects: the whole image as one more region (context; never an empty image)
+    files: list[Str] = field(default_factory=list)  # tsv: the TSV file(s)
+    folder: Str = ""  # npy: the folder
+    # tsv / npy: the feature width the files must have (0: whatever they hold, equal across images)
+    dim: Annotated[Int, Field(ge=0, description="0: any")] = 0
+    max_regions: Annotated[Int, Field(ge=1, le=100)] = 36  # regions kept per image (§5.2: top 36)
+    whole_image: Bool = True  # objects: the whole image as one more region (context; never an empty image)
     dtype: Literal["float16", "float32"] = "float16"  # on disk (COCO: 123k × 36 × 2048 floats)
-    cache_dir: str = "regions"  # under base.data_dir
+    cache_dir: Name = "regions"  # under base.data_dir
 
     def validate(self, where: str) -> None:
         p = "regions."
@@ -376,8 +346,5 @@ class RegionsConfig:
         check(self.source == "tsv" or not self.files, where, p + "files", "is read by source tsv only")
         check(self.source != "npy" or bool(self.folder.strip()), where, p + "folder", "source npy needs the folder")
         check(self.source == "npy" or not self.folder, where, p + "folder", "is read by source npy only")
-        check(self.dim >= 0, where, p + "dim", "must be >= 0 (0: any)")
         check(self.source != "objects" or self.dim == 0, where, p + "dim",
                "is for tsv / npy files; objects' width is teachers.image_encoder's")
-        check(1 <= self.max_regions <= 100, where, p + "max_regions", "must be in [1, 100]")
-        check(bool(self.cache_dir.strip()), where, p + "cache_dir", "must not be empty")

@@ -10,7 +10,8 @@ from typing import Any
 import yaml
 
 from mmcse.config.checks import ConfigError, fail
-from mmcse.config.coercion import apply_overrides, build, deep_merge, read_keyed_yaml, to_dict
+from mmcse.config.coercion import apply_overrides, deep_merge, read_keyed_yaml, to_dict
+from mmcse.config.declared import build
 from mmcse.config.recipes import expand_recipes
 from mmcse.config.runs import AblateConfig
 from mmcse.config.schema import Config

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import Field
 
 from mmcse.config.checks import check, fail
+from mmcse.config.declared import SECTION, Bool, Int, Name, NonNegativeInt, PositiveInt, Str
 from mmcse.config.inputs import TRANSFER_TASKS
 
 POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
@@ -14,79 +17,67 @@ POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
 
 @dataclass(frozen=True)
 class TransferConfig:
+    __pydantic_config__ = SECTION
     # SentEval's logistic-regression probe (mmcse.evaluation.transfer); defaults are SimCSE's "test" mode,
     # its "fasttest" mode is kfold 5, rmsprop, batch_size 128, tenacity 3, epoch_size 2.
-    kfold: int = 10
+    kfold: Annotated[Int, Field(ge=2)] = 10
     optim: Literal["adam", "rmsprop"] = "adam"
-    batch_size: int = 64
-    tenacity: int = 5  # checks without improvement before stopping
-    epoch_size: int = 4  # epochs between checks
-    max_epoch: int = 200
-    seed: int = 1111  # SentEval's: folds, hold-out splits and probe initialisation
+    batch_size: PositiveInt = 64
+    tenacity: NonNegativeInt = 5  # checks without improvement before stopping
+    epoch_size: PositiveInt = 4  # epochs between checks
+    max_epoch: Int = 200
+    seed: Int = 1111  # SentEval's: folds, hold-out splits and probe initialisation
 
     def validate(self, where: str) -> None:
         p = "evaluate.transfer."
-        check(self.kfold >= 2, where, p + "kfold", "must be >= 2")
-        check(self.batch_size >= 1, where, p + "batch_size", "must be >= 1")
-        check(self.tenacity >= 0, where, p + "tenacity", "must be >= 0")
-        check(self.epoch_size >= 1, where, p + "epoch_size", "must be >= 1")
         check(self.max_epoch >= self.epoch_size, where, p + "max_epoch", "must be >= evaluate.transfer.epoch_size")
 
 
 @dataclass(frozen=True)
 class RetrievalConfig:
+    __pydantic_config__ = SECTION
     # Image–text retrieval on the test split of data.pairs (mmcse.evaluation.retrieval) with the
     # student's trained heads; methods without an image head (simcse) report none.
-    enabled: bool = True
-    block_size: int = 1024  # rows of the similarity matrix held at once
-    examples: int = 5  # DALR Table 10: query captions whose nearest test captions are listed
-    examples_k: int = 3  # neighbours listed per query
-
-    def validate(self, where: str) -> None:
-        p = "evaluate.retrieval."
-        check(self.block_size >= 1, where, p + "block_size", "must be >= 1")
-        check(self.examples >= 0, where, p + "examples", "must be >= 0")
-        check(self.examples_k >= 1, where, p + "examples_k", "must be >= 1")
+    enabled: Bool = True
+    block_size: PositiveInt = 1024  # rows of the similarity matrix held at once
+    examples: NonNegativeInt = 5  # DALR Table 10: query captions whose nearest test captions are listed
+    examples_k: PositiveInt = 3  # neighbours listed per query
 
 
 @dataclass(frozen=True)
 class NdcgConfig:
+    __pydantic_config__ = SECTION
     # Graded NDCG@k of the retrieval (DUET, TERAN's protocol: mmcse.evaluation.ndcg) with caption
     # relevance from ROUGE-L and/or SPICE (Java + CoreNLP jars: `pip install -e ".[spice]"`);
     # the relevance matrices are the `relevance` stage's output. Empty: no NDCG.
-    relevance: list[str] = field(default_factory=lambda: ["rouge_l"])
-    k: int = 25
+    relevance: list[Str] = field(default_factory=lambda: ["rouge_l"])
+    k: PositiveInt = 25
 
     def validate(self, where: str) -> None:
         p = "evaluate.ndcg."
         for kind in self.relevance:
-            check(kind in ("rouge_l", "spice"), where, p + "relevance",
-                   f"unknown kind {kind!r}; valid: rouge_l, spice")
+            check(kind in ("rouge_l", "spice"), where, p + "relevance", f"unknown kind {kind!r}; valid: rouge_l, spice")
         check(len(set(self.relevance)) == len(self.relevance), where, p + "relevance", "names a kind twice")
-        check(self.k >= 1, where, p + "k", "must be >= 1")
 
 
 @dataclass(frozen=True)
 class EvaluateConfig:
+    __pydantic_config__ = SECTION
     pooler: Literal["cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2"] = (
         "cls_before_pooler"
     )
-    batch_size: int = 128
+    batch_size: PositiveInt = 128
     transfer: TransferConfig = field(default_factory=TransferConfig)  # for data.transfer_tasks
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     ndcg: NdcgConfig = field(default_factory=NdcgConfig)
     # MTEB task names (or task types Reranking, Classification, Retrieval, STS: DALR Table 5), run by
     # mmcse.evaluation.mteb; names are checked against mteb's registry (and the data sets loaded)
     # before any encoding, not here: importing mteb costs seconds every stage would pay.
-    mteb: list[str] = field(default_factory=list)
+    mteb: list[Name] = field(default_factory=list)
 
     def validate(self, where: str) -> None:
-        check(self.batch_size >= 1, where, "evaluate.batch_size", "must be >= 1")
         self.transfer.validate(where)
-        self.retrieval.validate(where)
         self.ndcg.validate(where)
-        for i, name in enumerate(self.mteb):
-            check(bool(name.strip()), where, f"evaluate.mteb[{i}]", "must be a non-empty task name")
         check(len(set(self.mteb)) == len(self.mteb), where, "evaluate.mteb", "task names repeat")
 
 
@@ -98,24 +89,25 @@ SENTENCE_FIGURES = ("dropout_tsne", "neighbours")  # figures that read ablate.se
 
 @dataclass(frozen=True)
 class AblateConfig:
+    __pydantic_config__ = SECTION
     # name -> {dotted.param.key: value}; the empty override is the reference configuration.
     variants: dict[str, dict[str, Any]] = field(
         default_factory=lambda: {"mcse": {}, "simcse": {"train.method": "simcse"}}
     )
-    reference: str = "mcse"
+    reference: Str = "mcse"
     # A numeric dotted key every variant sets: the table is also drawn as a line over it.
-    plot_x: str = ""
+    plot_x: Str = ""
     # none, or a file <presets_dir>/<preset>.yaml (next to params.yaml) that replaces
     # variants, reference and plot_x (its `base` overrides go into every variant), and seeds /
     # turns on transfer where it names them.
-    preset: str = "none"
-    presets_dir: str = "ablations"
-    title: str = ""  # heading of the table (a preset sets its description)
-    seeds: list[int] = field(default_factory=lambda: [1, 2])
-    retries: int = 1
-    metric: str = "avg"
+    preset: Str = "none"
+    presets_dir: Str = "ablations"
+    title: Str = ""  # heading of the table (a preset sets its description)
+    seeds: list[Int] = field(default_factory=lambda: [1, 2])
+    retries: NonNegativeInt = 1
+    metric: Str = "avg"
     # Also probe data.transfer_tasks for every job (the papers' ablation tables are STS only).
-    transfer: bool = False
+    transfer: Bool = False
     # local: every job in the ablation's own process, one after another; deployment: each job a
     # flow run of Prefect deployment `ablation-job` (pool gpu), spread over the GPU workers.
     fan_out: Literal["local", "deployment"] = "local"
@@ -128,9 +120,9 @@ class AblateConfig:
     # dropout_tsne = t-SNE of ablate.sentences under repeated dropout masks per row (KDMCSE Figs. 8-12);
     # neighbours = top-3 neighbours of queries among one caption per training image, rows side by side
     # (DALR Table 10); teacher_ranks / teacher_similarities = the joint teacher's statistics (KDMCSE Figs. 5 / 6)
-    figures: list[str] = field(default_factory=list)
+    figures: list[Str] = field(default_factory=list)
     # The sentences a figure encodes: dropout_tsne's sentences, neighbours' queries (sampled when empty)
-    sentences: list[str] = field(default_factory=list)
+    sentences: list[Str] = field(default_factory=list)
 
     def validate(self, where: str) -> None:
         check(len(self.variants) >= 1, where, "ablate.variants", "needs at least one variant")
@@ -162,7 +154,6 @@ class AblateConfig:
         )
         check(len(self.seeds) >= 1, where, "ablate.seeds", "needs at least one seed")
         check(len(set(self.seeds)) == len(self.seeds), where, "ablate.seeds", "seeds repeat")
-        check(self.retries >= 0, where, "ablate.retries", "must be >= 0")
         check(self.transfer or (self.metric not in TRANSFER_TASKS and self.metric != "transfer_avg"),
                where, "ablate.metric", f"{self.metric!r} is a transfer-task score: needs ablate.transfer: true")
         for name, overrides in self.variants.items():
@@ -176,9 +167,10 @@ class AblateConfig:
 
 @dataclass(frozen=True)
 class SweepConfig:
-    study_name: str = "mmcse-sweep"
-    storage: str = "sqlite:///mlruns/optuna.db"
-    n_trials: int = 8
+    __pydantic_config__ = SECTION
+    study_name: Name = "mmcse-sweep"
+    storage: Name = "sqlite:///mlruns/optuna.db"
+    n_trials: PositiveInt = 8
     direction: Literal["maximize", "minimize"] = "maximize"
     # dotted.param.key -> {type: float|int|categorical, low, high, log, choices}
     space: dict[str, dict[str, Any]] = field(
@@ -187,16 +179,11 @@ class SweepConfig:
             "loss.temperature": {"type": "float", "low": 0.02, "high": 0.1},
         }
     )
-    pruner_startup_trials: int = 2
-    pruner_warmup_steps: int = 0
+    pruner_startup_trials: NonNegativeInt = 2
+    pruner_warmup_steps: NonNegativeInt = 0
 
     def validate(self, where: str) -> None:
-        check(bool(self.study_name), where, "sweep.study_name", "must not be empty")
-        check(bool(self.storage), where, "sweep.storage", "must not be empty")
-        check(self.n_trials >= 1, where, "sweep.n_trials", "must be >= 1")
         check(len(self.space) >= 1, where, "sweep.space", "needs at least one parameter")
-        check(self.pruner_startup_trials >= 0, where, "sweep.pruner_startup_trials", "must be >= 0")
-        check(self.pruner_warmup_steps >= 0, where, "sweep.pruner_warmup_steps", "must be >= 0")
         for key, spec in self.space.items():
             k = f"sweep.space.{key}"
             check(isinstance(spec, Mapping), where, k, "must be a mapping with a 'type'")

@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from mmcse.config.checks import check, fail
-from mmcse.config.coercion import apply_overrides, build, resolve_path, to_dict
+from mmcse.config.coercion import apply_overrides, resolve_path, to_dict
+from mmcse.config.declared import SECTION, build
 from mmcse.config.inputs import BaseConfig, DataConfig, DetectConfig, RegionsConfig, TeachersConfig
 from mmcse.config.keys import check_variable_keys
 from mmcse.config.runs import AblateConfig, EvaluateConfig, SweepConfig
@@ -16,6 +18,7 @@ from mmcse.config.training import RETRIEVAL_METHODS, LossConfig, ModelConfig, Tr
 
 @dataclass(frozen=True)
 class Config:
+    __pydantic_config__ = SECTION
     base: BaseConfig = field(default_factory=BaseConfig)
     data: DataConfig = field(default_factory=DataConfig)
     detect: DetectConfig = field(default_factory=DetectConfig)
@@ -29,8 +32,7 @@ class Config:
     sweep: SweepConfig = field(default_factory=SweepConfig)
 
     def validate(self, where: str) -> None:
-        for f in dataclasses.fields(self):
-            getattr(self, f.name).validate(where)
+        validate_sections(self, where, dataclasses.fields(self))
         validate_terms(self, where)
         # Every ablation/sweep override must name a real, valid parameter.
         raw = to_dict(self)
@@ -39,13 +41,20 @@ class Config:
             here = f"{where} (ablate.variants.{name})"
             check_variable_keys(overrides, here)
             variant = build(Config, apply_overrides(raw, overrides, where=here), here, "")
-            for f in dataclasses.fields(variant):
-                if f.name not in ("ablate", "sweep"):
-                    getattr(variant, f.name).validate(here)
+            job_sections = [f for f in dataclasses.fields(variant) if f.name not in ("ablate", "sweep")]
+            validate_sections(variant, here, job_sections)
             validate_terms(variant, here)
         check_variable_keys(self.sweep.space, f"{where} (sweep.space)")
         for key in self.sweep.space:
             resolve_path(raw, key, where=f"{where} (sweep.space)")
+
+
+def validate_sections(cfg: Config, where: str, sections: Iterable[dataclasses.Field]) -> None:
+    """Each section's cross-field rules (its ``validate``; types and bounds were checked as it was built)."""
+    for f in sections:
+        section = getattr(cfg, f.name)
+        if hasattr(section, "validate"):
+            section.validate(where)
 
 
 def validate_terms(cfg: Config, where: str) -> None:

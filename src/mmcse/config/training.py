@@ -4,40 +4,37 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field
 
 from mmcse.config.checks import check
+from mmcse.config.declared import SECTION, Bool, Fraction, Int, NonNegative, Positive, PositiveInt, Str
 
 
 @dataclass(frozen=True)
 class DuetModelConfig:
+    __pydantic_config__ = SECTION
     # train.method duet (DUET §4.2, §5.2; docs/duet.md): the visual stream's own Transformer layers,
     # then the top shared_layers, used by both streams (weight-tied unless tie_shared is false), at
     # joint_dim; the text stream is model.name_or_path (BERT in the paper) fine-tuned.
-    visual_layers: int = 4  # §5.2: four dedicated visual layers
-    shared_layers: int = 2  # k (§5.2: 2); 0: no shared top layers
-    tie_shared: bool = True  # false: the text stream gets its own copy (Table 2 "w/o shared layers")
-    joint_dim: int = 1024  # §5.2: the joint space
-    visual_dim: int = 0  # width of the visual-only layers; 0: joint_dim
-    heads: int = 16  # attention heads of every added layer (64-wide heads, as BERT's)
-    ff_dim: int = 4096  # feed-forward width of every added layer (4 × joint_dim, as BERT's)
-    dropout: float = 0.1  # in the added layers
-    box_layer: int = 0  # l of Eq. 30 (1..L-1 of the visual stream); 0: min(visual_layers, L - 1)
+    visual_layers: Annotated[Int, Field(ge=1)] = 4  # §5.2: four dedicated visual layers
+    shared_layers: Annotated[Int, Field(ge=0)] = 2  # k (§5.2: 2); 0: no shared top layers
+    tie_shared: Bool = True  # false: the text stream gets its own copy (Table 2 "w/o shared layers")
+    joint_dim: Annotated[Int, Field(ge=1)] = 1024  # §5.2: the joint space
+    visual_dim: Annotated[Int, Field(ge=0, description="0: joint_dim")] = 0  # width of the visual-only layers
+    heads: Annotated[Int, Field(ge=1)] = 16  # attention heads of every added layer (64-wide heads, as BERT's)
+    ff_dim: Annotated[Int, Field(ge=1)] = 4096  # feed-forward width of every added layer (4 × joint_dim, as BERT's)
+    dropout: Fraction = 0.1  # in the added layers
+    box_layer: Int = 0  # l of Eq. 30 (1..L-1 of the visual stream); 0: min(visual_layers, L - 1)
     region_norm: Literal["layernorm", "l2", "none"] = "layernorm"  # on r_i before Eq. 24
-    spatial: bool = True  # b_i enters Eq. 24 (false: Table 2 "w/o spatial features")
+    spatial: Bool = True  # b_i enters Eq. 24 (false: Table 2 "w/o spatial features")
 
     def validate(self, where: str) -> None:
         p = "model.duet."
-        check(self.visual_layers >= 1, where, p + "visual_layers", "must be >= 1")
-        check(self.shared_layers >= 0, where, p + "shared_layers", "must be >= 0")
-        check(self.joint_dim >= 1, where, p + "joint_dim", "must be >= 1")
-        check(self.visual_dim >= 0, where, p + "visual_dim", "must be >= 0 (0: joint_dim)")
-        check(self.heads >= 1, where, p + "heads", "must be >= 1")
         for name, width in (("joint_dim", self.joint_dim), ("visual_dim", self.visual_dim or self.joint_dim)):
             check(width % self.heads == 0, where, p + name,
                    f"{width} is not divisible by model.duet.heads={self.heads}")
-        check(self.ff_dim >= 1, where, p + "ff_dim", "must be >= 1")
-        check(0 <= self.dropout < 1, where, p + "dropout", "must be in [0, 1)")
         depth = self.visual_layers + self.shared_layers
         check(self.box_layer == 0 or 1 <= self.box_layer <= depth - 1, where, p + "box_layer",
                f"must be 0 (default) or in [1, {depth - 1}]: an intermediate layer l < L = visual_layers + "
@@ -48,31 +45,28 @@ class DuetModelConfig:
 
 @dataclass(frozen=True)
 class VseppModelConfig:
+    __pydantic_config__ = SECTION
     # train.method vsepp (Faghri et al. 2018, VSE++; the authors' code fartashf/vsepp defaults):
     # word embeddings → a GRU whose last state is the caption's embedding; a linear map of the image
     # feature; both L2-normalised into a joint_dim space. Words: lowercased, split at whitespace and
     # punctuation, those seen min_word_count times in the training captions (rarer: <unk>).
-    word_dim: int = 300
-    joint_dim: int = 1024
-    gru_layers: int = 1
-    min_word_count: int = 4
-
-    def validate(self, where: str) -> None:
-        p = "model.vsepp."
-        for name in ("word_dim", "joint_dim", "gru_layers", "min_word_count"):
-            check(getattr(self, name) >= 1, where, p + name, "must be >= 1")
+    word_dim: PositiveInt = 300
+    joint_dim: PositiveInt = 1024
+    gru_layers: PositiveInt = 1
+    min_word_count: PositiveInt = 4
 
 
 @dataclass(frozen=True)
 class ModelConfig:
+    __pydantic_config__ = SECTION
     # HF id, local folder, or "packaged:all-MiniLM-L6-v2" (weights shipped in a pip package).
-    name_or_path: str = "packaged:all-MiniLM-L6-v2"
+    name_or_path: Str = "packaged:all-MiniLM-L6-v2"
     # pretrained: load the weights. random: the same tokenizer and model family with fresh
     # weights, its HF config changed by config_overrides (e.g. a 2-layer, 128-wide BERT).
     init: Literal["pretrained", "random"] = "pretrained"
     config_overrides: dict[str, Any] = field(default_factory=dict)
-    max_seq_len: int = 32
-    proj_dim: int = 256
+    max_seq_len: Annotated[Int, Field(ge=8, le=512)] = 32
+    proj_dim: PositiveInt = 256
     # the projection heads g_φ1, g_φ2, g_φt, g_φv: tanh = dense + tanh (KDMCSE §4.1 'MLP Projection Heads',
     # the MCSE / KDMCSE code) | linear = one Linear layer (mmcse's earlier heads)
     projection_head: Literal["tanh", "linear"] = "tanh"
@@ -81,7 +75,6 @@ class ModelConfig:
 
     def validate(self, where: str) -> None:
         self.duet.validate(where)
-        self.vsepp.validate(where)
         check(bool(self.name_or_path.strip()), where, "model.name_or_path", "must not be empty")
         check(
             not self.config_overrides or self.init == "random",
@@ -89,61 +82,62 @@ class ModelConfig:
             "model.config_overrides",
             "changes the architecture, so it needs model.init: random (pretrained weights would not fit)",
         )
-        check(8 <= self.max_seq_len <= 512, where, "model.max_seq_len", "must be in [8, 512]")
-        check(self.proj_dim >= 1, where, "model.proj_dim", "must be >= 1")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
+    __pydantic_config__ = SECTION
     # duet / vsepp: image–text retrieval models (RETRIEVAL_METHODS), trained on region sets
     method: Literal["simcse", "mcse", "kdmcse", "dalr", "mcseo", "duet", "vsepp"] = "mcse"
-    batch_size: int = 64
-    epochs: int = 1  # 0: no training step: the initial encoder is evaluated (MCSEO Table 1's BERT, RoBERTa rows)
-    max_steps: int = 0  # 0: run all epochs
-    learning_rate: float = 3e-5
-    weight_decay: float = 0.0
-    warmup_ratio: float = 0.0
+    batch_size: Annotated[Int, Field(ge=2, description="in-batch negatives")] = 64
+    # 0: no training step: the initial encoder is evaluated (MCSEO Table 1's BERT, RoBERTa rows)
+    epochs: Annotated[Int, Field(ge=0, description="0: no training, the encoder is evaluated")] = 1
+    max_steps: Annotated[Int, Field(ge=0, description="0: all epochs")] = 0
+    learning_rate: Positive = 3e-5
+    weight_decay: NonNegative = 0.0
+    warmup_ratio: Fraction = 0.0
     # 0: the learning rate decays linearly to 0 over training (after warmup_ratio); N: it is divided
     # by 10 every N epochs, no warm-up (VSE++: 15)
-    lr_decay_epochs: int = 0
-    max_grad_norm: float = 0.0  # clip the gradient's global L2 norm to this before each update (VSE++: 2); 0: off
-    eval_steps: int = 125
-    checkpoint_steps: int = 125
-    dropout: float = 0.1
+    lr_decay_epochs: Annotated[Int, Field(ge=0, description="0: linear decay")] = 0
+    # clip the gradient's global L2 norm to this before each update (VSE++: 2)
+    max_grad_norm: Annotated[float, Field(ge=0, description="0: no clipping")] = 0.0
+    eval_steps: PositiveInt = 125
+    checkpoint_steps: PositiveInt = 125
+    dropout: Fraction = 0.1
     # Autocast precision of the student's forward pass (fp16 adds a gradient scaler); similarity
     # and logsumexp terms stay fp32 whatever this says (τ = 0.05 would amplify bf16 rounding).
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    compile: bool = False  # torch.compile the backbone (CUDA; dynamic shapes: one graph per padded length)
+    compile: Bool = False  # torch.compile the backbone (CUDA; dynamic shapes: one graph per padded length)
 
     def validate(self, where: str) -> None:
-        check(self.batch_size >= 2, where, "train.batch_size", "must be >= 2 (in-batch negatives)")
-        check(self.epochs >= 0, where, "train.epochs", "must be >= 0 (0: no training, the encoder is evaluated)")
-        check(self.max_steps >= 0, where, "train.max_steps", "must be >= 0 (0: all epochs)")
-        check(self.learning_rate > 0, where, "train.learning_rate", "must be > 0")
-        check(self.weight_decay >= 0, where, "train.weight_decay", "must be >= 0")
-        check(0 <= self.warmup_ratio < 1, where, "train.warmup_ratio", "must be in [0, 1)")
-        check(self.lr_decay_epochs >= 0, where, "train.lr_decay_epochs", "must be >= 0 (0: linear decay)")
         check(self.lr_decay_epochs == 0 or self.warmup_ratio == 0, where, "train.warmup_ratio",
               "must be 0 with train.lr_decay_epochs (the step schedule has no warm-up)")
-        check(self.max_grad_norm >= 0, where, "train.max_grad_norm", "must be >= 0 (0: no clipping)")
-        check(self.eval_steps >= 1, where, "train.eval_steps", "must be >= 1")
-        check(self.checkpoint_steps >= 1, where, "train.checkpoint_steps", "must be >= 1")
-        check(0 <= self.dropout < 1, where, "train.dropout", "must be in [0, 1)")
 
+
+Angle = Annotated[float, Field(ge=0, le=math.pi / 2, description="radians, at most π/2")]  # an angular margin
 
 RETRIEVAL_METHODS = ("duet", "vsepp")  # image–text retrieval models: region sets in, R@K out, no STS
 
-Switch = bool | Literal["auto"]  # auto: on when train.method's paper uses the term
+Switch = Bool | Literal["auto"]  # auto: on when train.method's paper uses the term
+
+
+def _off(value: Any) -> Any:
+    """YAML 1.1 reads ``off`` as false: the same switch (a bare 0 stays the number 0); true means nothing."""
+    if value is True:
+        raise ValueError("a number or off")
+    return "off" if value is False else value
 
 
 @dataclass(frozen=True)
 class KDMCSELossConfig:
+    __pydantic_config__ = SECTION
     # train.method kdmcse: λ·(ℓ^v' + ℓ^t')/2 (Eq. 14) replaces MCSE's image term on pair batches.
-    threshold: float | Literal["off", False] = 0.9  # Eq. 8: drop negatives whose teacher α is above
-    margin: float = 0.125  # AdapACSE m (Eq. 12); 0 = InfoNCE with threshold filtering
+    # Eq. 8: drop negatives whose teacher α is above; off (YAML 1.1 reads it as false): no filtering
+    threshold: Annotated[float | Literal["off"], BeforeValidator(_off)] = 0.9
+    margin: Angle = 0.125  # AdapACSE m (Eq. 12); 0 = InfoNCE with threshold filtering
     margin_similarity: Literal["within", "cross"] = "within"
     text_batches: Literal["simcse", "angular_margin"] = "simcse"
-    text_margin: float = 0.1  # the constant angular margin of text_batches: angular_margin
+    text_margin: Angle = 0.1  # the constant angular margin of text_batches: angular_margin
     # pair batches: kdmcse = ℓ^KDMCSE alone (Algorithm 1, App. D) | simcse_plus_kdmcse = SimCSE + λ·ℓ^KDMCSE
     # (the authors' train_mix.py)
     pair_objective: Literal["kdmcse", "simcse_plus_kdmcse"] = "kdmcse"
@@ -160,34 +154,33 @@ class KDMCSELossConfig:
         p = "loss.kdmcse."
         if self.threshold_value is not None:
             check(-1 <= self.threshold_value <= 1, where, p + "threshold", "must be in [-1, 1] or off")
-        check(0 <= self.margin <= math.pi / 2, where, p + "margin", "must be in [0, π/2]")
-        check(0 <= self.text_margin <= math.pi / 2, where, p + "text_margin", "must be in [0, π/2]")
 
 
 @dataclass(frozen=True)
 class DALRLossConfig:
+    __pydantic_config__ = SECTION
     # DALR Eq. 14: L_info + λ·L_CML + μ·L_IML (added to SimCSE). cml/iml may also be switched on
     # for kdmcse (DALR Tables 4–5: KDMCSE + CML, KDMCSE + IML) or any other method.
-    info: bool = True  # L_info, Eq. 4 (method dalr)
-    info_weight: float = 1.0
-    info_margin: bool = False  # the KDMCSE adaptive margin (loss.kdmcse.margin) on L_info
+    info: Bool = True  # L_info, Eq. 4 (method dalr)
+    info_weight: NonNegative = 1.0
+    info_margin: Bool = False  # the KDMCSE adaptive margin (loss.kdmcse.margin) on L_info
     cml: Switch = "auto"  # L_CML = L_cons + L_CMA (Eq. 9)
-    lambda_cml: float = 0.1
-    consistency: bool = True  # L_cons, Eq. 5
-    consistency_margin: float = 0.2
+    lambda_cml: NonNegative = 0.1
+    consistency: Bool = True  # L_cons, Eq. 5
+    consistency_margin: Annotated[float, Field(ge=0, le=1)] = 0.2
     mismatch: Literal["derangement", "roll"] = "derangement"
-    alignment: bool = True  # L_CMA, Eq. 6–8
-    cma_student_temperature: float = 1.0
-    cma_teacher_temperature: float = 1.0
+    alignment: Bool = True  # L_CMA, Eq. 6–8
+    cma_student_temperature: Positive = 1.0
+    cma_teacher_temperature: Positive = 1.0
     iml: Switch = "auto"  # L_IML = L_rank + L_IMA (Eq. 13)
-    mu_iml: float = 0.2
-    rank: bool = True  # L_rank, Eq. 10 (ListMLE)
-    rank_temperature: float = 0.05
-    rank_include_diagonal: bool = True
-    ima: bool = True  # L_IMA, Eq. 11–12
-    ima_student_temperature: float = 1.0
-    ima_teacher_temperature: float = 1.0
-    text_batches: bool = False  # also μ·L_IML on text-only batches
+    mu_iml: NonNegative = 0.2
+    rank: Bool = True  # L_rank, Eq. 10 (ListMLE)
+    rank_temperature: Positive = 0.05
+    rank_include_diagonal: Bool = True
+    ima: Bool = True  # L_IMA, Eq. 11–12
+    ima_student_temperature: Positive = 1.0
+    ima_teacher_temperature: Positive = 1.0
+    text_batches: Bool = False  # also μ·L_IML on text-only batches
     # the text teachers combined as DALR App. B says (their [CLS] embeddings summed with their weights,
     # then one cosine matrix) or as a weighted sum of each teacher's cosine matrix
     teacher_weighting: Literal["embeddings", "similarities"] = "embeddings"
@@ -201,66 +194,51 @@ class DALRLossConfig:
         check(self.teacher_space == "raw" or self.teacher_weighting == "embeddings", where, p + "teacher_space",
               "projected projects one aggregated text-teacher embedding, which needs "
               "loss.dalr.teacher_weighting: embeddings (or set teacher_space: raw)")
-        for name in ("info_weight", "lambda_cml", "mu_iml", "consistency_margin"):
-            check(getattr(self, name) >= 0, where, p + name, "must be >= 0")
-        check(self.consistency_margin <= 1, where, p + "consistency_margin", "must be in [0, 1]")
-        for name in ("cma_student_temperature", "cma_teacher_temperature", "rank_temperature",
-                     "ima_student_temperature", "ima_teacher_temperature"):
-            check(getattr(self, name) > 0, where, p + name, "must be > 0")
 
 
 @dataclass(frozen=True)
 class MCSELossConfig:
+    __pydantic_config__ = SECTION
     # train.method mcse: "MCSE + CLIP text" (KDMCSE Table 5): beside the image term, the same
     # grounding InfoNCE (KDMCSE Eq. 3) against the joint teacher's text embedding g_φt(t̂), weighted λ.
-    clip_text: bool = False
+    clip_text: Bool = False
 
 
 @dataclass(frozen=True)
 class MCSEOLossConfig:
+    __pydantic_config__ = SECTION
     # train.method mcseo: l_text + α·l_img-cap + β·l_obj-phra (Eq. 8); α is loss.lambda_img.
-    object_phrase: bool = True
-    beta: float = 0.005
-    temperature: float = 0.05
+    object_phrase: Bool = True
+    beta: NonNegative = 0.005
+    temperature: Positive = 0.05
     # l_img-cap on 1 dropout view (mcseo.txt Eq. 3) or on 2, summed (KDMCSE Eq. 3, MCSE's term)
-    image_views: int = 1
-
-    def validate(self, where: str) -> None:
-        check(self.beta >= 0, where, "loss.mcseo.beta", "must be >= 0")
-        check(self.image_views in (1, 2), where, "loss.mcseo.image_views", "must be 1 (Eq. 3) or 2 (both views)")
-        check(self.temperature > 0, where, "loss.mcseo.temperature", "must be > 0")
+    image_views: Literal[1, 2] = 1
 
 
 @dataclass(frozen=True)
 class DuetLossConfig:
+    __pydantic_config__ = SECTION
     # train.method duet: L_match + λ1·L_bbox + λ2·L_norm (DUET Eq. 33)
-    margin: float = 0.2  # α of the max-violation hinge (Eq. 28; §5.2: 0.2)
-    lambda_box: float = 1.0  # λ1 (Eq. 30–31 box regression; the paper gives no value); 0: off
-    lambda_norm: float = 1.0  # λ2 (Eq. 32 norm regularizer; no value given); 0: off
+    margin: NonNegative = 0.2  # α of the max-violation hinge (Eq. 28; §5.2: 0.2)
+    lambda_box: NonNegative = 1.0  # λ1 (Eq. 30–31 box regression; the paper gives no value); 0: off
+    lambda_norm: NonNegative = 1.0  # λ2 (Eq. 32 norm regularizer; no value given); 0: off
     reduction: Literal["mean", "sum"] = "mean"  # over the batch, all three terms (VSE++ sums)
-
-    def validate(self, where: str) -> None:
-        p = "loss.duet."
-        check(self.margin >= 0, where, p + "margin", "must be >= 0")
-        check(self.lambda_box >= 0, where, p + "lambda_box", "must be >= 0")
-        check(self.lambda_norm >= 0, where, p + "lambda_norm", "must be >= 0")
 
 
 @dataclass(frozen=True)
 class VseppLossConfig:
+    __pydantic_config__ = SECTION
     # train.method vsepp: VSE++'s max-violation hinge (its Eq. 5 = DUET Eq. 28–29), summed over the batch
-    margin: float = 0.2
-
-    def validate(self, where: str) -> None:
-        check(self.margin >= 0, where, "loss.vsepp.margin", "must be >= 0")
+    margin: NonNegative = 0.2
 
 
 @dataclass(frozen=True)
 class LossConfig:
-    temperature: float = 0.05
-    image_term: bool = True  # the sentence–image term of mcse / kdmcse / mcseo
-    temperature_img: float = 0.05
-    lambda_img: float = 0.01
+    __pydantic_config__ = SECTION
+    temperature: Positive = 0.05
+    image_term: Bool = True  # the sentence–image term of mcse / kdmcse / mcseo
+    temperature_img: Positive = 0.05
+    lambda_img: NonNegative = 0.01
     mcse: MCSELossConfig = field(default_factory=MCSELossConfig)
     kdmcse: KDMCSELossConfig = field(default_factory=KDMCSELossConfig)
     dalr: DALRLossConfig = field(default_factory=DALRLossConfig)
@@ -269,11 +247,5 @@ class LossConfig:
     vsepp: VseppLossConfig = field(default_factory=VseppLossConfig)
 
     def validate(self, where: str) -> None:
-        self.duet.validate(where)
-        self.vsepp.validate(where)
-        check(self.temperature > 0, where, "loss.temperature", "must be > 0")
-        check(self.temperature_img > 0, where, "loss.temperature_img", "must be > 0")
-        check(self.lambda_img >= 0, where, "loss.lambda_img", "must be >= 0")
         self.kdmcse.validate(where)
         self.dalr.validate(where)
-        self.mcseo.validate(where)

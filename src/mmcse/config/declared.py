@@ -1,0 +1,185 @@
+"""A section of params.yaml declared once: its fields' types, bounds and descriptions (pydantic
+``Field`` in ``Annotated`` hints), validated by pydantic, its errors turned into the one line a bad
+params file has always got (``<where>: key 'train.batch_size': must be >= 2 (in-batch negatives)``,
+``unknown key(s) ...; valid keys under ...``), and the JSON Schema of the whole file.
+
+Scalars are strict as YAML is read: an integer is not ``"5"`` or ``1.0`` or ``true`` (`Int`), a
+switch is ``true``/``false`` (`Bool`), a name is a string (`Str`); a number may be an integer or
+YAML's string form of ``1e-3`` (PyYAML reads it so), never ``true`` (`build` refuses a bool there).
+Cross-field rules stay the sections' ``validate(where)`` methods.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import types
+import typing
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+import annotated_types
+from pydantic import BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr, TypeAdapter, ValidationError
+from pydantic.fields import FieldInfo
+
+from mmcse.errors import ConfigError
+
+Int = StrictInt
+Bool = StrictBool
+Str = StrictStr
+SECTION = ConfigDict(extra="forbid")  # each section's ``__pydantic_config__``: unknown keys are errors
+PositiveInt = Annotated[Int, Field(ge=1)]
+NonNegativeInt = Annotated[Int, Field(ge=0)]
+Name = Annotated[Str, Field(pattern=r"\S")]  # a name, id or path: not empty, not blank
+NonNegative = Annotated[float, Field(ge=0)]
+Positive = Annotated[float, Field(gt=0)]
+Fraction = Annotated[float, Field(ge=0, lt=1)]  # a probability that cannot be 1 (dropout, warm-up share)
+
+
+@functools.cache
+def _adapter(cls: type) -> TypeAdapter:
+    return TypeAdapter(cls)
+
+
+def build(cls: type, raw: Any, where: str, prefix: str = "") -> Any:
+    """``raw`` (a mapping from params.yaml) as the frozen dataclass ``cls``: types, bounds and unknown
+    keys checked by its declaration; the first problem is a `ConfigError` naming the dotted key
+    (``prefix``: the key ``raw`` sits under)."""
+    _refuse_bool_numbers(raw, cls, where, prefix)
+    try:
+        return _adapter(cls).validate_python(raw)
+    except ValidationError as err:
+        raise ConfigError(_message(err, cls, where, prefix)) from None
+
+
+def json_schema(cls: type) -> dict[str, Any]:
+    """The JSON Schema of ``cls`` (an editor validates and completes params.yaml with it)."""
+    return _adapter(cls).json_schema()
+
+
+# --------------------------------------------------------------------------- errors as one line
+
+
+def _strip(tp: Any) -> tuple[Any, list[Any]]:
+    """``Annotated[T, m...]`` → (T, [m...]), flattened."""
+    metadata: list[Any] = []
+    while typing.get_origin(tp) is Annotated:
+        metadata += list(tp.__metadata__)
+        tp = tp.__origin__
+    return tp, metadata
+
+
+def _walk(cls: type, loc: tuple[Any, ...]) -> tuple[list[str], Any, list[Any], type | None]:
+    """The dotted-key parts ``loc`` names below ``cls``, the type and metadata it ends at, and the
+    dataclass whose field it is (a union member's tag in ``loc`` ends the walk)."""
+    parts: list[str] = []
+    tp, metadata, owner = cls, [], None
+    for part in loc:
+        tp, metadata = _strip(tp)
+        if dataclasses.is_dataclass(tp) and part in {f.name for f in dataclasses.fields(tp)}:
+            owner = tp
+            tp, metadata = _strip(typing.get_type_hints(tp, include_extras=True)[part])
+            parts.append(str(part))
+        elif typing.get_origin(tp) is list and isinstance(part, int):
+            parts[-1] += f"[{part}]"
+            tp, metadata = _strip(typing.get_args(tp)[0])
+        elif typing.get_origin(tp) is dict:
+            parts.append(str(part))
+            tp, metadata = _strip(typing.get_args(tp)[1])
+        else:
+            break
+    return parts, tp, metadata, owner
+
+
+def _bounds(metadata: list[Any]) -> str:
+    """``must be >= 1``, ``must be in [0, 1)`` … from a field's declared bounds."""
+    lo = hi = None
+    for m in metadata:
+        for item in (m.metadata if isinstance(m, FieldInfo) else [m]):
+            if isinstance(item, annotated_types.Ge | annotated_types.Gt):
+                lo = ("[", item.ge) if isinstance(item, annotated_types.Ge) else ("(", item.gt)
+            elif isinstance(item, annotated_types.Le | annotated_types.Lt):
+                hi = ("]", item.le) if isinstance(item, annotated_types.Le) else (")", item.lt)
+    if lo and hi:
+        return f"must be in {lo[0]}{lo[1]}, {hi[1]}{hi[0]}"
+    if lo:
+        return f"must be {'>=' if lo[0] == '[' else '>'} {lo[1]}"
+    return f"must be {'<=' if hi and hi[0] == ']' else '<'} {hi[1] if hi else '?'}"
+
+
+def _description(metadata: list[Any]) -> str:
+    return next((m.description for m in metadata if isinstance(m, FieldInfo) and m.description), "")
+
+
+_WANTED = {"int_type": "an integer", "int_from_float": "an integer", "int_parsing": "an integer",
+           "bool_type": "true or false", "bool_parsing": "true or false", "float_type": "a number",
+           "float_parsing": "a number", "string_type": "a string", "list_type": "a list",
+           "dict_type": "a mapping", "dataclass_type": "a mapping", "dataclass_exact_type": "a mapping"}
+
+
+def _message(err: ValidationError, cls: type, where: str, prefix: str) -> str:
+    errors = err.errors(include_url=False)
+    unknown = [e for e in errors if e["type"] in ("unexpected_keyword_argument", "extra_forbidden")]
+    if unknown:  # all unknown keys of the first section that has any, with that section's valid keys
+        parent = unknown[0]["loc"][:-1]
+        here = [e for e in unknown if e["loc"][:-1] == parent]
+        parts, tp, _, _ = _walk(cls, parent)
+        section = ".".join(p for p in (prefix, *parts) if p)
+        dotted = ", ".join(f"{section}.{e['loc'][-1]}" if section else str(e["loc"][-1]) for e in here)
+        names = [f.name for f in dataclasses.fields(tp)] if dataclasses.is_dataclass(tp) else []
+        return (f"{where}: unknown key(s) {dotted}; valid keys{' under ' + section if section else ''}: "
+                f"{', '.join(names)}")
+    first = errors[0]
+    parts, _, metadata, _ = _walk(cls, first["loc"])
+    key = ".".join(p for p in (prefix, *parts) if p)
+    same = [e for e in errors if _walk(cls, e["loc"])[0] == parts]  # a union's members fail together
+    value = first["input"]
+    if first["type"] in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        note = _description(metadata)
+        return f"{where}: key '{key}': {_bounds(metadata)}{f' ({note})' if note else ''}"
+    if first["type"] == "string_pattern_mismatch":
+        return f"{where}: key '{key}': must not be empty"
+    wanted = []
+    for e in same:
+        if e["type"] == "literal_error":
+            choices = typing.get_args(_literal_of(cls, e["loc"]))
+            wanted.append(f"one of {list(choices)}")
+        elif e["type"] == "value_error":  # a field's own validator says what it takes
+            wanted.append(str(e["ctx"]["error"]))
+        elif e["type"] in _WANTED:
+            wanted.append(_WANTED[e["type"]])
+        else:
+            wanted.append(e["msg"].lower())
+    shown = type(value).__name__ if first["type"].startswith(("dict", "dataclass")) else repr(value)
+    return f"{where}: key '{key}': must be {' or '.join(dict.fromkeys(wanted))}, got {shown}"
+
+
+def _literal_of(cls: type, loc: tuple[Any, ...]) -> Any:
+    """The ``Literal[...]`` a literal error's ``loc`` points at (alone or as a union member)."""
+    _, tp, _, _ = _walk(cls, loc)
+    if typing.get_origin(tp) is Literal:
+        return tp
+    members = typing.get_args(tp) if typing.get_origin(tp) in (types.UnionType, typing.Union) else ()
+    return next((m for m in members if typing.get_origin(m) is Literal), Literal[()])
+
+
+def _refuse_bool_numbers(raw: Any, tp: Any, where: str, key: str) -> None:
+    """pydantic reads ``true`` as 1.0 for a number; params.yaml never meant that (a field with its own
+    ``BeforeValidator`` reads its input itself)."""
+    tp, metadata = _strip(tp)
+    if any(isinstance(m, BeforeValidator) for m in metadata):
+        return
+    if dataclasses.is_dataclass(tp) and isinstance(raw, Mapping):
+        hints = typing.get_type_hints(tp, include_extras=True)
+        for name, value in raw.items():
+            if name in hints:
+                _refuse_bool_numbers(value, hints[name], where, f"{key}.{name}" if key else str(name))
+    elif typing.get_origin(tp) is list and isinstance(raw, list):
+        for i, value in enumerate(raw):
+            _refuse_bool_numbers(value, typing.get_args(tp)[0], where, f"{key}[{i}]")
+    elif isinstance(raw, bool):
+        members = typing.get_args(tp) if typing.get_origin(tp) in (types.UnionType, typing.Union) else (tp,)
+        members = [_strip(m)[0] for m in members]
+        if float in members and bool not in members and not any(
+                typing.get_origin(m) is Literal and raw in typing.get_args(m) for m in members):
+            raise ConfigError(f"{where}: key '{key}': must be a number, got {raw!r}")

@@ -1,0 +1,60 @@
+"""`mmcse.config.declared`: a section's declaration is its validation, and pydantic's errors read as
+the one line a bad params file has always got."""
+
+import re
+from dataclasses import dataclass, field
+from typing import Annotated, Literal
+
+import pytest
+from pydantic import Field
+
+from mmcse.config import ConfigError, parse_config
+from mmcse.config.declared import SECTION, Bool, Int, Name, PositiveInt, build
+
+
+@dataclass(frozen=True)
+class Inner:
+    __pydantic_config__ = SECTION
+    size: Annotated[Int, Field(ge=8, le=512)] = 32
+    rate: Annotated[float, Field(gt=0, description="0 would never move")] = 0.1
+    names: list[Name] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Outer:
+    __pydantic_config__ = SECTION
+    inner: Inner = field(default_factory=Inner)
+    steps: PositiveInt = 1
+    switch: Bool | Literal["auto"] = "auto"
+
+
+@pytest.mark.parametrize(("raw", "message"), [
+    ({"steps": "5"}, "key 'x.steps': must be an integer, got '5'"),
+    ({"steps": 2.0}, "key 'x.steps': must be an integer, got 2.0"),
+    ({"steps": True}, "key 'x.steps': must be an integer, got True"),
+    ({"steps": 0}, "key 'x.steps': must be >= 1"),
+    ({"inner": {"size": 4}}, "key 'x.inner.size': must be in [8, 512]"),
+    ({"inner": {"rate": 0}}, "key 'x.inner.rate': must be > 0 (0 would never move)"),
+    ({"inner": {"rate": True}}, "key 'x.inner.rate': must be a number, got True"),
+    ({"inner": {"rate": "fast"}}, "key 'x.inner.rate': must be a number, got 'fast'"),
+    ({"inner": {"names": ["a", " "]}}, "key 'x.inner.names[1]': must not be empty"),
+    ({"inner": []}, "key 'x.inner': must be a mapping, got list"),
+    ({"switch": "sometimes"}, "key 'x.switch': must be true or false or one of ['auto'], got 'sometimes'"),
+    ({"inner": {"sise": 1, "rat": 2}},
+     "unknown key(s) x.inner.sise, x.inner.rat; valid keys under x.inner: size, rate, names"),
+])
+def test_a_declaration_refuses_in_one_line_naming_the_key(raw, message):
+    with pytest.raises(ConfigError, match=re.escape(f"here: {message}" if message.startswith("unknown") else message)):
+        build(Outer, raw, "here", "x")
+
+
+def test_what_yaml_gives_is_read_as_yaml_meant_it():
+    got = build(Outer, {"inner": {"rate": "1e-3", "size": 64}, "switch": False}, "here")
+    assert got == Outer(inner=Inner(size=64, rate=0.001), switch=False)
+    assert build(Outer, {"inner": {"rate": 2}}, "here").inner.rate == 2.0 and build(Outer, {}, "here") == Outer()
+    # the real sections: a bound with its reason, kdmcse's off switch as YAML 1.1 writes it
+    with pytest.raises(ConfigError, match=re.escape("key 'train.batch_size': must be >= 2 (in-batch negatives)")):
+        parse_config({"train": {"batch_size": 1}})
+    assert parse_config({"loss": {"kdmcse": {"threshold": False}}}).loss.kdmcse.threshold_value is None
+    with pytest.raises(ConfigError, match=re.escape("key 'loss.kdmcse.threshold': must be a number or off, got True")):
+        parse_config({"loss": {"kdmcse": {"threshold": True}}})
