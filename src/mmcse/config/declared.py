@@ -69,15 +69,14 @@ def _strip(tp: Any) -> tuple[Any, list[Any]]:
     return tp, metadata
 
 
-def _walk(cls: type, loc: tuple[Any, ...]) -> tuple[list[str], Any, list[Any], type | None]:
-    """The dotted-key parts ``loc`` names below ``cls``, the type and metadata it ends at, and the
-    dataclass whose field it is (a union member's tag in ``loc`` ends the walk)."""
+def _walk(cls: type, loc: tuple[Any, ...]) -> tuple[list[str], Any, list[Any]]:
+    """The dotted-key parts ``loc`` names below ``cls``, and the type and metadata it ends at (a union
+    member's tag in ``loc`` ends the walk)."""
     parts: list[str] = []
-    tp, metadata, owner = cls, [], None
+    tp, metadata = cls, []
     for part in loc:
         tp, metadata = _strip(tp)
         if dataclasses.is_dataclass(tp) and part in {f.name for f in dataclasses.fields(tp)}:
-            owner = tp
             tp, metadata = _strip(typing.get_type_hints(tp, include_extras=True)[part])
             parts.append(str(part))
         elif typing.get_origin(tp) is list and isinstance(part, int):
@@ -88,23 +87,26 @@ def _walk(cls: type, loc: tuple[Any, ...]) -> tuple[list[str], Any, list[Any], t
             tp, metadata = _strip(typing.get_args(tp)[1])
         else:
             break
-    return parts, tp, metadata, owner
+    return parts, tp, metadata
 
 
-def _bounds(metadata: list[Any]) -> str:
-    """``must be >= 1``, ``must be in [0, 1)`` … from a field's declared bounds."""
-    lo = hi = None
+def _bounds(metadata: list[Any], violated: dict[str, Any]) -> str:
+    """``must be >= 1``, ``must be in [0, 1)`` … from a field's declared bounds (``violated``: the
+    error's own, e.g. ``{"ge": 1}``, when the field's cannot be read)."""
+    found: dict[str, Any] = {}
     for m in metadata:
         for item in (m.metadata if isinstance(m, FieldInfo) else [m]):
-            if isinstance(item, annotated_types.Ge | annotated_types.Gt):
-                lo = ("[", item.ge) if isinstance(item, annotated_types.Ge) else ("(", item.gt)
-            elif isinstance(item, annotated_types.Le | annotated_types.Lt):
-                hi = ("]", item.le) if isinstance(item, annotated_types.Le) else (")", item.lt)
+            for name in ("ge", "gt", "le", "lt"):
+                if isinstance(item, getattr(annotated_types, name.capitalize())):
+                    found[name] = getattr(item, name)
+    found = found or violated
+    lo = ("[", found["ge"]) if "ge" in found else ("(", found["gt"]) if "gt" in found else None
+    hi = ("]", found["le"]) if "le" in found else (")", found["lt"]) if "lt" in found else None
     if lo and hi:
         return f"must be in {lo[0]}{lo[1]}, {hi[1]}{hi[0]}"
     if lo:
         return f"must be {'>=' if lo[0] == '[' else '>'} {lo[1]}"
-    return f"must be {'<=' if hi and hi[0] == ']' else '<'} {hi[1] if hi else '?'}"
+    return f"must be {'<=' if hi[0] == ']' else '<'} {hi[1]}"
 
 
 def _description(metadata: list[Any]) -> str:
@@ -123,20 +125,20 @@ def _message(err: ValidationError, cls: type, where: str, prefix: str) -> str:
     if unknown:  # all unknown keys of the first section that has any, with that section's valid keys
         parent = unknown[0]["loc"][:-1]
         here = [e for e in unknown if e["loc"][:-1] == parent]
-        parts, tp, _, _ = _walk(cls, parent)
+        parts, tp, _ = _walk(cls, parent)
         section = ".".join(p for p in (prefix, *parts) if p)
         dotted = ", ".join(f"{section}.{e['loc'][-1]}" if section else str(e["loc"][-1]) for e in here)
         names = [f.name for f in dataclasses.fields(tp)] if dataclasses.is_dataclass(tp) else []
         return (f"{where}: unknown key(s) {dotted}; valid keys{' under ' + section if section else ''}: "
                 f"{', '.join(names)}")
     first = errors[0]
-    parts, _, metadata, _ = _walk(cls, first["loc"])
+    parts, _, metadata = _walk(cls, first["loc"])
     key = ".".join(p for p in (prefix, *parts) if p)
     same = [e for e in errors if _walk(cls, e["loc"])[0] == parts]  # a union's members fail together
     value = first["input"]
     if first["type"] in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         note = _description(metadata)
-        return f"{where}: key '{key}': {_bounds(metadata)}{f' ({note})' if note else ''}"
+        return f"{where}: key '{key}': {_bounds(metadata, first['ctx'])}{f' ({note})' if note else ''}"
     if first["type"] == "string_pattern_mismatch":
         return f"{where}: key '{key}': must not be empty"
     wanted = []
@@ -156,7 +158,7 @@ def _message(err: ValidationError, cls: type, where: str, prefix: str) -> str:
 
 def _literal_of(cls: type, loc: tuple[Any, ...]) -> Any:
     """The ``Literal[...]`` a literal error's ``loc`` points at (alone or as a union member)."""
-    _, tp, _, _ = _walk(cls, loc)
+    _, tp, _ = _walk(cls, loc)
     if typing.get_origin(tp) is Literal:
         return tp
     members = typing.get_args(tp) if typing.get_origin(tp) in (types.UnionType, typing.Union) else ()
