@@ -11,11 +11,10 @@ from __future__ import annotations
 
 import ast
 import functools
-import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from mmcse.io import sha256_json
+from mmcse.io import sha256_file, sha256_json
 
 PACKAGE = Path(__file__).resolve().parents[1]  # src/mmcse
 TRAINING_CODE = ("mmcse.pipeline.train",)  # what the train stage, an ablation job and a sweep trial run to train
@@ -101,7 +100,7 @@ def code_files(roots: Sequence[str] = TRAINING_CODE, package: Path = PACKAGE) ->
     if unknown:
         raise ValueError(f"no module {unknown} in {package}")
     run = modules_run(roots, import_graph(package))
-    return {str(files[m].relative_to(package.parent)): hashlib.sha256(files[m].read_bytes()).hexdigest()
+    return {str(files[m].relative_to(package.parent)): sha256_file(files[m])
             for m in sorted(run)}
 
 

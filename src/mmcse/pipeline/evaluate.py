@@ -37,7 +37,7 @@ from mmcse.models.tokens import cached_tokens
 from mmcse.pipeline.paths import Paths
 from mmcse.pipeline.relevance import relevance_for
 from mmcse.training.batches import teacher_set_folder
-from mmcse.training.checkpoints import ANOTHER_CONFIGURATION, other_definition, run_definition_hash
+from mmcse.training.checkpoints import code_change, run_definition_hash
 from mmcse.training.duet import RetrievalSplit, load_duet, split_embeddings
 
 
@@ -54,8 +54,8 @@ def require_trained_with(cfg: Config, model_dir: Path) -> str:
         raise ValueError(f"{model_dir}: no checkpoint seal (written by an older mmcse, or not by the train stage), "
                          f"so which configuration trained it is unknown; {fix}")
     if sealed.get("config_hash") != expected:
-        if other_definition(sealed) != ANOTHER_CONFIGURATION:
-            raise ValueError(f"{model_dir}: {other_definition(sealed)}; {fix}")
+        if (changed := code_change(sealed)) is not None:
+            raise ValueError(f"{model_dir}: {changed}; {fix}")
         raise ValueError(f"{model_dir}: trained with another configuration than params.yaml's (its seal records "
                          f"{str(sealed.get('config_hash'))[:12]}, params.yaml makes {expected[:12]}); {fix}")
     return expected

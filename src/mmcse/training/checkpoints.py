@@ -73,16 +73,15 @@ def run_definition_hash(cfg: Config) -> str:
     return sha256_json({"config": run_def, "code": code_digest(code_files(TRAINING_CODE))})
 
 
-ANOTHER_CONFIGURATION = "trained with another configuration"
-
-
-def other_definition(recorded: dict[str, Any]) -> str:
-    """Why a folder's seal or state (``recorded``) with another `run_definition_hash` is not this run's:
-    the training code changed since (naming the files), else `ANOTHER_CONFIGURATION`."""
+def code_change(recorded: dict[str, Any]) -> str | None:
+    """``trained by other library code (changed since: <files>)`` when a folder's seal or state
+    (``recorded``) was written by training code other than this process's; None when it was not (a
+    different `run_definition_hash` is then another configuration's)."""
     code = recorded.get("code_files")
-    if not isinstance(code, dict) or code_digest(code) != code_digest(code_files(TRAINING_CODE)):
-        return f"trained by other library code (changed since: {changed_code(code, code_files(TRAINING_CODE))})"
-    return ANOTHER_CONFIGURATION
+    current = code_files(TRAINING_CODE)
+    if isinstance(code, dict) and code_digest(code) == code_digest(current):
+        return None
+    return f"trained by other library code (changed since: {changed_code(code, current)})"
 
 
 # --------------------------------------------------------------------------- writing
@@ -272,9 +271,8 @@ def best_problem(best: Path, config_hash: str, best_step: int, required: Sequenc
     if sealed is None:
         return f"{best} has no checkpoint seal (written by an older mmcse)"
     if sealed.get("config_hash") != config_hash:
-        why = other_definition(sealed)
-        return f"{best} holds another configuration's checkpoint" if why == ANOTHER_CONFIGURATION else \
-            f"{best} holds a checkpoint {why}"
+        changed = code_change(sealed)
+        return f"{best} holds a checkpoint {changed}" if changed else f"{best} holds another configuration's checkpoint"
     if sealed.get("step") != best_step:
         return f"{best} holds step {sealed.get('step')}, not the best step {best_step} of the resume point"
     return None
@@ -306,9 +304,9 @@ def plan_start(out_dir: Path, config_hash: str, best_required: Sequence[str] = B
         if meta is None and not (folder / "state.json").exists():
             continue
         if meta is not None and meta.get("config_hash") != config_hash:
-            if other_definition(meta) != ANOTHER_CONFIGURATION:
+            if (changed := code_change(meta)) is not None:
                 # mixing steps of two versions of a loss is neither version's result: trained again
-                problems.append(f"{folder} was {other_definition(meta)}")
+                problems.append(f"{folder} was {changed}")
             continue  # another configuration's (another method, a changed param): not ours, not a problem
         problem = _resume_point_problem(folder)
         if problem is not None:
