@@ -58,7 +58,7 @@ def duet_embeddings(model_dir: str, params: str) -> tuple[np.ndarray, np.ndarray
     evaluate stage computes them (on the test region set its training recorded)."""
     from pathlib import Path
 
-    from mmcse.config import load_config
+    from mmcse.experiments.params import load_config
     from mmcse.integrity.keys import require_top_level
     from mmcse.io import read_json
     from mmcse.pipeline.evaluate import checkpoint_test_regions, duet_test_embeddings

@@ -119,7 +119,7 @@ def profile_step(device_name: str, quick: bool, out: Path) -> None:
     precision = "bf16" if device.type == "cuda" else "fp32"
     batch_size, arch = (32, "tiny") if quick else (128, "bert-base")
     from mmcse.config import with_overrides
-    from mmcse.methods.objectives import needed_features
+    from mmcse.methods.objectives import Objective, needed_features
     from mmcse.models.student import Student
 
     st.guard_teachers()
@@ -137,7 +137,7 @@ def profile_step(device_name: str, quick: bool, out: Path) -> None:
         lengths = st.synthetic_lengths(batch_size, 32, g)
         batch = {k: v.to(device) for k, v in st.synthetic_batch(lengths, backbone.config.vocab_size,
                                                                    backbone.config.pad_token_id or 0, g).items()}
-        feats = st.synthetic_features(needed_features(cfg, pair_batch=True), lengths, g).to(device)
+        feats = st.synthetic_features(needed_features(Objective.of(cfg), pair_batch=True), lengths, g).to(device)
         run = st.make_run(cfg, base, batch, feats, device, 20, False)
         for i in range(3):
             st.run_step(run, device, i)

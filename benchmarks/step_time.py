@@ -39,7 +39,7 @@ Students: ``bert-base`` (``BertModel(BertConfig())``), ``roberta-base`` (``Rober
 RobertaConfig())``), ``tiny`` (2 layers, 64 wide: quick CPU runs) — random weights, nothing
 downloaded — or ``--params FILE``: the project's ``model.*`` (:func:`mmcse.models.student.load_backbone`).
 Every method starts from the same initial weights (DUET's text stream is a copy of the same
-backbone, built into ``DuetModel(backbone, **duet_architecture(cfg, region_dim))``). Features are
+backbone, built into ``DuetModel(backbone, **duet_architecture(cfg.model.duet, region_dim))``). Features are
 random with the papers' shapes (2048-d ResNet-50 image and object features, 512-d CLIP ViT-B/32
 joint space, two 768-d text teachers, 3 object–phrase pairs per caption; DUET: 36 regions × 2048-d
 per image, boxes ``normalized_boxes`` (Eq. 23) of random valid boxes in a 640 × 480 image, every
@@ -269,7 +269,8 @@ def synthetic_regions(batch_size: int, g: torch.Generator, n_regions: int = PAPE
 def duet_size_overrides(size: str) -> dict[str, Any]:
     """``model.duet.*`` overrides of a ``--duet-size``: ``paper`` = :class:`mmcse.config.DuetModelConfig`'s
     defaults (§5.2), ``demo`` = the repo's params.yaml ``model.duet``."""
-    from mmcse.config import ConfigError, DuetModelConfig, load_config
+    from mmcse.config import ConfigError, DuetModelConfig
+    from mmcse.experiments.params import load_config
 
     if size == "paper":
         duet = DuetModelConfig()
@@ -372,15 +373,15 @@ class Run:
 def make_run(cfg: Any, base: torch.nn.Module, batch: dict[str, torch.Tensor], feats: Any, device: torch.device,
              total_steps: int, compile_backbone: bool, pair_batch: bool = True) -> Run:
     """A copy of ``base`` (the same initial weights for every method) with train's optimizer."""
-    from mmcse.methods.objectives import active_terms
+    from mmcse.methods.objectives import Objective, active_terms
     from mmcse.models.precision import grad_scaler
     from mmcse.training.loop import build_optimizer
 
     student = copy.deepcopy(base).to(device).train()
     if compile_backbone:
         student.backbone.compile(dynamic=True)  # as train does with train.compile (in place)
-    optimizer, _ = build_optimizer(student, cfg, total_steps, device)
-    return Run(cfg, active_terms(cfg), student, optimizer, grad_scaler(cfg.train.precision, device),
+    optimizer, _ = build_optimizer(student, cfg.train, total_steps, device)
+    return Run(cfg, active_terms(Objective.of(cfg)), student, optimizer, grad_scaler(cfg.train.precision, device),
                batch, feats, pair_batch)
 
 
@@ -393,7 +394,7 @@ def make_duet_run(cfg: Any, base: torch.nn.Module, batch: dict[str, torch.Tensor
     from mmcse.training.loop import build_optimizer
 
     model = copy.deepcopy(base).to(device).train()
-    optimizer, _ = build_optimizer(model, cfg, total_steps, device)
+    optimizer, _ = build_optimizer(model, cfg.train, total_steps, device)
     return Run(cfg, {}, model, optimizer, grad_scaler(cfg.train.precision, device), batch, None,
                regions=regions, ignore=ignore)
 
@@ -404,12 +405,13 @@ def run_step(run: Run, device: torch.device, seed: int) -> dict[str, torch.Tenso
     if run.regions is not None:
         from mmcse.training.duet import duet_optimizer_step
 
-        return duet_optimizer_step(run.student, run.cfg, run.batch, run.regions, run.ignore, run.optimizer,
-                                   run.scaler, device)
+        return duet_optimizer_step(run.student, run.cfg.loss, run.cfg.train, run.batch, run.regions, run.ignore,
+                                   run.optimizer, run.scaler, device)
+    from mmcse.methods.objectives import Objective
     from mmcse.training.loop import optimizer_step
 
-    return optimizer_step(run.student, run.cfg, run.batch, run.feats, run.pair_batch, run.optimizer, run.scaler,
-                          device, seed=seed, on=run.on)
+    return optimizer_step(run.student, Objective.of(run.cfg), run.cfg.train, run.batch, run.feats, run.pair_batch,
+                          run.optimizer, run.scaler, device, seed=seed, on=run.on)
 
 
 def timed_step(run: Run, device: torch.device, seed: int) -> tuple[float, int]:
@@ -506,7 +508,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def load_base_config(params: str | None, precision: str, compile_backbone: bool) -> Any:
     """The loss and optimizer settings: ``params`` or the repo's params.yaml, with the
     benchmark's precision and compile switch."""
-    from mmcse.config import ConfigError, load_config
+    from mmcse.config import ConfigError
+    from mmcse.experiments.params import load_config
 
     file = Path(params) if params else REPO / "params.yaml"
     try:
@@ -558,7 +561,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     setup_like_train(device, args.fill_uninitialized_memory)
 
     from mmcse.config import with_overrides
-    from mmcse.methods.objectives import needed_features
+    from mmcse.methods.objectives import Objective, needed_features
     from mmcse.models.duet import DuetModel
     from mmcse.models.student import Student, load_backbone, load_tokenizer
     from mmcse.models.tokens import tokenize_texts
@@ -602,7 +605,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     vocab_size, pad_id = backbone.config.vocab_size, backbone.config.pad_token_id or 0
     duet_base = None
     if "duet" in args.methods:  # its text stream: a copy of the students' initial backbone
-        duet_base = DuetModel(copy.deepcopy(backbone), **duet_architecture(cfgs["duet"], region_dim))
+        duet_base = DuetModel(copy.deepcopy(backbone), **duet_architecture(cfgs["duet"].model.duet, region_dim))
     base = Student(backbone, image_dim, base_cfg.model.proj_dim, joint_dim,
                    text_teacher_dim=PAPER_TEXT_TEACHERS[0][0], head=base_cfg.model.projection_head)
 
@@ -617,7 +620,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         d = cfgs["duet"].model.duet
         regions_from = str(region_store.folder) if region_store is not None else "synthetic"
         duet_info = {"size": duet_size or f"model.duet of {args.params}",
-                     "architecture": duet_architecture(cfgs["duet"], region_dim),
+                     "architecture": duet_architecture(cfgs["duet"].model.duet, region_dim),
                      "parameters": parameter_count(duet_base), "regions": regions_from, "n_regions": n_regions,
                      "region_dim": region_dim}
         print(f"duet: {duet_info['size']} ({d.visual_layers} visual + {d.shared_layers} shared layers, joint "
@@ -635,7 +638,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             tokenizer = load_tokenizer(base_cfg.model.name_or_path)
             batch = tokenize_texts(tokenizer, [data.captions[i] for i in idx], base_cfg.model.max_seq_len).batch(
                 range(len(idx)), device)
-            feats = {m: data.pair_features(idx, needed_features(cfgs[m], pair_batch=True), device)
+            feats = {m: data.pair_features(idx, needed_features(Objective.of(cfgs[m]), pair_batch=True), device)
                      for m in students}
             image_ids = [data.image_ids[i] for i in idx]
             if region_store is not None:
@@ -648,7 +651,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             every = synthetic_features({"image", "joint", "text_teachers", "objects"}, lengths, g, image_dim, joint_dim)
             feats = {}
             for m in students:
-                need = needed_features(cfgs[m], pair_batch=True)
+                need = needed_features(Objective.of(cfgs[m]), pair_batch=True)
                 keep = {f.name: getattr(every, f.name) for f in dataclasses.fields(every)}
                 for group, names in {"image": ["image"], "joint": ["joint_text", "joint_image"],
                                      "text_teachers": ["text_teachers", "text_weights"],

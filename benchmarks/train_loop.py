@@ -124,7 +124,8 @@ def run_steps(cfg: Any) -> dict[str, int]:
 
 
 def profile_config(name: str, precision: str, compile_backbone: bool) -> Any:
-    from mmcse.config import ConfigError, load_config
+    from mmcse.config import ConfigError
+    from mmcse.experiments.params import load_config
     from mmcse.experiments.profiles import profile_values
 
     overrides = profile_values(name, REPO) | {"train.precision": precision, "train.compile": compile_backbone}
@@ -171,7 +172,7 @@ def project_params(profile: str, student: str, device: torch.device, precision: 
 
 def prepare_project(root: Path, raw: dict[str, Any]) -> Any:
     """``root/params.yaml`` from ``raw``, then download, detect_objects and cache_teachers."""
-    from mmcse.config import load_config
+    from mmcse.experiments.params import load_config
     from mmcse.pipeline.cache_teachers import run_cache_teachers
     from mmcse.pipeline.detect import run_detect
     from mmcse.pipeline.download import run_download
@@ -255,7 +256,7 @@ def run_bare(cfg: Any, root: Path, device: torch.device, steps: int, warmup: int
     batches, already on the device: no data loading, evaluation, logging or checkpoints."""
     from safetensors.torch import load_file
 
-    from mmcse.methods.objectives import active_terms, needed_features
+    from mmcse.methods.objectives import Objective, active_terms, needed_features
     from mmcse.models.precision import grad_scaler
     from mmcse.models.student import Student, load_backbone, load_tokenizer
     from mmcse.pipeline.paths import Paths
@@ -266,7 +267,7 @@ def run_bare(cfg: Any, root: Path, device: torch.device, steps: int, warmup: int
     data = TrainData.load(paths.raw, paths.teachers, paths.objects)
     tokenizer = load_tokenizer(cfg.model.name_or_path)
     tokens = data.token_tables(tokenizer, cfg.model.max_seq_len, paths.raw.parent / "tokens")
-    need = {kind: needed_features(cfg, pair_batch=kind == PAIR) for kind in (TEXT, PAIR)}
+    need = {kind: needed_features(Objective.of(cfg), pair_batch=kind == PAIR) for kind in (TEXT, PAIR)}
     # the loop's batch order (train's private schedule class: the same batches, not a copy of its logic)
     batches = Batches(len(data.corpus), len(data.captions), cfg.train.batch_size, cfg.base.seed)
     order: list[tuple[str, list[int]]] = []
@@ -288,13 +289,15 @@ def run_bare(cfg: Any, root: Path, device: torch.device, steps: int, warmup: int
     student = student.to(device).train()
     if cfg.train.compile:
         student.backbone.compile(dynamic=True)
-    optimizer, _ = build_optimizer(student, cfg, steps + warmup, device)
+    optimizer, _ = build_optimizer(student, cfg.train, steps + warmup, device)
     scaler = grad_scaler(cfg.train.precision, device)
-    on = active_terms(cfg)
+    objective = Objective.of(cfg)
+    on = active_terms(objective)
 
     def step(i: int) -> None:
         kind, batch, feats = inputs[i % len(inputs)]
-        optimizer_step(student, cfg, batch, feats, kind == PAIR, optimizer, scaler, device, seed=i, on=on)
+        optimizer_step(student, objective, cfg.train, batch, feats, kind == PAIR, optimizer, scaler, device,
+                       seed=i, on=on)
 
     for i in range(warmup):
         step(i)
@@ -318,7 +321,7 @@ def time_profiles(names: Sequence[str], student: str, device: torch.device, prec
                   repeats: int, warmup: int, seq_len: int) -> dict[str, dict[str, Any]]:
     """Median text-batch and pair-batch step time of every distinct (method, batch size,
     student) among the profiles, interleaved; synthetic batches of ``seq_len`` tokens."""
-    from mmcse.methods.objectives import needed_features
+    from mmcse.methods.objectives import Objective, needed_features
     from mmcse.models.student import Student
 
     cfgs = {n: profile_config(n, precision, compile_backbone) for n in names}
@@ -336,7 +339,7 @@ def time_profiles(names: Sequence[str], student: str, device: torch.device, prec
         for kind, pair_batch in (("pair", True), ("text", False)):
             lengths = st.synthetic_lengths(batch_size, seq_len, g)
             batch = {k: v.to(device) for k, v in st.synthetic_batch(lengths, vocab, pad, g).items()}
-            need = needed_features(cfg, pair_batch=pair_batch)
+            need = needed_features(Objective.of(cfg), pair_batch=pair_batch)
             kinds[kind] = (batch, st.synthetic_features(need, lengths, g).to(device), pair_batch)
         pair = st.make_run(cfg, base, *kinds["pair"][:2], device, warmup + repeats, compile_backbone)
         runs[f"{method}|{batch_size}|{arch}|pair"] = pair

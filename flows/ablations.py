@@ -31,7 +31,7 @@ from mmcse.analysis.tables import (
     terminal_table,
     write_table,
 )
-from mmcse.config import Config, check_params, load_config
+from mmcse.config import Config
 from mmcse.errors import TrainingDiverged
 from mmcse.experiments.ablate import (
     SCORE_NAMES,
@@ -44,6 +44,7 @@ from mmcse.experiments.ablate import (
 )
 from mmcse.experiments.ablation_record import log_ablation, log_ablation_figures
 from mmcse.experiments.jobs import Job, ablation_hash, expand, job_config, job_hash, parent_run_name
+from mmcse.experiments.params import check_params, load_config
 from mmcse.experiments.prefect_server import claim_temporary_server, start_retry, stop_stale_temporary_servers
 from mmcse.pipeline.paths import Paths
 from mmcse.tracking import prefect_tags

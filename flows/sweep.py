@@ -12,7 +12,7 @@ import sys
 
 from prefect import flow
 
-from mmcse.config import load_config
+from mmcse.experiments.params import load_config
 from mmcse.experiments.sweep import run_sweep
 from mmcse.pipeline.paths import Paths
 from mmcse.tracking import prefect_tags

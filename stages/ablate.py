@@ -3,8 +3,8 @@
 import sys
 from pathlib import Path
 
-from mmcse.config import check_params
 from mmcse.entry import run_entry
+from mmcse.experiments.params import check_params
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root, for flows/
 

@@ -3,8 +3,8 @@ images, one content-addressed set each under data/regions (reused by train, eval
 
 import sys
 
-from mmcse.config import load_config
 from mmcse.entry import run_entry
+from mmcse.experiments.params import load_config
 from mmcse.io import write_json
 from mmcse.pipeline.cache_regions import run_cache_regions
 from mmcse.pipeline.paths import Paths

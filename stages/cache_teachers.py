@@ -3,9 +3,9 @@ then KDMCSE's threshold statistics of the cached joint teacher (plot + metrics).
 
 import sys
 
-from mmcse.config import load_config
 from mmcse.entry import run_entry
 from mmcse.evaluation.teacher_statistics import save_threshold_statistics
+from mmcse.experiments.params import load_config
 from mmcse.io import write_json
 from mmcse.pipeline.cache_teachers import run_cache_teachers
 from mmcse.pipeline.paths import Paths

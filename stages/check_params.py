@@ -2,8 +2,8 @@
 the sweep space's ends) checked before any other stage runs, and so before DVC removes any stage's
 outputs: a bad `dvc exp run -S key=value` fails here in seconds and every committed result stays."""
 
-from mmcse.config import check_params
 from mmcse.entry import run_entry
+from mmcse.experiments.params import check_params
 from mmcse.io import write_json
 from mmcse.pipeline.paths import CHECKED_PARAMS
 

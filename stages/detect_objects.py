@@ -1,7 +1,7 @@
 """DVC stage `detect_objects`: image–caption pairs -> object–phrase table + crops."""
 
-from mmcse.config import load_config
 from mmcse.entry import run_entry
+from mmcse.experiments.params import load_config
 from mmcse.pipeline.detect import run_detect
 from mmcse.pipeline.paths import Paths
 

@@ -1,7 +1,7 @@
 """DVC stage `download`: generate (or read) the data under data/raw; counts to metrics."""
 
-from mmcse.config import load_config
 from mmcse.entry import run_entry
+from mmcse.experiments.params import load_config
 from mmcse.io import write_json
 from mmcse.pipeline.download import run_download
 from mmcse.pipeline.paths import Paths

@@ -4,9 +4,9 @@ and NDCG) -> metrics/eval.json, keyed as in MLflow (``test_<name>``, `mmcse.eval
 from pathlib import Path
 
 from mmcse import tracking
-from mmcse.config import load_config
 from mmcse.entry import run_entry
 from mmcse.evaluation.names import test_metrics
+from mmcse.experiments.params import load_config
 from mmcse.io import read_json, write_json
 from mmcse.pipeline.evaluate import require_trained_with, run_evaluate
 from mmcse.pipeline.paths import Paths

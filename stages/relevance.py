@@ -1,7 +1,7 @@
 """DVC stage `relevance`: caption relevance matrices of the retrieval test set (graded NDCG)."""
 
-from mmcse.config import load_config
 from mmcse.entry import run_entry
+from mmcse.experiments.params import load_config
 from mmcse.pipeline.paths import Paths
 from mmcse.pipeline.relevance import run_relevance
 

@@ -1,8 +1,8 @@
 """DVC stage `report`: every paper's tables beside their reproduction, reports/<paper>.{md,html}."""
 
 from mmcse.analysis.papers import PAPERS
-from mmcse.config import load_config
 from mmcse.entry import run_entry
+from mmcse.experiments.params import load_config
 from mmcse.experiments.report import write_report
 
 

@@ -1,7 +1,7 @@
 """DVC stage `train`: the student, best dev checkpoint in models/student/best, curves in plots/."""
 
-from mmcse.config import load_config
 from mmcse.entry import run_entry
+from mmcse.experiments.params import load_config
 from mmcse.io import write_json
 from mmcse.pipeline.paths import Paths
 from mmcse.pipeline.train import run_train, write_curves

@@ -116,7 +116,7 @@ def params_copy(root: Path) -> Path:
 
 def prepare_project(root: Path, raw: dict) -> Path:
     """Write ``raw`` as ``root/params.yaml`` and run download, detect_objects, cache_teachers."""
-    from mmcse.config import load_config
+    from mmcse.experiments.params import load_config
     from mmcse.pipeline.cache_teachers import run_cache_teachers
     from mmcse.pipeline.detect import run_detect
     from mmcse.pipeline.download import run_download

@@ -156,7 +156,7 @@ def test_the_installed_environment_is_the_lock():
 
 def test_a_run_records_its_environment_and_a_resume_under_another_says_so(project, monkeypatch):
     from mmcse import tracking
-    from mmcse.config import load_config
+    from mmcse.experiments.params import load_config
 
     cfg = load_config("params.yaml")
     with tracking.run(cfg, "t", run_name="first") as r:

@@ -18,8 +18,9 @@ import torch
 from safetensors.torch import load_file
 
 from mmcse import stopping, tracking
-from mmcse.config import load_config, with_overrides
+from mmcse.config import with_overrides
 from mmcse.errors import StageError
+from mmcse.experiments.params import load_config
 from mmcse.io import hold_outputs
 from mmcse.pipeline.paths import Paths
 from mmcse.pipeline.train import run_train

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from mmcse import cli, tracking
-from mmcse.config import load_config
+from mmcse.experiments.params import load_config
 from tests.conftest import REPO
 
 

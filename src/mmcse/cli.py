@@ -63,7 +63,7 @@ def _cmd_eval(args: argparse.Namespace) -> None:
                       ("--transfer", args.transfer is not None)) if given]
         if problems:
             raise ValueError("; ".join(problems))
-        from mmcse.config import load_config
+        from mmcse.experiments.params import load_config
         from mmcse.pipeline.evaluate import checkpoint_retrieval
         from mmcse.pipeline.paths import Paths
 
@@ -107,7 +107,7 @@ def _cmd_eval(args: argparse.Namespace) -> None:
         probe.validate("--kfold")
     cfg = None
     if args.retrieval:
-        from mmcse.config import load_config
+        from mmcse.experiments.params import load_config
 
         cfg = load_config(args.params)  # before the model loads: a bad params.yaml is one line
     from mmcse.hub import resolve_model
@@ -155,7 +155,7 @@ def _cmd_export(args: argparse.Namespace) -> None:
 
 
 def _cmd_sweep(args: argparse.Namespace) -> None:
-    from mmcse.config import load_config
+    from mmcse.experiments.params import load_config
     from mmcse.experiments.sweep import run_sweep
     from mmcse.pipeline.paths import Paths
 
@@ -222,7 +222,7 @@ def _cmd_runs(args: argparse.Namespace) -> None:
 
 
 def _cmd_report(args: argparse.Namespace) -> None:
-    from mmcse.config import load_config
+    from mmcse.experiments.params import load_config
     from mmcse.experiments.report import write_report
 
     cfg = load_config(args.params)
@@ -261,7 +261,7 @@ def _figures_config(args: argparse.Namespace) -> Config:
     from dataclasses import replace
 
     from mmcse import tracking
-    from mmcse.config import load_config
+    from mmcse.experiments.params import load_config
 
     cfg = load_config(args.params)
     if args.tracking_uri:
@@ -387,7 +387,7 @@ def _cmd_ui(args: argparse.Namespace) -> None:
     import time
 
     from mmcse.analysis.views import write_headline_views
-    from mmcse.config import load_config
+    from mmcse.experiments.params import load_config
     from mmcse.tracking import experiment_urls, latest_ablation_url, ui_url
 
     cfg = load_config(args.params)

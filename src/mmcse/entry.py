@@ -10,7 +10,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from mmcse import stopping
-from mmcse.config import load_config
 from mmcse.errors import (
     ConfigError,
     DownloadError,
@@ -20,6 +19,7 @@ from mmcse.errors import (
     TrainingDiverged,
     TrainingOutOfMemory,
 )
+from mmcse.experiments.params import load_config
 from mmcse.io import hold_outputs
 from mmcse.pipeline.paths import Paths
 

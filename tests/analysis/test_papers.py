@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from mmcse.analysis.papers import PAPERS, Cell, check_against_text, list_papers, load_paper
-from mmcse.config import ConfigError, load_config
+from mmcse.config import ConfigError
+from mmcse.experiments.params import load_config
 from tests.conftest import REPO
 
 PAPER_TEXTS = Path(os.environ.get("MMCSE_PAPERS_DIR", REPO.parent / "shared" / "papers"))

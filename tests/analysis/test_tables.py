@@ -9,7 +9,8 @@ import pytest
 
 from mmcse.analysis.statistics import independent_significance, paired_significance
 from mmcse.analysis.tables import aggregate, table_markdown, write_table
-from mmcse.config import ConfigError, load_config, parse_config
+from mmcse.config import ConfigError, parse_config
+from mmcse.experiments.params import load_config
 from tests.conftest import REPO
 
 TASKS = ["STS12", "STS13", "STS14", "STS15", "STS16", "STSBenchmark", "SICKRelatedness"]

@@ -4,7 +4,7 @@ import mlflow
 
 from mmcse import tracking
 from mmcse.analysis.views import headline_columns, write_headline_views
-from mmcse.config import load_config
+from mmcse.experiments.params import load_config
 
 
 def test_headline_columns_pick_what_a_table_compares():

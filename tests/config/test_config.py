@@ -3,7 +3,8 @@ import re
 import pytest
 import yaml
 
-from mmcse.config import Config, ConfigError, load_config, parse_config, to_dict, with_overrides
+from mmcse.config import Config, ConfigError, parse_config, to_dict, with_overrides
+from mmcse.experiments.params import load_config
 from tests.conftest import REPO
 
 
@@ -129,7 +130,8 @@ def test_params_yaml_survives_the_rewrite_of_dvc_exp_run_set_param(tmp_path):
 def test_training_on_the_retrieval_test_split_is_refused(tmp_path):
     import pytest
 
-    from mmcse.config import ConfigError, load_config
+    from mmcse.config import ConfigError
+    from mmcse.experiments.params import load_config
 
     params = tmp_path / "params.yaml"
     params.write_text("data: {pairs: flickr30k, splits: [train, test]}\n")
@@ -140,7 +142,8 @@ def test_training_on_the_retrieval_test_split_is_refused(tmp_path):
 def test_retrieval_and_ndcg_keys_are_checked(tmp_path):
     import pytest
 
-    from mmcse.config import ConfigError, load_config
+    from mmcse.config import ConfigError
+    from mmcse.experiments.params import load_config
 
     params = tmp_path / "params.yaml"
     for text, message in (("evaluate: {ndcg: {relevance: [bleu]}}", "unknown kind 'bleu'; valid: rouge_l, spice"),
@@ -153,16 +156,19 @@ def test_retrieval_and_ndcg_keys_are_checked(tmp_path):
 
 def test_a_sweep_must_move_a_weight_its_trials_use():
     from mmcse.config import ConfigError
-    from mmcse.methods.objectives import check_sweep_space
+    from mmcse.methods.objectives import Objective, check_sweep_space
+
+    def sweep_check(cfg: Config) -> None:
+        check_sweep_space(Objective.of(cfg), cfg.sweep.space)
 
     space = {"sweep": {"space": {"loss.lambda_img": {"type": "float", "low": 0.001, "high": 1.0, "log": True}}}}
-    check_sweep_space(parse_config({**space, "train": {"method": "mcse"}}))
-    check_sweep_space(parse_config({**space, "train": {"method": "kdmcse"},
+    sweep_check(parse_config({**space, "train": {"method": "mcse"}}))
+    sweep_check(parse_config({**space, "train": {"method": "kdmcse"},
                                     "loss": {"kdmcse": {"pair_objective": "simcse_plus_kdmcse"}}}))
     swept = "'loss.lambda_img': is swept, but train.method"
     with pytest.raises(ConfigError, match=rf"{swept} 'kdmcse' trains .*Algorithm 1.*simcse_plus_kdmcse"):
-        check_sweep_space(parse_config({**space, "train": {"method": "kdmcse"}}))
+        sweep_check(parse_config({**space, "train": {"method": "kdmcse"}}))
     with pytest.raises(ConfigError, match=f"{swept} 'dalr' has no term it weighs: drop it from sweep.space$"):
-        check_sweep_space(parse_config({**space, "train": {"method": "dalr"}}))
+        sweep_check(parse_config({**space, "train": {"method": "dalr"}}))
     # loading such a configuration is fine: only a sweep refuses it
     assert parse_config({**space, "train": {"method": "dalr"}}).train.method == "dalr"

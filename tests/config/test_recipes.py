@@ -12,10 +12,11 @@ import sys
 import pytest
 import yaml
 
-from mmcse.config import ConfigError, load_config
-from mmcse.config.recipes import load_recipes, owned_keys, profile_values
+from mmcse.config import ConfigError
+from mmcse.experiments.params import load_config
 from mmcse.experiments.plan import plan
 from mmcse.experiments.profiles import apply_profile, list_profiles
+from mmcse.experiments.recipes import load_recipes, owned_keys, profile_values
 from tests.conftest import REPO
 
 

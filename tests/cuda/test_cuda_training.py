@@ -14,7 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mmcse.config import load_config, with_overrides
+from mmcse.config import with_overrides
+from mmcse.experiments.params import load_config
 from tests.training.test_step_devices import (
     METHODS,
     fp32_matmuls,

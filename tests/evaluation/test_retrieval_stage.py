@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from mmcse.cli import main
-from mmcse.config import load_config
 from mmcse.evaluation.ndcg import caption_relevance, ndcg_metrics
+from mmcse.experiments.params import load_config
 from mmcse.io import read_json, read_jsonl, write_jsonl
-from mmcse.methods.objectives import image_head
+from mmcse.methods.objectives import Objective, image_head
 from mmcse.models.student import load_student
 from mmcse.pipeline.evaluate import run_evaluate
 from mmcse.pipeline.paths import Paths
@@ -45,7 +45,7 @@ def _by_hand(folder, features, captions):
 ])
 def test_recall_is_that_of_the_trained_heads_on_the_test_images(project, method, head, feature_set, capsys):
     cfg = _config(method)
-    assert image_head(cfg) == (head, feature_set)
+    assert image_head(Objective.of(cfg)) == (head, feature_set)
     paths = Paths.of(cfg)
     assert run_relevance(cfg, paths) == {"captions": 40, "kinds": ["rouge_l"]}
     cached = list(paths.relevance.glob("rouge_l-*.npy"))
@@ -86,12 +86,12 @@ def test_recall_is_that_of_the_trained_heads_on_the_test_images(project, method,
 
 def test_a_method_without_an_image_head_reports_no_retrieval_but_lists_neighbours(project):
     cfg = _config("simcse")
-    assert image_head(cfg) is None
-    assert image_head(dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, method="kdmcse"))) == (
+    assert image_head(Objective.of(cfg)) is None
+    assert image_head(Objective("kdmcse", cfg.loss)) == (
         "teacher_image_proj", "retrieval_joint_image")
     no_term = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, method="mcse"),
                                   loss=dataclasses.replace(cfg.loss, image_term=False))
-    assert image_head(no_term) is None
+    assert image_head(Objective.of(no_term)) is None
     paths = Paths.of(cfg)
     result = train(cfg, paths.raw, paths.teachers, project / "simcse", progress=False)
     scores = run_evaluate(cfg, paths, result.best_dir, plots_dir=project / "plots")

@@ -214,7 +214,8 @@ def test_cli_scores_transfer_tasks(tmp_path, transfer_dir):
 
 
 def test_evaluate_stage_probes_the_tasks_in_data_raw(project, transfer_dir):
-    from mmcse.config import load_config, with_overrides
+    from mmcse.config import with_overrides
+    from mmcse.experiments.params import load_config
     from mmcse.hub import resolve_model
     from mmcse.io import write_jsonl
     from mmcse.pipeline.evaluate import run_evaluate

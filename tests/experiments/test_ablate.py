@@ -95,8 +95,8 @@ DALR_REMOVED = {"DALR": set(), "w/o L_info": {"info"}, "w/o L_CML": {"consistenc
 
 @pytest.mark.parametrize("preset", sorted(PRESET_ROWS))
 def test_every_preset_loads_in_the_papers_row_order(preset):
-    from mmcse.config import load_config
-    from mmcse.methods.objectives import active_terms
+    from mmcse.experiments.params import load_config
+    from mmcse.methods.objectives import Objective, active_terms
 
     cfg = load_config(REPO / "params.yaml", {"ablate.preset": preset})
     assert list(cfg.ablate.variants) == PRESET_ROWS[preset]
@@ -106,7 +106,7 @@ def test_every_preset_loads_in_the_papers_row_order(preset):
         preset, "DALR" if preset.startswith("dalr") else PRESET_ROWS[preset][0])
     jobs = expand(cfg)
     assert len(jobs) == len(PRESET_ROWS[preset]) * len(cfg.ablate.seeds)
-    terms = {j.variant: active_terms(job_config(cfg, j)) for j in jobs}
+    terms = {j.variant: active_terms(Objective.of(job_config(cfg, j))) for j in jobs}
     if preset == "baselines":  # one method per row, five seeds, compared against MCSE
         assert cfg.ablate.seeds == [1, 2, 3, 4, 5] and cfg.ablate.reference == "MCSE"
         methods = {j.variant: job_config(cfg, j).train.method for j in jobs}
@@ -162,7 +162,8 @@ def test_every_preset_loads_in_the_papers_row_order(preset):
 
 
 def test_unknown_preset_lists_the_available_ones():
-    from mmcse.config import ConfigError, load_config
+    from mmcse.config import ConfigError
+    from mmcse.experiments.params import load_config
 
     presets = ("baselines, dalr-fig3, dalr-fig4, dalr-table1, dalr-table10, dalr-table2, dalr-table3, dalr-table4, "
                "dalr-table5, dalr-table6, dalr-table7, dalr-table8, dalr-table9, duet-table1, duet-table2, "
@@ -173,7 +174,8 @@ def test_unknown_preset_lists_the_available_ones():
 
 
 def test_rows_of_takes_the_other_presets_keys_and_refuses_a_cycle(tmp_path):
-    from mmcse.config import ConfigError, load_config
+    from mmcse.config import ConfigError
+    from mmcse.experiments.params import load_config
 
     (tmp_path / "ablations").mkdir()
     (tmp_path / "ablations/a.yaml").write_text("reference: y\nmetric: alignment\nvariants:\n  x: {}\n  y: {}\n")
@@ -192,7 +194,8 @@ def test_rows_of_takes_the_other_presets_keys_and_refuses_a_cycle(tmp_path):
 
 
 def test_preset_variant_with_a_bad_key_fails_at_load(tmp_path):
-    from mmcse.config import ConfigError, load_config
+    from mmcse.config import ConfigError
+    from mmcse.experiments.params import load_config
 
     (tmp_path / "ablations").mkdir()
     (tmp_path / "ablations/p.yaml").write_text("variants:\n  a: {}\n  b: {loss.dalr.lamda: 1}\n")
@@ -261,9 +264,9 @@ def test_a_job_recorded_under_older_score_names_is_evaluated_again_not_retrained
     import json
 
     import mmcse.pipeline.train
-    from mmcse.config import load_config
     from mmcse.experiments.ablate import SCORE_NAMES, run_job
     from mmcse.experiments.jobs import Job
+    from mmcse.experiments.params import load_config
 
     cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 2, "train.eval_steps": 2})
     job = Job("mcse", 1, {"base.seed": 1})
@@ -298,7 +301,7 @@ def test_a_finished_job_is_rescored_after_an_evaluation_edit_and_retrained_after
     import mmcse.experiments.ablate as ablate
     import mmcse.experiments.jobs as jobs
     import mmcse.training.checkpoints as checkpoints
-    from mmcse.config import load_config
+    from mmcse.experiments.params import load_config
     from mmcse.integrity.code import EVALUATION_CODE, TRAINING_CODE, code_files
 
     def edited(roots_edited, name):
@@ -333,9 +336,9 @@ def test_a_finished_job_survives_its_folder_being_restored_to_an_older_output(pr
     import shutil
 
     import mmcse.pipeline.train
-    from mmcse.config import load_config
     from mmcse.experiments.ablate import run_job
     from mmcse.experiments.jobs import Job, job_hash
+    from mmcse.experiments.params import load_config
 
     cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 2, "train.eval_steps": 2})
     job = Job("mcse", 1, {"base.seed": 1})

@@ -3,8 +3,9 @@
 import pytest
 
 from mmcse import tracking
-from mmcse.config import ConfigError, load_config, with_overrides
+from mmcse.config import ConfigError, with_overrides
 from mmcse.experiments.ablation_record import first_jobs, log_ablation_figures
+from mmcse.experiments.params import load_config
 from tests.conftest import REPO
 
 

@@ -10,7 +10,8 @@ import sys
 import pytest
 import yaml
 
-from mmcse.config import ConfigError, load_config
+from mmcse.config import ConfigError
+from mmcse.experiments.params import load_config
 from mmcse.experiments.profiles import apply_profile, list_profiles, profile_values
 from tests.conftest import REPO, params_copy
 

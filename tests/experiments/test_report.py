@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from mmcse import tracking
-from mmcse.config import ConfigError, load_config
+from mmcse.config import ConfigError
+from mmcse.experiments.params import load_config
 from tests.conftest import REPO
 
 

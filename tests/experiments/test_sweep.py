@@ -13,8 +13,8 @@ import pytest
 import yaml
 from optuna.trial import TrialState
 
-from mmcse.config import load_config
 from mmcse.experiments import sweep
+from mmcse.experiments.params import load_config
 from mmcse.pipeline.paths import Paths
 
 N_TRIALS = 4

@@ -6,10 +6,11 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from mmcse.config import ConfigError, load_config, parse_config, to_dict, with_overrides
+from mmcse.config import ConfigError, parse_config, to_dict, with_overrides
 from mmcse.experiments import upstream
 from mmcse.experiments.ablate import run_job
 from mmcse.experiments.jobs import Job, job_hash
+from mmcse.experiments.params import load_config
 from mmcse.experiments.upstream import resolve
 from mmcse.integrity.keys import artifact_keys, require_top_level
 from mmcse.io import read_json, read_jsonl

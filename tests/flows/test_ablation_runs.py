@@ -19,7 +19,7 @@ def test_the_flow_names_its_runs_and_fills_its_parent(project):
 
     from flows.ablations import ablations
     from mmcse import tracking
-    from mmcse.config import load_config
+    from mmcse.experiments.params import load_config
 
     raw = yaml.safe_load((project / "params.yaml").read_text())
     raw["ablate"].update(variants={"mcse": {}}, seeds=[1], title="one job")

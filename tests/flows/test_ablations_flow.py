@@ -101,7 +101,7 @@ def test_flow_trains_every_variant_retries_failures_and_resumes(project, harness
     import mlflow
 
     from mmcse import tracking
-    from mmcse.config import load_config
+    from mmcse.experiments.params import load_config
 
     tracking.configure(load_config("params.yaml"))
     parents = mlflow.search_runs(experiment_names=["mmcse-ablate"], filter_string="tags.fan_out = 'local'",

@@ -12,7 +12,7 @@ import torch
 
 from mmcse.config import Config, parse_config, with_overrides
 from mmcse.methods.losses import adapacse_loss, info_nce, simcse_loss
-from mmcse.methods.objectives import StepEmbeddings, active_terms, needed_features, step_objective
+from mmcse.methods.objectives import Objective, StepEmbeddings, active_terms, needed_features, step_objective
 from tests.methods.test_losses import eq1_loop, eq3_loop
 from tests.methods.test_losses_kdmcse import eq13_loop
 
@@ -50,7 +50,7 @@ def _on(e: StepEmbeddings, device: torch.device) -> StepEmbeddings:
 def _step(device: torch.device, cfg: Config, e: StepEmbeddings, seed: int = 0) -> dict[str, torch.Tensor]:
     """:func:`step_objective` on ``e``'s copy on ``device``; every term (diagnostics too) must
     come back on that device. Returns the terms on the CPU, to compare with the references."""
-    terms = step_objective(cfg, _on(e, device), seed)
+    terms = step_objective(Objective.of(cfg), _on(e, device), seed)
     for name, t in terms.items():
         assert t.device.type == device.type, f"term {name} on {t.device}, embeddings on {device}"
     return {name: t.cpu() for name, t in terms.items()}
@@ -138,7 +138,7 @@ def test_kdmcse_gradients_treat_the_soft_labels_as_labels(device):
     cfg = _cfg(**{"train.method": "kdmcse", "loss.kdmcse.threshold": 0.4, "loss.kdmcse.margin": 0.15})
     leaves = {name: getattr(e, name).clone().requires_grad_(True) for name in ("s1", "s2", "teacher_text",
                                                                                 "teacher_image")}
-    got = step_objective(cfg, _on(dataclasses.replace(e, **leaves), device))["loss"]
+    got = step_objective(Objective.of(cfg), _on(dataclasses.replace(e, **leaves), device))["loss"]
     got.backward()
     ref = {name: t.detach().clone().requires_grad_(True) for name, t in leaves.items()}
     a_tv, a_tt, a_vv = _alphas(ref["teacher_text"].detach(), ref["teacher_image"].detach())
@@ -228,7 +228,7 @@ def test_dalr_shares_one_projected_q_t2t_between_cma_and_ima(device):
                           "loss.dalr.ima_student_temperature": 0.3, "loss.dalr.ima_teacher_temperature": 0.4})
     leaves = {name: getattr(e, name).clone().requires_grad_(True)
               for name in ("s1", "z1", "z2", "teacher_image", "text_teacher")}
-    terms = step_objective(cfg, _on(dataclasses.replace(e, **leaves), device))
+    terms = step_objective(Objective.of(cfg), _on(dataclasses.replace(e, **leaves), device))
     (terms["cma"] + terms["ima"]).backward()
 
     ref = {name: t.detach().clone().requires_grad_(True) for name, t in leaves.items()}
@@ -269,10 +269,11 @@ def test_dalr_shares_one_projected_q_t2t_between_cma_and_ima(device):
 
 
 def test_dalr_projected_targets_need_the_text_teachers_on_pair_batches():
-    assert needed_features(_cfg(**DALR), pair_batch=True) == {"joint", "text_teachers"}
+    assert needed_features(Objective.of(_cfg(**DALR)), pair_batch=True) == {"joint", "text_teachers"}
     cml_only = _cfg(**DALR, **{"loss.dalr.iml": False})
-    assert needed_features(cml_only, pair_batch=True) == {"joint", "text_teachers"}
-    assert needed_features(with_overrides(cml_only, {"loss.dalr.teacher_space": "raw"}), pair_batch=True) == {"joint"}
+    assert needed_features(Objective.of(cml_only), pair_batch=True) == {"joint", "text_teachers"}
+    raw = with_overrides(cml_only, {"loss.dalr.teacher_space": "raw"})
+    assert needed_features(Objective.of(raw), pair_batch=True) == {"joint"}
 
 
 @pytest.mark.parametrize("include_diagonal", [True, False])
@@ -287,7 +288,7 @@ def test_dalr_draws_do_not_depend_on_the_device(include_diagonal, mismatch, devi
     cfg = _cfg(**DALR, **{"loss.dalr.rank_include_diagonal": include_diagonal, "loss.dalr.mismatch": mismatch})
     per_seed = []
     for seed in (0, 1, 2, 3):
-        cpu = step_objective(cfg, e, seed)
+        cpu = step_objective(Objective.of(cfg), e, seed)
         got = _step(device, cfg, e, seed)
         assert set(got) == set(cpu)
         for name in cpu:
@@ -320,8 +321,9 @@ def test_dalr_iml_on_text_batches_only_when_asked(device):
     assert set(_step(device, _cfg(**DALR), e)) == {"simcse", "loss"}
     terms = _step(device, _cfg(**DALR, **{"loss.dalr.text_batches": True}), e)
     assert set(terms) == {"simcse", "rank", "ima", "loss"}
-    assert needed_features(_cfg(**DALR, **{"loss.dalr.text_batches": True}), pair_batch=False) == {"text_teachers"}
-    assert needed_features(_cfg(**DALR), pair_batch=False) == set()
+    text_batches = Objective.of(_cfg(**DALR, **{"loss.dalr.text_batches": True}))
+    assert needed_features(text_batches, pair_batch=False) == {"text_teachers"}
+    assert needed_features(Objective.of(_cfg(**DALR)), pair_batch=False) == set()
 
 
 @pytest.mark.parametrize(("extra", "added"), [({"loss.dalr.cml": True}, {"consistency", "cma"}),
@@ -377,14 +379,14 @@ def test_mcseo_image_caption_term_is_its_eq3_on_one_view_and_both_with_image_vie
 
 
 def test_active_terms_resolve_auto_per_method():
-    assert active_terms(_cfg(**{"train.method": "mcse"})) == {
+    assert active_terms(Objective.of(_cfg(**{"train.method": "mcse"}))) == {
         "simcse": True, "image": True, "clip_text": False, "kdmcse": False, "info": False, "consistency": False,
         "cma": False, "rank": False, "ima": False, "object": False}
-    dalr = active_terms(_cfg(**DALR))
+    dalr = active_terms(Objective.of(_cfg(**DALR)))
     assert all(dalr[t] for t in ("info", "consistency", "cma", "rank", "ima")) and not dalr["image"]
-    assert active_terms(_cfg(**{"train.method": "simcse", "loss.dalr.iml": True}))["rank"]
+    assert active_terms(Objective.of(_cfg(**{"train.method": "simcse", "loss.dalr.iml": True})))["rank"]
     # simcse trains on text only: the image-side terms stay off whatever their switches say
-    assert not active_terms(_cfg(**{"train.method": "simcse", "loss.dalr.cml": True}))["cma"]
+    assert not active_terms(Objective.of(_cfg(**{"train.method": "simcse", "loss.dalr.cml": True})))["cma"]
 
 
 def test_impossible_combinations_fail_at_load():
@@ -428,7 +430,7 @@ def test_mcse_plus_clip_text_adds_eq3_against_the_teacher_text_with_its_gradient
         setattr(e, name, getattr(e, name).clone().requires_grad_(True))
     cfg = _cfg(**{"train.method": "mcse", "loss.lambda_img": 0.2, "loss.temperature_img": 0.1,
                   "loss.mcse.clip_text": True})
-    terms = step_objective(cfg, e, 0)
+    terms = step_objective(Objective.of(cfg), e, 0)
     assert set(terms) == {"simcse", "image", "clip_text", "loss"}
     n = e.s1.shape[0]
 
@@ -450,4 +452,5 @@ def test_mcse_plus_clip_text_adds_eq3_against_the_teacher_text_with_its_gradient
     for g, r in zip(got, ref, strict=True):
         assert torch.allclose(g, r, atol=1e-9) and g.abs().sum() > 0
     for other in ({"loss.image_term": False}, {"train.method": "kdmcse"}):  # MCSE's term, with its image term
-        assert not active_terms(_cfg(**{"train.method": "mcse", "loss.mcse.clip_text": True, **other}))["clip_text"]
+        cfg = _cfg(**{"train.method": "mcse", "loss.mcse.clip_text": True, **other})
+        assert not active_terms(Objective.of(cfg))["clip_text"]

@@ -10,7 +10,7 @@ import torch
 
 from mmcse.config import Config, with_overrides
 from mmcse.methods import objectives
-from mmcse.methods.objectives import active_terms, needed_features, needed_inputs, step_objective
+from mmcse.methods.objectives import Objective, active_terms, needed_features, needed_inputs, step_objective
 from mmcse.methods.terms import REGISTRY, TERMS, LossTerm, StepEmbeddings, register
 from mmcse.methods.terms.base import INPUT_FEATURES
 from tests.methods.test_objectives import _embeddings
@@ -25,7 +25,7 @@ def _cfg(**overrides) -> Config:
 def old_needed_features(cfg: Config, pair_batch: bool) -> set[str]:
     """The hand-written table the derived `needed_features` replaced (main before the registry),
     transcribed as the independent reference."""
-    on = active_terms(cfg)
+    on = active_terms(Objective.of(cfg))
     need: set[str] = set()
     if pair_batch:
         if on["image"]:
@@ -57,7 +57,7 @@ VARIANTS = [
 def test_derived_features_equal_the_hand_written_table(overrides):
     cfg = _cfg(**overrides)
     for pair_batch in (False, True):
-        assert needed_features(cfg, pair_batch) == old_needed_features(cfg, pair_batch)
+        assert needed_features(Objective.of(cfg), pair_batch) == old_needed_features(cfg, pair_batch)
 
 
 def test_every_term_is_one_object_with_its_paper_and_a_unique_place():
@@ -69,7 +69,7 @@ def test_every_term_is_one_object_with_its_paper_and_a_unique_place():
         assert re.search(r"(SimCSE|MCSE|KDMCSE|DALR|MCSEO)", term.equation), term.name
         assert term.compute.__doc__, f"{term.name}: its function's docstring names the equation"
         for method in METHODS:
-            assert term.inputs(_cfg(**{"train.method": method})) <= INPUT_FEATURES.keys()
+            assert term.inputs(Objective.of(_cfg(**{"train.method": method}))) <= INPUT_FEATURES.keys()
     with pytest.raises(ValueError, match="registered twice"):
         register(dataclasses.replace(TERMS[0], order=999))
     with pytest.raises(ValueError, match="share order"):
@@ -93,66 +93,70 @@ def test_no_term_name_is_spelled_outside_its_module():
 
 
 def _throwaway(weight: str | None = "loss.lambda_img") -> LossTerm:
-    def mean_cosine(cfg, e, generator):
+    def mean_cosine(o, e, generator):
         """A throwaway term for this test: 1 − mean cos(s1, image)."""
         return 1 - torch.nn.functional.cosine_similarity(e.s1, e.image).mean()
 
     return LossTerm(name="throwaway", equation="a test (MCSE Eq. 3's inputs)", order=35, weight=weight,
-                    active=lambda cfg: cfg.train.method == "dalr", inputs=lambda cfg: {"s", "image"},
+                    active=lambda o: o.method == "dalr", inputs=lambda o: {"s", "image"},
                     compute=mean_cosine)
 
 
 def test_a_new_term_is_summed_with_its_weight_and_loads_what_it_reads(monkeypatch):
     cfg = _cfg(**{"train.method": "dalr", "loss.lambda_img": 0.25})
     e = _embeddings()
-    before = step_objective(cfg, e)
+    before = step_objective(Objective.of(cfg), e)
     monkeypatch.setattr(objectives, "TERMS", tuple(sorted((*TERMS, _throwaway()), key=lambda t: t.order)))
-    assert active_terms(cfg)["throwaway"]
-    assert "image" in needed_features(cfg, pair_batch=True) and "image" not in old_needed_features(cfg, True)
-    assert {"s", "image"} <= needed_inputs(cfg, pair_batch=True)
-    after = step_objective(cfg, e)
+    o = Objective.of(cfg)
+    assert active_terms(o)["throwaway"]
+    assert "image" in needed_features(o, pair_batch=True) and "image" not in old_needed_features(cfg, True)
+    assert {"s", "image"} <= needed_inputs(o, pair_batch=True)
+    after = step_objective(o, e)
     expected = 1 - torch.nn.functional.cosine_similarity(e.s1, e.image).mean()
     torch.testing.assert_close(after["throwaway"], expected)
     torch.testing.assert_close(after["loss"], before["loss"] + 0.25 * expected)
     # text batches: pair-only by default
-    assert "throwaway" not in step_objective(cfg, _embeddings(pair_batch=False))
+    assert "throwaway" not in step_objective(Objective.of(cfg), _embeddings(pair_batch=False))
     # switched off by its predicate: mcse's step is unchanged
     mcse = _cfg(**{"train.method": "mcse"})
-    assert not active_terms(mcse)["throwaway"]
+    assert not active_terms(Objective.of(mcse))["throwaway"]
 
 
 def test_a_term_that_reads_what_no_step_makes_is_refused(monkeypatch):
-    bad = dataclasses.replace(_throwaway(), inputs=lambda cfg: {"s", "depth_map"})
+    bad = dataclasses.replace(_throwaway(), inputs=lambda o: {"s", "depth_map"})
     monkeypatch.setattr(objectives, "TERMS", (*TERMS, bad))
     with pytest.raises(ValueError, match="'throwaway' reads \\['depth_map'\\].*it may read: z, s, image"):
-        needed_features(_cfg(**{"train.method": "dalr"}), pair_batch=True)
+        needed_features(Objective.of(_cfg(**{"train.method": "dalr"})), pair_batch=True)
 
 
 def test_a_swept_weight_must_weigh_an_active_term():
     from mmcse.config import ConfigError
-    from mmcse.methods.objectives import check_sweep_space
+    from mmcse.methods.objectives import Objective, check_sweep_space
+
+    def sweep_check(cfg: Config) -> None:
+        check_sweep_space(Objective.of(cfg), cfg.sweep.space)
 
     space = {"sweep.space": {"loss.dalr.mu_iml": {"type": "float", "low": 0.01, "high": 1.0}}}
-    check_sweep_space(_cfg(**{"train.method": "dalr"}, **space))
+    sweep_check(_cfg(**{"train.method": "dalr"}, **space))
     with pytest.raises(ConfigError, match="'loss.dalr.mu_iml': is swept, but train.method 'mcse' has no term"):
-        check_sweep_space(_cfg(**{"train.method": "mcse"}, **space))
-    check_sweep_space(_cfg(**{"train.method": "mcse", "loss.dalr.iml": True}, **space))
+        sweep_check(_cfg(**{"train.method": "mcse"}, **space))
+    sweep_check(_cfg(**{"train.method": "mcse", "loss.dalr.iml": True}, **space))
     # a swept key that weighs no term (a temperature) is not this check's business
-    check_sweep_space(_cfg(**{"train.method": "mcse", "sweep.space": {
+    sweep_check(_cfg(**{"train.method": "mcse", "sweep.space": {
         "loss.temperature": {"type": "float", "low": 0.01, "high": 0.1}}}))
 
 
 def test_the_step_builds_only_the_embeddings_its_terms_read():
-    dalr = _cfg(**{"train.method": "dalr"})
+    dalr = Objective.of(_cfg(**{"train.method": "dalr"}))
     assert needed_inputs(dalr, pair_batch=False) == {"z"}
     # L_rank reads the teachers' own similarity, L_CMA and L_IMA the projected h^t
     assert needed_inputs(dalr, pair_batch=True) == {"z", "s", "teacher_image", "text_teacher", "text_teacher_sim",
                                                     "shared_text", "shared_image"}
-    raw = _cfg(**{"train.method": "dalr", "loss.dalr.teacher_space": "raw"})
+    raw = Objective.of(_cfg(**{"train.method": "dalr", "loss.dalr.teacher_space": "raw"}))
     assert needed_inputs(raw, pair_batch=True) == {"z", "s", "teacher_image", "joint_text", "joint_image",
                                                    "text_teacher_sim", "shared_text", "shared_image"}
-    assert needed_inputs(_cfg(**{"train.method": "simcse"}), pair_batch=True) == {"z"}
-    assert needed_inputs(_cfg(**{"train.method": "kdmcse"}), pair_batch=True) == {
+    assert needed_inputs(Objective.of(_cfg(**{"train.method": "simcse"})), pair_batch=True) == {"z"}
+    assert needed_inputs(Objective.of(_cfg(**{"train.method": "kdmcse"})), pair_batch=True) == {
         "z", "s", "teacher_text", "teacher_image"}
 
 

@@ -115,7 +115,8 @@ def test_export_length_default_is_text_encoders():
 
 def test_trained_student_best_is_a_sentence_transformers_folder(project):
     from mmcse.cli import main
-    from mmcse.config import load_config, with_overrides
+    from mmcse.config import with_overrides
+    from mmcse.experiments.params import load_config
     from mmcse.integrity.files import check_model_folder
     from mmcse.models.student import load_student
     from mmcse.training.checkpoints import BEST_REQUIRED

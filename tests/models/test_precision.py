@@ -10,8 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mmcse.config import ConfigError, load_config, with_overrides
+from mmcse.config import ConfigError, with_overrides
 from mmcse.errors import PrecisionError, TrainingOutOfMemory
+from mmcse.experiments.params import load_config
 from mmcse.methods.losses import cosine_matrix
 from mmcse.models import precision
 from mmcse.training.loop import train

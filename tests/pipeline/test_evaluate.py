@@ -7,8 +7,9 @@ import warnings
 import mlflow
 import numpy as np
 
-from mmcse.config import load_config, with_overrides
+from mmcse.config import with_overrides
 from mmcse.evaluation.sts import COLLAPSED_TAG, TextEncoder
+from mmcse.experiments.params import load_config
 from mmcse.pipeline.evaluate import run_evaluate
 from mmcse.pipeline.paths import Paths
 from mmcse.pipeline.train import run_train

@@ -25,7 +25,7 @@ def test_pairs_none_refuses_an_ablation_variant_that_adds_a_multimodal_method():
 
 @pytest.mark.slow  # end to end: real stages, models or subprocesses (the full suite runs it)
 def test_pairs_none_trains_and_evaluates_simcse_from_the_corpus_alone(tmp_path, monkeypatch):
-    from mmcse.config import load_config
+    from mmcse.experiments.params import load_config
     from mmcse.pipeline.paths import Paths
     from mmcse.teachers.cache import FeatureStore
 

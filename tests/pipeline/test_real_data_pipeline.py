@@ -89,7 +89,7 @@ def test_flickr30k_like_archives_run_through_every_stage(server, tmp_path):  # n
     crops = read_json(root / "data/teachers" / sets["object"] / "index.json")["ids"]
     assert len(images) == 24 and len(crops) == 48  # every JPEG and every crop has its features
 
-    from mmcse.config import load_config
+    from mmcse.experiments.params import load_config
     from mmcse.pipeline.evaluate import run_evaluate
     from mmcse.pipeline.paths import Paths
     from mmcse.pipeline.train import run_train

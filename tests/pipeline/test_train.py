@@ -6,7 +6,8 @@ import mlflow
 import pytest
 
 from mmcse import tracking
-from mmcse.config import load_config, with_overrides
+from mmcse.config import with_overrides
+from mmcse.experiments.params import load_config
 from mmcse.pipeline.paths import Paths
 from mmcse.pipeline.train import run_train
 

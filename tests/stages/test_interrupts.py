@@ -33,7 +33,7 @@ def _two_long_jobs(project) -> None:
 
 def test_ctrl_c_stops_the_ablation_within_seconds_and_the_rerun_continues(project):
     from mmcse import tracking
-    from mmcse.config import load_config
+    from mmcse.experiments.params import load_config
     from mmcse.experiments.prefect_server import stale_temporary_servers
 
     _two_long_jobs(project)

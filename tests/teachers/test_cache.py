@@ -60,7 +60,7 @@ def test_bad_images_name_the_file(tmp_path):
 
 
 def test_prepared_project_caches_every_set(prepared_project):
-    from mmcse.config import load_config
+    from mmcse.experiments.params import load_config
     from mmcse.io import read_json, read_jsonl
     from mmcse.pipeline.cache_teachers import run_cache_teachers
     from mmcse.pipeline.paths import Paths
@@ -96,7 +96,7 @@ def test_prepared_project_caches_every_set(prepared_project):
     assert np.mean(ranks == 0) > 0.5  # own image first for most captions (chance: 1/24)
 
     # the retrieval test images: the image encoder's features, and v̂ from the CCA fitted on the training pairs
-    from mmcse.config import load_config
+    from mmcse.experiments.params import load_config
     from mmcse.teachers.cache import fit_cca
 
     cfg = load_config(prepared_project / "params.yaml").teachers
@@ -241,7 +241,7 @@ def _rerecord_image(project, image_id, pixels):
 
 
 def test_changed_image_bytes_change_the_image_feature_key(project):
-    from mmcse.config import load_config
+    from mmcse.experiments.params import load_config
     from mmcse.io import read_json, read_jsonl
     from mmcse.pipeline.cache_teachers import run_cache_teachers
     from mmcse.pipeline.paths import Paths
@@ -264,7 +264,7 @@ def test_changed_image_bytes_change_the_image_feature_key(project):
 
 
 def test_image_changed_after_download_is_named_with_the_stage_to_rerun(project):
-    from mmcse.config import load_config
+    from mmcse.experiments.params import load_config
     from mmcse.pipeline.cache_teachers import run_cache_teachers
     from mmcse.pipeline.paths import Paths
 
@@ -283,7 +283,7 @@ def test_a_same_size_image_swap_is_named_when_a_set_is_built(project):
     first, so the wrong image is never encoded under its row's key."""
     import shutil
 
-    from mmcse.config import load_config
+    from mmcse.experiments.params import load_config
     from mmcse.pipeline.cache_teachers import run_cache_teachers
     from mmcse.pipeline.paths import Paths
 
@@ -301,7 +301,7 @@ def test_a_same_size_image_swap_is_named_when_a_set_is_built(project):
 def test_a_same_size_image_swap_is_named_while_every_set_is_cached(project):
     """Issue 33.5: every teacher set cached, one image replaced by other bytes of the same size: the
     stage names it (cache_teachers, and cache_regions and detect_objects read the images too)."""
-    from mmcse.config import load_config
+    from mmcse.experiments.params import load_config
     from mmcse.pipeline.cache_teachers import run_cache_teachers
     from mmcse.pipeline.detect import run_detect
     from mmcse.pipeline.paths import Paths

@@ -172,7 +172,8 @@ def test_open_clip_unknown_or_uncached_checkpoints_fail_fast(monkeypatch, tmp_pa
 def test_pipeline_caches_real_teachers_and_a_hit_builds_no_model(project, tiny_clip, monkeypatch):
     """cache_teachers with ResNet-50 and CLIP (random weights): sets of the right widths;
     rerun = all hits, and neither model is built."""
-    from mmcse.config import load_config, with_overrides
+    from mmcse.config import with_overrides
+    from mmcse.experiments.params import load_config
     from mmcse.pipeline.cache_teachers import run_cache_teachers
     from mmcse.pipeline.paths import Paths
     from mmcse.teachers.cache import FeatureStore
@@ -202,7 +203,8 @@ def test_the_joint_teachers_text_side_as_a_text_teacher(project, tiny_clip):
     """DALR Table 9's "CLIP" text teacher (teachers.text: joint): captions get the joint teacher's
     t̂ itself, corpus sentences CLIP's text feature computed directly; the CCA stand-in gives the
     fitted text side of its own text teacher's corpus features."""
-    from mmcse.config import ConfigError, load_config, with_overrides
+    from mmcse.config import ConfigError, with_overrides
+    from mmcse.experiments.params import load_config
     from mmcse.io import read_jsonl
     from mmcse.pipeline.cache_teachers import run_cache_teachers
     from mmcse.pipeline.paths import Paths

@@ -4,7 +4,7 @@ import mlflow
 import pytest
 
 from mmcse import tracking
-from mmcse.config import load_config
+from mmcse.experiments.params import load_config
 
 
 class Pruned(Exception):
@@ -45,7 +45,8 @@ def test_a_failed_child_run_leaves_its_parent_running(project):
 KILLED_TRAINING = """
 import os, signal, sys
 from pathlib import Path
-from mmcse.config import load_config, with_overrides
+from mmcse.config import with_overrides
+from mmcse.experiments.params import load_config
 from mmcse.pipeline.paths import Paths
 from mmcse.pipeline.train import run_train
 

@@ -15,8 +15,9 @@ import torch
 from safetensors.torch import load_file
 
 from mmcse import tracking
-from mmcse.config import load_config, with_overrides
+from mmcse.config import with_overrides
 from mmcse.errors import CorruptArtifact, TrainingDiverged
+from mmcse.experiments.params import load_config
 from mmcse.integrity.files import SEAL, check_model_folder, read_seal
 from mmcse.pipeline.evaluate import require_trained_with
 from mmcse.pipeline.paths import Paths

@@ -16,9 +16,10 @@ from safetensors.torch import load_file
 from transformers import BertConfig, BertModel
 
 from mmcse import tracking
-from mmcse.config import ConfigError, load_config, with_overrides
+from mmcse.config import ConfigError, with_overrides
 from mmcse.detection.regions import RegionStore
 from mmcse.evaluation.retrieval import retrieval_metrics
+from mmcse.experiments.params import load_config
 from mmcse.io import read_jsonl
 from mmcse.models.duet import DuetModel
 from mmcse.pipeline.cache_regions import run_cache_regions

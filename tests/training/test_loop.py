@@ -4,7 +4,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from mmcse.config import load_config, with_overrides
+from mmcse.config import with_overrides
+from mmcse.experiments.params import load_config
 from mmcse.training.batches import PAIR, TEXT, alternation_schedule
 from mmcse.training.checkpoints import release_resume_point
 from mmcse.training.loop import train
@@ -99,7 +100,7 @@ METHOD_TERMS = {
 def test_each_method_steps_on_cached_features_only(project, method, monkeypatch):
     """A pair batch of every method: its terms, finite gradients, and no teacher model run."""
     import mmcse.teachers.cache
-    from mmcse.methods.objectives import needed_features
+    from mmcse.methods.objectives import Objective, needed_features
     from mmcse.models.student import Student, load_backbone, load_tokenizer
     from mmcse.models.tokens import tokenize_texts
     from mmcse.training.batches import TrainData
@@ -118,9 +119,9 @@ def test_each_method_steps_on_cached_features_only(project, method, monkeypatch)
     student = Student(load_backbone(cfg.model), data.image_features.dim, cfg.model.proj_dim, data.joint_image.dim,
                       text_teacher_dim=data.text_captions[0].dim)
     idx = list(range(8))
-    feats = data.pair_features(idx, needed_features(cfg, pair_batch=True), torch.device("cpu"))
+    feats = data.pair_features(idx, needed_features(Objective.of(cfg), pair_batch=True), torch.device("cpu"))
     batch = tokenize_texts(tok, data.captions, cfg.model.max_seq_len).batch(idx, torch.device("cpu"))
-    terms = training_step_loss(student, cfg, batch, feats, pair_batch=True, seed=3)
+    terms = training_step_loss(student, Objective.of(cfg), batch, feats, pair_batch=True, seed=3)
     assert {k for k in terms if not k.startswith("stat/")} - {"loss"} == METHOD_TERMS[method]
     terms["loss"].backward()
     grads = {n: p.grad for n, p in student.named_parameters() if p.grad is not None}
@@ -446,7 +447,7 @@ def test_the_step_schedule_divides_the_rate_by_ten_every_n_epochs_and_clipping_b
 
     model = torch.nn.Linear(3, 2)
     cfg = with_overrides(load_config("params.yaml"), {"train.learning_rate": 0.5, "train.lr_decay_epochs": 2})
-    optimizer, scheduler = build_optimizer(model, cfg, total_steps=100, steps_per_epoch=3)
+    optimizer, scheduler = build_optimizer(model, cfg.train, total_steps=100, steps_per_epoch=3)
     rates = []
     for _ in range(13):
         rates.append(scheduler.get_last_lr()[0])
@@ -454,9 +455,9 @@ def test_the_step_schedule_divides_the_rate_by_ten_every_n_epochs_and_clipping_b
         scheduler.step()
     assert rates == pytest.approx([0.5] * 6 + [0.05] * 6 + [0.005])  # ÷10 after 2 epochs of 3 steps
     with pytest.raises(ValueError, match="steps an epoch"):
-        build_optimizer(model, cfg, total_steps=100)
+        build_optimizer(model, cfg.train, total_steps=100)
     linear = with_overrides(cfg, {"train.lr_decay_epochs": 0})
-    opt, decay = build_optimizer(model, linear, total_steps=4)
+    opt, decay = build_optimizer(model, linear.train, total_steps=4)
     assert decay.get_last_lr()[0] == pytest.approx(0.5)
     opt.step()
     decay.step()
@@ -471,7 +472,7 @@ def test_the_step_schedule_divides_the_rate_by_ten_every_n_epochs_and_clipping_b
         (model(torch.full((4, 3), 10.0)).sum() * 100).backward()
         norm = torch.sqrt(sum(p.grad.pow(2).sum() for p in model.parameters()))
         assert norm > 2.0
-        clipped_update(model, config, sgd, torch.amp.GradScaler("cpu", enabled=False))
+        clipped_update(model, config.train, sgd, torch.amp.GradScaler("cpu", enabled=False))
         step = torch.sqrt(sum((p.detach() - b).pow(2).sum() for p, b in zip(model.parameters(), before, strict=True)))
         assert float(step) == pytest.approx(2.0 if limit else float(norm), rel=1e-5)
     from mmcse.config import ConfigError

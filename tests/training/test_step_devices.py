@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from mmcse.config import Config, parse_config
-from mmcse.methods.objectives import needed_features
+from mmcse.methods.objectives import Objective, needed_features
 from mmcse.models.student import Student, load_backbone
 from mmcse.training.batches import BatchFeatures
 from mmcse.training.loop import training_step_loss
@@ -92,14 +92,14 @@ def random_features(need: set[str], seed: int = 0) -> BatchFeatures:
 
 def step_inputs(cfg: Config, vocab_size: int, seed: int = 0) -> tuple[dict[str, torch.Tensor], BatchFeatures]:
     """A pair batch and exactly the feature groups the method loads for one (CPU)."""
-    return random_batch(vocab_size, seed), random_features(needed_features(cfg, pair_batch=True), seed)
+    return random_batch(vocab_size, seed), random_features(needed_features(Objective.of(cfg), pair_batch=True), seed)
 
 
 def run_step(student: Student, cfg: Config, batch: dict[str, torch.Tensor], feats: BatchFeatures,
              device: torch.device, seed: int = 3) -> dict[str, torch.Tensor]:
     """:func:`training_step_loss` with the batch and features moved to ``device``."""
     batch = {k: v.to(device) for k, v in batch.items()}
-    return training_step_loss(student, cfg, batch, feats.to(device), pair_batch=True, seed=seed)
+    return training_step_loss(student, Objective.of(cfg), batch, feats.to(device), pair_batch=True, seed=seed)
 
 
 def head_grads(student: Student) -> dict[str, torch.Tensor]:

@@ -2,11 +2,12 @@
 
 Every section of ``params.yaml`` maps to one frozen dataclass (`inputs`: base, data, detect,
 teachers, regions; `training`: model, train, loss; `runs`: evaluate, ablate, sweep; `schema`: the
-root `Config` and which loss terms a configuration trains). Parsing walks the dataclass fields
-(`coercion`), so an unknown key fails with the list of valid keys and a value of the wrong type or
-out of range fails with the dotted key named (`checks`), all before any compute starts. `load`
-reads a params file (expanding ``ablate.preset``), `keys` says which keys a job may vary and
-`profiles` writes a paper profile into params.yaml. This module is the package's public face.
+root `Config`, `parse_config`, `with_overrides`). Each section is declared once (`declared`: types,
+bounds and descriptions on the field, pydantic checks them), so an unknown key fails with the list
+of valid keys and a value of the wrong type or out of range fails with the dotted key named
+(`checks`), all before any compute starts; cross-field rules are each section's ``validate``.
+`coercion` applies dotted overrides and `keys` says which keys a job may vary. Reading a params
+file with its preset and recipes is `mmcse.experiments.params`. This module is the package's public face.
 """
 
 from mmcse.config.checks import ConfigError
@@ -26,15 +27,6 @@ from mmcse.config.inputs import (
     TextTeacherConfig,
 )
 from mmcse.config.keys import FIXED_KEYS, UPSTREAM_KEYS, check_variable_keys, is_fixed
-from mmcse.config.load import (
-    check_params,
-    expand_preset,
-    list_presets,
-    load_config,
-    parse_config,
-    read_keyed_yaml,
-    with_overrides,
-)
 from mmcse.config.runs import (
     POOLERS,
     AblateConfig,
@@ -44,7 +36,7 @@ from mmcse.config.runs import (
     SweepConfig,
     TransferConfig,
 )
-from mmcse.config.schema import Config
+from mmcse.config.schema import Config, parse_config, with_overrides
 from mmcse.config.training import (
     RETRIEVAL_METHODS,
     DALRLossConfig,
@@ -55,6 +47,7 @@ from mmcse.config.training import (
     MCSEOLossConfig,
     ModelConfig,
     TrainConfig,
+    VseppModelConfig,
 )
 
 __all__ = [
@@ -63,7 +56,6 @@ __all__ = [
     "Config", "ConfigError", "DALRLossConfig", "DataConfig", "DemoDataConfig", "DetectConfig", "DuetLossConfig",
     "DuetModelConfig", "EvaluateConfig", "JointTeacherConfig", "KDMCSELossConfig", "LossConfig", "MCSEOLossConfig",
     "ModelConfig", "NdcgConfig", "RegionsConfig", "RetrievalConfig", "SourceConfig", "SourcesConfig", "SweepConfig",
-    "TeachersConfig", "TextTeacherConfig", "TrainConfig", "TransferConfig", "apply_overrides",
-    "check_params", "check_variable_keys", "expand_preset", "is_fixed", "list_presets",
-    "load_config", "parse_config", "read_keyed_yaml", "to_dict", "with_overrides",
+    "TeachersConfig", "TextTeacherConfig", "TrainConfig", "TransferConfig", "VseppModelConfig", "apply_overrides",
+    "check_variable_keys", "is_fixed", "parse_config", "to_dict", "with_overrides",
 ]

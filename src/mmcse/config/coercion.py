@@ -1,5 +1,5 @@
-"""Dotted overrides into a mapping (every unknown key fails naming the key and the valid ones), a
-config back into a plain mapping, and the strict YAML files beside params.yaml (presets, profiles).
+"""Dotted overrides into a mapping (every unknown key fails naming the key and the valid ones) and a
+config back into a plain mapping.
 Turning a mapping into the frozen dataclasses is `mmcse.config.declared.build`.
 """
 
@@ -8,10 +8,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
-
-import yaml
 
 from mmcse.config.checks import ConfigError
 
@@ -68,16 +65,3 @@ def deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
         else:
             out[key] = copy.deepcopy(value)
     return out
-
-
-def read_keyed_yaml(file: Path, valid_keys: tuple[str, ...]) -> dict[str, Any]:
-    """A YAML mapping from ``file`` whose top-level keys must be among ``valid_keys`` (preset
-    and profile files); invalid YAML or an unknown key is a ConfigError naming the file."""
-    try:
-        raw = yaml.safe_load(file.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{file}: not valid YAML: {err}") from None
-    unknown = sorted(set(raw) - set(valid_keys)) if isinstance(raw, Mapping) else ["<not a mapping>"]
-    if unknown:
-        raise ConfigError(f"{file}: unknown key(s) {unknown}; valid keys: {', '.join(valid_keys)}")
-    return dict(raw)

@@ -33,7 +33,7 @@ class BaseConfig:
     plots_dir: Name = "plots"
     mlflow_tracking_uri: Str = "sqlite:///mlruns/mlflow.db"
     experiment_prefix: Name = "mmcse"
-    profile: Str = "demo"  # the paper profile params.yaml holds (`mmcse profile`; mmcse.config.recipes)
+    profile: Str = "demo"  # the paper profile params.yaml holds (`mmcse profile`; mmcse.experiments.recipes)
 
 
 @dataclass(frozen=True)

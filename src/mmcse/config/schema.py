@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from mmcse.config.checks import check, fail
 from mmcse.config.coercion import apply_overrides, resolve_path, to_dict
@@ -74,3 +75,16 @@ def validate_terms(cfg: Config, where: str) -> None:
                f"must be true with train.method {m}: it is scored by image–text retrieval alone")
     if cfg.loss.dalr.text_batches and cfg.loss.dalr.iml is False:
         fail(where, "loss.dalr.text_batches", "adds L_IML to text batches, but loss.dalr.iml is false")
+
+
+def parse_config(raw: Mapping[str, Any] | None, where: str = "params.yaml") -> Config:
+    """Build and validate a :class:`Config` from a nested mapping."""
+    raw = dict(raw or {})
+    config = build(Config, raw, where, "")
+    config.validate(where)
+    return config
+
+
+def with_overrides(config: Config, overrides: Mapping[str, Any], where: str = "overrides") -> Config:
+    """A new validated config with dotted overrides applied (ablation variants, sweep trials)."""
+    return parse_config(apply_overrides(to_dict(config), overrides, where), where=where)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from mmcse.config import Config
+from mmcse.config import EvaluateConfig
 from mmcse.evaluation.names import recall_key
 from mmcse.evaluation.sts import encode_unique
 from mmcse.io import read_jsonl
@@ -223,7 +223,7 @@ class TestSetResult:
     text_emb: np.ndarray | None = None  # (N_txt, p)
 
 
-def evaluate_test_set(cfg: Config, encoder: TextEncoder, data_dir: Path, feature_sets: dict[str, Path],
+def evaluate_test_set(evaluate: EvaluateConfig, encoder: TextEncoder, data_dir: Path, feature_sets: dict[str, Path],
                       set_name: str, head: tuple[str, str] | None) -> TestSetResult:
     """R@K of the student on ``<data_dir>/retrieval`` through the image head ``head`` (the
     configuration's `mmcse.methods.objectives.image_head`, or as the checkpoint recorded it; image features from
@@ -231,7 +231,7 @@ def evaluate_test_set(cfg: Config, encoder: TextEncoder, data_dir: Path, feature
     sentence neighbours with the evaluated pooler. Every caption's image must be in the test
     images and the cached features must cover them, or one error names the file first."""
 
-    r = cfg.evaluate.retrieval
+    r = evaluate.retrieval
     images = read_jsonl(data_dir / "retrieval" / "images.jsonl")
     rows = read_jsonl(data_dir / "retrieval" / "captions.jsonl")
     index = {row["image_id"]: i for i, row in enumerate(images)}
@@ -243,7 +243,7 @@ def evaluate_test_set(cfg: Config, encoder: TextEncoder, data_dir: Path, feature
     text_image = np.array([index[row["image_id"]] for row in rows], dtype=np.int64)
     result = TestSetResult(set_name, {}, [], captions, text_image)
     if r.examples:
-        vectors = encode_unique(encoder, captions, cfg.evaluate.batch_size, desc="encode test captions")
+        vectors = encode_unique(encoder, captions, evaluate.batch_size, desc="encode test captions")
         sentence_emb = np.stack([vectors[c] for c in captions])  # (N_txt, H) the evaluated pooler
         result.examples = sentence_neighbours(captions, sentence_emb, text_image, r.examples, r.examples_k)
     if head is None:
@@ -257,6 +257,6 @@ def evaluate_test_set(cfg: Config, encoder: TextEncoder, data_dir: Path, feature
                                 "cache_teachers (dvc repro cache_teachers)")
     store = FeatureStore.open(feature_sets[feature_set])
     features = store.rows([row["image_id"] for row in images])  # (N_img, d_v); a missing id is named
-    result.image_emb, result.text_emb = project(encoder, captions, features, head_name, cfg.evaluate.batch_size)
+    result.image_emb, result.text_emb = project(encoder, captions, features, head_name, evaluate.batch_size)
     result.scores = test_set_metrics(set_name, result.image_emb, result.text_emb, text_image, r.block_size)
     return result

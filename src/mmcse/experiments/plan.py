@@ -13,10 +13,10 @@ from typing import Any
 
 import yaml
 
-from mmcse.config import Config, apply_overrides, load_config, parse_config, to_dict
-from mmcse.config.load import read_params
-from mmcse.config.recipes import DEMO, profile_values, recipe_conflicts, row_recipe
+from mmcse.config import Config, apply_overrides, parse_config, to_dict
 from mmcse.experiments.jobs import expand, job_config
+from mmcse.experiments.params import load_config, read_params
+from mmcse.experiments.recipes import DEMO, profile_values, recipe_conflicts, row_recipe
 
 
 def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -1,6 +1,6 @@
 """Writing a paper profile into ``params.yaml`` (`mmcse profile`).
 
-A profile (`mmcse.config.recipes`) sets every key a profile or recipe owns: the offline default
+A profile (`mmcse.experiments.recipes`) sets every key a profile or recipe owns: the offline default
 (the ``demo`` profile) ← the profile's recipe ← its context. The values are written into
 ``params.yaml`` itself (its comments and layout kept), so DVC sees ordinary parameter changes,
 ``dvc params diff`` shows them and every stage reruns exactly where a value changed; applying one
@@ -18,9 +18,9 @@ import yaml
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedSeq
 
+from mmcse.config import parse_config
 from mmcse.config.coercion import apply_overrides
-from mmcse.config.load import parse_config
-from mmcse.config.recipes import list_profiles, profile_values
+from mmcse.experiments.recipes import list_profiles, profile_values
 from mmcse.io import write_text
 
 __all__ = ["apply_profile", "list_profiles", "profile_values"]

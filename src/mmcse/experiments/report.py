@@ -22,7 +22,8 @@ import mlflow
 from mmcse import tracking
 from mmcse.analysis.papers import Paper, load_paper
 from mmcse.analysis.report import Reproduction, RunCell, paper_report, to_html, to_markdown
-from mmcse.config import Config, ConfigError, list_presets
+from mmcse.config import Config, ConfigError
+from mmcse.experiments.params import list_presets
 from mmcse.io import write_text
 from mmcse.tracking import TRAIN_MINUTES, VARIANT_TAG
 

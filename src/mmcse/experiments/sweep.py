@@ -38,7 +38,7 @@ from mmcse.errors import StageError, TrainingDiverged
 from mmcse.experiments.upstream import resolve_on_record
 from mmcse.integrity.code import TRAINING_CODE, changed_code, code_digest, code_files
 from mmcse.io import ensure_sqlite_parent
-from mmcse.methods.objectives import check_sweep_space
+from mmcse.methods.objectives import Objective, check_sweep_space
 from mmcse.models.device import device_tags
 from mmcse.pipeline.train import run_train
 
@@ -96,7 +96,7 @@ def run_sweep(
     ``progress``: a bar on stderr when it is a terminal (`SweepProgress`: finished / n_trials over all
     workers, best so far); elsewhere (logs, pipes) one line per finished trial only."""
 
-    check_sweep_space(cfg)  # before any storage or run is created
+    check_sweep_space(Objective.of(cfg), cfg.sweep.space)  # before any storage or run is created
     n_trials = n_trials or cfg.sweep.n_trials
     study_name = study_name or cfg.sweep.study_name
     storage_url = ensure_sqlite_parent(storage or cfg.sweep.storage)

@@ -2,37 +2,39 @@
 configuration trains, which student outputs and cached features a batch needs, and their weighted sum.
 
 Nothing here names a term: each `LossTerm` owns its switch, weight, inputs and function. Everything is
-a function of tensors, so tests can feed random embeddings and teacher features.
+a function of tensors and an `Objective` (the method and the ``loss`` section, ``Objective.of(cfg)``),
+so tests can feed random embeddings and teacher features.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import torch
 
-from mmcse.config import Config
 from mmcse.config.checks import fail
-from mmcse.methods.terms import STAT, TERMS, LossTerm, StepEmbeddings
+from mmcse.methods.terms import STAT, TERMS, LossTerm, Objective, StepEmbeddings
 from mmcse.methods.terms.base import INPUT_FEATURES, setting
 
-__all__ = ["STAT", "StepEmbeddings", "active_terms", "check_sweep_space", "image_head", "needed_features",
+__all__ = ["STAT", "Objective", "StepEmbeddings", "active_terms", "check_sweep_space", "image_head", "needed_features",
            "needed_inputs", "step_objective"]
 
 
-def active_terms(cfg: Config) -> dict[str, bool]:
-    """Which loss terms a configuration trains with, by term name (every one has its own switch)."""
-    return {t.name: bool(t.active(cfg)) for t in TERMS}
+def active_terms(o: Objective) -> dict[str, bool]:
+    """Which loss terms an objective trains with, by term name (every one has its own switch)."""
+    return {t.name: bool(t.active(o)) for t in TERMS}
 
 
-def _running(cfg: Config, pair_batch: bool, on: dict[str, bool]) -> list[LossTerm]:
-    return [t for t in TERMS if on[t.name] and t.runs_on(cfg, pair_batch)]
+def _running(o: Objective, pair_batch: bool, on: dict[str, bool]) -> list[LossTerm]:
+    return [t for t in TERMS if on[t.name] and t.runs_on(o, pair_batch)]
 
 
-def needed_inputs(cfg: Config, pair_batch: bool, on: dict[str, bool] | None = None) -> set[str]:
+def needed_inputs(o: Objective, pair_batch: bool, on: dict[str, bool] | None = None) -> set[str]:
     """The `StepEmbeddings` fields the active terms of a batch kind read (names of ``INPUT_FEATURES``)."""
-    on = on if on is not None else active_terms(cfg)
+    on = on if on is not None else active_terms(o)
     found: set[str] = set()
-    for term in _running(cfg, pair_batch, on):
-        inputs = term.inputs(cfg)
+    for term in _running(o, pair_batch, on):
+        inputs = term.inputs(o)
         unknown = inputs - INPUT_FEATURES.keys()
         if unknown:
             raise ValueError(f"loss term {term.name!r} reads {sorted(unknown)}, which a step does not make; "
@@ -41,61 +43,61 @@ def needed_inputs(cfg: Config, pair_batch: bool, on: dict[str, bool] | None = No
     return found
 
 
-def needed_features(cfg: Config, pair_batch: bool, on: dict[str, bool] | None = None) -> set[str]:
+def needed_features(o: Objective, pair_batch: bool, on: dict[str, bool] | None = None) -> set[str]:
     """Which cached feature groups a batch must load: image, joint, text_teachers, objects."""
-    groups = (INPUT_FEATURES[name] for name in needed_inputs(cfg, pair_batch, on))
+    groups = (INPUT_FEATURES[name] for name in needed_inputs(o, pair_batch, on))
     return {g for g in groups if g is not None}
 
 
 def step_objective(
-    cfg: Config, e: StepEmbeddings, seed: int = 0, on: dict[str, bool] | None = None
+    o: Objective, e: StepEmbeddings, seed: int = 0, on: dict[str, bool] | None = None
 ) -> dict[str, torch.Tensor]:
     """All active terms of one batch and their weighted sum ``loss`` (plus ``stat/…`` diagnostics,
     never summed), in the terms' fixed order. Each term is weighted by its ``weight`` parameter
     (mcse: SimCSE + λ_img·image [+ λ_img·clip_text]; kdmcse: Eq. 14 alone on pair batches as
     Algorithm 1, or SimCSE + λ_img·Eq. 14; dalr: SimCSE + w_info·L_info + λ·(L_cons + L_CMA) +
     μ·(L_rank + L_IMA); mcseo: SimCSE + α·l_img-cap + β·l_obj-phra). ``seed`` seeds each term's
-    random stream (mismatched pairs, ranking ties); ``on`` is :func:`active_terms` of ``cfg``,
+    random stream (mismatched pairs, ranking ties); ``on`` is :func:`active_terms` of ``o``,
     worked out once per run by callers that step many times.
     """
-    on = on if on is not None else active_terms(cfg)
-    running = _running(cfg, e.pair_batch, on)
+    on = on if on is not None else active_terms(o)
+    running = _running(o, e.pair_batch, on)
     # a term that trains a pair batch alone (KDMCSE Algorithm 1) replaces the text term, unweighted
-    alone = e.pair_batch and any(t.alone(cfg) for t in running)
+    alone = e.pair_batch and any(t.alone(o) for t in running)
     terms: dict[str, torch.Tensor] = {}
     loss = e.z1.new_zeros(())
     for term in running:
         if (alone and term.yields_to_alone) or not term.applies(e):
             continue
-        value = term.compute(cfg, e, term.generator(seed))
+        value = term.compute(o, e, term.generator(seed))
         terms |= value if isinstance(value, dict) else {term.name: value}
-        if term.weight is None or (alone and term.alone(cfg)):
+        if term.weight is None or (alone and term.alone(o)):
             loss = loss + terms[term.name]
         else:
-            loss = loss + setting(cfg, term.weight) * terms[term.name]
+            loss = loss + setting(o, term.weight) * terms[term.name]
     terms["loss"] = loss
     return terms
 
 
-def image_head(cfg: Config) -> tuple[str, str] | None:
-    """The trained image head a configuration's retrieval uses and the cached test features it reads
+def image_head(o: Objective) -> tuple[str, str] | None:
+    """The trained image head an objective's retrieval uses and the cached test features it reads
     (the first active term with an image side, `LossTerm.retrieval_head`), or None."""
-    on = active_terms(cfg)
+    on = active_terms(o)
     heads = [t.retrieval_head for t in TERMS if on[t.name] and t.retrieval_head is not None]
     return heads[0] if heads else None
 
 
-def check_sweep_space(cfg: Config, where: str = "params.yaml") -> None:
+def check_sweep_space(o: Objective, swept: Iterable[str], where: str = "params.yaml") -> None:
     """A sweep must move something its trials train with: a swept weight (a term's ``weight``
     parameter, e.g. ``loss.lambda_img``) must weigh an active term. Checked when a sweep starts, not
     at every load: the default sweep space must not stop the other stages of a configuration."""
-    on = active_terms(cfg)
+    on = active_terms(o)
     weights = {t.weight for t in TERMS if t.weight is not None}
-    for key in cfg.sweep.space:
+    for key in swept:
         if key not in weights:
             continue
         users = [t for t in TERMS if on[t.name] and t.weight == key]
-        if any(not t.alone(cfg) for t in users):
+        if any(not t.alone(o) for t in users):
             continue
         why = users[0].alone_reason if users else "has no term it weighs: drop it from sweep.space"
-        fail(f"{where} (sweep.space)", key, f"is swept, but train.method {cfg.train.method!r} {why}")
+        fail(f"{where} (sweep.space)", key, f"is swept, but train.method {o.method!r} {why}")

@@ -30,7 +30,7 @@ from mmcse.evaluation.sts import COLLAPSED_TAG, TextEncoder, collapsed_message, 
 from mmcse.integrity.files import check_model_folder
 from mmcse.integrity.keys import require_top_level
 from mmcse.io import read_json, read_jsonl, write_text
-from mmcse.methods.objectives import image_head
+from mmcse.methods.objectives import Objective, image_head
 from mmcse.models.device import resolve_device
 from mmcse.models.export import log_mlflow_model
 from mmcse.models.tokens import cached_tokens
@@ -263,8 +263,8 @@ def retrieval_test_set(cfg: Config, paths: Paths, encoder: Any, raw: Path, teach
     sets = read_json(teacher_manifest or paths.teachers / "manifest.json")["sets"]
     folders = {name: teacher_set_folder(sets[name], paths.teachers, teacher_dirs)
                for name in ("retrieval_image", "retrieval_joint_image") if name in sets}
-    head = image_head(cfg) if head == "config" else head
-    test_set = evaluate_test_set(cfg, encoder, raw, folders, manifest["retrieval_set"], head)
+    head = image_head(Objective.of(cfg)) if head == "config" else head
+    test_set = evaluate_test_set(cfg.evaluate, encoder, raw, folders, manifest["retrieval_set"], head)
     if test_set.image_emb is not None and cfg.evaluate.ndcg.relevance:
         relevance = {kind: relevance_for(paths, test_set.captions, kind) for kind in cfg.evaluate.ndcg.relevance}
         test_set.scores |= test_set_ndcg(test_set.set_name, test_set.image_emb, test_set.text_emb,

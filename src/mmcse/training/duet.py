@@ -37,7 +37,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from mmcse import stopping
-from mmcse.config import Config
+from mmcse.config import Config, DuetModelConfig, LossConfig, TrainConfig, VseppModelConfig
 from mmcse.detection.regions import RegionStore
 from mmcse.errors import StageError, TrainingOutOfMemory
 from mmcse.evaluation.retrieval import check_text_image, retrieval_metrics
@@ -85,18 +85,16 @@ TEXT_PREFIX = "text."  # the text stream's parameters: saved as the HF folder, n
 DEV_METRIC = "rsum"  # the dev score: R@1+5+10 both ways on the val split (×100, max 600)
 
 
-def duet_architecture(cfg: Config, region_dim: int) -> dict[str, Any]:
+def duet_architecture(d: DuetModelConfig, region_dim: int) -> dict[str, Any]:
     """`DuetModel`'s keyword arguments from ``model.duet`` (``region_dim``: the region set's width)."""
-    d = cfg.model.duet
     return {"region_dim": int(region_dim), "visual_layers": d.visual_layers, "shared_layers": d.shared_layers,
             "joint_dim": d.joint_dim, "box_layer": d.box_layer or None, "heads": d.heads, "ff_dim": d.ff_dim,
             "dropout": d.dropout, "visual_dim": d.visual_dim or None, "region_norm": d.region_norm,
             "tie_shared": d.tie_shared, "spatial": d.spatial}
 
 
-def vsepp_architecture(cfg: Config, region_dim: int, tokenizer: Any) -> dict[str, Any]:
+def vsepp_architecture(v: VseppModelConfig, region_dim: int, tokenizer: Any) -> dict[str, Any]:
     """`VseppModel`'s keyword arguments from ``model.vsepp`` and the caption vocabulary ``tokenizer``."""
-    v = cfg.model.vsepp
     return {"vocab_size": len(tokenizer), "region_dim": int(region_dim), "word_dim": v.word_dim,
             "joint_dim": v.joint_dim, "gru_layers": v.gru_layers, "pad_id": int(tokenizer.pad_token_id)}
 
@@ -107,11 +105,6 @@ def save_vsepp(model: VseppModel, tokenizer: Any, architecture: dict[str, Any], 
     save_tokenizer(tokenizer, folder)
     save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(folder / VSEPP_WEIGHTS))
     write_json(folder / VSEPP_META, {"architecture": architecture})
-
-
-def build_duet(cfg: Config, region_dim: int) -> DuetModel:
-    """A DUET whose text stream is ``model.*`` (pretrained or random per ``model.init``)."""
-    return DuetModel(load_backbone(cfg.model, dropout=cfg.train.dropout), **duet_architecture(cfg, region_dim))
 
 
 def save_duet(model: DuetModel, tokenizer: Any, architecture: dict[str, Any], folder: Path) -> None:
@@ -270,7 +263,7 @@ def split_embeddings(model: RetrievalModel, split: RetrievalSplit, tokens: Token
 # --------------------------------------------------------------------------- training
 
 
-def duet_step_loss(model: RetrievalModel, cfg: Config, batch: dict[str, torch.Tensor],
+def duet_step_loss(model: RetrievalModel, loss: LossConfig, batch: dict[str, torch.Tensor],
                    regions: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
                    ignore: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Eq. 33's terms (`duet_objective` with ``loss.duet``) of one batch: captions ``batch``
@@ -280,25 +273,25 @@ def duet_step_loss(model: RetrievalModel, cfg: Config, batch: dict[str, torch.Te
     r, boxes, mask = regions
     out = model(batch["input_ids"], batch["attention_mask"], r, boxes, mask)
     if isinstance(model, VseppModel):
-        return vsepp_objective(out.v_img.float(), out.v_txt.float(), cfg.loss.vsepp.margin, ignore)
-    c = cfg.loss.duet
+        return vsepp_objective(out.v_img.float(), out.v_txt.float(), loss.vsepp.margin, ignore)
+    c = loss.duet
     # the objective in fp32: the hinge compares cosines that differ in the third decimal
     return duet_objective(out.v_img.float(), out.v_txt.float(), out.box_pred.float(), boxes, mask, margin=c.margin,
                           lambda_box=c.lambda_box, lambda_norm=c.lambda_norm, reduction=c.reduction, ignore=ignore)
 
 
-def duet_optimizer_step(model: RetrievalModel, cfg: Config, batch: dict[str, torch.Tensor],
+def duet_optimizer_step(model: RetrievalModel, loss: LossConfig, train: TrainConfig, batch: dict[str, torch.Tensor],
                         regions: tuple[torch.Tensor, torch.Tensor, torch.Tensor], ignore: torch.Tensor | None,
                         optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
                         device: torch.device) -> dict[str, torch.Tensor]:
     """One DUET training step, as `mmcse.training.loop.optimizer_step` is one student step: the forward pass
     under ``train.precision``'s autocast, backward (through the fp16 scaler when enabled), the
     update. Returns the terms and the gradient norm (`GRAD_NORM`), still on the device."""
-    with autocast(cfg.train.precision, device):
-        terms = duet_step_loss(model, cfg, batch, regions, ignore)
+    with autocast(train.precision, device):
+        terms = duet_step_loss(model, loss, batch, regions, ignore)
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(terms["loss"]).backward()
-    return terms | {GRAD_NORM: clipped_update(model, cfg, optimizer, scaler)}
+    return terms | {GRAD_NORM: clipped_update(model, train, optimizer, scaler)}
 
 
 def train_duet(
@@ -329,12 +322,12 @@ def train_duet(
     if vsepp:  # VSE++: its own word vocabulary of the training captions, a GRU and an image projection
 
         tokenizer = word_tokenizer(data.captions, cfg.model.vsepp.min_word_count)
-        architecture = vsepp_architecture(cfg, data.regions.dim, tokenizer)
+        architecture = vsepp_architecture(cfg.model.vsepp, data.regions.dim, tokenizer)
         model: RetrievalModel = VseppModel(**architecture).to(device)
         save_model = save_vsepp
     else:
         tokenizer = load_tokenizer(cfg.model.name_or_path)
-        architecture = duet_architecture(cfg, data.regions.dim)
+        architecture = duet_architecture(cfg.model.duet, data.regions.dim)
         model = DuetModel(load_backbone(cfg.model, dropout=cfg.train.dropout), **architecture).to(device)
         save_model = save_duet
     token_dir = data_dir.parent / "tokens"
@@ -348,7 +341,7 @@ def train_duet(
     total = per_epoch * cfg.train.epochs
     if cfg.train.max_steps:
         total = min(total, cfg.train.max_steps)
-    optimizer, scheduler = build_optimizer(model, cfg, total, device, per_epoch)  # weight_decay 0: Adam, as §5.2
+    optimizer, scheduler = build_optimizer(model, cfg.train, total, device, per_epoch)  # weight_decay 0: Adam, as §5.2
     scaler = grad_scaler(cfg.train.precision, device)
 
     def save_best(tmp: Path, state: TrainState) -> None:
@@ -423,8 +416,8 @@ def train_duet(
                 regions, boxes, mask = region_batch(data.regions, data.region_rows[idx], device)
                 ignore = same_image_mask([data.image_ids[i] for i in idx], device)
                 try:
-                    terms = duet_optimizer_step(model, cfg, batch, (regions, boxes, mask), ignore, optimizer, scaler,
-                                                device)
+                    terms = duet_optimizer_step(model, cfg.loss, cfg.train, batch, (regions, boxes, mask), ignore,
+                                                optimizer, scaler, device)
                 except Exception as err:
                     if is_out_of_memory(err):
                         raise TrainingOutOfMemory(out_of_memory_message(cfg, state.step + 1, resumed_from)) from None

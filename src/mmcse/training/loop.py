@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
 from mmcse import stopping
-from mmcse.config import Config
+from mmcse.config import Config, TrainConfig
 from mmcse.errors import StageError, TrainingDiverged, TrainingOutOfMemory
 from mmcse.evaluation.geometry import POSITIVE_GOLD, check_sts_geometry, sts_geometry
 from mmcse.evaluation.sts import PRIMARY_METRIC, evaluate_sts, student_encoder
@@ -25,6 +25,7 @@ from mmcse.io import write_json
 from mmcse.methods.losses import aggregated_teacher_embedding, span_mean, text_teacher_similarity
 from mmcse.methods.objectives import (
     STAT,
+    Objective,
     StepEmbeddings,
     active_terms,
     image_head,
@@ -104,7 +105,7 @@ def read_back(pending: list[tuple[dict[str, Any], int]]) -> list[tuple[dict[str,
     return entries
 
 
-def build_optimizer(student: torch.nn.Module, cfg: Config, total_steps: int, device: torch.device | None = None,
+def build_optimizer(student: torch.nn.Module, train: TrainConfig, total_steps: int, device: torch.device | None = None,
                     steps_per_epoch: int = 0):
     """AdamW (no weight decay on biases and LayerNorm), fused (one kernel for all parameters) on
     CUDA, with linear warmup and decay to 0, or with ``train.lr_decay_epochs`` = N the rate ÷10
@@ -114,30 +115,30 @@ def build_optimizer(student: torch.nn.Module, cfg: Config, total_steps: int, dev
         (no_decay if p.ndim < 2 or "LayerNorm" in name else decay).append(p)
     fused = device is not None and fused_adamw_supported(device)
     optimizer = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.train.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.train.learning_rate, fused=fused or None,
+        [{"params": decay, "weight_decay": train.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=train.learning_rate, fused=fused or None,
     )
-    if cfg.train.lr_decay_epochs:
+    if train.lr_decay_epochs:
         if steps_per_epoch < 1:
             raise ValueError("train.lr_decay_epochs needs the number of steps an epoch has")
-        every = cfg.train.lr_decay_epochs * steps_per_epoch
+        every = train.lr_decay_epochs * steps_per_epoch
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.1 ** (step // every))
     else:
-        scheduler = get_linear_schedule_with_warmup(optimizer, int(cfg.train.warmup_ratio * total_steps), total_steps)
+        scheduler = get_linear_schedule_with_warmup(optimizer, int(train.warmup_ratio * total_steps), total_steps)
     return optimizer, scheduler
 
 
 GRAD_NORM = f"{STAT}grad_norm"  # a step's gradient L2 norm before clipping: logged, and watched for divergence
 
 
-def clipped_update(model: torch.nn.Module, cfg: Config, optimizer: torch.optim.Optimizer,
+def clipped_update(model: torch.nn.Module, train: TrainConfig, optimizer: torch.optim.Optimizer,
                    scaler: torch.amp.GradScaler) -> torch.Tensor:
     """The optimizer update after backward, the gradient's global L2 norm first clipped to
     ``train.max_grad_norm`` when it is set (on the unscaled gradient under fp16). Returns that norm
     before clipping, a 0-d tensor on the device (under fp16 without clipping: of the scaled gradient)."""
-    if cfg.train.max_grad_norm > 0:
+    if train.max_grad_norm > 0:
         scaler.unscale_(optimizer)
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.max_grad_norm)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), train.max_grad_norm)
     else:
         norm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
     scaler.step(optimizer)
@@ -147,7 +148,7 @@ def clipped_update(model: torch.nn.Module, cfg: Config, optimizer: torch.optim.O
 
 def training_step_loss(
     student: Student,
-    cfg: Config,
+    o: Objective,
     batch: dict[str, torch.Tensor],
     feats: BatchFeatures | None,
     pair_batch: bool,
@@ -157,7 +158,7 @@ def training_step_loss(
     """Loss terms of one batch: two dropout passes (as one doubled batch) through the
     student, then every active term of the method on those embeddings and the cached
     teacher features ``feats`` (no teacher runs here). ``seed`` seeds the step's random
-    draws (DALR mismatched pairs, ranking ties); ``on`` is ``active_terms(cfg)``, worked
+    draws (DALR mismatched pairs, ranking ties); ``on`` is ``active_terms(o)``, worked
     out once per run by the training loop."""
     ids, mask = batch["input_ids"], batch["attention_mask"]
     n = ids.shape[0]
@@ -165,8 +166,8 @@ def training_step_loss(
     cls = tokens[:, 0]  # (2B, H)
     z = student.mlp(cls)  # (2B, H)
     e = StepEmbeddings(z1=z[:n], z2=z[n:], pair_batch=pair_batch)
-    on = on if on is not None else active_terms(cfg)
-    wanted = needed_inputs(cfg, pair_batch, on)  # what this batch's active terms read
+    on = on if on is not None else active_terms(o)
+    wanted = needed_inputs(o, pair_batch, on)  # what this batch's active terms read
     feats = feats or BatchFeatures()
     if pair_batch and "s" in wanted:
         s = student.text_proj(cls)  # (2B, p): g_φ1 on [CLS] (MCSE Eq. 2)
@@ -186,7 +187,7 @@ def training_step_loss(
         if "text_teacher_sim" in wanted:
             with torch.no_grad():
                 e.text_teacher_sim = text_teacher_similarity(feats.text_teachers, feats.text_weights,
-                                                             cfg.loss.dalr.teacher_weighting)  # (B, B)
+                                                             o.loss.dalr.teacher_weighting)  # (B, B)
         if "text_teacher" in wanted:
             # DALR h^t = g_φt(f_t(t)) (Eq. 3): one projected text teacher for L_CMA's and L_IMA's Q^{t2t}
             e.text_teacher = student.text_teacher_proj(
@@ -196,12 +197,13 @@ def training_step_loss(
         e.phrases = student.text_proj(phrase_states)  # (T, p)
         e.objects = student.image_proj(feats.objects)  # (T, p)
         e.object_pair = feats.object_row
-    return step_objective(cfg, e, seed, on)
+    return step_objective(o, e, seed, on)
 
 
 def optimizer_step(
     student: Student,
-    cfg: Config,
+    o: Objective,
+    train: TrainConfig,
     batch: dict[str, torch.Tensor],
     feats: BatchFeatures | None,
     pair_batch: bool,
@@ -215,11 +217,11 @@ def optimizer_step(
     (through the fp16 loss scaler when enabled) and the optimizer update. Returns the loss
     terms and the gradient norm (`GRAD_NORM`), still on the device (reading them is a host sync the
     caller defers)."""
-    with autocast(cfg.train.precision, device):
-        terms = training_step_loss(student, cfg, batch, feats, pair_batch, seed, on)
+    with autocast(train.precision, device):
+        terms = training_step_loss(student, o, batch, feats, pair_batch, seed, on)
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(terms["loss"]).backward()
-    return terms | {GRAD_NORM: clipped_update(student, cfg, optimizer, scaler)}
+    return terms | {GRAD_NORM: clipped_update(student, train, optimizer, scaler)}
 
 
 def watched_norm(terms: dict[str, torch.Tensor], scaler: torch.amp.GradScaler) -> torch.Tensor | None:
@@ -278,8 +280,9 @@ def train(
     data = TrainData.load(data_dir, teachers_dir, objects_dir, manifest, shared_teachers)
     # the dev geometry needs positive pairs (gold >= 4) and two sentences: refused before any compute
     check_sts_geometry(data.dev, POSITIVE_GOLD, str(data_dir / "sts" / "dev.jsonl"))
-    on = active_terms(cfg)  # per run, not per step
-    need = {kind: needed_features(cfg, kind == PAIR, on) for kind in (TEXT, PAIR)}
+    objective = Objective.of(cfg)
+    on = active_terms(objective)  # per run, not per step
+    need = {kind: needed_features(objective, kind == PAIR, on) for kind in (TEXT, PAIR)}
     widths = sorted({store.dim for store in data.text_captions})
     aggregates = cfg.loss.dalr.teacher_weighting == "embeddings" and "text_teachers" in need[TEXT] | need[PAIR]
     if aggregates and len(widths) > 1:
@@ -307,7 +310,7 @@ def train(
     total = len(batches) * cfg.train.epochs
     if cfg.train.max_steps:
         total = min(total, cfg.train.max_steps)
-    optimizer, scheduler = build_optimizer(student, cfg, total, device, steps_per_epoch=len(batches))
+    optimizer, scheduler = build_optimizer(student, cfg.train, total, device, steps_per_epoch=len(batches))
     scaler = grad_scaler(cfg.train.precision, device)
 
     # one encoder for the run: it keeps the dev batches' token ids on the device
@@ -319,7 +322,7 @@ def train(
         # the method and its retrieval head travel with the checkpoint (`mmcse eval --retrieval`)
         write_json(tmp / "train_state.json", {"step": state.best_step, "dev": state.best_score,
                                               **best_geometry(state.history, state.best_step),
-                                              "method": cfg.train.method, "image_head": image_head(cfg)})
+                                              "method": cfg.train.method, "image_head": image_head(objective)})
         # also a sentence-transformers folder pooling as the evaluate stage does (at its length)
         export_sentence_transformers(tmp, cfg.evaluate.pooler, EVAL_MAX_SEQ_LEN)
 
@@ -409,8 +412,8 @@ def train(
                 batch = tokens[kind].batch(idx, device)
                 step_seed = cfg.base.seed * 1_000_003 + state.step  # the step's own random draws: resumable
                 try:
-                    terms = optimizer_step(student, cfg, batch, feats, kind == PAIR, optimizer, scaler, device,
-                                           seed=step_seed, on=on)
+                    terms = optimizer_step(student, objective, cfg.train, batch, feats, kind == PAIR, optimizer,
+                                           scaler, device, seed=step_seed, on=on)
                 except Exception as err:
                     if is_out_of_memory(err):
                         raise TrainingOutOfMemory(out_of_memory_message(cfg, state.step + 1, resumed_from)) from None

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from mmcse.methods.terms.base import REGISTRY, STAT, LossTerm, StepEmbeddings, register
+from mmcse.methods.terms.base import REGISTRY, STAT, LossTerm, Objective, StepEmbeddings, register
 
 for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
     if _module != "base":
@@ -17,4 +17,4 @@ for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
 
 TERMS: tuple[LossTerm, ...] = tuple(sorted(REGISTRY.values(), key=lambda t: t.order))
 
-__all__ = ["REGISTRY", "STAT", "TERMS", "LossTerm", "StepEmbeddings", "register"]
+__all__ = ["REGISTRY", "STAT", "TERMS", "LossTerm", "Objective", "StepEmbeddings", "register"]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mmcse.config import Config
+from mmcse.config import Config, LossConfig
 
 STAT = "stat/"  # prefix of diagnostics in a step's dict: logged, never added to the loss
 
@@ -79,12 +79,28 @@ def switch(value: bool | str, on_for: bool) -> bool:
     return on_for if value == "auto" else bool(value)
 
 
-def setting(cfg: Config, path: str) -> float:
-    """The value of a dotted parameter path (``loss.dalr.mu_iml``) of ``cfg``."""
-    return float(functools.reduce(getattr, path.split("."), cfg))
+@dataclass(frozen=True)
+class Objective:
+    """All a step's loss reads of a configuration: the method it trains (``train.method``) and the
+    ``loss`` section. Loss terms see nothing else, so what a term may depend on is this class."""
+
+    method: str
+    loss: LossConfig
+
+    @classmethod
+    def of(cls, cfg: Config) -> Objective:
+        return cls(cfg.train.method, cfg.loss)
 
 
-Compute = Callable[[Config, StepEmbeddings, "torch.Generator | None"], "torch.Tensor | dict[str, torch.Tensor]"]
+def setting(o: Objective, path: str) -> float:
+    """The value of a ``loss.`` parameter path (``loss.dalr.mu_iml``, as params.yaml spells it)."""
+    section, *rest = path.split(".")
+    if section != "loss" or not rest:
+        raise ValueError(f"a loss term's weight is a loss.* parameter, got {path!r}")
+    return float(functools.reduce(getattr, rest, o.loss))
+
+
+Compute = Callable[[Objective, StepEmbeddings, "torch.Generator | None"], "torch.Tensor | dict[str, torch.Tensor]"]
 
 
 @dataclass(frozen=True)
@@ -93,14 +109,14 @@ class LossTerm:
 
     - ``name``: its key in the step's dict and in MLflow (``loss/<name>``), the only place it is spelled;
     - ``equation``: the paper and equation it transcribes (docs and error messages);
-    - ``active(cfg)``: its switch, read from the configuration;
+    - ``active(o)``: its switch, read from the `Objective` (the method and the ``loss`` section);
     - ``weight``: the dotted parameter path of its weight in the sum (None: weight 1);
-    - ``inputs(cfg)``: the `StepEmbeddings` fields it reads (names of `INPUT_FEATURES`);
-    - ``compute(cfg, e, generator)``: its value, or a dict holding ``name`` plus sub-terms and
+    - ``inputs(o)``: the `StepEmbeddings` fields it reads (names of `INPUT_FEATURES`);
+    - ``compute(o, e, generator)``: its value, or a dict holding ``name`` plus sub-terms and
       ``stat/…`` diagnostics; ``generator`` is the term's own CPU stream when ``stream`` is set;
-    - ``on_pairs``/``on_text(cfg)``: which batches it runs on (image–caption, text-only);
+    - ``on_pairs``/``on_text(o)``: which batches it runs on (image–caption, text-only);
     - ``applies(e)``: False skips it for one batch (a pair batch without object–phrase pairs);
-    - ``alone(cfg)``: on image–caption batches it replaces the text term and is summed unweighted
+    - ``alone(o)``: on image–caption batches it replaces the text term and is summed unweighted
       (KDMCSE Algorithm 1), ``alone_reason`` saying why in a sweep's error; ``yields_to_alone``:
       this is the text term such a term replaces;
     - ``order``: its place in the sum (a fixed order keeps every step's float sum the same);
@@ -113,21 +129,21 @@ class LossTerm:
     name: str
     equation: str
     order: int
-    active: Callable[[Config], bool]
-    inputs: Callable[[Config], set[str]]
+    active: Callable[[Objective], bool]
+    inputs: Callable[[Objective], set[str]]
     compute: Compute
     weight: str | None = None
     on_pairs: bool = True
-    on_text: Callable[[Config], bool] = lambda cfg: False
+    on_text: Callable[[Objective], bool] = lambda o: False
     applies: Callable[[StepEmbeddings], bool] = lambda e: True
-    alone: Callable[[Config], bool] = lambda cfg: False
+    alone: Callable[[Objective], bool] = lambda o: False
     alone_reason: str = ""
     yields_to_alone: bool = False
     stream: int | None = None
     retrieval_head: tuple[str, str] | None = None
 
-    def runs_on(self, cfg: Config, pair_batch: bool) -> bool:
-        return self.on_pairs if pair_batch else self.on_text(cfg)
+    def runs_on(self, o: Objective, pair_batch: bool) -> bool:
+        return self.on_pairs if pair_batch else self.on_text(o)
 
     def generator(self, seed: int) -> torch.Generator | None:
         """A CPU generator for this term's draws: the same numbers on every training device."""

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import torch
 
-from mmcse.config import Config
 from mmcse.methods.losses import (
     adapacse_loss,
     consistency_loss,
@@ -18,122 +17,122 @@ from mmcse.methods.losses import (
     mismatch_permutation,
     teacher_rankings,
 )
-from mmcse.methods.terms.base import LossTerm, StepEmbeddings, need, register, switch
+from mmcse.methods.terms.base import LossTerm, Objective, StepEmbeddings, need, register, switch
 
 
-def cml_on(cfg: Config) -> bool:
+def cml_on(o: Objective) -> bool:
     """L_CML's switch: ``auto`` is on for dalr; never for simcse, which trains on text alone."""
-    return switch(cfg.loss.dalr.cml, cfg.train.method == "dalr") and cfg.train.method != "simcse"
+    return switch(o.loss.dalr.cml, o.method == "dalr") and o.method != "simcse"
 
 
-def iml_on(cfg: Config) -> bool:
-    return switch(cfg.loss.dalr.iml, cfg.train.method == "dalr")
+def iml_on(o: Objective) -> bool:
+    return switch(o.loss.dalr.iml, o.method == "dalr")
 
 
-def projected(cfg: Config) -> bool:
-    return cfg.loss.dalr.teacher_space == "projected"
+def projected(o: Objective) -> bool:
+    return o.loss.dalr.teacher_space == "projected"
 
 
-def dalr_teacher_targets(cfg: Config, e: StepEmbeddings, term: str) -> tuple[torch.Tensor, torch.Tensor]:
+def dalr_teacher_targets(o: Objective, e: StepEmbeddings, term: str) -> tuple[torch.Tensor, torch.Tensor]:
     """The features of DALR's target distributions Q^{t2t}, Q^{v2v} (Eq. 7) for L_CMA: with
     ``loss.dalr.teacher_space: projected`` the projected teachers h^t = g_φt(f_t(t)) and h^v =
     g_φv(f_v(v)) of Eq. 3 (one h^t, also L_IMA's); with ``raw``, the cached CLIP caption and image
     features. The equations carry no stop-gradient, so gradients reach g_φt and g_φv through Q."""
-    if projected(cfg):
+    if projected(o):
         return need(e.text_teacher, "text_teacher", term), need(e.teacher_image, "teacher_image", term)
     return need(e.joint_text, "joint_text", term), need(e.joint_image, "joint_image", term)
 
 
-def dalr_text_target_similarity(cfg: Config, e: StepEmbeddings, term: str) -> torch.Tensor:
+def dalr_text_target_similarity(o: Objective, e: StepEmbeddings, term: str) -> torch.Tensor:
     """The cosine matrix ``(N, N)`` behind L_IMA's Q^{t2t} (Eq. 11): cos(h^t, h^t) of the projected
     text teacher (``teacher_space: projected``, the same h^t as L_CMA's) or the text teachers' own
     similarity (``raw``)."""
-    if projected(cfg):
+    if projected(o):
         h_t = need(e.text_teacher, "text_teacher", term)
         return cosine_matrix(h_t, h_t)
     return need(e.text_teacher_sim, "text_teacher_sim", term)
 
 
-def dalr_info(cfg: Config, e: StepEmbeddings, generator: torch.Generator | None = None) -> torch.Tensor:
+def dalr_info(o: Objective, e: StepEmbeddings, generator: torch.Generator | None = None) -> torch.Tensor:
     """DALR L_info, paper Eq. 4: sentence–image InfoNCE against h^v = g_φv(v̂), summed over
     both dropout views (as MCSE Eq. 3); ``info_margin`` adds KDMCSE's adaptive margin with
     Δ from the image–image teacher similarity."""
     s1, s2 = need(e.s1, "s1", "info"), need(e.s2, "s2", "info")
     h_v = need(e.teacher_image, "teacher_image", "info")
-    tau = cfg.loss.temperature_img
-    if not cfg.loss.dalr.info_margin:
+    tau = o.loss.temperature_img
+    if not o.loss.dalr.info_margin:
         return info_nce(s1, h_v, tau) + info_nce(s2, h_v, tau)
     v_hat = need(e.joint_image, "joint_image", "info")
     with torch.no_grad():
         alpha_vv = cosine_matrix(v_hat, v_hat)
-    m = cfg.loss.kdmcse.margin
+    m = o.loss.kdmcse.margin
     return adapacse_loss(s1, h_v, tau, m, alpha_vv) + adapacse_loss(s2, h_v, tau, m, alpha_vv)
 
 
-def dalr_consistency(cfg: Config, e: StepEmbeddings, generator: torch.Generator | None = None) -> torch.Tensor:
+def dalr_consistency(o: Objective, e: StepEmbeddings, generator: torch.Generator | None = None) -> torch.Tensor:
     """L_cons (Eq. 5) with the batch's mismatched pairs drawn from the term's own stream."""
-    d = cfg.loss.dalr
+    d = o.loss.dalr
     mismatch = mismatch_permutation(e.z1.shape[0], d.mismatch, generator).to(e.z1.device, non_blocking=True)
     return consistency_loss(need(e.shared_text, "shared_text", "consistency"),
                             need(e.shared_image, "shared_image", "consistency"), mismatch, d.consistency_margin)
 
 
-def dalr_cma(cfg: Config, e: StepEmbeddings, generator: torch.Generator | None = None) -> torch.Tensor:
+def dalr_cma(o: Objective, e: StepEmbeddings, generator: torch.Generator | None = None) -> torch.Tensor:
     """L_CMA (Eq. 6–8): the student's sentence–image distribution against the teachers' Q."""
-    d = cfg.loss.dalr
-    q_text, q_image = dalr_teacher_targets(cfg, e, "cma")
+    d = o.loss.dalr
+    q_text, q_image = dalr_teacher_targets(o, e, "cma")
     return cross_modal_alignment_loss(need(e.s1, "s1", "cma"), need(e.teacher_image, "teacher_image", "cma"),
                                       q_text, q_image, d.cma_student_temperature, d.cma_teacher_temperature)
 
 
-def dalr_rank(cfg: Config, e: StepEmbeddings, generator: torch.Generator | None = None) -> torch.Tensor:
+def dalr_rank(o: Objective, e: StepEmbeddings, generator: torch.Generator | None = None) -> torch.Tensor:
     """L_rank (Eq. 10): ListMLE of the student's similarities against the text teachers' ranking
     (ties broken by the term's own stream)."""
-    d = cfg.loss.dalr
+    d = o.loss.dalr
     ranking = teacher_rankings(need(e.text_teacher_sim, "text_teacher_sim", "rank"), generator,
                                d.rank_include_diagonal)
     return listmle_loss(cosine_matrix(e.z1, e.z2), ranking.to(e.z1.device), d.rank_temperature)
 
 
-def dalr_ima(cfg: Config, e: StepEmbeddings, generator: torch.Generator | None = None) -> torch.Tensor:
+def dalr_ima(o: Objective, e: StepEmbeddings, generator: torch.Generator | None = None) -> torch.Tensor:
     """L_IMA (Eq. 11–12) against Q^{t2t}."""
-    d = cfg.loss.dalr
-    return intra_modal_alignment_loss(e.z1, e.z2, dalr_text_target_similarity(cfg, e, "ima"),
+    d = o.loss.dalr
+    return intra_modal_alignment_loss(e.z1, e.z2, dalr_text_target_similarity(o, e, "ima"),
                                       d.ima_student_temperature, d.ima_teacher_temperature)
 
 
-def _text_batches(cfg: Config) -> bool:
-    return cfg.loss.dalr.text_batches  # μ·L_IML also on text-only batches
+def _text_batches(o: Objective) -> bool:
+    return o.loss.dalr.text_batches  # μ·L_IML also on text-only batches
 
 
 register(
     LossTerm(
         name="info", equation="DALR L_info (Eq. 4)", order=40, weight="loss.dalr.info_weight",
-        active=lambda cfg: cfg.train.method == "dalr" and cfg.loss.dalr.info,
-        inputs=lambda cfg: {"s", "teacher_image"} | ({"joint_image"} if cfg.loss.dalr.info_margin else set()),
+        active=lambda o: o.method == "dalr" and o.loss.dalr.info,
+        inputs=lambda o: {"s", "teacher_image"} | ({"joint_image"} if o.loss.dalr.info_margin else set()),
         compute=dalr_info, retrieval_head=("teacher_image_proj", "retrieval_joint_image"),
     ),
     LossTerm(
         name="consistency", equation="DALR L_cons (Eq. 5)", order=50, weight="loss.dalr.lambda_cml",
-        active=lambda cfg: cml_on(cfg) and cfg.loss.dalr.consistency,
-        inputs=lambda cfg: {"shared_text", "shared_image"}, compute=dalr_consistency, stream=1,
+        active=lambda o: cml_on(o) and o.loss.dalr.consistency,
+        inputs=lambda o: {"shared_text", "shared_image"}, compute=dalr_consistency, stream=1,
     ),
     LossTerm(
         name="cma", equation="DALR L_CMA (Eq. 6–8)", order=60, weight="loss.dalr.lambda_cml",
-        active=lambda cfg: cml_on(cfg) and cfg.loss.dalr.alignment,
-        inputs=lambda cfg: {"s", "teacher_image"} | (
-            {"text_teacher"} if projected(cfg) else {"joint_text", "joint_image"}),
+        active=lambda o: cml_on(o) and o.loss.dalr.alignment,
+        inputs=lambda o: {"s", "teacher_image"} | (
+            {"text_teacher"} if projected(o) else {"joint_text", "joint_image"}),
         compute=dalr_cma,
     ),
     LossTerm(
         name="rank", equation="DALR L_rank (Eq. 10)", order=80, weight="loss.dalr.mu_iml",
-        active=lambda cfg: iml_on(cfg) and cfg.loss.dalr.rank,
-        inputs=lambda cfg: {"z", "text_teacher_sim"}, compute=dalr_rank, on_text=_text_batches, stream=2,
+        active=lambda o: iml_on(o) and o.loss.dalr.rank,
+        inputs=lambda o: {"z", "text_teacher_sim"}, compute=dalr_rank, on_text=_text_batches, stream=2,
     ),
     LossTerm(
         name="ima", equation="DALR L_IMA (Eq. 11–12)", order=90, weight="loss.dalr.mu_iml",
-        active=lambda cfg: iml_on(cfg) and cfg.loss.dalr.ima,
-        inputs=lambda cfg: {"z", "text_teacher" if projected(cfg) else "text_teacher_sim"},
+        active=lambda o: iml_on(o) and o.loss.dalr.ima,
+        inputs=lambda o: {"z", "text_teacher" if projected(o) else "text_teacher_sim"},
         compute=dalr_ima, on_text=_text_batches,
     ),
 )

@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import torch
 
-from mmcse.config import Config
 from mmcse.methods.losses import kdmcse_objective, kdmcse_soft_labels, kdmcse_term, threshold_keep_mask
-from mmcse.methods.terms.base import STAT, LossTerm, StepEmbeddings, need, register
+from mmcse.methods.terms.base import STAT, LossTerm, Objective, StepEmbeddings, need, register
 
 
-def kdmcse_terms(cfg: Config, e: StepEmbeddings, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+def kdmcse_terms(o: Objective, e: StepEmbeddings, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
     """ℓ^{v'}, ℓ^{t'} (Eq. 9–13) and their mean (Eq. 14). Threshold filtering uses α^{t,v}
     (image term) and α^{t,t} (text term); the margin's Δ uses image–image and caption–caption
     α (``within``, the authors' code) or the same cross-modal α^{t,m} (``cross``). The α are
     `kdmcse_soft_labels` of the projections g_φt(t̂), g_φv(v̂) (Algorithm 1) or, with
     ``soft_labels: clip``, of the raw CLIP features."""
-    k, tau = cfg.loss.kdmcse, cfg.loss.temperature_img
+    k, tau = o.loss.kdmcse, o.loss.temperature_img
     s1, s2 = need(e.s1, "s1", "kdmcse"), need(e.s2, "s2", "kdmcse")
     g_t = need(e.teacher_text, "teacher_text", "kdmcse")  # (N, p) g_φt(t̂)
     g_v = need(e.teacher_image, "teacher_image", "kdmcse")  # (N, p) g_φv(v̂)
@@ -38,17 +37,17 @@ def kdmcse_terms(cfg: Config, e: StepEmbeddings, generator: torch.Generator | No
     }
 
 
-def _inputs(cfg: Config) -> set[str]:
-    raw = {"joint_text", "joint_image"} if cfg.loss.kdmcse.soft_labels == "clip" else set()
+def _inputs(o: Objective) -> set[str]:
+    raw = {"joint_text", "joint_image"} if o.loss.kdmcse.soft_labels == "clip" else set()
     return {"s", "teacher_text", "teacher_image"} | raw
 
 
 register(LossTerm(
     name="kdmcse", equation="KDMCSE Eq. 14 (Eq. 9–13)", order=30, weight="loss.lambda_img",
-    active=lambda cfg: cfg.train.method == "kdmcse" and cfg.loss.image_term,
+    active=lambda o: o.method == "kdmcse" and o.loss.image_term,
     inputs=_inputs, compute=kdmcse_terms,
     # KDMCSE Algorithm 1 (App. D): an image–caption batch trains on ℓ^KDMCSE alone, without SimCSE or λ
-    alone=lambda cfg: cfg.loss.kdmcse.pair_objective == "kdmcse",
+    alone=lambda o: o.loss.kdmcse.pair_objective == "kdmcse",
     alone_reason="trains image–caption batches on ℓ^KDMCSE alone (loss.kdmcse.pair_objective: kdmcse, "
                  "Algorithm 1), without λ: drop it from sweep.space, or set loss.kdmcse.pair_objective: "
                  "simcse_plus_kdmcse",

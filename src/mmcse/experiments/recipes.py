@@ -27,10 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mmcse.config.checks import ConfigError
-from mmcse.config.coercion import apply_overrides, read_keyed_yaml, to_dict
-from mmcse.config.keys import is_fixed
-from mmcse.config.schema import Config
+import yaml
+
+from mmcse.config import Config, ConfigError, apply_overrides, is_fixed, to_dict
 
 RECIPES_DIR, PROFILES_DIR = "recipes", "profiles"
 DEMO = "demo"
@@ -254,3 +253,16 @@ def expand_recipes(raw: dict[str, Any], root: Path) -> dict[str, Any]:
         overrides = dict(overrides or {})
         variants[name] = {**row_recipe(raw, overrides, root)["swap"], **overrides}
     return raw
+
+
+def read_keyed_yaml(file: Path, valid_keys: tuple[str, ...]) -> dict[str, Any]:
+    """A YAML mapping from ``file`` whose top-level keys must be among ``valid_keys`` (preset
+    and profile files); invalid YAML or an unknown key is a ConfigError naming the file."""
+    try:
+        raw = yaml.safe_load(file.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{file}: not valid YAML: {err}") from None
+    unknown = sorted(set(raw) - set(valid_keys)) if isinstance(raw, Mapping) else ["<not a mapping>"]
+    if unknown:
+        raise ConfigError(f"{file}: unknown key(s) {unknown}; valid keys: {', '.join(valid_keys)}")
+    return dict(raw)

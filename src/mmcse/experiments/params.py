@@ -1,4 +1,6 @@
-"""Reading ``params.yaml`` (with ``ablate.preset`` expanded) into a validated `Config`."""
+"""Reading ``params.yaml`` into a validated `Config`: its ``ablate.preset`` (a paper table in
+``ablations/``) expanded, each row's recipe under a paper profile (`mmcse.experiments.recipes`) applied,
+then the whole checked (`mmcse.config.parse_config`)."""
 
 from __future__ import annotations
 
@@ -9,20 +11,10 @@ from typing import Any
 
 import yaml
 
-from mmcse.config.checks import ConfigError, fail
-from mmcse.config.coercion import apply_overrides, deep_merge, read_keyed_yaml, to_dict
-from mmcse.config.declared import build
-from mmcse.config.recipes import expand_recipes
-from mmcse.config.runs import AblateConfig
-from mmcse.config.schema import Config
-
-
-def parse_config(raw: Mapping[str, Any] | None, where: str = "params.yaml") -> Config:
-    """Build and validate a :class:`Config` from a nested mapping."""
-    raw = dict(raw or {})
-    config = build(Config, raw, where, "")
-    config.validate(where)
-    return config
+from mmcse.config import AblateConfig, Config, ConfigError, apply_overrides, parse_config, to_dict, with_overrides
+from mmcse.config.checks import fail
+from mmcse.config.coercion import deep_merge
+from mmcse.experiments.recipes import expand_recipes, read_keyed_yaml
 
 
 def read_params(path: str | Path = "params.yaml", overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -46,7 +38,7 @@ def load_config(
     path: str | Path = "params.yaml", overrides: Mapping[str, Any] | None = None
 ) -> Config:
     """Read ``params.yaml`` (`read_params`), expand each ablation row's recipe under a paper profile
-    (`mmcse.config.recipes.expand_recipes`) and validate; raises :class:`ConfigError`."""
+    (`mmcse.experiments.recipes.expand_recipes`) and validate; raises :class:`ConfigError`."""
     path = Path(path)
     return parse_config(expand_recipes(read_params(path, overrides), path.parent), where=str(path))
 
@@ -114,11 +106,6 @@ def expand_preset(raw: Mapping[str, Any], root: Path, where: str) -> dict[str, A
         ablate["transfer"] = bool(ablate.get("transfer", False)) or preset["transfer"]
     raw["ablate"] = ablate
     return raw
-
-
-def with_overrides(config: Config, overrides: Mapping[str, Any], where: str = "overrides") -> Config:
-    """A new validated config with dotted overrides applied (ablation variants, sweep trials)."""
-    return parse_config(apply_overrides(to_dict(config), overrides, where), where=where)
 
 
 def check_params(path: str | Path = "params.yaml") -> Config:
