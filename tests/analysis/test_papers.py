@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mmcse.analysis.papers import PAPERS, Cell, check_against_text, list_papers, load_paper
+from mmcse.analysis.papers import PAPERS, Cell, check_against_text, check_marks, list_papers, load_paper
+from mmcse.analysis.report import block_grid
 from mmcse.config import ConfigError
 from mmcse.experiments.params import load_config
 from tests.conftest import REPO
@@ -32,6 +33,40 @@ def test_every_paper_has_its_numbers_file():
 def test_every_transcribed_number_is_printed_in_its_line_of_the_paper(name):
     paper = load_paper(name, REPO)
     assert check_against_text(paper, _text(paper)) == []
+
+
+def test_kdmcse_table1_records_both_copies_significance_markers():
+    """kdmcse.txt and kdmcse-2.txt mark three Table 1 cells differently: each copy's markers as recorded, and
+    the three cells (and only they) flagged for the report."""
+    paper = load_paper("kdmcse", REPO)
+    second = PAPER_TEXTS / str(paper.second_text)
+    if not second.is_file():
+        pytest.skip(f"no second text copy at {second}")
+    assert check_marks(paper, _text(paper), second.read_text(encoding="utf-8")) == []
+    table = paper.tables["table1"]
+    differ = {(block, row.variant, header) for block, rows in table.blocks.items() for row in rows.values()
+              for i, header in enumerate(table.columns) if row.copies_differ(i)}
+    assert differ == {("flickr-bert", "KDMCSE", "STS15"), ("coco-roberta", "KDMCSE", "STS14"),
+                      ("coco-roberta", "KDMCSE", "STS15")}
+    _, grid = block_grid(table, table.blocks["flickr-bert"], None)
+    assert next(r for r in grid if r[0] == "KDMCSE")[2:] == [
+        "74.4*±1.4", "83.1*±0.9", "76.3*±1.1", "83.7*±0.8†", "78.8*±0.9", "81.3*±0.9", "73.0*±0.9", "78.6*±0.8"]
+
+
+def test_the_marker_check_reads_both_copies_formats(tmp_path):
+    (tmp_path / "papers").mkdir()
+    (tmp_path / "papers/p.yaml").write_text(
+        "text: p.txt\nsecond_text: p2.txt\ntables:\n  table1:\n    preset: p-table1\n"
+        "    columns: {STS12: STS12, Avg.: avg}\n    blocks:\n      flickr-bert:\n"
+        "        A: {line: 1, label: A, cells: [70.1*±0.5, 80.2±0.3], second_copy: {line: 1, marked: [Avg.]}}\n")
+    paper = load_paper("p", tmp_path)
+    first = "A\t70.1* \\pm 0.5\t80.2 \\pm 0.3\n"
+    latex = "A 70.1±0.5 80.2±0.3subscriptsuperscriptabsentplus-or-minus0.3{}^{*}_{\\pm 0.3}start_FLOATSUPERSCRIPT ∗\n"
+    assert check_marks(paper, first, latex) == []
+    assert [paper.tables["table1"].blocks["flickr-bert"]["A"].copies_differ(i) for i in (0, 1)] == [True, True]
+    problems = check_marks(paper, first.replace("70.1*", "70.1"), latex.replace("{}^{*}", ""))
+    assert len(problems) == 2 and "line 1 of p.txt marks [False, False], recorded [True, False]" in problems[0]
+    assert "line 1 of p2.txt marks [False, False], recorded [False, True]" in problems[1]
 
 
 @pytest.mark.parametrize("name", PAPERS)

@@ -95,6 +95,20 @@ def test_under_a_kdmcse_profile_each_baseline_row_trains_its_own_recipe(project)
     assert cfg.ablate.variants["MCSE"]["teachers.image_encoder"] == "resnet50"
 
 
+def test_paper_recipes_clip_as_their_authors_code_and_mcseos_mcse_row_takes_the_longest_caption(project):
+    """The authors' src/train_mix.py clip the gradient norm at 1.0 (MCSE, KDMCSE, DALR; SimCSE rows run MCSE's
+    script; MCSEO follows MCSE); DUET names no clipping; MCSEO reproduces MCSE on its own longest captions."""
+    apply_profile(project / "params.yaml", "mcseo-flickr-bert")
+    rows = _plan_rows(project, "mcseo-table1")
+    assert {name: row["config"]["train"]["max_grad_norm"] for name, row in rows.items()} == {
+        "untrained": 1.0, "SimCSE": 1.0, "MCSE": 1.0, "MCSEO": 1.0}
+    assert rows["MCSE"]["config"]["data"]["captions"] == "longest"
+    assert rows["MCSE"]["overrode_recipe"] == {"data.captions": ["random", "longest"]}
+    recipes = load_recipes(REPO)
+    assert {m: r.values("bert" if r.encoders else None).get("train.max_grad_norm") for m, r in recipes.items()} == {
+        "simcse": 1.0, "mcse": 1.0, "kdmcse": 1.0, "dalr": 1.0, "mcseo": 1.0, "duet": 0.0, "vsepp": 2.0}
+
+
 def test_a_row_of_the_profiles_own_method_keeps_params_edits_and_reports_recipe_overrides(project):
     apply_profile(project / "params.yaml", "kdmcse-flickr-bert")
     raw = yaml.safe_load((project / "params.yaml").read_text())

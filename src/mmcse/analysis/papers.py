@@ -12,7 +12,10 @@ each row, named as the preset's variant, to the printed cells::
 ``line`` is the line (or lines, concatenated) of the paper's text copy the cells are read from, so a
 test can check every number against it (`check_against_text`); ``ocr`` maps a value to how the copy
 misprints it (``{74.0: /4.0}``). A cell is printed ``mean``, ``mean±std`` or ``mean*±std`` (``*``:
-the paper's significance marker), or null where the paper prints nothing. A row the preset cannot
+the paper's significance marker), or null where the paper prints nothing. A paper with two text
+copies names the second (``second_text``); a row whose markers the second copy prints differently
+records them (``second_copy: {line: N, marked: [the headers it marks]}``), both copies' markers
+are checked against their lines (`check_marks`), and the report marks those cells (``†``). A row the preset cannot
 produce says why (``not_reproduced``); a row of differences names its two rows (``difference:
 [DALR, KDMCSE]``). Tables whose copy scrambles the cells' order say ``order: scrambled``.
 """
@@ -33,12 +36,15 @@ from mmcse.evaluation.names import score_key
 PAPERS_DIR = "papers"
 PAPERS = ("dalr", "kdmcse", "mcseo", "duet")
 TABLE_KEY = re.compile(r"(table|fig)(\d+)")
-PAPER_FIELDS = ("paper", "text", "tables")
+PAPER_FIELDS = ("paper", "text", "second_text", "tables")
 TABLE_FIELDS = ("title", "source", "preset", "columns", "blocks", "order")
-ROW_FIELDS = ("line", "label", "cells", "ocr", "not_reproduced", "difference")
+ROW_FIELDS = ("line", "label", "cells", "ocr", "not_reproduced", "difference", "second_copy")
 CELL = re.compile(r"([-+]?\d+(?:\.\d+)?)(\*?)(?:±(\d+(?:\.\d+)?))?")
 # the numbers of a line of the text copy: a decimal comma is what the copy printed, kept as printed
 PRINTED_NUMBER = re.compile(r"[-+]?\d+(?:[.,]\d+)?")
+# a printed ``mean ± std`` cell of a text copy and what follows it up to the next space: ``74.4* \pm 1.4``
+# (kdmcse.txt) or ``74.4±1.4subscriptsuperscript…{}^{*}…`` (kdmcse-2.txt's LaTeX residue, the marker in it)
+PRINTED_CELL = re.compile(r"(\d+(?:\.\d+)?)(\*?)\s*(?:±|\\pm)\s*\d+(?:\.\d+)?(\S*)")
 
 # Metrics a job reports (`mmcse.pipeline.evaluate`, `mmcse.experiments.ablate`), by pattern.
 RETRIEVAL_SET = r"(demo|flickr30k_1k|coco_5k|coco_1k)"  # `mmcse.data.prepare.retrieval_set_name`
@@ -93,6 +99,12 @@ class PaperRow:
     ocr: dict[str, str] = field(default_factory=dict)
     not_reproduced: str = ""
     difference: tuple[str, str] | None = None
+    second_line: int | None = None  # the row's line in the paper's second text copy
+    second_marked: tuple[bool, ...] | None = None  # that copy's significance markers, one per cell
+
+    def copies_differ(self, i: int) -> bool:
+        """Whether the two text copies mark cell ``i`` differently."""
+        return self.second_marked is not None and self.second_marked[i] != self.cells[i].marked
 
 
 @dataclass(frozen=True)
@@ -127,6 +139,7 @@ class Paper:
     text: str  # the text copy's file name (under ../shared/papers)
     tables: dict[str, PaperTable]
     file: Path
+    second_text: str | None = None  # a second copy of the paper whose markers some rows record
 
 
 def _mapping(value: Any, where: str) -> dict[str, Any]:
@@ -141,7 +154,18 @@ def _known(raw: dict[str, Any], fields: tuple[str, ...], where: str) -> None:
         raise ConfigError(f"{where}: unknown keys {unknown}; valid keys: {', '.join(fields)}")
 
 
-def _row(variant: str, raw: Any, n_columns: int, where: str) -> PaperRow:
+def _second_copy(raw: Any, columns: list[str], where: str) -> tuple[int, tuple[bool, ...]]:
+    raw = _mapping(raw, where)
+    _known(raw, ("line", "marked"), where)
+    line, marked = raw.get("line"), raw.get("marked")
+    if not isinstance(line, int) or line < 1:
+        raise ConfigError(f"{where}: line must be a line number >= 1, got {line!r}")
+    if not isinstance(marked, list) or not set(map(str, marked)) <= set(columns):
+        raise ConfigError(f"{where}: marked must list column headers (of {', '.join(columns)}), got {marked!r}")
+    return line, tuple(c in set(map(str, marked)) for c in columns)
+
+
+def _row(variant: str, raw: Any, columns: list[str], where: str) -> PaperRow:
     raw = _mapping(raw, where)
     _known(raw, ROW_FIELDS, where)
     for key in ("line", "label", "cells"):
@@ -151,14 +175,16 @@ def _row(variant: str, raw: Any, n_columns: int, where: str) -> PaperRow:
     if not lines or not all(isinstance(n, int) and n >= 1 for n in lines):
         raise ConfigError(f"{where}: line must be a line number >= 1 or a list of them, got {raw['line']!r}")
     cells = raw["cells"]
-    if not isinstance(cells, list) or len(cells) != n_columns:
-        raise ConfigError(f"{where}: cells must list one value per column ({n_columns}), got {cells!r}")
+    if not isinstance(cells, list) or len(cells) != len(columns):
+        raise ConfigError(f"{where}: cells must list one value per column ({len(columns)}), got {cells!r}")
     difference = raw.get("difference")
     if difference is not None and (not isinstance(difference, list) or len(difference) != 2):
         raise ConfigError(f"{where}: difference must name two rows, got {difference!r}")
+    second = _second_copy(raw["second_copy"], columns, f"{where}.second_copy") if "second_copy" in raw else None
     return PaperRow(variant, str(raw["label"]), tuple(lines), tuple(Cell.parse(c, where) for c in cells),
                     {str(k): str(v) for k, v in _mapping(raw.get("ocr") or {}, f"{where}.ocr").items()},
-                    str(raw.get("not_reproduced") or ""), tuple(difference) if difference else None)
+                    str(raw.get("not_reproduced") or ""), tuple(difference) if difference else None,
+                    *(second or (None, None)))
 
 
 def _table(paper: str, key: str, raw: Any, where: str) -> PaperTable:
@@ -178,7 +204,7 @@ def _table(paper: str, key: str, raw: Any, where: str) -> PaperTable:
         raise ConfigError(f"{where}.order: printed or scrambled, got {order!r}")
     blocks: dict[str, dict[str, PaperRow]] = {}
     for block, rows in _mapping(raw.get("blocks") or {}, f"{where}.blocks").items():
-        blocks[str(block)] = {str(v): _row(str(v), r, len(columns), f"{where}.blocks.{block}.{v}")
+        blocks[str(block)] = {str(v): _row(str(v), r, list(columns), f"{where}.blocks.{block}.{v}")
                               for v, r in _mapping(rows, f"{where}.blocks.{block}").items()}
         for row in blocks[str(block)].values():
             missing = [v for v in row.difference or () if v not in blocks[str(block)]]
@@ -199,7 +225,9 @@ def load_paper(name: str, root: Path | str = ".") -> Paper:
     _known(raw, PAPER_FIELDS, str(file))
     tables = {str(k): _table(name, str(k), t, f"{file}: tables.{k}")
               for k, t in _mapping(raw.get("tables") or {}, f"{file}: tables").items()}
-    return Paper(name, str(raw.get("paper", name)), str(raw.get("text", f"{name}.txt")), tables, file)
+    second = raw.get("second_text")
+    return Paper(name, str(raw.get("paper", name)), str(raw.get("text", f"{name}.txt")), tables, file,
+                 str(second) if second else None)
 
 
 def list_papers(root: Path | str = ".") -> list[str]:
@@ -238,4 +266,30 @@ def check_against_text(paper: Paper, text: str) -> list[str]:
                 if missing:
                     problems.append(f"{where}: {missing} not in line(s) {list(row.lines)} of {paper.text} "
                                     f"(it prints {found})")
+    return problems
+
+
+def printed_marks(line: str) -> list[bool]:
+    """The significance marker of each ``mean ± std`` cell a line of a text copy prints, in order."""
+    return [bool(star) or "{}^{*}" in tail for _, star, tail in PRINTED_CELL.findall(line)]
+
+
+def check_marks(paper: Paper, text: str, second: str) -> list[str]:
+    """The markers of every row that records the second copy's: its cells' ``*`` against its line in
+    ``text`` (the paper's copy), its ``second_copy.marked`` against its line in ``second``. Returns one
+    message per disagreement (empty: both copies read as recorded)."""
+    copies = {"text": text.splitlines(), "second": second.splitlines()}
+    problems = []
+    for table in paper.tables.values():
+        for block, rows in table.blocks.items():
+            for row in rows.values():
+                if row.second_line is None or row.second_marked is None:
+                    continue
+                where = f"{paper.file}: tables.{table.key}.blocks.{block}.{row.variant}"
+                for copy, name, line, marked in (
+                        ("text", paper.text, row.lines[0], tuple(c.marked for c in row.cells)),
+                        ("second", paper.second_text, row.second_line, row.second_marked)):
+                    printed = printed_marks(copies[copy][line - 1]) if line <= len(copies[copy]) else []
+                    if tuple(printed) != marked:
+                        problems.append(f"{where}: line {line} of {name} marks {printed}, recorded {list(marked)}")
     return problems

@@ -111,7 +111,9 @@ def block_grid(table: PaperTable, paper_rows: dict[str, PaperRow], found: Reprod
     for variant in variants:
         row = paper_rows.get(variant)
         if row is not None:
-            grid.append([variant, f"paper ({row.label})", *[c.printed or "" for c in row.cells]])
+            # †: the paper's second text copy marks that cell's significance otherwise (papers/<paper>.yaml)
+            grid.append([variant, f"paper ({row.label})",
+                         *[(c.printed or "") + ("†" if row.copies_differ(i) else "") for i, c in enumerate(row.cells)]])
         if row is not None and row.not_reproduced:
             grid.append(["", "mmcse", f"not reproduced: {row.not_reproduced}", *[""] * (len(metrics) - 1)])
             continue
