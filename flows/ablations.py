@@ -46,6 +46,7 @@ from mmcse.experiments.ablation_record import log_ablation, log_ablation_figures
 from mmcse.experiments.jobs import Job, ablation_hash, expand, job_config, job_hash, parent_run_name
 from mmcse.experiments.params import check_params, load_config
 from mmcse.experiments.prefect_server import claim_temporary_server, start_retry, stop_stale_temporary_servers
+from mmcse.experiments.stand_ins import check_stand_ins
 from mmcse.pipeline.paths import Paths
 from mmcse.tracking import prefect_tags
 
@@ -360,7 +361,7 @@ def main(params_path: str) -> None:
     """``python flows/ablations.py [params.yaml]`` and the ablate stage: the params checked before
     the flow (and its temporary Prefect server) starts; a server a killed run of this project left
     behind is stopped first (`mmcse.experiments.prefect_server`); then the flow."""
-    check_params(params_path)
+    check_stand_ins(check_params(params_path), params_path)
     stop_stale_temporary_servers()
     claim_temporary_server()
     start_retry(lambda: ablations(params_path))

@@ -131,6 +131,7 @@ def test_the_teacher_comparison_preset_computes_each_teacher_set_once_offline(pr
     from tests.conftest import REPO
 
     shutil.copytree(REPO / "ablations", project / "ablations")
+    shutil.copytree(REPO / "profiles", project / "profiles")  # the preset names its teachers by role
     cfg = load_config("params.yaml", {"ablate.preset": "dalr-table9", "ablate.seeds": [1]})
     paths = Paths.of(cfg)
     grids, text_sets, joint_rows = set(), set(), set()

@@ -46,6 +46,8 @@ class Reproduction:
     row_status: dict[str, str] = field(default_factory=dict)  # variant -> ok / failed / partial …
     devices: dict[str, str] = field(default_factory=dict)  # variant -> the device its jobs trained on
     figures: dict[str, bytes] = field(default_factory=dict)  # artifact name -> PNG (figures/ablation.png …)
+    # variant -> the offline stand-in teachers it trained with under a paper profile (teachers.stand_ins: allow)
+    stand_ins: dict[str, str] = field(default_factory=dict)
 
     @property
     def block(self) -> str:
@@ -129,6 +131,8 @@ def block_grid(table: PaperTable, paper_rows: dict[str, PaperRow], found: Reprod
         is_reference = variant == found.reference
         status = found.row_status.get(variant, "ok")
         label = "mmcse" + ("" if status == "ok" else f" ({status})")
+        if variant in found.stand_ins:
+            label += " (not the paper's teacher)"
         grid.append(["" if row else variant, label,
                      *[mmcse_cell(ours.get(m), _digits(row, i), is_reference) for i, m in enumerate(metrics)]])
         if row is not None and not demo:
@@ -164,6 +168,9 @@ def table_sections(paper: Paper, table: PaperTable, found: Sequence[Reproduction
             section.lines.append("Not run yet" + (f": `{_run_command(paper, table, block)}`" if preset_exists else "."))
         else:
             section.lines.append(_run_line(run))
+            for variant, teachers in run.stand_ins.items():
+                section.lines.append(f"Not the paper's teacher: row {variant} trained with offline stand-ins "
+                                     f"(teachers.stand_ins: allow): {teachers}.")
         section.header, section.rows = block_grid(table, rows, run)
         sections.append(section)
     first = next(iter(table.blocks.values()), {})

@@ -309,6 +309,10 @@ class TeachersConfig:
     batch_size: PositiveInt = 128
     num_workers: NonNegativeInt = 2  # DataLoader workers reading images for the neural encoders
     cache_dir: Str = "teachers"
+    # Under a paper profile (base.profile other than demo) a row that trains with this machine's offline
+    # stand-ins (packaged:* text teachers, the CCA joint teacher, colour-edge-grid image features) is refused
+    # before anything runs; allow: train it anyway, `mmcse plan` marking it (mmcse.experiments.stand_ins)
+    stand_ins: Literal["refuse", "allow"] = "refuse"
 
     def validate(self, where: str) -> None:
         check(len(self.text) >= 1, where, "teachers.text", "needs at least one text teacher")

@@ -15,7 +15,7 @@ FIXED_KEYS = (
     "data.source", "data.senteval_dir", "data.transfer_tasks", "data.downloads_dir", "data.sources",
     "data.demo.min_objects", "data.demo.max_objects", "data.demo.sts_dev_pairs", "data.demo.sts_test_pairs",
     "data.demo.retrieval_images", "data.demo.retrieval_val_images", "data.val_images", "data.retrieval_test",
-    "teachers.cache_dir", "regions.cache_dir",
+    "teachers.cache_dir", "teachers.stand_ins", "regions.cache_dir",
     "ablate", "sweep",
 )
 
@@ -24,7 +24,7 @@ FIXED_KEYS = (
 UPSTREAM_KEYS = (
     "data.pairs", "data.splits", "data.image_limit", "data.verify_images", "data.annotations", "data.captions",
     "data.corpus", "data.corpus_limit", "data.demo.num_images", "data.demo.captions_per_image",
-    "data.demo.image_size", "data.demo.corpus_sentences", "detect.*", "teachers.* (not cache_dir)",
+    "data.demo.image_size", "data.demo.corpus_sentences", "detect.*", "teachers.* (not cache_dir, stand_ins)",
     "model.name_or_path", "model.max_seq_len", "regions.* (not cache_dir)",
 )
 

@@ -23,6 +23,7 @@ from mmcse.experiments.jobs import (
     job_hash,
     job_run_name,
 )
+from mmcse.experiments.stand_ins import paper_stand_ins
 from mmcse.experiments.upstream import resolve_on_record
 from mmcse.integrity.code import EVALUATION_CODE, code_digest, code_files
 from mmcse.io import build_dir, read_json, write_json
@@ -196,8 +197,11 @@ def run_job(
         return done | {"skipped": True}
     where = device_tags(job_cfg.base.device)
     # the job's row and seed on its run: `mmcse.experiments.report` reads each row's training minutes
+    # (and marks a row trained with allowed stand-in teachers under a paper profile)
+    stood_in = paper_stand_ins(job_cfg)
     with tracking.tagged({**where, **(tags or {}), tracking.VARIANT_TAG: job.variant,
-                          tracking.SEED_TAG: str(job.seed)}):
+                          tracking.SEED_TAG: str(job.seed),
+                          **({tracking.STAND_IN_TAG: "; ".join(stood_in)} if stood_in else {})}):
         # found or computed before the job trains (a failure leaves the job's run FAILED)
         upstream = resolve_on_record(job_cfg, paths, cfg.base.seed, "ablate", job_run_name(job), parent_run_id)
         summary = run_train(

@@ -14,7 +14,7 @@ import yaml
 from mmcse.config import AblateConfig, Config, ConfigError, apply_overrides, parse_config, to_dict, with_overrides
 from mmcse.config.checks import fail
 from mmcse.config.coercion import deep_merge
-from mmcse.experiments.recipes import expand_recipes, read_keyed_yaml
+from mmcse.experiments.recipes import expand_recipes, expand_roles, read_keyed_yaml
 
 
 def read_params(path: str | Path = "params.yaml", overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -40,7 +40,8 @@ def load_config(
     """Read ``params.yaml`` (`read_params`), expand each ablation row's recipe under a paper profile
     (`mmcse.experiments.recipes.expand_recipes`) and validate; raises :class:`ConfigError`."""
     path = Path(path)
-    return parse_config(expand_recipes(read_params(path, overrides), path.parent), where=str(path))
+    raw = expand_recipes(read_params(path, overrides), path.parent)
+    return parse_config(expand_roles(raw, path.parent, str(path)), where=str(path))
 
 
 def list_presets(folder: Path) -> list[str]:

@@ -17,6 +17,7 @@ from mmcse.config import Config, apply_overrides, parse_config, to_dict
 from mmcse.experiments.jobs import expand, job_config
 from mmcse.experiments.params import load_config, read_params
 from mmcse.experiments.recipes import DEMO, profile_values, recipe_conflicts, row_recipe
+from mmcse.experiments.stand_ins import paper_stand_ins
 
 
 def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -41,9 +42,11 @@ def defaults_config(params: Path) -> dict[str, Any]:
 def plan(params: str | Path = "params.yaml", preset: str | None = None) -> dict[str, Any]:
     """Every row of the ablation ``params`` describes (``preset``: ``ablate.preset`` replaced), as
     ``{"profile", "preset", "seeds", "rows": [{"variant", "method", "recipe", "encoder", "overrides",
-    "recipe_swap", "overrode_recipe", "config"}]}``: the variant's own overrides, what its recipe
-    changes, the recipe values it overrides and its whole configuration (its first seed's; seeds differ
-    in ``base.seed`` only). Raises ConfigError on an unknown preset or profile, before any compute."""
+    "recipe_swap", "overrode_recipe", "stand_ins", "config"}]}``: the variant's own overrides, what its
+    recipe changes, the recipe values it overrides, the offline stand-in teachers it trains with under a
+    paper profile (`mmcse.experiments.stand_ins`: not the paper's row) and its whole configuration (its
+    first seed's; seeds differ in ``base.seed`` only). Raises ConfigError on an unknown preset or
+    profile, before any compute."""
     params = Path(params)
     overrides = {"ablate.preset": preset} if preset else None
     raw = read_params(params, overrides)
@@ -64,6 +67,7 @@ def plan(params: str | Path = "params.yaml", preset: str | None = None) -> dict[
             "overrides": own,
             "recipe_swap": info["swap"],
             "overrode_recipe": recipe_conflicts(raw, own, params.parent),
+            "stand_ins": paper_stand_ins(job_cfg),
             "config": to_dict(job_cfg),
         })
     return {"profile": cfg.base.profile, "preset": cfg.ablate.preset, "seeds": list(cfg.ablate.seeds), "rows": rows}
@@ -80,6 +84,10 @@ def plan_text(result: dict[str, Any], defaults: dict[str, Any]) -> str:
         lines += ["", f"{row['variant']}: {row['method']}, {recipe}"]
         for key, (was, now) in row["overrode_recipe"].items():
             lines.append(f"  overrides its recipe: {key}: {was!r} -> {now!r}")
+        if row["stand_ins"]:
+            allowed = row["config"]["teachers"]["stand_ins"] == "allow"
+            lines.append(f"  not the paper's teacher ({'teachers.stand_ins: allow' if allowed else 'refused'}): "
+                         + "; ".join(row["stand_ins"]))
         flat = _flat({k: v for k, v in row["config"].items() if k not in ("ablate", "sweep")})
         for key, value in flat.items():
             if flat_defaults.get(key) != value:

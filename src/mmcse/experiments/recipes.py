@@ -17,6 +17,11 @@ offline values. A table row whose method differs from params.yaml's trains with 
 place of params.yaml's (`expand_recipes`): its configuration is the defaults ← the recipe of its
 method ← the profile's context ← the variant's own overrides. Rows of params.yaml's own method, and
 every row under ``demo``, keep params.yaml's values (edits included).
+
+A preset names a paper's **teachers by their role** (``teachers.text: [{role: simcse, weight: 0.33}]``,
+``teachers.image_role: resnet``); each profile's ``teacher_roles`` says what a role is on this machine
+(`expand_roles`): the demo's offline stand-ins, a paper profile's released checkpoints for its encoder.
+One preset serves both; a role a profile does not name is refused, naming the profile and its roles.
 """
 
 from __future__ import annotations
@@ -35,7 +40,10 @@ RECIPES_DIR, PROFILES_DIR = "recipes", "profiles"
 DEMO = "demo"
 PROFILE_KEY = "base.profile"
 RECIPE_FIELDS = ("description", "method", "settings", "encoders")
-PROFILE_FIELDS = ("description", "recipe", "encoder", "common", "recipe_overrides", "data", "model")
+PROFILE_FIELDS = ("description", "recipe", "encoder", "common", "recipe_overrides", "data", "model", "teacher_roles")
+ROLE = "role"  # a teachers.text entry naming its teacher by role
+IMAGE_ROLE = "teachers.image_role"  # a variant key naming its image teacher by role (expanded before validation)
+ROLE_TEXT_FIELDS = ("teacher", "pooler")
 
 
 def _mapping(file: Path, raw: dict[str, Any], field: str) -> dict[str, Any]:
@@ -252,6 +260,104 @@ def expand_recipes(raw: dict[str, Any], root: Path) -> dict[str, Any]:
     for name, overrides in list(variants.items()):
         overrides = dict(overrides or {})
         variants[name] = {**row_recipe(raw, overrides, root)["swap"], **overrides}
+    return raw
+
+
+@dataclass(frozen=True)
+class TeacherRoles:
+    """What a profile's paper teachers are on this machine: text roles -> ``{teacher, pooler}`` (for the
+    profile's encoder), image roles -> the ``teachers.*`` keys they set."""
+
+    text: dict[str, dict[str, Any]]
+    image: dict[str, dict[str, Any]]
+    file: Path
+    profile: str
+
+
+def teacher_roles(name: str, root: Path) -> TeacherRoles:
+    """Profile ``name``'s ``teacher_roles``, checked: a text role is ``{teacher, pooler}`` or one such per
+    encoder (``bert: {...}, roberta: {...}``), an image role a mapping of ``teachers.*`` keys."""
+    available = _profile_files(root)
+    if name not in available:
+        raise ConfigError(f"teachers named by role are profile {name}'s (its teacher_roles), but "
+                          f"{root / PROFILES_DIR} has no profile {name!r}; profiles: {', '.join(available) or 'none'}")
+    file, _, model = available[name]
+    raw = _mapping(file, read_keyed_yaml(file, PROFILE_FIELDS), "teacher_roles")
+    unknown = sorted(set(raw) - {"text", "image"})
+    if unknown:
+        raise ConfigError(f"{file}: teacher_roles has {unknown}; valid: text, image")
+    encoder = model or read_keyed_yaml(file, PROFILE_FIELDS).get("encoder")
+    text: dict[str, dict[str, Any]] = {}
+    for role, value in _mapping(file, raw, "text").items():
+        if isinstance(value, Mapping) and "teacher" not in value and encoder in value:
+            value = value[encoder]
+        if not isinstance(value, Mapping) or "teacher" not in value or set(value) - set(ROLE_TEXT_FIELDS):
+            raise ConfigError(f"{file}: teacher_roles.text.{role} must be {{teacher, pooler}} or one per encoder "
+                              f"(for {encoder or 'no encoder'}), got {value!r}")
+        text[str(role)] = dict(value)
+    image: dict[str, dict[str, Any]] = {}
+    for role, value in _mapping(file, raw, "image").items():
+        if not isinstance(value, Mapping) or not all(str(k).startswith("teachers.") for k in value):
+            raise ConfigError(f"{file}: teacher_roles.image.{role} must map teachers.* keys to values, got {value!r}")
+        _check_keys(file, f"teacher_roles.image.{role}", value)
+        image[str(role)] = dict(value)
+    return TeacherRoles(text, image, file, name)
+
+
+def _text_entries(entries: Any, roles: TeacherRoles, where: str) -> Any:
+    """``teachers.text`` with every ``{role: r, weight: w}`` entry made the profile's teacher for role r."""
+    if not isinstance(entries, list):
+        return entries
+    out = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, Mapping) or ROLE not in entry:
+            out.append(entry)
+            continue
+        role = str(entry[ROLE])
+        named = sorted(set(entry) & set(ROLE_TEXT_FIELDS))
+        if named:
+            raise ConfigError(f"{where}: teachers.text[{i}] names role {role} and {', '.join(named)}: the role "
+                              f"gives them ({roles.file}: teacher_roles.text)")
+        if role not in roles.text:
+            raise ConfigError(f"{where}: teachers.text[{i}]: profile {roles.profile} names no text teacher role "
+                              f"{role!r} ({roles.file}: teacher_roles.text has {', '.join(roles.text) or 'none'})")
+        out.append({**roles.text[role], **{k: v for k, v in entry.items() if k != ROLE}})
+    return out
+
+
+def _image_role(overrides: dict[str, Any], roles: TeacherRoles, where: str) -> dict[str, Any]:
+    if IMAGE_ROLE not in overrides:
+        return overrides
+    overrides = dict(overrides)
+    role = str(overrides.pop(IMAGE_ROLE))
+    if role not in roles.image:
+        raise ConfigError(f"{where}: {IMAGE_ROLE}: profile {roles.profile} names no image teacher role {role!r} "
+                          f"({roles.file}: teacher_roles.image has {', '.join(roles.image) or 'none'})")
+    return {**roles.image[role], **overrides}
+
+
+def expand_roles(raw: dict[str, Any], root: Path, where: str = "params.yaml") -> dict[str, Any]:
+    """``raw`` (params.yaml, preset and recipes expanded) with every teacher named by its role made the
+    current profile's (`teacher_roles`): ``teachers.text`` entries ``{role: …}`` and the variant key
+    ``teachers.image_role``, in params.yaml's own teachers and every ablation variant."""
+    raw = copy.deepcopy(raw)
+    variants = (raw.get("ablate") or {}).get("variants") or {}
+    teachers = raw.get("teachers") if isinstance(raw.get("teachers"), Mapping) else {}
+    uses_roles = any(isinstance(e, Mapping) and ROLE in e for e in teachers.get("text") or []) or any(
+        isinstance(v, Mapping) and (IMAGE_ROLE in v or any(isinstance(e, Mapping) and ROLE in e
+                                                           for e in (v.get("teachers.text") or [])))
+        for v in variants.values())
+    if not uses_roles:
+        return raw
+    roles = teacher_roles(str(_get(raw, PROFILE_KEY)), root)
+    if "text" in teachers:
+        teachers["text"] = _text_entries(teachers["text"], roles, where)
+    for name, overrides in list(variants.items()):
+        here = f"{where} (ablate.variants.{name})"
+        overrides = _image_role(dict(overrides or {}), roles, here)
+        if "teachers.text" in overrides:
+            overrides["teachers.text"] = _text_entries(overrides["teachers.text"], roles, here)
+        variants[name] = overrides
     return raw
 
 

@@ -25,7 +25,7 @@ from mmcse.analysis.report import Reproduction, RunCell, paper_report, to_html, 
 from mmcse.config import Config, ConfigError
 from mmcse.experiments.params import list_presets
 from mmcse.io import write_text
-from mmcse.tracking import TRAIN_MINUTES, VARIANT_TAG
+from mmcse.tracking import STAND_IN_TAG, TRAIN_MINUTES, VARIANT_TAG
 
 TABLE_ARTIFACT = "ablation_table.json"
 FIGURES = "figures"  # the parent run's figures: ablation.png, and those of ablate.figures
@@ -65,6 +65,7 @@ def reproduction(client: Any, run: Any, experiment_id: str) -> Reproduction:
             row_status[variant] = str(row.get("status", "ok"))
     minutes: dict[str, list[float]] = defaultdict(list)
     devices: dict[str, str] = {}
+    stand_ins: dict[str, str] = {}
     jobs = client.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{run.info.run_id}'", max_results=5000)
     for job in jobs:
         variant = job.data.tags.get(VARIANT_TAG)
@@ -74,6 +75,8 @@ def reproduction(client: Any, run: Any, experiment_id: str) -> Reproduction:
             minutes[variant].append(job.data.metrics[TRAIN_MINUTES])
         if "device" in job.data.tags:
             devices[variant] = job.data.tags["device"]
+        if STAND_IN_TAG in job.data.tags:
+            stand_ins[variant] = job.data.tags[STAND_IN_TAG]
     for variant, values in minutes.items():
         mean = sum(values) / len(values)
         std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else math.nan
@@ -85,7 +88,7 @@ def reproduction(client: Any, run: Any, experiment_id: str) -> Reproduction:
     return Reproduction(
         profile=profile_of(run), run_id=run.info.run_id, status=run.info.status,
         reference=params.get("ablation.reference", ""), test=params.get("ablation.test", "paired"), rows=rows,
-        row_status=row_status, devices=devices, figures=figures,
+        row_status=row_status, devices=devices, figures=figures, stand_ins=stand_ins,
     )
 
 

@@ -30,7 +30,7 @@ def artifact_keys(cfg: Config, data_seed: int | None = None) -> dict[str, str]:
     objects = sha256_json({"detect": detect, "tokenizer": cfg.model.name_or_path,
                            "max_seq_len": cfg.model.max_seq_len, "data": data})[:16]
     teachers = to_dict(cfg.teachers)
-    for bookkeeping in ("cache_dir", "num_workers"):
+    for bookkeeping in ("cache_dir", "num_workers", "stand_ins"):
         teachers.pop(bookkeeping)
     return {"data": data, "objects": objects,
             "teachers": sha256_json({"teachers": teachers, "data": data, "objects": objects})[:16]}

@@ -267,6 +267,8 @@ def tagged(tags: dict[str, str]) -> Iterator[None]:
 JOB_TAG = "mmcse.job"  # what a run computes into (its output folder): runs of one job share it
 # an ablation job's row and seed (`mmcse.experiments.ablate.run_job`), read back by `mmcse report`
 VARIANT_TAG, SEED_TAG = "ablation.variant", "ablation.seed"
+# a job trained with offline stand-in teachers under a paper profile (teachers.stand_ins: allow): what stood in
+STAND_IN_TAG = "mmcse.stand_in_teachers"
 # a training run's wall-clock minutes, summed over its resumed sessions (DALR Table 7): MLflow only,
 # like the run id, since a DVC output must not change between two identical runs
 TRAIN_MINUTES = "train_minutes"

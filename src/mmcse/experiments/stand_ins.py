@@ -1,0 +1,80 @@
+"""Offline stand-in teachers under a paper profile: named per row, refused unless asked for.
+
+The demo trains with teachers this machine has without a download (``packaged:*`` text teachers, the
+CCA joint teacher, colour-edge-grid image features). Under a paper profile such a teacher is not the
+paper's, so a row that trains with one would report a number beside the paper's that means something
+else. `check_stand_ins` refuses such a configuration before anything runs (the check_params stage, the
+ablate stage, `mmcse plan`), one line naming the row and the teacher; ``teachers.stand_ins: allow``
+trains it anyway and `mmcse plan` marks the row. Only the teachers a row trains with count: the feature
+groups its loss terms read (`mmcse.methods.objectives.needed_features`) and, for the retrieval methods,
+the image encoder behind their region sets.
+"""
+
+from __future__ import annotations
+
+from mmcse.config import RETRIEVAL_METHODS, Config, ConfigError
+from mmcse.experiments.jobs import expand, job_config
+from mmcse.experiments.recipes import DEMO
+from mmcse.methods.objectives import Objective, needed_features
+
+PACKAGED = "packaged:"  # a model shipped in a pip package: the demo's stand-in text teacher and student
+JOINT_TEXT = "joint"  # teachers.text[*].teacher: the joint teacher's own text side
+
+
+def used_teacher_groups(cfg: Config) -> set[str]:
+    """The cached feature groups ``cfg`` trains with: image, joint, text_teachers, objects."""
+    o = Objective.of(cfg)
+    groups = needed_features(o, pair_batch=True) | needed_features(o, pair_batch=False)
+    if cfg.train.method in RETRIEVAL_METHODS and cfg.regions.source == "objects":
+        groups.add("image")  # DUET / VSE++ region sets: the objects encoded with teachers.image_encoder
+    return groups
+
+
+def stand_ins(cfg: Config) -> list[str]:
+    """The offline stand-ins among the teachers ``cfg`` trains with, each as ``key: what stands in``."""
+    t, groups = cfg.teachers, used_teacher_groups(cfg)
+    found = []
+    joint_used = "joint" in groups
+    if "text_teachers" in groups:
+        for i, teacher in enumerate(t.text):
+            if teacher.teacher.startswith(PACKAGED):
+                found.append(f"teachers.text[{i}]: {teacher.teacher} ({teacher.pooler})")
+            joint_used |= teacher.teacher == JOINT_TEXT
+    if joint_used and t.joint.kind == "cca":
+        found.append(f"teachers.joint: a CCA fitted on {t.joint.text_teacher} and {t.image_encoder} features")
+    if groups & {"image", "objects"} and t.image_encoder == "colour-edge-grid":
+        found.append("teachers.image_encoder: colour-edge-grid")
+    return found
+
+
+def paper_stand_ins(cfg: Config) -> list[str]:
+    """`stand_ins` under a paper profile; none under demo, whose teachers are meant to stand in."""
+    return [] if cfg.base.profile == DEMO else stand_ins(cfg)
+
+
+def row_stand_ins(cfg: Config) -> dict[str, list[str]]:
+    """Per ablation row (and ``params.yaml``: the train stage's own run), its stand-in teachers."""
+    rows = {"params.yaml": stand_ins(cfg)}
+    for job in expand(cfg):
+        if job.variant not in rows:  # a row's seeds differ in base.seed only
+            rows[job.variant] = stand_ins(job_config(cfg, job))
+    return {name: found for name, found in rows.items() if found}
+
+
+def check_stand_ins(cfg: Config, where: str = "params.yaml") -> dict[str, list[str]]:
+    """Under a paper profile, refuse a row trained with stand-in teachers (one line naming the row and
+    the teachers) unless ``teachers.stand_ins: allow``; returns the allowed ones (none under demo)."""
+    if cfg.base.profile == DEMO:
+        return {}
+    rows = row_stand_ins(cfg)
+    if rows and cfg.teachers.stand_ins != "allow":
+        name, found = next(iter(rows.items()))
+        table = cfg.ablate.title or "the ablation"
+        row = "params.yaml's own run" if name == "params.yaml" else f"row {name!r} of {table}"
+        more = f" ({len(rows) - 1} more row(s) too)" if len(rows) > 1 else ""
+        raise ConfigError(
+            f"{where}: under profile {cfg.base.profile}, {row} trains with offline stand-in teachers, not the "
+            f"paper's: {'; '.join(found)}{more}. Name the paper's teacher (a preset by role: teachers.text: "
+            "[{role: simcse}], from the profile's teacher_roles), or set teachers.stand_ins: allow to train it "
+            "anyway (mmcse plan marks such rows)")
+    return rows

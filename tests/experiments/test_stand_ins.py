@@ -1,0 +1,151 @@
+"""Teachers by role and offline stand-ins under a paper profile: one preset serves the demo and the paper,
+and a row that would train a paper profile's table with the demo's stand-in teachers is refused, or marked."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from mmcse.analysis.papers import load_paper
+from mmcse.analysis.report import Reproduction, RunCell, table_sections
+from mmcse.config import ConfigError
+from mmcse.experiments.params import load_config
+from mmcse.experiments.plan import plan, plan_text
+from mmcse.experiments.profiles import apply_profile
+from mmcse.experiments.recipes import load_recipes, teacher_roles
+from mmcse.experiments.stand_ins import check_stand_ins, row_stand_ins, stand_ins
+from tests.conftest import REPO, params_copy
+
+MINILM = "packaged:all-MiniLM-L6-v2"
+BERT_TEACHERS = ["princeton-nlp/unsup-simcse-bert-base-uncased", "voidism/diffcse-bert-base-uncased-sts"]
+
+
+@pytest.fixture
+def project(tmp_path):
+    return params_copy(tmp_path)
+
+
+def _rows(project, preset: str) -> dict[str, dict]:
+    return {row["variant"]: row for row in plan(project / "params.yaml", preset)["rows"]}
+
+
+def _teachers(row: dict) -> list[tuple[str, str, float]]:
+    return [(t["teacher"], t["pooler"], t["weight"]) for t in row["config"]["teachers"]["text"]]
+
+
+def test_under_demo_the_role_preset_trains_the_offline_stand_ins_it_named_before(project):
+    """dalr-table9 by role resolves to the very teachers the preset spelled out before roles (MiniLM
+    poolers for SimCSE / DiffCSE / RankCSE, the joint teacher's text side for CLIP, grid 2 for ResNet)."""
+    rows = _rows(project, "dalr-table9")
+    assert _teachers(rows["CLIP + SimCSE"]) == [(MINILM, "avg_first_last", 1.0)]
+    assert _teachers(rows["CLIP + DiffCSE"]) == [(MINILM, "avg", 1.0)]
+    assert _teachers(rows["CLIP + CLIP"]) == [("joint", "avg", 1.0)]
+    assert _teachers(rows["ResNet + SimCSE+RankCSE"]) == [(MINILM, "avg_first_last", 0.5), (MINILM, "avg_top2", 0.5)]
+    assert {n: r["config"]["teachers"]["image_grid"] for n, r in rows.items()} == {
+        n: 2 if n.startswith("ResNet") else 4 for n in rows}
+    assert all(r["stand_ins"] == [] for r in rows.values())  # the demo is what stand-ins are for
+    # DALR Tables 4-5's KDMCSE + CML / IML rows name DALR's teachers: offline, params.yaml's own pair
+    kd_cml = _rows(project, "dalr-table4")["KDMCSE + CML"]
+    assert _teachers(kd_cml) == [(MINILM, "avg_first_last", 0.33), (MINILM, "avg", 0.67)]
+    params_teachers = load_config(project / "params.yaml").teachers.text
+    assert _teachers(kd_cml) == [(t.teacher, t.pooler, t.weight) for t in params_teachers]
+
+
+def test_under_a_dalr_profile_the_roles_are_the_released_checkpoints_of_its_encoder(project):
+    apply_profile(project / "params.yaml", "dalr-flickr-bert")
+    kd_cml = _rows(project, "dalr-table4")["KDMCSE + CML"]
+    assert kd_cml["method"] == "kdmcse" and kd_cml["config"]["loss"]["dalr"]["cml"] is True
+    assert [t for t, _, _ in _teachers(kd_cml)] == BERT_TEACHERS  # not the demo's MiniLM (the reported leak)
+    assert kd_cml["stand_ins"] == []
+    apply_profile(project / "params.yaml", "dalr-coco-roberta")
+    kd_iml = _rows(project, "dalr-table5")["KDMCSE + IML"]
+    assert [t for t, _, _ in _teachers(kd_iml)] == ["princeton-nlp/unsup-simcse-roberta-base",
+                                                     "voidism/diffcse-roberta-base-sts"]
+    # a role the profile does not name stops the table in one line naming it (RankCSE: no checkpoint named)
+    with pytest.raises(ConfigError, match=r"CLIP \+ SimCSE\+RankCSE.*profile dalr-coco-roberta names no text "
+                                          r"teacher role 'rankcse' \(.*profiles/dalr.yaml: teacher_roles.text has "
+                                          r"simcse, diffcse, clip\)"):
+        load_config(project / "params.yaml", {"ablate.preset": "dalr-table9"})
+
+
+def test_the_dalr_profiles_roles_are_the_dalr_recipes_teachers():
+    recipe = load_recipes(REPO)["dalr"]
+    for encoder in ("bert", "roberta"):
+        roles = teacher_roles(f"dalr-flickr-{encoder}", REPO)
+        by_role = [{**roles.text["simcse"], "weight": 0.33}, {**roles.text["diffcse"], "weight": 0.67}]
+        assert recipe.values(encoder)["teachers.text"] == by_role
+
+
+def test_a_stand_in_under_a_paper_profile_is_refused_naming_the_row_unless_allowed(project):
+    params = project / "params.yaml"
+    apply_profile(params, "kdmcse-flickr-bert")
+    raw = yaml.safe_load(params.read_text())
+    # a row that turns on DALR's L_IMA under KDMCSE's recipe, its text teachers left at the demo's MiniLM
+    raw["ablate"]["variants"] = {"KDMCSE": {"train.method": "kdmcse"},
+                                 "KDMCSE + IML": {"train.method": "kdmcse", "loss.dalr.iml": True}}
+    raw["ablate"]["reference"], raw["ablate"]["preset"] = "KDMCSE", "none"  # the profile's preset would replace them
+    params.write_text(yaml.safe_dump(raw, sort_keys=False))
+    cfg = load_config(params)
+    assert row_stand_ins(cfg) == {"KDMCSE + IML": [f"teachers.text[0]: {MINILM} (avg_first_last)",
+                                                   f"teachers.text[1]: {MINILM} (avg)"]}
+    with pytest.raises(ConfigError) as err:
+        check_stand_ins(cfg, "params.yaml")
+    message = str(err.value)
+    assert "\n" not in message and "under profile kdmcse-flickr-bert, row 'KDMCSE + IML'" in message
+    assert f"teachers.text[0]: {MINILM}" in message and "teachers.stand_ins: allow" in message
+    text = plan_text(plan(params), {})
+    assert f"not the paper's teacher (refused): teachers.text[0]: {MINILM}" in text
+    raw["teachers"]["stand_ins"] = "allow"
+    params.write_text(yaml.safe_dump(raw, sort_keys=False))
+    assert check_stand_ins(load_config(params)) == {"KDMCSE + IML": [f"teachers.text[0]: {MINILM} (avg_first_last)",
+                                                                     f"teachers.text[1]: {MINILM} (avg)"]}
+    assert "not the paper's teacher (teachers.stand_ins: allow)" in plan_text(plan(params), {})
+    # a job cannot allow it for itself: the choice is params.yaml's
+    raw["teachers"]["stand_ins"] = "refuse"
+    raw["ablate"]["variants"]["KDMCSE + IML"]["teachers.stand_ins"] = "allow"
+    params.write_text(yaml.safe_dump(raw, sort_keys=False))
+    with pytest.raises(ConfigError, match="teachers.stand_ins cannot vary per job"):
+        load_config(params)
+
+
+def test_only_the_teachers_a_row_trains_with_count(project):
+    """MCSE reads no text teacher and no joint teacher: the demo's MiniLM and CCA left in its params are
+    not its teachers; the demo's colour-edge-grid image features are."""
+    apply_profile(project / "params.yaml", "kdmcse-flickr-bert")
+    cfg = load_config(project / "params.yaml", {"ablate.preset": "baselines"})
+    assert cfg.teachers.text[0].teacher == MINILM and row_stand_ins(cfg) == {}
+    demo_image = load_config(project / "params.yaml", {"teachers.image_encoder": "colour-edge-grid",
+                                                        "train.method": "mcse"})
+    assert stand_ins(demo_image) == ["teachers.image_encoder: colour-edge-grid"]
+    cca = load_config(project / "params.yaml", {"teachers.joint.kind": "cca"})  # KDMCSE reads the joint teacher
+    assert stand_ins(cca) == [f"teachers.joint: a CCA fitted on {MINILM} and colour-edge-grid features"]
+    assert load_config(project / "params.yaml").teachers.joint.kind == "clip" and stand_ins(
+        load_config(project / "params.yaml")) == []
+
+
+def test_a_role_entry_that_also_names_its_teacher_or_an_unknown_image_role_is_refused(project):
+    params = project / "params.yaml"
+    raw = yaml.safe_load(params.read_text())
+    raw["ablate"]["variants"] = {"a": {"teachers.text": [{"role": "simcse", "teacher": MINILM}]}}
+    raw["ablate"]["reference"] = "a"
+    params.write_text(yaml.safe_dump(raw, sort_keys=False))
+    with pytest.raises(ConfigError, match=r"ablate.variants.a\): teachers.text\[0\] names role simcse and teacher"):
+        load_config(params)
+    raw["ablate"]["variants"] = {"a": {"teachers.image_role": "vit"}}
+    params.write_text(yaml.safe_dump(raw, sort_keys=False))
+    with pytest.raises(ConfigError, match="profile demo names no image teacher role 'vit'.*has clip, resnet"):
+        load_config(params)
+
+
+def test_the_report_marks_a_row_trained_with_allowed_stand_ins():
+    table = load_paper("kdmcse", REPO).tables["table1"]
+    cells = {m: RunCell(75.0, 0.5, 5, 0.01) for m in table.columns.values()}
+    run = Reproduction("kdmcse-flickr-bert", "r1", "FINISHED", "MCSE", "independent",
+                       rows={"MCSE": cells, "KDMCSE": cells},
+                       stand_ins={"KDMCSE": f"teachers.text[0]: {MINILM} (avg)"})
+    sections = table_sections(load_paper("kdmcse", REPO), table, [run], preset_exists=True)
+    block = next(s for s in sections if s.heading == "flickr-bert")
+    assert f"Not the paper's teacher: row KDMCSE trained with offline stand-ins (teachers.stand_ins: allow): " \
+           f"teachers.text[0]: {MINILM} (avg)." in block.lines
+    labels = {(r[0], r[1]) for r in block.rows}
+    assert ("", "mmcse (not the paper's teacher)") in labels and ("", "mmcse") in labels
