@@ -17,6 +17,7 @@ All work is done by library functions in `mmcse.experiments.ablate` and `mmcse.p
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections.abc import Callable
@@ -160,6 +161,8 @@ def ablation_params(cfg: Config, jobs: list[Job]) -> dict[str, str]:
         "ablation.seeds": ",".join(str(s) for s in cfg.ablate.seeds),
         "ablation.variants": ", ".join(cfg.ablate.variants)[:500],
         "ablation.jobs": str(len(jobs)),
+        # rows that are not their paper's and why (the preset's caveats): mmcse report prints them
+        "ablation.caveats": json.dumps(cfg.ablate.caveats, ensure_ascii=False),
     }
 
 

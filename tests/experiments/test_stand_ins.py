@@ -3,15 +3,17 @@ and a row that would train a paper profile's table with the demo's stand-in teac
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import yaml
 
 from mmcse.analysis.papers import load_paper
 from mmcse.analysis.report import Reproduction, RunCell, table_sections
 from mmcse.config import ConfigError
-from mmcse.experiments.params import load_config
+from mmcse.experiments.params import list_presets, load_config
 from mmcse.experiments.plan import plan, plan_text
-from mmcse.experiments.profiles import apply_profile
+from mmcse.experiments.profiles import apply_profile, list_profiles
 from mmcse.experiments.recipes import load_recipes, teacher_roles
 from mmcse.experiments.stand_ins import check_stand_ins, row_stand_ins, stand_ins
 from tests.conftest import REPO, params_copy
@@ -149,3 +151,46 @@ def test_the_report_marks_a_row_trained_with_allowed_stand_ins():
            f"teachers.text[0]: {MINILM} (avg)." in block.lines
     labels = {(r[0], r[1]) for r in block.rows}
     assert ("", "mmcse (not the paper's teacher)") in labels and ("", "mmcse") in labels
+
+
+# Rows the presets say are not their paper's, and why is in the preset (ablate.caveats).
+CAVEATS = {"mcseo-table1": {"SimCSE"}, "dalr-table2": {"SimCSE (wiki)"}, "duet-table1": {"VSE++"},
+           "dalr-fig3": {"DALR", "w/o L_info", "w/o L_CML", "w/o L_IML"}}
+
+
+@pytest.mark.slow
+def test_every_row_of_every_preset_under_every_paper_profile_is_its_papers_or_says_why(project):
+    """Each paper profile × each preset of its paper (and `baselines`): no row trains an offline stand-in
+    unless the preset names why; a role the profile lacks refuses the table in one line (DALR Table 9's
+    RankCSE and ResNet rows); the rows that are not their paper's are exactly those the presets name."""
+    refused, caveated = set(), {}
+    for profile in list_profiles(project):
+        if profile == "demo":
+            continue
+        paper = profile.split("-")[0]
+        apply_profile(project / "params.yaml", profile)
+        for preset in list_presets(project / "ablations"):
+            if not preset.startswith(f"{paper}-") and preset != "baselines":
+                continue
+            try:
+                cfg = load_config(project / "params.yaml", {"ablate.preset": preset})
+            except ConfigError as err:
+                assert re.search(r"names no (text|image) teacher role", str(err)), (profile, preset, str(err))
+                refused.add((profile, preset))
+                continue
+            silent = {row: found for row, found in row_stand_ins(cfg).items() if row not in cfg.ablate.caveats}
+            assert silent == {}, (profile, preset)
+            if cfg.ablate.caveats:
+                caveated[preset] = set(cfg.ablate.caveats)
+    assert refused == {(p, "dalr-table9") for p in list_profiles(project) if p.startswith("dalr-")}
+    assert caveated == CAVEATS
+
+
+def test_plan_and_the_config_carry_a_presets_caveats(project):
+    rows = _rows(project, "mcseo-table1")
+    assert rows["SimCSE"]["caveat"].startswith("MCSEO quotes SimCSE's own wiki-only models")
+    assert rows["MCSE"]["caveat"] == ""
+    text = plan_text(plan(project / "params.yaml", "mcseo-table1"), {})
+    assert "  not the paper's row: MCSEO quotes SimCSE's own" in text
+    with pytest.raises(ConfigError, match=r"ablate.caveats': \['nope'\] are not variants"):
+        load_config(project / "params.yaml", {"ablate.caveats": {"nope": "a reason"}})

@@ -48,6 +48,7 @@ class Reproduction:
     figures: dict[str, bytes] = field(default_factory=dict)  # artifact name -> PNG (figures/ablation.png …)
     # variant -> the offline stand-in teachers it trained with under a paper profile (teachers.stand_ins: allow)
     stand_ins: dict[str, str] = field(default_factory=dict)
+    caveats: dict[str, str] = field(default_factory=dict)  # variant -> why it is not its paper's row (the preset's)
 
     @property
     def block(self) -> str:
@@ -133,6 +134,8 @@ def block_grid(table: PaperTable, paper_rows: dict[str, PaperRow], found: Reprod
         label = "mmcse" + ("" if status == "ok" else f" ({status})")
         if variant in found.stand_ins:
             label += " (not the paper's teacher)"
+        if variant in found.caveats:
+            label += " (not the paper's row)"
         grid.append(["" if row else variant, label,
                      *[mmcse_cell(ours.get(m), _digits(row, i), is_reference) for i, m in enumerate(metrics)]])
         if row is not None and not demo:
@@ -168,6 +171,8 @@ def table_sections(paper: Paper, table: PaperTable, found: Sequence[Reproduction
             section.lines.append("Not run yet" + (f": `{_run_command(paper, table, block)}`" if preset_exists else "."))
         else:
             section.lines.append(_run_line(run))
+            for variant, why in run.caveats.items():
+                section.lines.append(f"Not the paper's row: {variant}: {why}.")
             for variant, teachers in run.stand_ins.items():
                 section.lines.append(f"Not the paper's teacher: row {variant} trained with offline stand-ins "
                                      f"(teachers.stand_ins: allow): {teachers}.")

@@ -123,9 +123,14 @@ class AblateConfig:
     figures: list[Str] = field(default_factory=list)
     # The sentences a figure encodes: dropout_tsne's sentences, neighbours' queries (sampled when empty)
     sentences: list[Str] = field(default_factory=list)
+    # Rows that are not their paper's row, each with why (a recipe mmcse lacks, a missing term, another
+    # caption set): a preset names them; `mmcse plan` and `mmcse report` print them beside the row
+    caveats: dict[str, Name] = field(default_factory=dict)
 
     def validate(self, where: str) -> None:
         check(len(self.variants) >= 1, where, "ablate.variants", "needs at least one variant")
+        unknown = sorted(set(self.caveats) - set(self.variants))
+        check(not unknown, where, "ablate.caveats", f"{unknown} are not variants; variants: {sorted(self.variants)}")
         unknown = sorted(set(self.figures) - set(ABLATION_FIGURES))
         check(not unknown, where, "ablate.figures", f"unknown {unknown}; figures: {', '.join(ABLATION_FIGURES)}")
         for i, sentence in enumerate(self.sentences):

@@ -60,7 +60,8 @@ def job_config(cfg: Config, job: Job) -> Config:
     """``cfg`` with the job's overrides. Its ablate section keeps only the job's own variant (the
     others were checked against ``cfg``; checked against a row that drops the image–caption pairs,
     e.g. a wiki-only SimCSE row, every other row would fail). `job_hash` leaves the section out."""
-    own = {"ablate.variants": {job.variant: job.overrides}, "ablate.reference": job.variant}
+    caveat = {job.variant: cfg.ablate.caveats[job.variant]} if job.variant in cfg.ablate.caveats else {}
+    own = {"ablate.variants": {job.variant: job.overrides}, "ablate.reference": job.variant, "ablate.caveats": caveat}
     return with_overrides(cfg, {**job.overrides, **own}, where=f"params.yaml (ablate.variants.{job.variant})")
 
 

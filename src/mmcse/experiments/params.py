@@ -49,7 +49,7 @@ def list_presets(folder: Path) -> list[str]:
 
 
 PRESET_KEYS = ("description", "base", "reference", "variants", "plot_x", "seeds", "transfer", "metric", "test",
-               "rows_of", "figures", "sentences")
+               "rows_of", "figures", "sentences", "caveats")
 
 
 def read_preset(folder: Path, name: str, where: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -101,6 +101,8 @@ def expand_preset(raw: Mapping[str, Any], root: Path, where: str) -> dict[str, A
         ablate["figures"] = preset["figures"]
     if "sentences" in preset:  # what those figures encode (KDMCSE Figs. 8-12, DALR Table 10's queries)
         ablate["sentences"] = preset["sentences"]
+    # rows that are not their paper's, with why: every row of a preset is its paper's unless named here
+    ablate["caveats"] = preset.get("caveats") or {}
     if "transfer" in preset:
         if not isinstance(preset["transfer"], bool):
             raise ConfigError(f"{file}: 'transfer' must be true or false, got {preset['transfer']!r}")

@@ -42,9 +42,10 @@ def defaults_config(params: Path) -> dict[str, Any]:
 def plan(params: str | Path = "params.yaml", preset: str | None = None) -> dict[str, Any]:
     """Every row of the ablation ``params`` describes (``preset``: ``ablate.preset`` replaced), as
     ``{"profile", "preset", "seeds", "rows": [{"variant", "method", "recipe", "encoder", "overrides",
-    "recipe_swap", "overrode_recipe", "stand_ins", "config"}]}``: the variant's own overrides, what its
+    "recipe_swap", "overrode_recipe", "stand_ins", "caveat", "config"}]}``: the variant's own overrides, what its
     recipe changes, the recipe values it overrides, the offline stand-in teachers it trains with under a
-    paper profile (`mmcse.experiments.stand_ins`: not the paper's row) and its whole configuration (its
+    paper profile (`mmcse.experiments.stand_ins`: not the paper's row), why the preset says it is not
+    its paper's row (``ablate.caveats``; empty: it is) and its whole configuration (its
     first seed's; seeds differ in ``base.seed`` only). Raises ConfigError on an unknown preset or
     profile, before any compute."""
     params = Path(params)
@@ -68,6 +69,7 @@ def plan(params: str | Path = "params.yaml", preset: str | None = None) -> dict[
             "recipe_swap": info["swap"],
             "overrode_recipe": recipe_conflicts(raw, own, params.parent),
             "stand_ins": paper_stand_ins(job_cfg),
+            "caveat": cfg.ablate.caveats.get(job.variant, ""),
             "config": to_dict(job_cfg),
         })
     return {"profile": cfg.base.profile, "preset": cfg.ablate.preset, "seeds": list(cfg.ablate.seeds), "rows": rows}
@@ -84,6 +86,8 @@ def plan_text(result: dict[str, Any], defaults: dict[str, Any]) -> str:
         lines += ["", f"{row['variant']}: {row['method']}, {recipe}"]
         for key, (was, now) in row["overrode_recipe"].items():
             lines.append(f"  overrides its recipe: {key}: {was!r} -> {now!r}")
+        if row["caveat"]:
+            lines.append(f"  not the paper's row: {row['caveat']}")
         if row["stand_ins"]:
             allowed = row["config"]["teachers"]["stand_ins"] == "allow"
             lines.append(f"  not the paper's teacher ({'teachers.stand_ins: allow' if allowed else 'refused'}): "

@@ -89,6 +89,7 @@ def reproduction(client: Any, run: Any, experiment_id: str) -> Reproduction:
         profile=profile_of(run), run_id=run.info.run_id, status=run.info.status,
         reference=params.get("ablation.reference", ""), test=params.get("ablation.test", "paired"), rows=rows,
         row_status=row_status, devices=devices, figures=figures, stand_ins=stand_ins,
+        caveats=json.loads(params.get("ablation.caveats") or "{}"),
     )
 
 
