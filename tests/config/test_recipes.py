@@ -106,7 +106,30 @@ def test_paper_recipes_clip_as_their_authors_code_and_mcseos_mcse_row_takes_the_
     assert rows["MCSE"]["overrode_recipe"] == {"data.captions": ["random", "longest"]}
     recipes = load_recipes(REPO)
     assert {m: r.values("bert" if r.encoders else None).get("train.max_grad_norm") for m, r in recipes.items()} == {
-        "simcse": 1.0, "mcse": 1.0, "kdmcse": 1.0, "dalr": 1.0, "mcseo": 1.0, "duet": 0.0, "vsepp": 2.0}
+        "simcse": 1.0, "simcse-wiki": 1.0, "mcse": 1.0, "kdmcse": 1.0, "dalr": 1.0, "mcseo": 1.0, "duet": 0.0,
+        "vsepp": 2.0}
+
+
+def test_a_row_may_name_another_recipe_of_its_method_simcses_own(project):
+    """MCSEO Table 1 quotes SimCSE's own models: its SimCSE row trains SimCSE's recipe (run_unsup_example.sh:
+    one epoch; README: RoBERTa batch 512, lr 1e-5) on Wiki1M alone, not the multimodal papers' baseline."""
+    apply_profile(project / "params.yaml", "mcseo-flickr-roberta")
+    rows = _plan_rows(project, "mcseo-table1")
+    simcse = rows["SimCSE"]
+    assert simcse["recipe"] == "simcse-wiki" and simcse["overrode_recipe"] == {}
+    c = simcse["config"]
+    assert (c["train"]["epochs"], c["train"]["batch_size"], c["train"]["learning_rate"], c["data"]["pairs"]) == \
+        (1, 512, 1e-5, "none")
+    assert rows["untrained"]["recipe"] == "simcse" and rows["MCSE"]["config"]["train"]["batch_size"] == 64
+    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw["ablate"]["preset"] = "none"
+    for recipe, message in (("kdmcse", "names recipe kdmcse, which trains kdmcse, but the row trains simcse"),
+                            ("simcse-web", r"recipe 'simcse-web' has no file in .*recipes: .*simcse-wiki")):
+        raw["ablate"]["variants"] = {"a": {"train.method": "simcse", "recipe": recipe}}
+        raw["ablate"]["reference"] = "a"
+        (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+        with pytest.raises(ConfigError, match=message):
+            load_config(project / "params.yaml")
 
 
 def test_a_row_of_the_profiles_own_method_keeps_params_edits_and_reports_recipe_overrides(project):

@@ -41,6 +41,7 @@ DEMO = "demo"
 PROFILE_KEY = "base.profile"
 RECIPE_FIELDS = ("description", "method", "settings", "encoders")
 PROFILE_FIELDS = ("description", "recipe", "encoder", "common", "recipe_overrides", "data", "model", "teacher_roles")
+RECIPE = "recipe"  # a variant key naming another recipe of its method (recipes/<name>.yaml), expanded away
 ROLE = "role"  # a teachers.text entry naming its teacher by role
 IMAGE_ROLE = "teachers.image_role"  # a variant key naming its image teacher by role (expanded before validation)
 ROLE_TEXT_FIELDS = ("teacher", "pooler")
@@ -78,8 +79,10 @@ class Recipe:
 
 
 def load_recipes(root: Path) -> dict[str, Recipe]:
-    """Every recipe under ``root/recipes``, checked: known keys, valid values, none of the keys a
-    job cannot vary (`mmcse.config.keys.is_fixed`), and ``train.method`` equal to its ``method``."""
+    """Every recipe under ``root/recipes`` by its name (the file's stem; a method's own recipe is named
+    after the method, another recipe of it, e.g. ``simcse-wiki``, is chosen by a row's ``recipe`` key),
+    checked: known keys, valid values, none of the keys a job cannot vary (`mmcse.config.keys.is_fixed`),
+    and ``train.method`` equal to its ``method``."""
     recipes: dict[str, Recipe] = {}
     for file in sorted((root / RECIPES_DIR).glob("*.yaml")):
         raw = read_keyed_yaml(file, RECIPE_FIELDS)
@@ -94,7 +97,7 @@ def load_recipes(root: Path) -> dict[str, Recipe]:
             if fixed:
                 raise ConfigError(f"{file}: {name} sets {', '.join(fixed)}, which a table's rows share (the "
                                   "evaluation data, storage, the ablation): put them in a profile")
-        recipes[method] = Recipe(method, settings, encoders, file)
+        recipes[file.stem] = Recipe(method, settings, encoders, file)
     return recipes
 
 
@@ -216,27 +219,33 @@ def _get(raw: Mapping[str, Any], dotted: str) -> Any:
 
 def row_recipe(raw: Mapping[str, Any], variant: Mapping[str, Any], root: Path) -> dict[str, Any]:
     """How a variant's row differs from params.yaml ``raw`` before its own overrides: ``{"recipe":
-    method or None, "encoder", "swap": {key: value}}``. Under ``demo``, or for a row of params.yaml's
-    own method, nothing is swapped; otherwise the keys of params.yaml's recipe go back to their
-    defaults and the row's recipe is applied, then the profile's declared recipe overrides."""
+    its recipe's name or None, "encoder", "swap": {key: value}}``. A row's recipe is its method's own
+    (``recipes/<method>.yaml``) unless its ``recipe`` key names another of that method. Under ``demo``,
+    or for a row of params.yaml's own method and recipe, nothing is swapped; otherwise the keys of
+    params.yaml's recipe go back to their defaults and the row's recipe is applied, then the profile's
+    declared recipe overrides."""
     name = str(_get(raw, PROFILE_KEY))
     method = str(variant.get("train.method", _get(raw, "train.method")))
     if name == DEMO:
         return {"recipe": None, "encoder": None, "swap": {}}
     recipes = load_recipes(root)
     profile = load_profile(name, root, recipes)
-    if method == _get(raw, "train.method"):
+    chosen = str(variant.get(RECIPE, method))
+    if chosen in recipes and recipes[chosen].method != method:
+        raise ConfigError(f"profile {name}: a row names recipe {chosen}, which trains {recipes[chosen].method}, "
+                          f"but the row trains {method}")
+    if method == _get(raw, "train.method") and RECIPE not in variant:
         return {"recipe": method if method in recipes else None, "encoder": profile.encoder, "swap": {}}
-    if method not in recipes:
-        raise ConfigError(f"profile {name}: a row trains {method}, which has no recipe in {root / RECIPES_DIR} "
-                          f"(recipes: {', '.join(recipes)})")
+    if chosen not in recipes:
+        raise ConfigError(f"profile {name}: a row trains {method} with recipe {chosen}, which has no file in "
+                          f"{root / RECIPES_DIR} (recipes: {', '.join(recipes)})")
     base = defaults(root, recipes)
     old = recipes[profile.recipe].keys() if profile.recipe in recipes else set()
-    target = {k: base[k] for k in old} | recipes[method].values(profile.encoder)
+    target = {k: base[k] for k in old} | recipes[chosen].values(profile.encoder)
     # the profile's context wins over any recipe (a key another method's recipe owns included)
     target |= {k: v for k, v in profile.context.items() if k in target} | profile.recipe_overrides
     swap = {k: v for k, v in target.items() if _get(raw, k) != v}
-    return {"recipe": method, "encoder": profile.encoder, "swap": swap}
+    return {"recipe": chosen, "encoder": profile.encoder, "swap": swap}
 
 
 def recipe_conflicts(raw: Mapping[str, Any], variant: Mapping[str, Any], root: Path) -> dict[str, list[Any]]:
@@ -252,14 +261,19 @@ def expand_recipes(raw: dict[str, Any], root: Path) -> dict[str, Any]:
     """``raw`` (params.yaml, preset expanded) with each ablation variant's overrides preceded by its
     row's recipe swap (`row_recipe`): the row trains as its own paper did."""
     name = _get(raw, PROFILE_KEY)
-    if name == DEMO:
-        return raw
-    load_profile(str(name), root)  # an unknown profile is named even without an ablation
     raw = copy.deepcopy(raw)
     variants = (raw.get("ablate") or {}).get("variants") or {}
-    for name, overrides in list(variants.items()):
+    if name != DEMO:
+        load_profile(str(name), root)  # an unknown profile is named even without an ablation
+    for variant, overrides in list(variants.items()):
         overrides = dict(overrides or {})
-        variants[name] = {**row_recipe(raw, overrides, root)["swap"], **overrides}
+        if RECIPE in overrides and not (root / RECIPES_DIR / f"{overrides[RECIPE]}.yaml").is_file():
+            known = sorted(p.stem for p in (root / RECIPES_DIR).glob("*.yaml"))
+            raise ConfigError(f"ablate.variants.{variant}: recipe {overrides[RECIPE]!r} has no file in "
+                              f"{root / RECIPES_DIR} (recipes: {', '.join(known)})")
+        swap = row_recipe(raw, overrides, root)["swap"]
+        overrides.pop(RECIPE, None)  # under demo a row keeps params.yaml's values, whatever recipe it names
+        variants[variant] = {**swap, **overrides}
     return raw
 
 
