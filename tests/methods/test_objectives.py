@@ -11,8 +11,10 @@ import pytest
 import torch
 
 from mmcse.config import Config, parse_config, with_overrides
+from mmcse.experiments.recipes import load_recipes
 from mmcse.methods.losses import adapacse_loss, info_nce, simcse_loss
 from mmcse.methods.objectives import Objective, StepEmbeddings, active_terms, needed_features, step_objective
+from tests.conftest import REPO
 from tests.methods.test_losses import eq1_loop, eq3_loop
 from tests.methods.test_losses_kdmcse import eq13_loop
 
@@ -85,7 +87,8 @@ def test_kdmcse_is_algorithm1_eq14_of_eq13_per_view_with_projected_soft_labels(d
     raw-CLIP soft labels."""
     e = _embeddings(1)
     cfg = _cfg(**{"train.method": "kdmcse", "loss.lambda_img": 0.5, "loss.kdmcse.threshold": 0.3,
-                  "loss.kdmcse.margin": 0.1})
+                  "loss.kdmcse.margin": 0.1, "loss.kdmcse.soft_labels": "projections",
+                  "loss.kdmcse.margin_similarity": "within"})
     terms = _step(device, cfg, e)
     assert set(terms) == {"kdmcse", "kdmcse_image", "kdmcse_text", "loss",
                           "stat/kdmcse_filtered_image", "stat/kdmcse_filtered_text"}
@@ -116,6 +119,22 @@ def test_kdmcse_is_algorithm1_eq14_of_eq13_per_view_with_projected_soft_labels(d
     assert float(cross["kdmcse_image"]) == pytest.approx(image_cross, abs=1e-6)
 
 
+def test_kdmcse_defaults_are_the_paper_as_printed_and_its_recipe_names_the_code(device):
+    """Eq. 7's α on the CLIP features t̂, v̂ and the margin from text-text / text-visual α by default (the
+    printed paper); the kdmcse recipe keeps the printed α (the code agrees) and takes the code's α^{v,v} margin."""
+    cfg = _cfg(**{"train.method": "kdmcse", "loss.kdmcse.threshold": 0.3, "loss.kdmcse.margin": 0.1})
+    assert (cfg.loss.kdmcse.soft_labels, cfg.loss.kdmcse.margin_similarity) == ("clip", "cross")
+    e = _embeddings(1)
+    a_tv, a_tt, _ = _alphas(e.joint_text, e.joint_image)
+    image = sum(eq13_loop(s, e.teacher_image, 0.05, 0.1, a_tv, a_tv, 0.3) for s in (e.s1, e.s2))
+    text = sum(eq13_loop(s, e.teacher_text, 0.05, 0.1, a_tt, a_tt, 0.3) for s in (e.s1, e.s2))
+    terms = _step(device, cfg, e)
+    assert float(terms["kdmcse_image"]) == pytest.approx(image, abs=1e-6)
+    assert float(terms["kdmcse_text"]) == pytest.approx(text, abs=1e-6)
+    recipe = load_recipes(REPO)["kdmcse"].values("bert")
+    assert (recipe["loss.kdmcse.soft_labels"], recipe["loss.kdmcse.margin_similarity"]) == ("clip", "within")
+
+
 def _eq13_torch(s, m, tau, margin, alpha_margin, alpha_filter, threshold):
     """Eq. 13 element by element in torch (autograd follows it): the gradient reference."""
     n = s.shape[0]
@@ -135,7 +154,8 @@ def _eq13_torch(s, m, tau, margin, alpha_margin, alpha_filter, threshold):
 def test_kdmcse_gradients_treat_the_soft_labels_as_labels(device):
     """The projections g_φt(t̂), g_φv(v̂) get gradient as Eq. 13's candidates, none through α."""
     e = _embeddings(12)
-    cfg = _cfg(**{"train.method": "kdmcse", "loss.kdmcse.threshold": 0.4, "loss.kdmcse.margin": 0.15})
+    cfg = _cfg(**{"train.method": "kdmcse", "loss.kdmcse.threshold": 0.4, "loss.kdmcse.margin": 0.15,
+                  "loss.kdmcse.soft_labels": "projections", "loss.kdmcse.margin_similarity": "within"})
     leaves = {name: getattr(e, name).clone().requires_grad_(True) for name in ("s1", "s2", "teacher_text",
                                                                                 "teacher_image")}
     got = step_objective(Objective.of(cfg), _on(dataclasses.replace(e, **leaves), device))["loss"]
@@ -152,7 +172,8 @@ def test_kdmcse_gradients_treat_the_soft_labels_as_labels(device):
 
 def test_kdmcse_threshold_above_every_similarity_equals_no_filtering(device):
     e = _embeddings(2)
-    base = {"train.method": "kdmcse"}
+    base = {"train.method": "kdmcse", "loss.kdmcse.soft_labels": "projections",
+            "loss.kdmcse.margin_similarity": "within"}
     above = _step(device, _cfg(**base, **{"loss.kdmcse.threshold": 1.0}), e)
     off = _step(device, _cfg(**base, **{"loss.kdmcse.threshold": "off"}), e)
     assert float(above["loss"]) == pytest.approx(float(off["loss"]), abs=1e-12)

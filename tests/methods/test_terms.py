@@ -156,8 +156,10 @@ def test_the_step_builds_only_the_embeddings_its_terms_read():
     assert needed_inputs(raw, pair_batch=True) == {"z", "s", "teacher_image", "joint_text", "joint_image",
                                                    "text_teacher_sim", "shared_text", "shared_image"}
     assert needed_inputs(Objective.of(_cfg(**{"train.method": "simcse"})), pair_batch=True) == {"z"}
+    projections = _cfg(**{"train.method": "kdmcse", "loss.kdmcse.soft_labels": "projections"})
+    assert needed_inputs(Objective.of(projections), pair_batch=True) == {"z", "s", "teacher_text", "teacher_image"}
     assert needed_inputs(Objective.of(_cfg(**{"train.method": "kdmcse"})), pair_batch=True) == {
-        "z", "s", "teacher_text", "teacher_image"}
+        "z", "s", "teacher_text", "teacher_image", "joint_text", "joint_image"}  # Eq. 7's α on t̂, v̂
 
 
 def test_step_embeddings_fields_are_the_inputs_a_term_may_read():

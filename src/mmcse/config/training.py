@@ -135,15 +135,19 @@ class KDMCSELossConfig:
     # Eq. 8: drop negatives whose teacher α is above; off (YAML 1.1 reads it as false): no filtering
     threshold: Annotated[float | Literal["off"], BeforeValidator(_off)] = 0.9
     margin: Angle = 0.125  # AdapACSE m (Eq. 12); 0 = InfoNCE with threshold filtering
-    margin_similarity: Literal["within", "cross"] = "within"
+    # Δ of the margin (Eq. 12) from the teacher's cross-modal α^{t,v} for the image term and α^{t,t} for the
+    # text term (cross: the paper's "exclusively text-text and text-visual pairings") | within: the image
+    # term's from image–image α^{v,v} (the authors' src/model.py: slabels=vv_scores)
+    margin_similarity: Literal["within", "cross"] = "cross"
     text_batches: Literal["simcse", "angular_margin"] = "simcse"
     text_margin: Angle = 0.1  # the constant angular margin of text_batches: angular_margin
     # pair batches: kdmcse = ℓ^KDMCSE alone (Algorithm 1, App. D) | simcse_plus_kdmcse = SimCSE + λ·ℓ^KDMCSE
     # (the authors' train_mix.py)
     pair_objective: Literal["kdmcse", "simcse_plus_kdmcse"] = "kdmcse"
-    # the soft labels α (threshold filtering, Eq. 8; margin Δ): from the projections g_φt(t̂), g_φv(v̂)
-    # (Algorithm 1's tt_score / tv_score) | clip = from the raw CLIP features t̂, v̂
-    soft_labels: Literal["projections", "clip"] = "projections"
+    # the soft labels α (threshold filtering, Eq. 8; margin Δ): clip = Eq. 7 as printed in both copies
+    # ("m, n ∈ {v̂, t̂}": the CLIP features; the authors' train_mix.py too) | projections = from g_φt(t̂),
+    # g_φv(v̂), as one line of kdmcse.txt's Algorithm 1 reads (kdmcse-2.txt's does not)
+    soft_labels: Literal["projections", "clip"] = "clip"
 
     @property
     def threshold_value(self) -> float | None:
