@@ -12,6 +12,7 @@ import sys
 import pytest
 import yaml
 
+from mmcse.cli import main as cli_main
 from mmcse.config import ConfigError
 from mmcse.experiments.params import load_config
 from mmcse.experiments.plan import plan
@@ -143,19 +144,22 @@ def test_a_row_of_the_profiles_own_method_keeps_params_edits_and_reports_recipe_
     assert no_filter["overrode_recipe"] == {"loss.kdmcse.threshold": [0.9, "off"]}
 
 
-def test_plan_prints_json_and_a_diff_and_refuses_an_unknown_preset_in_one_line(project):
+def test_plan_prints_json_and_a_diff_and_refuses_an_unknown_preset_in_one_line(project, monkeypatch, capsys):
+    """`mmcse plan` as its console script runs it (in this process: the CLI's own entry point)."""
     apply_profile(project / "params.yaml", "kdmcse-flickr-bert")
-    run = [sys.executable, "-m", "mmcse.cli", "plan", "--preset", "baselines"]
-    got = subprocess.run([*run, "--json"], cwd=project, capture_output=True, text=True)
-    assert got.returncode == 0, got.stderr
-    rows = {r["variant"]: r for r in json.loads(got.stdout)["rows"]}
+    monkeypatch.chdir(project)
+    run = ["plan", "--preset", "baselines"]
+    cli_main([*run, "--json"])
+    rows = {r["variant"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
     assert rows["MCSE"]["config"]["teachers"]["image_encoder"] == "resnet50"
-    got = subprocess.run(run, cwd=project, capture_output=True, text=True)
-    assert "MCSE: mcse, recipe mcse (bert)" in got.stdout and '  teachers.image_encoder: "resnet50"' in got.stdout
-    got = subprocess.run([sys.executable, "-m", "mmcse.cli", "plan", "--preset", "no-such-table"], cwd=project,
-                         capture_output=True, text=True)
-    assert got.returncode == 2 and got.stderr.count("\n") == 1 and "no preset file" in got.stderr
-    assert "baselines" in got.stderr  # the presets there are listed
+    cli_main(run)
+    out = capsys.readouterr().out
+    assert "MCSE: mcse, recipe mcse (bert)" in out and '  teachers.image_encoder: "resnet50"' in out
+    with pytest.raises(SystemExit) as exit_:
+        cli_main(["plan", "--preset", "no-such-table"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.count("\n") == 1 and "no preset file" in err
+    assert "baselines" in err  # the presets there are listed
     assert not (project / "data").exists() and not (project / "mlruns").exists()  # nothing computed
 
 
