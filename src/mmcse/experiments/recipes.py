@@ -109,6 +109,7 @@ class Profile:
     context: dict[str, Any]  # common ← data ← model groups: what the profile sets
     recipe_overrides: dict[str, Any]  # recipe values this profile's tables change, declared
     file: Path
+    teacher_roles: dict[str, Any]  # the paper's teachers by role, as written (`teacher_roles` checks them)
 
 
 def _profile_files(root: Path) -> dict[str, tuple[Path, str | None, str | None]]:
@@ -163,7 +164,7 @@ def load_profile(name: str, root: Path, recipes: Mapping[str, Recipe] | None = N
         if undeclared:
             raise ConfigError(f"{file}: profile {name} sets {', '.join(undeclared)}, which recipe {recipe} owns "
                               f"({recipes[recipe].file}): move it to the recipe, or list it under recipe_overrides")
-    return Profile(name, recipe, encoder, context, declared, file)
+    return Profile(name, recipe, encoder, context, declared, file, _mapping(file, raw, "teacher_roles"))
 
 
 def owned_keys(root: Path, recipes: Mapping[str, Recipe] | None = None) -> list[str]:
@@ -291,16 +292,11 @@ class TeacherRoles:
 def teacher_roles(name: str, root: Path) -> TeacherRoles:
     """Profile ``name``'s ``teacher_roles``, checked: a text role is ``{teacher, pooler}`` or one such per
     encoder (``bert: {...}, roberta: {...}``), an image role a mapping of ``teachers.*`` keys."""
-    available = _profile_files(root)
-    if name not in available:
-        raise ConfigError(f"teachers named by role are profile {name}'s (its teacher_roles), but "
-                          f"{root / PROFILES_DIR} has no profile {name!r}; profiles: {', '.join(available) or 'none'}")
-    file, _, model = available[name]
-    raw = _mapping(file, read_keyed_yaml(file, PROFILE_FIELDS), "teacher_roles")
+    profile = load_profile(name, root)
+    file, encoder, raw = profile.file, profile.encoder, profile.teacher_roles
     unknown = sorted(set(raw) - {"text", "image"})
     if unknown:
         raise ConfigError(f"{file}: teacher_roles has {unknown}; valid: text, image")
-    encoder = model or read_keyed_yaml(file, PROFILE_FIELDS).get("encoder")
     text: dict[str, dict[str, Any]] = {}
     for role, value in _mapping(file, raw, "text").items():
         if isinstance(value, Mapping) and "teacher" not in value and encoder in value:

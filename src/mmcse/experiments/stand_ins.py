@@ -13,12 +13,12 @@ the image encoder behind their region sets.
 from __future__ import annotations
 
 from mmcse.config import RETRIEVAL_METHODS, Config, ConfigError
+from mmcse.config.inputs import JOINT_TEXT_TEACHER
 from mmcse.experiments.jobs import expand, job_config
 from mmcse.experiments.recipes import DEMO
 from mmcse.methods.objectives import Objective, needed_features
 
 PACKAGED = "packaged:"  # a model shipped in a pip package: the demo's stand-in text teacher and student
-JOINT_TEXT = "joint"  # teachers.text[*].teacher: the joint teacher's own text side
 
 
 def used_teacher_groups(cfg: Config) -> set[str]:
@@ -39,7 +39,7 @@ def stand_ins(cfg: Config) -> list[str]:
         for i, teacher in enumerate(t.text):
             if teacher.teacher.startswith(PACKAGED):
                 found.append(f"teachers.text[{i}]: {teacher.teacher} ({teacher.pooler})")
-            joint_used |= teacher.teacher == JOINT_TEXT
+            joint_used |= teacher.teacher == JOINT_TEXT_TEACHER
     if joint_used and t.joint.kind == "cca":
         found.append(f"teachers.joint: a CCA fitted on {t.joint.text_teacher} and {t.image_encoder} features")
     if groups & {"image", "objects"} and t.image_encoder == "colour-edge-grid":
