@@ -52,7 +52,10 @@ def test_mismatch_permutations():
         for _ in range(20):
             perm = mismatch_permutation(n, "derangement", g)
             assert sorted(perm.tolist()) == list(range(n)) and all(perm[i] != i for i in range(n))
+    # the authors' code rolls the images by 5: text i meets image i − 5 (by 1 when 5 wraps to 0)
+    assert mismatch_permutation(7, "roll").tolist() == [2, 3, 4, 5, 6, 0, 1]
     assert mismatch_permutation(4, "roll").tolist() == [3, 0, 1, 2]
+    assert mismatch_permutation(5, "roll").tolist() == [4, 0, 1, 2, 3]
     with pytest.raises(ValueError, match="modes"):
         mismatch_permutation(4, "shuffle")
 

@@ -27,15 +27,19 @@ def pairs_only_project(tmp_path_factory):
 @pytest.mark.parametrize(
     ("method", "extra"),
     [("simcse", {}), ("mcse", {}), ("kdmcse", {}), ("dalr", {}), ("mcseo", {}),
-     ("kdmcse", {"cml": True, "iml": True})],
-    ids=["simcse", "mcse", "kdmcse", "dalr", "mcseo", "kdmcse+cml+iml"],
+     ("kdmcse", {"dalr": {"cml": True, "iml": True}}), ("simcse", {"simcse": {"mlm": True}})],
+    ids=["simcse", "mcse", "kdmcse", "dalr", "mcseo", "kdmcse+cml+iml", "simcse+mlm"],
 )
 def test_method_loss_goes_down_through_the_train_stage(pairs_only_project, method, extra, monkeypatch):
     monkeypatch.chdir(pairs_only_project)
     raw = yaml.safe_load(Path("params.yaml").read_text())
     raw["train"]["method"] = method
-    raw["loss"]["dalr"].update(extra)
-    raw["base"]["models_dir"] = f"models-{method}{'-combo' if extra else ''}"
+    # the project is shared by the parameters: undo an earlier case's switches first
+    raw["loss"]["dalr"].update({"cml": "auto", "iml": "auto"})
+    raw["loss"]["simcse"]["mlm"] = False
+    for section, values in extra.items():
+        raw["loss"][section].update(values)
+    raw["base"]["models_dir"] = f"models-{method}{'-' + '-'.join(extra) if extra else ''}"
     Path("params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     runpy.run_path(str(REPO / "stages/train.py"), run_name="__main__")
 
@@ -51,8 +55,10 @@ def test_method_loss_goes_down_through_the_train_stage(pairs_only_project, metho
     assert last < first, f"{method}: epoch-mean loss {first:.4f} -> {last:.4f}"
     expected = {"simcse": {"simcse"}, "mcse": {"image"}, "kdmcse": {"kdmcse", "kdmcse_image", "kdmcse_text"},
                 "dalr": {"info", "consistency", "cma", "rank", "ima"}, "mcseo": {"image", "object"}}[method]
-    if extra:
+    if "dalr" in extra:
         expected = expected | {"consistency", "cma", "rank", "ima"}
-    # KDMCSE Algorithm 1: image–caption batches train on ℓ^KDMCSE alone (no SimCSE term)
-    base = {"loss"} if method == "kdmcse" else {"simcse", "loss"}
+    if "simcse" in extra:
+        expected = expected | {"mlm"}
+    # KDMCSE Algorithm 1 and DALR Eq. 14: image–caption batches train without SimCSE's term
+    base = {"loss"} if method in ("kdmcse", "dalr") else {"simcse", "loss"}
     assert keys == {f"loss/{t}" for t in expected | base}

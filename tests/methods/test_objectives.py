@@ -216,8 +216,9 @@ def test_dalr_is_eq14_and_each_switch_removes_exactly_its_term(device):
     e = _embeddings(4)
     cfg = _cfg(**DALR, **{"loss.dalr.lambda_cml": 0.3, "loss.dalr.mu_iml": 0.7, "loss.dalr.info_weight": 0.9})
     full = _step(device, cfg, e)
-    assert set(full) == {"simcse", "info", "consistency", "cma", "rank", "ima", "loss"}
-    expected = float(full["simcse"]) + 0.9 * float(full["info"]) + 0.3 * (
+    # Eq. 14 as printed: a pair batch trains L_total alone, no SimCSE L_text
+    assert set(full) == {"info", "consistency", "cma", "rank", "ima", "loss"}
+    expected = 0.9 * float(full["info"]) + 0.3 * (
         float(full["consistency"]) + float(full["cma"])) + 0.7 * (float(full["rank"]) + float(full["ima"]))
     assert float(full["loss"]) == pytest.approx(expected, abs=1e-9)
     for term, switch in SWITCH.items():
@@ -230,8 +231,57 @@ def test_dalr_is_eq14_and_each_switch_removes_exactly_its_term(device):
     # the group switches
     no_cml = _step(device, with_overrides(cfg, {"loss.dalr.cml": False}), e)
     no_iml = _step(device, with_overrides(cfg, {"loss.dalr.iml": False}), e)
-    assert set(no_cml) == {"simcse", "info", "rank", "ima", "loss"}
-    assert set(no_iml) == {"simcse", "info", "consistency", "cma", "loss"}
+    assert set(no_cml) == {"info", "rank", "ima", "loss"}
+    assert set(no_iml) == {"info", "consistency", "cma", "loss"}
+    # SimCSE's L_text joins the pair batches only when asked (the authors' code)
+    with_text = _step(device, with_overrides(cfg, {"loss.dalr.simcse_on_pairs": True}), e)
+    assert float(with_text["loss"]) == pytest.approx(expected + eq1_loop(e.z1, e.z2, 0.05), abs=1e-6)
+
+
+def _eq4_torch(s, h_v, tau):
+    """DALR Eq. 4, one view: -log e^{sim(s_i^z, h_i^v)/τ} / Σ_j e^{sim(s_i^z, h_j^v)/τ}, averaged over i."""
+    cos = torch.nn.functional.cosine_similarity
+    total = 0.0
+    for i in range(s.shape[0]):
+        logits = torch.stack([cos(s[i], h_v[j], dim=0) for j in range(h_v.shape[0])]) / tau
+        total = total - (logits[i] - torch.logsumexp(logits, 0))
+    return total / s.shape[0]
+
+
+def test_dalr_eq14_as_printed_and_as_the_authors_code_sum_it(device):
+    """Printed: L_info (Eq. 4 on s^z alone) + λ(L_cons + L_CMA) + μ(L_rank + L_IMA), with gradient
+    reaching s^z and h^v only through Eq. 4's one view. The authors' code (src/train_mix.py l.542,
+    src/model_modified.py l.764-765): SimCSE + 0.1·(0.01·L_cons + L_CMA + mean of both views'
+    L_info) + 0.2·(L_IMA + L_rank), which the recipe's settings spell."""
+    e = _embeddings(9)
+    printed = _cfg(**DALR, **{"loss.dalr.alignment": False, "loss.dalr.iml": False, "loss.dalr.consistency": False})
+    leaves = {n: getattr(e, n).clone().requires_grad_(True) for n in ("s1", "s2", "teacher_image")}
+    terms = step_objective(Objective.of(printed), _on(dataclasses.replace(e, **leaves), device))
+    terms["loss"].backward()
+    ref = {n: t.detach().clone().requires_grad_(True) for n, t in leaves.items()}
+    want = _eq4_torch(ref["s1"], ref["teacher_image"], 0.05)
+    want.backward()
+    assert float(terms["loss"].detach().cpu()) == pytest.approx(float(want.detach()), abs=1e-9)
+    for n in ("s1", "teacher_image"):
+        assert torch.allclose(leaves[n].grad.cpu(), ref[n].grad, atol=1e-9), n
+    assert leaves["s2"].grad is None or float(leaves["s2"].grad.abs().sum()) == 0.0  # Eq. 4 reads one view
+
+    code = _cfg(**DALR, **{"loss.dalr.simcse_on_pairs": True, "loss.dalr.info_views": "mean",
+                           "loss.dalr.info_weight": 0.1, "loss.dalr.consistency_scale": 0.01})
+    got = _step(device, code, e)
+    info_mean = (_eq4_torch(e.s1, e.teacher_image, 0.05) + _eq4_torch(e.s2, e.teacher_image, 0.05)) / 2
+    assert float(got["info"]) == pytest.approx(float(info_mean), abs=1e-9)
+    cross = 0.01 * float(got["consistency"]) + float(got["cma"]) + float(info_mean)
+    intra = float(got["ima"]) + float(got["rank"])
+    assert float(got["loss"]) == pytest.approx(eq1_loop(e.z1, e.z2, 0.05) + 0.1 * cross + 0.2 * intra, abs=1e-6)
+    summed = _step(device, with_overrides(code, {"loss.dalr.info_views": "sum"}), e)
+    assert float(summed["info"]) == pytest.approx(eq3_loop(e.s1, e.s2, e.teacher_image, 0.05), abs=1e-6)
+    # the recipe of the paper profiles takes the code's sum, saying so
+    recipe = load_recipes(REPO)["dalr"].values("bert")
+    assert {k: recipe[k] for k in ("loss.dalr.simcse_on_pairs", "loss.dalr.info_views", "loss.dalr.info_weight",
+                                   "loss.dalr.consistency_scale")} == {
+        "loss.dalr.simcse_on_pairs": True, "loss.dalr.info_views": "mean", "loss.dalr.info_weight": 0.1,
+        "loss.dalr.consistency_scale": 0.01}
 
 
 def _kl_torch(q_logits, p_logits):
@@ -320,21 +370,24 @@ def test_dalr_draws_do_not_depend_on_the_device(include_diagonal, mismatch, devi
         assert len({cons for cons, _ in per_seed}) > 1
 
 
-def test_dalr_with_lambda_mu_zero_is_info_plus_simcse(device):
+def test_dalr_with_lambda_mu_zero_is_info_alone(device):
     e = _embeddings(5)
     terms = _step(device, _cfg(**DALR, **{"loss.dalr.lambda_cml": 0.0, "loss.dalr.mu_iml": 0.0}), e)
-    info = info_nce(e.s1, e.teacher_image, 0.05) + info_nce(e.s2, e.teacher_image, 0.05)  # Eq. 4 per view
-    assert float(terms["info"]) == pytest.approx(eq3_loop(e.s1, e.s2, e.teacher_image, 0.05), abs=1e-6)
-    assert float(terms["loss"]) == pytest.approx(eq1_loop(e.z1, e.z2, 0.05) + float(info), abs=1e-6)
+    assert float(terms["info"]) == pytest.approx(eq1_loop(e.s1, e.teacher_image, 0.05), abs=1e-6)  # Eq. 4, s^z
+    assert float(terms["loss"]) == pytest.approx(float(terms["info"]), abs=1e-12)
 
 
 def test_dalr_info_margin_option_uses_the_adaptive_margin(device):
     e = _embeddings(6)
-    terms = _step(device, _cfg(**DALR, **{"loss.dalr.info_margin": True, "loss.kdmcse.margin": 0.2}), e)
+    terms = _step(device, _cfg(**DALR, **{"loss.dalr.info_margin": True, "loss.kdmcse.margin": 0.2,
+                                          "loss.dalr.info_views": "sum"}), e)
     v = torch.nn.functional.normalize(e.joint_image, dim=1)
     a_vv = v @ v.T
     expected = sum(eq13_loop(s, e.teacher_image, 0.05, 0.2, a_vv, a_vv, None) for s in (e.s1, e.s2))
     assert float(terms["info"]) == pytest.approx(expected, abs=1e-6)
+    one = _step(device, _cfg(**DALR, **{"loss.dalr.info_margin": True, "loss.kdmcse.margin": 0.2}), e)
+    assert float(one["info"]) == pytest.approx(eq13_loop(e.s1, e.teacher_image, 0.05, 0.2, a_vv, a_vv, None),
+                                               abs=1e-6)
 
 
 def test_dalr_iml_on_text_batches_only_when_asked(device):
@@ -401,13 +454,43 @@ def test_mcseo_image_caption_term_is_its_eq3_on_one_view_and_both_with_image_vie
 
 def test_active_terms_resolve_auto_per_method():
     assert active_terms(Objective.of(_cfg(**{"train.method": "mcse"}))) == {
-        "simcse": True, "image": True, "clip_text": False, "kdmcse": False, "info": False, "consistency": False,
-        "cma": False, "rank": False, "ima": False, "object": False}
+        "simcse": True, "mlm": False, "image": True, "clip_text": False, "kdmcse": False, "info": False,
+        "consistency": False, "cma": False, "rank": False, "ima": False, "object": False}
     dalr = active_terms(Objective.of(_cfg(**DALR)))
     assert all(dalr[t] for t in ("info", "consistency", "cma", "rank", "ima")) and not dalr["image"]
     assert active_terms(Objective.of(_cfg(**{"train.method": "simcse", "loss.dalr.iml": True})))["rank"]
     # simcse trains on text only: the image-side terms stay off whatever their switches say
     assert not active_terms(Objective.of(_cfg(**{"train.method": "simcse", "loss.dalr.cml": True})))["cma"]
+
+
+def _with_mlm(e: StepEmbeddings, seed: int = 12) -> StepEmbeddings:
+    g = torch.Generator().manual_seed(seed)
+    return dataclasses.replace(e, mlm_logits=torch.randn(9, 13, generator=g, dtype=torch.float64),
+                               mlm_labels=torch.randint(13, (9,), generator=g))
+
+
+@pytest.mark.parametrize("method", ["simcse", "mcse", "kdmcse", "dalr", "mcseo"])
+@pytest.mark.parametrize("pair_batch", [True, False])
+def test_mlm_adds_its_weight_times_the_masked_lm_loss_on_every_batch(method, pair_batch, device):
+    """SimCSE App. E: ℓ + λ·ℓ^mlm; any sentence encoder, text and pair batches alike (KDMCSE's
+    Algorithm 1 trains ℓ^KDMCSE alone on a pair batch, but the auxiliary term is not its text term)."""
+    e = _with_mlm(_embeddings(14, pair_batch=pair_batch))
+    cfg = _cfg(**{"train.method": method})
+    plain = _step(device, cfg, e)
+    mlm = _step(device, with_overrides(cfg, {"loss.simcse.mlm": True, "loss.simcse.mlm_weight": 0.3}), e)
+    assert set(mlm) - set(plain) == {"mlm"}
+    ce = sum(-float(torch.log_softmax(e.mlm_logits[m], 0)[e.mlm_labels[m]]) for m in range(9)) / 9
+    assert float(mlm["mlm"]) == pytest.approx(ce, abs=1e-9)
+    assert float(mlm["loss"] - plain["loss"]) == pytest.approx(0.3 * ce, abs=1e-9)
+    # no token drawn in a short batch: nothing to score, nothing added
+    empty = dataclasses.replace(e, mlm_logits=e.mlm_logits[:0], mlm_labels=e.mlm_labels[:0])
+    none = _step(device, with_overrides(cfg, {"loss.simcse.mlm": True}), empty)
+    assert "mlm" not in none and float(none["loss"]) == pytest.approx(float(plain["loss"]), abs=1e-12)
+
+
+def test_mlm_is_off_for_retrieval_models():
+    for method in ("duet", "vsepp"):
+        assert not active_terms(Objective.of(_cfg(**{"train.method": method, "loss.simcse.mlm": True})))["mlm"]
 
 
 def test_impossible_combinations_fail_at_load():

@@ -164,5 +164,6 @@ def test_the_step_builds_only_the_embeddings_its_terms_read():
 
 def test_step_embeddings_fields_are_the_inputs_a_term_may_read():
     fields = {f.name for f in dataclasses.fields(StepEmbeddings)} - {"pair_batch"}
-    named = set(INPUT_FEATURES) - {"z", "s"} | {"z1", "z2", "s1", "s2"}
+    # z, s: both dropout views; mlm: the LM head's logits at the masked tokens and their labels
+    named = set(INPUT_FEATURES) - {"z", "s", "mlm"} | {"z1", "z2", "s1", "s2", "mlm_logits", "mlm_labels"}
     assert fields == named

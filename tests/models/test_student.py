@@ -13,6 +13,7 @@ from mmcse.models.student import (
     HEADS_META,
     Student,
     load_backbone,
+    load_mlm_head,
     load_student,
     load_tokenizer,
     projection_head,
@@ -91,3 +92,51 @@ def test_save_tokenizer_writes_the_loaded_state_whatever_calls_ran_before(tmp_pa
     assert (used.backend_tokenizer.truncation, used.backend_tokenizer.padding) == state
     used.save_pretrained(tmp_path / "plain")  # what the checkpoint held before: the last call's state
     assert (tmp_path / "plain/tokenizer.json").read_bytes() != (tmp_path / "fresh/tokenizer.json").read_bytes()
+
+
+def _mlm_folder(tmp_path, kind: str = "bert"):
+    """A tiny masked-LM checkpoint (the MiniLM tokenizer beside it) with a head of known weights."""
+    from transformers import AutoModelForMaskedLM, BertConfig, DistilBertConfig
+
+    tokenizer = load_tokenizer("packaged:all-MiniLM-L6-v2")
+    small = {"vocab_size": tokenizer.vocab_size}
+    config = (BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, **small)
+              if kind == "bert" else DistilBertConfig(dim=32, n_layers=1, n_heads=2, hidden_dim=64, **small))
+    torch.manual_seed(9)
+    model = AutoModelForMaskedLM.from_config(config)
+    folder = tmp_path / kind
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder, model, tokenizer
+
+
+def test_the_mlm_head_is_the_checkpoints_own_or_new(tmp_path, caplog):
+    """loss.simcse.mlm_head: pretrained reads the checkpoint's head; new is fresh weights (SimCSE's
+    BertForCL); a checkpoint without a head (a sentence-transformers folder) starts one and says so."""
+    folder, saved, tokenizer = _mlm_folder(tmp_path)
+    model = parse_config({"model": {"name_or_path": str(folder)}}).model
+    own = load_mlm_head(model, tokenizer, "pretrained")
+    want = saved.cls.predictions.transform.dense.weight
+    assert torch.equal(own.head.predictions.transform.dense.weight, want)
+    assert own.mask_id == tokenizer.mask_token_id and own.vocab == tokenizer.vocab_size
+    assert set(own.special_ids.tolist()) == set(tokenizer.all_special_ids)
+    torch.manual_seed(1)
+    new = load_mlm_head(model, tokenizer, "new")
+    assert not torch.equal(new.head.predictions.transform.dense.weight, want)
+    states = torch.randn(4, 32)
+    assert own(states).shape == (4, tokenizer.vocab_size)
+    # the head's decoder is its own parameter, not the student's input embeddings
+    student = Student(load_backbone(model), 8, 8)
+    decoder = own.head.predictions.decoder.weight
+    assert decoder.data_ptr() != student.backbone.embeddings.word_embeddings.weight.data_ptr()
+
+    with caplog.at_level("WARNING", logger="mmcse.models.student"):
+        packaged = load_mlm_head(parse_config({}).model, load_tokenizer("packaged:all-MiniLM-L6-v2"), "pretrained")
+    assert "has no masked-LM head" in caplog.text and packaged.head is not None
+
+
+def test_a_family_without_one_mlm_head_module_is_named(tmp_path):
+    folder, _, tokenizer = _mlm_folder(tmp_path, "distilbert")
+    model = parse_config({"model": {"name_or_path": str(folder)}}).model
+    with pytest.raises(ValueError, match="DistilBertForMaskedLM has no single masked-LM head module"):
+        load_mlm_head(model, tokenizer, "pretrained")

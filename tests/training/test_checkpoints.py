@@ -316,3 +316,29 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_and_loses_nothing(project, cfg,
     with pytest.raises(StageError, match=rf"^{out / 'best'}: no space left on the device"):
         train(cfg, "data/raw", "data/teachers", out, progress=False)
     assert not (out / "best.tmp").exists() and (out / "last/state.json").read_text() == last
+
+
+def test_tied_weights_round_trip_through_a_resume_file(tmp_path):
+    """BERT's LM head (loss.simcse.mlm) ties its bias to its decoder's: both keys are written, as
+    copies, and loading the file fills the one shared parameter again."""
+    from safetensors.torch import save_file
+    from transformers import BertConfig, BertForMaskedLM
+
+    from mmcse.training.checkpoints import unshared
+
+    torch.manual_seed(0)
+    head = BertForMaskedLM(BertConfig(vocab_size=50, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                                      intermediate_size=16)).cls
+    with torch.no_grad():
+        head.predictions.bias.uniform_()
+    assert head.predictions.decoder.bias is head.predictions.bias
+    save_file(unshared(head.state_dict()), str(tmp_path / "w.safetensors"))
+    loaded = load_file(str(tmp_path / "w.safetensors"))
+    assert torch.equal(loaded["predictions.bias"], head.predictions.bias.detach())
+    assert torch.equal(loaded["predictions.decoder.bias"], head.predictions.bias.detach())
+    torch.manual_seed(1)
+    fresh = BertForMaskedLM(BertConfig(vocab_size=50, hidden_size=8, num_hidden_layers=1, num_attention_heads=2,
+                                       intermediate_size=16)).cls
+    fresh.load_state_dict(loaded)
+    assert torch.equal(fresh.predictions.bias, head.predictions.bias)
+    assert fresh.predictions.decoder.bias is fresh.predictions.bias

@@ -91,7 +91,7 @@ METHOD_TERMS = {
     "simcse": {"simcse"},
     "mcse": {"simcse", "image"},
     "kdmcse": {"kdmcse_image", "kdmcse_text", "kdmcse"},  # Algorithm 1: no SimCSE on pair batches
-    "dalr": {"simcse", "info", "consistency", "cma", "rank", "ima"},
+    "dalr": {"info", "consistency", "cma", "rank", "ima"},  # Eq. 14 as printed: no SimCSE on pair batches
     "mcseo": {"simcse", "image", "object"},
 }
 

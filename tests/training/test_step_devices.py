@@ -189,3 +189,33 @@ def test_the_step_seed_moves_only_the_seeded_terms(method, device):
             assert len(values) > 1, name
         elif name not in ("loss",):
             assert len(values) == 1, (name, values)
+
+
+def test_an_mlm_step_on_the_device_gives_the_cpu_numbers(device, full_fp32_matmuls):
+    """SimCSE's auxiliary MLM (loss.simcse.mlm): the masks come from the term's CPU stream, so the
+    device's term and gradients are the CPU's; the LM head and the encoder learn from it, and its
+    draws move with the step seed only."""
+    from mmcse.models.student import load_mlm_head, load_tokenizer
+
+    cfg = parse_config({"model": copy.deepcopy(TINY_MODEL), "train": {"method": "simcse"},
+                        "loss": {"simcse": {"mlm": True, "mlm_probability": 0.3}}}, where="test")
+    cpu_student = tiny_student(cfg, dropout=0.0).train()
+    cpu_student.mlm_head = load_mlm_head(cfg.model, load_tokenizer(cfg.model.name_or_path), "new")
+    dev_student = copy.deepcopy(cpu_student).to(device)
+    batch, feats = step_inputs(cfg, cpu_student.backbone.config.vocab_size, seed=4)
+    want = run_step(cpu_student, cfg, batch, feats, torch.device("cpu"), seed=5)
+    got = run_step(dev_student, cfg, batch, feats, device, seed=5)
+    assert set(want) == {"simcse", "mlm", "loss"}
+    assert float(want["mlm"].detach()) > 5.0  # a fresh head over a ~30k vocabulary: about log(30522) ≈ 10.3
+    tol = {"rtol": 1e-4, "atol": 1e-4} if device.type == "cuda" else {"rtol": 0.0, "atol": 1e-6}
+    for name in want:
+        torch.testing.assert_close(got[name].detach().cpu(), want[name].detach(), **tol, msg=name)
+    got["loss"].backward()
+    grads = head_grads(dev_student)
+    assert any(n.startswith("mlm_head.") and float(g.abs().max()) > 0 for n, g in grads.items())
+    with torch.no_grad():
+        again = run_step(dev_student, cfg, batch, feats, device, seed=5)
+        other = run_step(dev_student, cfg, batch, feats, device, seed=6)
+    assert float(again["mlm"]) == pytest.approx(float(got["mlm"]), abs=1e-6)
+    assert float(other["mlm"]) != pytest.approx(float(got["mlm"]), abs=1e-6)
+    assert float(other["simcse"]) == pytest.approx(float(got["simcse"]), abs=1e-6)

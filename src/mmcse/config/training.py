@@ -163,14 +163,22 @@ class KDMCSELossConfig:
 @dataclass(frozen=True)
 class DALRLossConfig:
     __pydantic_config__ = SECTION
-    # DALR Eq. 14: L_info + λ·L_CML + μ·L_IML (added to SimCSE). cml/iml may also be switched on
+    # DALR Eq. 14: L_info + λ·L_CML + μ·L_IML on image–caption batches. cml/iml may also be switched on
     # for kdmcse (DALR Tables 4–5: KDMCSE + CML, KDMCSE + IML) or any other method.
+    # Eq. 14 as printed trains a pair batch on L_total alone (SimCSE's L_text, Eq. 1, on text-only
+    # batches); the authors' src/train_mix.py l.542 adds SimCSE's loss to it: true
+    simcse_on_pairs: Bool = False
     info: Bool = True  # L_info, Eq. 4 (method dalr)
     info_weight: NonNegative = 1.0
+    # Eq. 4 on the one view s^z (printed) | mean: of both dropout views (authors' src/model_modified.py
+    # l.764) | sum: both views summed (MCSE's Eq. 3, mmcse's earlier reading)
+    info_views: Literal["one", "mean", "sum"] = "one"
     info_margin: Bool = False  # the KDMCSE adaptive margin (loss.kdmcse.margin) on L_info
     cml: Switch = "auto"  # L_CML = L_cons + L_CMA (Eq. 9)
     lambda_cml: NonNegative = 0.1
     consistency: Bool = True  # L_cons, Eq. 5
+    # L_cons's factor inside L_CML: 1 (Eq. 9) | 0.01 (authors' src/model_modified.py l.765)
+    consistency_scale: NonNegative = 1.0
     consistency_margin: Annotated[float, Field(ge=0, le=1)] = 0.2
     mismatch: Literal["derangement", "roll"] = "derangement"
     alignment: Bool = True  # L_CMA, Eq. 6–8
@@ -198,6 +206,20 @@ class DALRLossConfig:
         check(self.teacher_space == "raw" or self.teacher_weighting == "embeddings", where, p + "teacher_space",
               "projected projects one aggregated text-teacher embedding, which needs "
               "loss.dalr.teacher_weighting: embeddings (or set teacher_space: raw)")
+
+
+@dataclass(frozen=True)
+class SimCSELossConfig:
+    __pydantic_config__ = SECTION
+    # SimCSE's auxiliary masked-language-modelling objective (SimCSE App. E, "w/ MLM"): ℓ + λ·ℓ^mlm on every
+    # batch of any sentence encoder; princeton-nlp/SimCSE train.py: --do_mlm, --mlm_weight 0.1,
+    # --mlm_probability 0.15 (BERT's 80 % [MASK] / 10 % random / 10 % kept)
+    mlm: Bool = False
+    mlm_weight: NonNegative = 0.1
+    mlm_probability: Annotated[float, Field(gt=0, lt=1)] = 0.15
+    # the LM head: the checkpoint's own (a new one where it has none) | new: fresh weights, as SimCSE's
+    # BertForCL (its lm_head is not a key of bert-base's checkpoint; RobertaForCL loads roberta's)
+    mlm_head: Literal["pretrained", "new"] = "pretrained"
 
 
 @dataclass(frozen=True)
@@ -243,6 +265,7 @@ class LossConfig:
     image_term: Bool = True  # the sentence–image term of mcse / kdmcse / mcseo
     temperature_img: Positive = 0.05
     lambda_img: NonNegative = 0.01
+    simcse: SimCSELossConfig = field(default_factory=SimCSELossConfig)
     mcse: MCSELossConfig = field(default_factory=MCSELossConfig)
     kdmcse: KDMCSELossConfig = field(default_factory=KDMCSELossConfig)
     dalr: DALRLossConfig = field(default_factory=DALRLossConfig)

@@ -39,6 +39,42 @@ def simcse_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch
     return info_nce(z1, z2, temperature)
 
 
+IGNORED = -100  # a label cross-entropy skips: tokens the MLM objective did not choose
+
+
+def mlm_masking(
+    ids: torch.Tensor, special: torch.Tensor, mask_id: int, vocab: int, probability: float,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The inputs of SimCSE's auxiliary MLM objective (SimCSE App. E; its train.py ``mask_tokens``,
+    BERT's recipe): every token of ``ids (B, L)`` that is not in ``special (S,)`` (pads, [CLS],
+    [SEP]) is chosen with ``probability``; of the chosen, 80 % become ``mask_id``, half of the rest a
+    random id below ``vocab``, the rest stay. Returns the masked ids ``(B, L)`` and the labels
+    ``(B, L)``: the original id where chosen, `IGNORED` elsewhere.
+
+    The draws come from ``generator`` on the CPU (the same masks on every device) and are moved to
+    ``ids``' device."""
+    shape = tuple(ids.shape)
+    chosen_draw, replace_draw, random_draw = (torch.rand(shape, generator=generator) for _ in range(3))
+    words = torch.randint(vocab, shape, generator=generator)
+    chosen_draw, replace_draw, random_draw, words = (
+        t.to(ids.device, non_blocking=True) for t in (chosen_draw, replace_draw, random_draw, words))
+    chosen = (chosen_draw < probability) & ~torch.isin(ids, special)  # (B, L)
+    replaced = chosen & (replace_draw < 0.8)
+    randomised = chosen & ~replaced & (random_draw < 0.5)
+    masked = torch.where(replaced, torch.full_like(ids, mask_id), ids)
+    masked = torch.where(randomised, words, masked)
+    labels = torch.where(chosen, ids, torch.full_like(ids, IGNORED))
+    return masked, labels
+
+
+def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """ℓ^mlm (SimCSE App. E): cross-entropy of the LM head's ``logits (M, V)`` at the M chosen
+    tokens against their original ids ``labels (M,)``, averaged over the tokens (at least fp32: a
+    softmax over a vocabulary of ~30k ids in bf16 would round away most of it)."""
+    return F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), labels)
+
+
 def mcse_image_loss(
     s1: torch.Tensor, s2: torch.Tensor, v: torch.Tensor, temperature: float
 ) -> torch.Tensor:
@@ -144,16 +180,21 @@ def kdmcse_objective(image_term: torch.Tensor, text_term: torch.Tensor) -> torch
 # --------------------------------------------------------------------------- DALR
 
 
+AUTHORS_ROLL = 5  # DALR's src/model_modified.py prepare_data: image.roll(shifts=5, dims=0)
+
+
 def mismatch_permutation(n: int, mode: str = "derangement", generator: torch.Generator | None = None) -> torch.Tensor:
     """Image index paired with each text to build DALR's mismatched pairs D' (§3.2).
 
     ``generator`` must be a CPU generator. ``derangement``: a uniformly random permutation
-    with no fixed point (rejection sampling); ``roll``: the authors' code's cyclic shift by one. ``(n,)`` long tensor.
+    with no fixed point (rejection sampling); ``roll``: the authors' code's cyclic shift of the images
+    by 5 (src/model_modified.py l.495, ``roll(shifts=5)``), by 1 where 5 is a multiple of ``n`` (a
+    batch of 5: the code's shift would pair every caption with its own image). ``(n,)`` long tensor.
     """
     if n < 2:
         raise ValueError("mismatched pairs need a batch of at least 2")
     if mode == "roll":
-        return torch.roll(torch.arange(n), 1)
+        return torch.roll(torch.arange(n), AUTHORS_ROLL % n or 1)
     if mode != "derangement":
         raise ValueError(f"unknown mismatch mode {mode!r}; modes: derangement, roll")
     # Drawn on the host (a CPU generator): the same seed gives the same pairs whatever device

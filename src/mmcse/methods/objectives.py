@@ -55,9 +55,10 @@ def step_objective(
     """All active terms of one batch and their weighted sum ``loss`` (plus ``stat/…`` diagnostics,
     never summed), in the terms' fixed order. Each term is weighted by its ``weight`` parameter
     (mcse: SimCSE + λ_img·image [+ λ_img·clip_text]; kdmcse: Eq. 14 alone on pair batches as
-    Algorithm 1, or SimCSE + λ_img·Eq. 14; dalr: SimCSE + w_info·L_info + λ·(L_cons + L_CMA) +
-    μ·(L_rank + L_IMA); mcseo: SimCSE + α·l_img-cap + β·l_obj-phra). ``seed`` seeds each term's
-    random stream (mismatched pairs, ranking ties); ``on`` is :func:`active_terms` of ``o``,
+    Algorithm 1, or SimCSE + λ_img·Eq. 14; dalr: Eq. 14, w_info·L_info + λ·(c·L_cons + L_CMA) +
+    μ·(L_rank + L_IMA), with SimCSE on text-only batches (and on pair batches with
+    ``loss.dalr.simcse_on_pairs``, the authors' code); mcseo: SimCSE + α·l_img-cap + β·l_obj-phra).
+    ``seed`` seeds each term's random stream (mismatched pairs, ranking ties); ``on`` is :func:`active_terms` of ``o``,
     worked out once per run by callers that step many times.
     """
     on = on if on is not None else active_terms(o)
@@ -74,7 +75,8 @@ def step_objective(
         if term.weight is None or (alone and term.alone(o)):
             loss = loss + terms[term.name]
         else:
-            loss = loss + setting(o, term.weight) * terms[term.name]
+            weight = setting(o, term.weight) * (setting(o, term.scale) if term.scale else 1.0)
+            loss = loss + weight * terms[term.name]
     terms["loss"] = loss
     return terms
 
@@ -88,15 +90,15 @@ def image_head(o: Objective) -> tuple[str, str] | None:
 
 
 def check_sweep_space(o: Objective, swept: Iterable[str], where: str = "params.yaml") -> None:
-    """A sweep must move something its trials train with: a swept weight (a term's ``weight``
-    parameter, e.g. ``loss.lambda_img``) must weigh an active term. Checked when a sweep starts, not
+    """A sweep must move something its trials train with: a swept weight (a term's ``weight`` or
+    ``scale`` parameter, e.g. ``loss.lambda_img``) must weigh an active term. Checked when a sweep starts, not
     at every load: the default sweep space must not stop the other stages of a configuration."""
     on = active_terms(o)
-    weights = {t.weight for t in TERMS if t.weight is not None}
+    weights = {w for t in TERMS for w in (t.weight, t.scale) if w is not None}
     for key in swept:
         if key not in weights:
             continue
-        users = [t for t in TERMS if on[t.name] and t.weight == key]
+        users = [t for t in TERMS if on[t.name] and key in (t.weight, t.scale)]
         if any(not t.alone(o) for t in users):
             continue
         why = users[0].alone_reason if users else "has no term it weighs: drop it from sweep.space"

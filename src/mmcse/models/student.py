@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import weakref
 from pathlib import Path
 from typing import Any
@@ -10,10 +11,20 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
-from transformers import AutoConfig, AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForMaskedLM,
+    AutoTokenizer,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
 from mmcse.config import POOLERS, ModelConfig
 from mmcse.hub import resolve_model
+
+log = logging.getLogger(__name__)
 
 HEADS_FILE = "heads.safetensors"
 HEADS_META = "heads.json"
@@ -65,8 +76,9 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerBase, folder: Path) -> None:
         _set_backend_state(backend, *now)
 
 
-def load_backbone(cfg: ModelConfig, dropout: float | None = None) -> PreTrainedModel:
-    """The HF encoder named by ``cfg``: pretrained, or fresh weights from its (overridden) config."""
+def backbone_config(cfg: ModelConfig, dropout: float | None = None) -> tuple[str, PretrainedConfig]:
+    """Where the model named by ``cfg`` is, and its HF config with ``model.config_overrides`` and
+    ``dropout`` applied."""
     location = resolve_model(cfg.name_or_path)
     config = AutoConfig.from_pretrained(location)
     overrides = dict(cfg.config_overrides)
@@ -78,9 +90,54 @@ def load_backbone(cfg: ModelConfig, dropout: float | None = None) -> PreTrainedM
                 f"params.yaml: model.config_overrides.{key} is not a field of {type(config).__name__}"
             )
         setattr(config, key, value)
+    return location, config
+
+
+def load_backbone(cfg: ModelConfig, dropout: float | None = None) -> PreTrainedModel:
+    """The HF encoder named by ``cfg``: pretrained, or fresh weights from its (overridden) config."""
+    location, config = backbone_config(cfg, dropout)
     if cfg.init == "pretrained":
         return AutoModel.from_pretrained(location, config=config, add_pooling_layer=False)
     return AutoModel.from_config(config, add_pooling_layer=False)
+
+
+class MaskedLMHead(nn.Module):
+    """The LM head of SimCSE's auxiliary MLM objective (SimCSE App. E), with what masking needs:
+    the tokenizer's mask id, the number of ids a random replacement draws from and the special ids
+    never masked. ``forward``: token states ``(M, H)`` to vocabulary logits ``(M, V)``."""
+
+    def __init__(self, head: nn.Module, mask_id: int, vocab: int, special_ids: list[int]) -> None:
+        super().__init__()
+        self.head, self.mask_id, self.vocab = head, mask_id, vocab
+        self.register_buffer("special_ids", torch.tensor(sorted(set(special_ids)), dtype=torch.long),
+                             persistent=False)
+
+    def forward(self, states: torch.Tensor) -> torch.Tensor:
+        return self.head(states)
+
+
+def load_mlm_head(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, kind: str) -> MaskedLMHead:
+    """The masked-LM head of ``cfg``'s model family (``loss.simcse.mlm_head``): ``pretrained`` takes the
+    checkpoint's own head (a new one, logged, where the checkpoint has none, as sentence-transformers
+    folders); ``new`` builds fresh weights (SimCSE's BertForCL). The head's decoder is its own
+    parameter, not tied to the student's input embeddings (SimCSE's code ties neither)."""
+    if tokenizer.mask_token_id is None:
+        raise ValueError(f"loss.simcse.mlm: the tokenizer of {cfg.name_or_path!r} has no mask token to train MLM with")
+    location, config = backbone_config(cfg)
+    if cfg.init == "pretrained" and kind == "pretrained":
+        model, info = AutoModelForMaskedLM.from_pretrained(location, config=config, output_loading_info=True)
+        missing = [k for k in info["missing_keys"] if not k.startswith(model.base_model_prefix + ".")]
+        if missing:
+            log.warning("loss.simcse.mlm: %s has no masked-LM head (%d weights missing): the head starts new",
+                        cfg.name_or_path, len(missing))
+    else:
+        model = AutoModelForMaskedLM.from_config(config)
+    heads = [m for name, m in model.named_children() if name != model.base_model_prefix]
+    if len(heads) != 1:
+        raise ValueError(f"loss.simcse.mlm: {type(model).__name__} has no single masked-LM head module "
+                         f"(found {len(heads)}); MLM trains BERT- and RoBERTa-style encoders")
+    vocab = min(len(tokenizer), config.vocab_size)
+    return MaskedLMHead(heads[0], tokenizer.mask_token_id, vocab, tokenizer.all_special_ids)
 
 
 def masked_mean(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -181,6 +238,8 @@ class Student(nn.Module):
         self.shared_image = mlp_head(joint, proj_dim)
         self.image_dim, self.joint_dim, self.proj_dim = image_dim, joint, proj_dim
         self.text_teacher_dim, self.head = text_teacher_dim or hidden, head
+        # SimCSE's MLM head (`load_mlm_head`), set by training when loss.simcse.mlm is on: training only
+        self.mlm_head: MaskedLMHead | None = None
 
     def token_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Last-layer token states ``(B, L, H)``; [CLS] before the pooler is ``[:, 0]``."""

@@ -170,6 +170,19 @@ def write_weights_folder(model: torch.nn.Module, weights: dict[str, torch.Tensor
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def unshared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A state dict as safetensors writes it: a tensor two keys share (BERT's LM head ties its bias to
+    its decoder's) is written under each key, the second as a copy; loading fills both again."""
+    seen: set[int] = set()
+    out = {}
+    for key, value in state.items():
+        value = value.detach()
+        storage = value.untyped_storage().data_ptr()
+        out[key] = value.clone() if storage in seen else value.contiguous()
+        seen.add(storage)
+    return out
+
+
 def save_resume_point(
     folder: Path, student: torch.nn.Module, optimizer, scheduler, scaler, state: TrainState, config_hash: str,
 ) -> None:
@@ -178,8 +191,7 @@ def save_resume_point(
     tmp = _fresh_tmp(folder)
     try:
         tmp.mkdir(parents=True)
-        save_file({k: v.detach().contiguous() for k, v in student.state_dict().items()},
-                  str(tmp / "student.safetensors"))
+        save_file(unshared(student.state_dict()), str(tmp / "student.safetensors"))
         rng = {"rng": torch.get_rng_state()}
         if torch.cuda.is_initialized():  # dropout on the GPU draws from the CUDA generators
             rng["cuda_rng"] = torch.cuda.get_rng_state_all()

@@ -22,7 +22,13 @@ from mmcse.errors import StageError, TrainingDiverged, TrainingOutOfMemory
 from mmcse.evaluation.geometry import POSITIVE_GOLD, check_sts_geometry, sts_geometry
 from mmcse.evaluation.sts import PRIMARY_METRIC, evaluate_sts, student_encoder
 from mmcse.io import write_json
-from mmcse.methods.losses import aggregated_teacher_embedding, span_mean, text_teacher_similarity
+from mmcse.methods.losses import (
+    IGNORED,
+    aggregated_teacher_embedding,
+    mlm_masking,
+    span_mean,
+    text_teacher_similarity,
+)
 from mmcse.methods.objectives import (
     STAT,
     Objective,
@@ -33,6 +39,7 @@ from mmcse.methods.objectives import (
     needed_inputs,
     step_objective,
 )
+from mmcse.methods.terms.simcse import MLM
 from mmcse.models.device import resolve_device
 from mmcse.models.export import EVAL_MAX_SEQ_LEN, export_sentence_transformers
 from mmcse.models.precision import (
@@ -43,7 +50,7 @@ from mmcse.models.precision import (
     fused_adamw_supported,
     grad_scaler,
 )
-from mmcse.models.student import Student, load_backbone, load_tokenizer, save_student
+from mmcse.models.student import Student, load_backbone, load_mlm_head, load_tokenizer, save_student
 from mmcse.training.batches import PAIR, TEXT, Batches, BatchFeatures, TrainData, check_inputs
 from mmcse.training.checkpoints import Checkpoints, TrainState, run_definition_hash
 from mmcse.training.divergence import DivergenceWatch
@@ -169,6 +176,17 @@ def training_step_loss(
     on = on if on is not None else active_terms(o)
     wanted = needed_inputs(o, pair_batch, on)  # what this batch's active terms read
     feats = feats or BatchFeatures()
+    if "mlm" in wanted:
+        if student.mlm_head is None:
+            raise ValueError("loss.simcse.mlm is on, but the student was built without its LM head (load_mlm_head)")
+        head = student.mlm_head
+        # SimCSE masks each of its two copies of a sentence on its own (train.py mask_tokens)
+        masked, labels = mlm_masking(ids.repeat(2, 1), head.special_ids, head.mask_id, head.vocab,
+                                     o.loss.simcse.mlm_probability, MLM.generator(seed))  # (2B, L) each
+        chosen = labels != IGNORED  # (2B, L)
+        masked_states = student.token_states(masked, mask.repeat(2, 1))  # (2B, L, H): its own dropout
+        e.mlm_logits = head(masked_states[chosen])  # (M, V): only the chosen tokens reach the vocabulary
+        e.mlm_labels = labels[chosen]  # (M,)
     if pair_batch and "s" in wanted:
         s = student.text_proj(cls)  # (2B, p): g_φ1 on [CLS] (MCSE Eq. 2)
         e.s1, e.s2 = s[:n], s[n:]
@@ -302,6 +320,8 @@ def train(
     backbone = load_backbone(cfg.model, dropout=cfg.train.dropout)
     student = Student(backbone, data.image_features.dim, cfg.model.proj_dim, data.joint_image.dim,
                       text_teacher_dim=widths[0], head=cfg.model.projection_head).to(device)
+    if on.get("mlm"):  # after the heads above: their initial weights do not move with the switch
+        student.mlm_head = load_mlm_head(cfg.model, tokenizer, cfg.loss.simcse.mlm_head).to(device)
     if cfg.train.compile:
         # in place, so parameter names (checkpoints, resume points) do not change
         student.backbone.compile(dynamic=True)

@@ -38,6 +38,7 @@ INPUT_FEATURES: dict[str, str | None] = {
     "phrases": "objects",
     "objects": "objects",
     "object_pair": "objects",
+    "mlm": None,  # mlm_logits, mlm_labels: the LM head on a masked copy of both views
 }
 
 
@@ -65,6 +66,8 @@ class StepEmbeddings:
     phrases: torch.Tensor | None = None  # (T, p) projected phrase span means (MCSEO)
     objects: torch.Tensor | None = None  # (T, p) projected object-crop features (MCSEO)
     object_pair: torch.Tensor | None = None  # (T,) row of each object–phrase pair's caption
+    mlm_logits: torch.Tensor | None = None  # (M, V) the LM head at the M tokens SimCSE's MLM chose
+    mlm_labels: torch.Tensor | None = None  # (M,) their original token ids
 
 
 def need(x: torch.Tensor | None, name: str, term: str) -> torch.Tensor:
@@ -111,10 +114,12 @@ class LossTerm:
     - ``equation``: the paper and equation it transcribes (docs and error messages);
     - ``active(o)``: its switch, read from the `Objective` (the method and the ``loss`` section);
     - ``weight``: the dotted parameter path of its weight in the sum (None: weight 1);
+    - ``scale``: a second parameter path multiplying the weight, for a term weighted inside its group
+      (DALR's authors' code sums 0.01·L_cons + L_CMA under λ);
     - ``inputs(o)``: the `StepEmbeddings` fields it reads (names of `INPUT_FEATURES`);
     - ``compute(o, e, generator)``: its value, or a dict holding ``name`` plus sub-terms and
       ``stat/…`` diagnostics; ``generator`` is the term's own CPU stream when ``stream`` is set;
-    - ``on_pairs``/``on_text(o)``: which batches it runs on (image–caption, text-only);
+    - ``on_pairs(o)``/``on_text(o)``: which batches it runs on (image–caption, text-only);
     - ``applies(e)``: False skips it for one batch (a pair batch without object–phrase pairs);
     - ``alone(o)``: on image–caption batches it replaces the text term and is summed unweighted
       (KDMCSE Algorithm 1), ``alone_reason`` saying why in a sweep's error; ``yields_to_alone``:
@@ -133,7 +138,8 @@ class LossTerm:
     inputs: Callable[[Objective], set[str]]
     compute: Compute
     weight: str | None = None
-    on_pairs: bool = True
+    scale: str | None = None
+    on_pairs: Callable[[Objective], bool] = lambda o: True
     on_text: Callable[[Objective], bool] = lambda o: False
     applies: Callable[[StepEmbeddings], bool] = lambda e: True
     alone: Callable[[Objective], bool] = lambda o: False
@@ -143,7 +149,7 @@ class LossTerm:
     retrieval_head: tuple[str, str] | None = None
 
     def runs_on(self, o: Objective, pair_batch: bool) -> bool:
-        return self.on_pairs if pair_batch else self.on_text(o)
+        return self.on_pairs(o) if pair_batch else self.on_text(o)
 
     def generator(self, seed: int) -> torch.Generator | None:
         """A CPU generator for this term's draws: the same numbers on every training device."""

@@ -1,5 +1,6 @@
-"""DALR's terms (Eq. 14: L_info + λ·L_CML + μ·L_IML, added to SimCSE): L_info (Eq. 4), L_CML = L_cons
-(Eq. 5) + L_CMA (Eq. 6–8), L_IML = L_rank (Eq. 10) + L_IMA (Eq. 11–12). ``loss.dalr.cml`` and ``iml``
+"""DALR's terms (Eq. 14: L_info + λ·L_CML + μ·L_IML on image–caption batches; SimCSE's L_text joins
+them with ``loss.dalr.simcse_on_pairs``, the authors' code): L_info (Eq. 4), L_CML = L_cons (Eq. 5) +
+L_CMA (Eq. 6–8), L_IML = L_rank (Eq. 10) + L_IMA (Eq. 11–12). ``loss.dalr.cml`` and ``iml``
 switch each pair on for any sentence encoder (DALR Tables 4–5: KDMCSE + CML, KDMCSE + IML)."""
 
 from __future__ import annotations
@@ -54,19 +55,23 @@ def dalr_text_target_similarity(o: Objective, e: StepEmbeddings, term: str) -> t
 
 
 def dalr_info(o: Objective, e: StepEmbeddings, generator: torch.Generator | None = None) -> torch.Tensor:
-    """DALR L_info, paper Eq. 4: sentence–image InfoNCE against h^v = g_φv(v̂), summed over
-    both dropout views (as MCSE Eq. 3); ``info_margin`` adds KDMCSE's adaptive margin with
-    Δ from the image–image teacher similarity."""
-    s1, s2 = need(e.s1, "s1", "info"), need(e.s2, "s2", "info")
-    h_v = need(e.teacher_image, "teacher_image", "info")
+    """DALR L_info, paper Eq. 4: sentence–image InfoNCE of s^z against h^v = g_φv(v̂). As printed
+    on the one view s^z (``info_views: one``); ``mean`` of both dropout views as the authors' code,
+    ``sum`` as MCSE's Eq. 3. ``info_margin`` adds KDMCSE's adaptive margin with Δ from the
+    image–image teacher similarity (the authors' code)."""
+    d = o.loss.dalr
+    views = [need(e.s1, "s1", "info")] + ([] if d.info_views == "one" else [need(e.s2, "s2", "info")])
+    h_v = need(e.teacher_image, "teacher_image", "info")  # (N, p)
     tau = o.loss.temperature_img
-    if not o.loss.dalr.info_margin:
-        return info_nce(s1, h_v, tau) + info_nce(s2, h_v, tau)
-    v_hat = need(e.joint_image, "joint_image", "info")
-    with torch.no_grad():
-        alpha_vv = cosine_matrix(v_hat, v_hat)
-    m = o.loss.kdmcse.margin
-    return adapacse_loss(s1, h_v, tau, m, alpha_vv) + adapacse_loss(s2, h_v, tau, m, alpha_vv)
+    if d.info_margin:
+        with torch.no_grad():
+            v_hat = need(e.joint_image, "joint_image", "info")
+            alpha_vv = cosine_matrix(v_hat, v_hat)  # (N, N)
+        per_view = [adapacse_loss(s, h_v, tau, o.loss.kdmcse.margin, alpha_vv) for s in views]
+    else:
+        per_view = [info_nce(s, h_v, tau) for s in views]
+    total = torch.stack(per_view).sum()
+    return total / len(per_view) if d.info_views == "mean" else total
 
 
 def dalr_consistency(o: Objective, e: StepEmbeddings, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -114,6 +119,7 @@ register(
     ),
     LossTerm(
         name="consistency", equation="DALR L_cons (Eq. 5)", order=50, weight="loss.dalr.lambda_cml",
+        scale="loss.dalr.consistency_scale",
         active=lambda o: cml_on(o) and o.loss.dalr.consistency,
         inputs=lambda o: {"shared_text", "shared_image"}, compute=dalr_consistency, stream=1,
     ),
