@@ -321,6 +321,11 @@ def test_the_retrieval_test_set_of_another_data_set(tmp_path):
     assert read_jsonl(raw / "retrieval/captions.jsonl") == [{"image_id": "flickr30k-5", "caption": "A test image ."}]
     assert manifest["retrieval_set"] == "flickr30k_1k" and manifest["retrieval_val_set"] == "coco_val"
     assert "flickr30k_images" in manifest["sources"]
+    # Karpathy's test captions of both data sets, from the caption file alone: what a figure may encode
+    assert read_jsonl(raw / "test_captions/coco.jsonl") == [{"image_id": "coco-73", "caption": "A test bus ."}]
+    assert read_jsonl(raw / "test_captions/flickr30k.jsonl") == [
+        {"image_id": "flickr30k-5", "caption": "A test image ."}]
+    assert manifest["counts"]["test_captions_coco"] == 1 and "test_captions/coco.jsonl" in manifest["sha256"]
     same = prepare_data(_real(folder, pairs="coco"), 0, tmp_path / "same", dl)
     assert same["retrieval_set"] == "coco_5k"
     assert [r["image_id"] for r in read_jsonl(tmp_path / "same/retrieval/images.jsonl")] == ["coco-73"]

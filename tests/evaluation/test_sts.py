@@ -211,6 +211,7 @@ def test_damaged_checkpoint_is_one_line_naming_the_file(damaged_student_dir):
     assert text.endswith("; retrain it (dvc repro train)") and "\n" not in text
 
 
+@pytest.mark.slow  # a CLI process start (~6 s); the test above checks the same message in-process
 def test_cli_damaged_checkpoint_exits_2_with_one_line(tmp_path, damaged_student_dir):
     out = subprocess.run(
         [sys.executable, "-m", "mmcse.cli", "eval", "--model", str(damaged_student_dir), "--senteval-dir",

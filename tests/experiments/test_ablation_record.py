@@ -43,10 +43,14 @@ def test_each_rows_checkpoint_draws_its_tsne_panel_and_a_missing_one_is_named(pr
     from mmcse.pipeline.paths import Paths
 
     cfg = with_overrides(load_config("params.yaml"), {"ablate.figures": ["tsne_clusters"]})
-    sentences, images = figure_sentences(Paths.of(cfg).raw, 30, 0)
+    sentences, images, what = figure_sentences(Paths.of(cfg).raw, 30, 0)
     assert len(sentences) == len(set(sentences)) == len(images) == 30  # a sample of the 40 test captions
-    assert figure_sentences(Paths.of(cfg).raw, 30, 0) == (sentences, images)  # seeded
+    assert what == "30 demo test captions"
+    assert figure_sentences(Paths.of(cfg).raw, 30, 0) == (sentences, images, what)  # seeded
     assert len(figure_sentences(Paths.of(cfg).raw, 100, 0)[0]) == 40  # all of them when fewer
+    # COCO's test captions (DALR Fig. 3): the demo world has none, and the title says which it encoded
+    coco = figure_sentences(Paths.of(cfg).raw, 30, 0, "coco")
+    assert coco == (sentences, images, "30 demo test captions (the demo world has no COCO test captions)")
     for variant, seed in (("A", 1), ("B", 1)):
         import torch
 
@@ -165,3 +169,23 @@ def test_the_teacher_figures_read_the_first_rows_teacher_cache(project):
     assert got["teacher/rank_mean"] == pytest.approx(want["rank_mean"])
     assert got["teacher/teacher_i2t_R1"] == pytest.approx(want["teacher_i2t_R1"])
     assert got["teacher/tv_neg_above_0.9"] == pytest.approx(want["tv_neg_above_0.9"])
+
+
+def test_figure_captions_read_karpathys_test_split_of_the_named_set(tmp_path):
+    """DALR Fig. 3 encodes COCO test captions whatever trains (ablate.figure_captions: coco); a data
+    folder without them is named with the stage that writes them."""
+    from mmcse.experiments.ablation_record import figure_sentences
+    from mmcse.io import write_json, write_jsonl
+
+    raw = tmp_path / "raw"
+    write_json(raw / "manifest.json", {"pairs": "flickr30k", "retrieval_set": "flickr30k_1k"})
+    write_jsonl(raw / "retrieval" / "captions.jsonl", [{"image_id": "f-1", "caption": "A flickr caption ."}])
+    coco = [{"image_id": f"coco-{i // 5}", "caption": f"coco caption {i} ."} for i in range(25)]
+    write_jsonl(raw / "test_captions" / "coco.jsonl", coco)
+    sentences, images, what = figure_sentences(raw, 10, 0, "coco")
+    assert len(sentences) == 10 and set(sentences) <= {r["caption"] for r in coco}
+    assert images == [next(r["image_id"] for r in coco if r["caption"] == s) for s in sentences]
+    assert what == "10 COCO test captions"
+    assert figure_sentences(raw, 10, 0) == (["A flickr caption ."], ["f-1"], "1 flickr30k_1k test captions")
+    with pytest.raises(FileNotFoundError, match=r"test_captions/flickr30k.jsonl: ablate.figure_captions flickr30k"):
+        figure_sentences(raw, 10, 0, "flickr30k")

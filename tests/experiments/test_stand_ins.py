@@ -154,8 +154,7 @@ def test_the_report_marks_a_row_trained_with_allowed_stand_ins():
 
 
 # Rows the presets say are not their paper's, and why is in the preset (ablate.caveats).
-CAVEATS = {"duet-table1": {"VSE++"},
-           "dalr-fig3": {"DALR", "w/o L_info", "w/o L_CML", "w/o L_IML"}}
+CAVEATS = {"duet-table1": {"VSE++"}}
 
 
 @pytest.mark.slow

@@ -27,7 +27,9 @@ def pairs_only_project(tmp_path_factory):
 @pytest.mark.parametrize(
     ("method", "extra"),
     [("simcse", {}), ("mcse", {}), ("kdmcse", {}), ("dalr", {}), ("mcseo", {}),
-     ("kdmcse", {"dalr": {"cml": True, "iml": True}}), ("simcse", {"simcse": {"mlm": True}})],
+     ("kdmcse", {"dalr": {"cml": True, "iml": True}}),
+     # the MLM step itself is in the fast tier (tests/training/test_step_devices.py)
+     pytest.param("simcse", {"simcse": {"mlm": True}}, marks=pytest.mark.slow)],
     ids=["simcse", "mcse", "kdmcse", "dalr", "mcseo", "kdmcse+cml+iml", "simcse+mlm"],
 )
 def test_method_loss_goes_down_through_the_train_stage(pairs_only_project, method, extra, monkeypatch):

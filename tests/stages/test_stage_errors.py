@@ -64,6 +64,7 @@ def test_the_ablate_stage_names_a_bad_variant_before_any_prefect_server(tmp_path
     assert "prefect" not in (out.stdout + out.stderr).lower()
 
 
+@pytest.mark.slow  # a stage process start (~6 s); offline ids are checked in-process in tests/teachers, tests/data
 def test_offline_model_id_fails_fast_in_detect(project):
     raw = yaml.safe_load((project / "params.yaml").read_text())
     raw["model"] = {**raw["model"], "name_or_path": "no-such-org/no-such-model"}

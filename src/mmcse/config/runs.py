@@ -123,6 +123,10 @@ class AblateConfig:
     figures: list[Str] = field(default_factory=list)
     # The sentences a figure encodes: dropout_tsne's sentences, neighbours' queries (sampled when empty)
     sentences: list[Str] = field(default_factory=list)
+    # The test captions tsne_clusters encodes: retrieval_test = the retrieval test set's; flickr30k / coco =
+    # Karpathy's test split of that data set, read from Karpathy's file whatever trains (DALR Fig. 3: COCO's).
+    # The demo world has neither: there they are its own test scenes' captions, and the figure says so.
+    figure_captions: Literal["retrieval_test", "flickr30k", "coco"] = "retrieval_test"
     # Rows that are not their paper's row, each with why (a recipe mmcse lacks, a missing term, another
     # caption set): a preset names them; `mmcse plan` and `mmcse report` print them beside the row
     caveats: dict[str, Name] = field(default_factory=dict)

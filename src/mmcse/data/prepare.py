@@ -17,6 +17,9 @@ Layout written (all paths relative to the data folder)::
                                  of Karpathy's val split, first data.val_images (demo: val scenes); empty when
                                  data.splits trains on val or data.pairs is none
     retrieval/val_captions.jsonl image_id, caption: every caption of those images
+    test_captions/<set>.jsonl    image_id, caption: every caption of Karpathy's test split of flickr30k and coco,
+                                 whenever Karpathy's file is read (real pairs): the caption sets a figure may
+                                 encode (ablate.figure_captions; DALR Fig. 3 encodes COCO's)
     corpus.txt                   text-only sentences (one per line)
     sts/dev.jsonl, sts/test.jsonl  task, subset, s1, s2, score
     manifest.json                counts, sources (origin, SHA-256, bytes), SHA-256 of every table
@@ -39,7 +42,15 @@ from tqdm.auto import tqdm
 from mmcse.config import DataConfig, SourceConfig
 from mmcse.data import demo
 from mmcse.data.senteval import available_transfer_tasks, read_sts_task, read_sts_tasks, read_transfer_task
-from mmcse.data.sources import Fetched, cc12m_pairs, fetch_source, real_pairs, senteval_folder
+from mmcse.data.sources import (
+    KARPATHY_SETS,
+    Fetched,
+    cc12m_pairs,
+    fetch_source,
+    karpathy_test_captions,
+    real_pairs,
+    senteval_folder,
+)
 from mmcse.io import atomic_path, build_dir, sha256_file, write_bytes, write_json, write_jsonl, write_text
 
 log = logging.getLogger(__name__)
@@ -266,6 +277,9 @@ def _build(cfg: DataConfig, seed: int, out: Path, downloads: Path, senteval: Pat
     pairs = select_captions(pairs, cfg.captions, seed)
     test_images, test_captions = _retrieval_test_set(cfg, seed, out, downloads, report)
     val_images, val_captions = _retrieval_val_set(cfg, seed, out, downloads, report)
+    figure_captions: dict[str, list[dict]] = {}
+    if cfg.pairs in KARPATHY_SETS or retrieval_source(cfg) in KARPATHY_SETS:
+        figure_captions, report["sources"]["karpathy_splits"] = karpathy_test_captions(cfg, downloads)
     corpus_file = corpus_source(cfg, downloads)
     corpus = load_corpus(cfg, seed, source=corpus_file)
     if corpus_file is not None:
@@ -287,6 +301,8 @@ def _build(cfg: DataConfig, seed: int, out: Path, downloads: Path, senteval: Pat
     write_jsonl(out / "retrieval" / "captions.jsonl", test_captions)
     write_jsonl(out / "retrieval" / "val_images.jsonl", val_images)
     write_jsonl(out / "retrieval" / "val_captions.jsonl", val_captions)
+    for dataset, rows in figure_captions.items():
+        write_jsonl(out / "test_captions" / f"{dataset}.jsonl", rows)
     write_text(out / "corpus.txt", "\n".join(corpus) + "\n")
     write_jsonl(out / "sts" / "dev.jsonl", dev)
     write_jsonl(out / "sts" / "test.jsonl", test)
@@ -296,7 +312,8 @@ def _build(cfg: DataConfig, seed: int, out: Path, downloads: Path, senteval: Pat
     tables = ["images.jsonl", "pairs.jsonl", "retrieval/images.jsonl", "retrieval/captions.jsonl",
               "retrieval/val_images.jsonl", "retrieval/val_captions.jsonl",
               "corpus.txt", "sts/dev.jsonl", "sts/test.jsonl",
-              *(f"transfer/{task}.jsonl" for task in transfer)]
+              *(f"transfer/{task}.jsonl" for task in transfer),
+              *(f"test_captions/{dataset}.jsonl" for dataset in figure_captions)]
     counts = {
         "images": len(images),
         "pairs": len(pairs),
@@ -309,6 +326,7 @@ def _build(cfg: DataConfig, seed: int, out: Path, downloads: Path, senteval: Pat
         "retrieval_val_images": len(val_images),
         "retrieval_val_captions": len(val_captions),
         **{f"transfer_{task}": len(rows) for task, rows in transfer.items()},
+        **{f"test_captions_{dataset}": len(rows) for dataset, rows in figure_captions.items()},
     }
     for key in ("images_missing", "images_unreadable", "images_without_entities", "captions_missing",
                 "retrieval_images_missing",

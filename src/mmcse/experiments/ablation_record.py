@@ -40,7 +40,7 @@ from mmcse.evaluation.teacher_statistics import (
 )
 from mmcse.experiments.jobs import Job, job_config
 from mmcse.experiments.upstream import resolve
-from mmcse.io import read_jsonl, write_json
+from mmcse.io import read_json, read_jsonl, write_json
 from mmcse.models.device import resolve_device
 from mmcse.pipeline.paths import Paths
 from mmcse.tracking import DESCRIPTION_TAG, metric_name
@@ -143,24 +143,43 @@ def first_jobs(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {v: out[v] for v in dict.fromkeys(r["variant"] for r in results) if v in out}
 
 
-def figure_sentences(raw: Path, n: int, seed: int) -> tuple[list[str], list[str] | None]:
-    """At most ``n`` distinct test sentences (a seeded sample) and the image each describes: the
-    retrieval test captions (DALR Fig. 3: COCO test captions), else the STS test sentences
-    (no images: a text-only data set)."""
+CAPTION_SET_NAMES = {"flickr30k": "Flickr30k test captions", "coco": "COCO test captions"}
 
+
+def figure_sentences(raw: Path, n: int, seed: int, caption_set: str = "retrieval_test"
+                     ) -> tuple[list[str], list[str] | None, str]:
+    """At most ``n`` distinct test sentences (a seeded sample), the image each describes, and what
+    they are, for the figure's title. ``caption_set`` (``ablate.figure_captions``): the retrieval
+    test captions, else the STS test sentences (no images: a text-only data set); ``flickr30k`` /
+    ``coco``: Karpathy's test split of that data set (``test_captions/<set>.jsonl``, DALR Fig. 3:
+    COCO's), which the demo world replaces by its own test scenes' captions."""
+
+    named = raw / "test_captions" / f"{caption_set}.jsonl"
     captions = raw / "retrieval" / "captions.jsonl"
-    if captions.is_file():
+    manifest = read_json(raw / "manifest.json") if (raw / "manifest.json").is_file() else {}
+    if caption_set != "retrieval_test" and manifest.get("pairs") != "demo":
+        if not named.is_file():
+            raise FileNotFoundError(f"{named}: ablate.figure_captions {caption_set} reads Karpathy's test captions, "
+                                    "which the download stage writes when it reads real pairs; "
+                                    "rerun it (dvc repro download)")
+        captions, label = named, CAPTION_SET_NAMES[caption_set]
+    elif caption_set != "retrieval_test":
+        label = f"demo test captions (the demo world has no {CAPTION_SET_NAMES[caption_set]})"
+    else:
+        label = f"{manifest.get('retrieval_set') or 'retrieval'} test captions"
+    if captions.is_file() and (rows := read_jsonl(captions)):
         image_of = {}
-        for row in read_jsonl(captions):
+        for row in rows:
             image_of.setdefault(str(row["caption"]), str(row["image_id"]))
         sentences = sorted(image_of)
     else:
         sentences = sorted({s for row in read_jsonl(raw / "sts" / "test.jsonl") for s in (row["s1"], row["s2"])})
-        image_of = None
+        image_of, label = None, "STS test sentences"
     if len(sentences) > n:
         keep = np.sort(np.random.default_rng(seed).choice(len(sentences), n, replace=False))
         sentences = [sentences[i] for i in keep]
-    return sentences, [image_of[s] for s in sentences] if image_of is not None else None
+    groups = [image_of[s] for s in sentences] if image_of is not None else None
+    return sentences, groups, f"{len(sentences):,} {label}"
 
 
 def _best_checkpoints(jobs: dict[str, dict[str, Any]], ablations: Path) -> dict[str, Path]:
@@ -181,12 +200,14 @@ def _encoder(cfg: Config, best: Path) -> Any:
 def _tsne_clusters(cfg: Config, jobs: dict[str, dict[str, Any]], ablations: Path) -> tuple[Any, dict[str, float]]:
     """Each row's best checkpoint encodes the same test captions; one t-SNE panel per row."""
 
-    sentences, groups = figure_sentences(Paths.of(cfg).raw, FIG3_SENTENCES, cfg.base.seed)
+    sentences, groups, what = figure_sentences(Paths.of(cfg).raw, FIG3_SENTENCES, cfg.base.seed,
+                                               cfg.ablate.figure_captions)
     embeddings = {}
     for variant, best in _best_checkpoints(jobs, ablations).items():
         vectors = encode_unique(_encoder(cfg, best), sentences, cfg.evaluate.batch_size, desc=f"t-SNE {variant}")
         embeddings[variant] = np.stack([vectors[s] for s in sentences])
     fig, metrics = tsne_panels(embeddings, TSNE_CLUSTERS, cfg.base.seed, groups)
+    fig.suptitle(f"t-SNE of {what}")
     flat = {f"{variant}/cluster_{k}": v for variant, m in metrics.items() for k, v in m.items()
             if k in ("silhouette", "purity")}
     return fig, flat

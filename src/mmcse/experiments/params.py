@@ -49,7 +49,7 @@ def list_presets(folder: Path) -> list[str]:
 
 
 PRESET_KEYS = ("description", "base", "reference", "variants", "plot_x", "seeds", "transfer", "metric", "test",
-               "rows_of", "figures", "sentences", "caveats")
+               "rows_of", "figures", "sentences", "figure_captions", "caveats")
 
 
 def read_preset(folder: Path, name: str, where: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -101,6 +101,8 @@ def expand_preset(raw: Mapping[str, Any], root: Path, where: str) -> dict[str, A
         ablate["figures"] = preset["figures"]
     if "sentences" in preset:  # what those figures encode (KDMCSE Figs. 8-12, DALR Table 10's queries)
         ablate["sentences"] = preset["sentences"]
+    if "figure_captions" in preset:  # the test captions tsne_clusters encodes (DALR Fig. 3: COCO's)
+        ablate["figure_captions"] = preset["figure_captions"]
     # rows that are not their paper's, with why: every row of a preset is its paper's unless named here
     ablate["caveats"] = preset.get("caveats") or {}
     if "transfer" in preset:
