@@ -36,15 +36,16 @@ def _teachers(row: dict) -> list[tuple[str, str, float]]:
 
 
 def test_under_demo_the_role_preset_trains_the_offline_stand_ins_it_named_before(project):
-    """dalr-table9 by role resolves to the very teachers the preset spelled out before roles (MiniLM
-    poolers for SimCSE / DiffCSE / RankCSE, the joint teacher's text side for CLIP, grid 2 for ResNet)."""
+    """dalr-table9 by role resolves to the teachers the preset spelled out before roles (MiniLM poolers for
+    SimCSE / DiffCSE / RankCSE, the joint teacher's text side for CLIP); ResNet's image side is now the
+    image encoder's own features (an image-only teacher, as the paper's), not a coarser CCA."""
     rows = _rows(project, "dalr-table9")
     assert _teachers(rows["CLIP + SimCSE"]) == [(MINILM, "avg_first_last", 1.0)]
     assert _teachers(rows["CLIP + DiffCSE"]) == [(MINILM, "avg", 1.0)]
     assert _teachers(rows["CLIP + CLIP"]) == [("joint", "avg", 1.0)]
     assert _teachers(rows["ResNet + SimCSE+RankCSE"]) == [(MINILM, "avg_first_last", 0.5), (MINILM, "avg_top2", 0.5)]
-    assert {n: r["config"]["teachers"]["image_grid"] for n, r in rows.items()} == {
-        n: 2 if n.startswith("ResNet") else 4 for n in rows}
+    assert {n: r["config"]["teachers"]["joint"]["image_side"] for n, r in rows.items()} == {
+        n: "image_encoder" if n.startswith("ResNet") else "joint" for n in rows}
     assert all(r["stand_ins"] == [] for r in rows.values())  # the demo is what stand-ins are for
     # DALR Tables 4-5's KDMCSE + CML / IML rows name DALR's teachers: offline, params.yaml's own pair
     kd_cml = _rows(project, "dalr-table4")["KDMCSE + CML"]
@@ -63,6 +64,21 @@ def test_under_a_dalr_profile_the_roles_are_the_released_checkpoints_of_its_enco
     kd_iml = _rows(project, "dalr-table5")["KDMCSE + IML"]
     assert [t for t, _, _ in _teachers(kd_iml)] == ["princeton-nlp/unsup-simcse-roberta-base",
                                                      "voidism/diffcse-roberta-base-sts"]
+    # ResNet: ResNet-50 features as v̂ beside CLIP's text side, no stand-in
+    params = project / "params.yaml"
+    raw = yaml.safe_load(params.read_text())
+    raw["ablate"] |= {"preset": "none", "reference": "ResNet + CLIP", "variants": {"ResNet + CLIP": {
+        "train.method": "dalr", "teachers.image_role": "resnet", "teachers.text": [{"role": "clip"}]}}}
+    params.write_text(yaml.safe_dump(raw, sort_keys=False))
+    row = _rows(project, None)["ResNet + CLIP"]
+    t = row["config"]["teachers"]
+    assert (t["joint"]["image_side"], t["image_encoder"], t["image_weights"], t["joint"]["kind"]) == (
+        "image_encoder", "resnet50", "IMAGENET1K_V1", "clip")
+    assert row["stand_ins"] == []
+    raw["ablate"]["variants"]["ResNet + CLIP"]["train.method"] = "kdmcse"
+    params.write_text(yaml.safe_dump(raw, sort_keys=False))
+    with pytest.raises(ConfigError, match="teachers.joint.image_side.*KDMCSE's soft labels compare the two"):
+        load_config(params)
     # a role the profile does not name stops the table in one line naming it (RankCSE: no checkpoint named)
     with pytest.raises(ConfigError, match=r"CLIP \+ SimCSE\+RankCSE.*profile dalr-coco-roberta names no text "
                                           r"teacher role 'rankcse' \(.*profiles/dalr.yaml: teacher_roles.text has "

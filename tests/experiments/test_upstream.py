@@ -134,7 +134,7 @@ def test_the_teacher_comparison_preset_computes_each_teacher_set_once_offline(pr
     shutil.copytree(REPO / "profiles", project / "profiles")  # the preset names its teachers by role
     cfg = load_config("params.yaml", {"ablate.preset": "dalr-table9", "ablate.seeds": [1]})
     paths = Paths.of(cfg)
-    grids, text_sets, joint_rows = set(), set(), set()
+    image_sides, text_sets, joint_rows = {}, set(), set()
     for job in expand(cfg):
         job_cfg = job_config(cfg, job)
         up = resolve(job_cfg, paths, cfg.base.seed)
@@ -142,14 +142,17 @@ def test_the_teacher_comparison_preset_computes_each_teacher_set_once_offline(pr
         assert [(t["pooler"], t["weight"]) for t in sets["text"]] == [
             (t.pooler, t.weight) for t in job_cfg.teachers.text]
         joint = next(d / sets["joint_image"] for d in up.teacher_dirs if (d / sets["joint_image"]).is_dir())
-        grid = read_json(joint / "index.json")["teacher"]["image"]["grid"]
-        grids.add(grid)
+        kind = read_json(joint / "index.json")["teacher"].get("kind")  # the image encoder's key has none
+        # "CLIP": the CCA joint teacher's own image side; "ResNet": the image encoder's set itself (image-only)
+        side = job_cfg.teachers.joint.image_side
+        assert (kind == "cca") == (side == "joint") and (sets["joint_image"] == sets["image"]) == (side != "joint")
+        image_sides[job.variant.split(" + ")[0]] = side
         for t in sets["text"]:
             if t["teacher"] == "joint":  # the "CLIP" text teacher: the row's own joint text side, not a new set
                 assert t["caption"] == sets["joint_text"]
-                joint_rows.add((grid, t["caption"]))
+                joint_rows.add(t["caption"])
             else:
                 text_sets.add((t["pooler"], t["caption"]))
     assert len({pooler for pooler, _ in text_sets}) == 3 == len(text_sets)  # one set per pooler, shared by rows
-    assert grids == {4, 2}  # the "CLIP" and "ResNet" stand-ins
-    assert len(joint_rows) == 2 == len({grid for grid, _ in joint_rows})  # one joint text side per image teacher
+    assert image_sides == {"CLIP": "joint", "ResNet": "image_encoder"}
+    assert len(joint_rows) == 1  # one CCA text side, shared by the CLIP and ResNet rows

@@ -39,19 +39,22 @@ def test_tanh_head_is_dense_then_tanh_and_linear_is_one_layer():
         projection_head(6, 3, "relu")
 
 
-def _student(head: str) -> tuple[Student, object]:
+def _student(head: str, joint_text_dim: int = 0) -> tuple[Student, object]:
     cfg = parse_config({"model": dict(TINY_MODEL, projection_head=head)}).model
     torch.manual_seed(0)
-    return Student(load_backbone(cfg), 24, cfg.proj_dim, 16, text_teacher_dim=20, head=head), \
+    return Student(load_backbone(cfg), 24, cfg.proj_dim, 16, text_teacher_dim=20, head=head,
+                   joint_text_dim=joint_text_dim), \
         load_tokenizer(cfg.name_or_path)
 
 
 @pytest.mark.parametrize("head", ["tanh", "linear"])
 def test_a_saved_student_loads_with_the_same_heads(tmp_path, head):
-    student, tok = _student(head)
+    student, tok = _student(head, joint_text_dim=12)
     save_student(student, tok, tmp_path / "s")
     meta = json.loads((tmp_path / "s" / HEADS_META).read_text())
-    assert meta == {"image_dim": 24, "proj_dim": 32, "joint_dim": 16, "text_teacher_dim": 20, "projection_head": head}
+    assert meta == {"image_dim": 24, "proj_dim": 32, "joint_dim": 16, "joint_text_dim": 12, "text_teacher_dim": 20,
+                    "projection_head": head}
+    assert load_student(tmp_path / "s")[0].teacher_text_proj(torch.randn(2, 12)).shape == (2, 32)  # t̂'s own width
     again, _ = load_student(tmp_path / "s")
     x = torch.randn(3, 20)
     torch.testing.assert_close(again.text_teacher_proj(x), student.text_teacher_proj(x), rtol=0, atol=0)

@@ -315,3 +315,24 @@ def test_a_same_size_image_swap_is_named_while_every_set_is_cached(project):
     for stage in (run_cache_teachers, run_detect):
         with pytest.raises(CorruptArtifact, match=r"img00006.png: SHA-256 .* differs .* images.jsonl records"):
             stage(cfg, Paths.of(cfg))
+
+
+def test_an_image_only_teacher_is_the_image_encoders_set_beside_the_joint_text_side(project):
+    """teachers.joint.image_side: image_encoder (DALR Table 9's ResNet rows): v̂ of the training and test
+    images are the image encoder's own sets, t̂ the joint teacher's text side, unchanged (a cache hit)."""
+    from mmcse.config import with_overrides
+    from mmcse.experiments.params import load_config
+    from mmcse.io import read_json
+    from mmcse.pipeline.cache_teachers import run_cache_teachers
+    from mmcse.pipeline.paths import Paths
+
+    before = read_json(project / "data/teachers/manifest.json")["sets"]
+    cfg = with_overrides(load_config("params.yaml"), {"teachers.joint.image_side": "image_encoder"})
+    result = run_cache_teachers(cfg, Paths.of(cfg))
+    sets = result["sets"]
+    assert sets["joint_image"] == sets["image"] == before["image"]
+    assert sets["retrieval_joint_image"] == sets["retrieval_image"] == before["retrieval_image"]
+    assert sets["joint_text"] == before["joint_text"] and result["hits"]["joint_text"]
+    joint_text = FeatureStore.open(project / "data/teachers" / sets["joint_text"])
+    joint_image = FeatureStore.open(project / "data/teachers" / sets["joint_image"])
+    assert joint_text.dim == 32 and joint_image.dim != 32  # two spaces: only DALR-style heads read them

@@ -219,3 +219,19 @@ def test_an_mlm_step_on_the_device_gives_the_cpu_numbers(device, full_fp32_matmu
     assert float(again["mlm"]) == pytest.approx(float(got["mlm"]), abs=1e-6)
     assert float(other["mlm"]) != pytest.approx(float(got["mlm"]), abs=1e-6)
     assert float(other["simcse"]) == pytest.approx(float(got["simcse"]), abs=1e-6)
+
+
+def test_a_dalr_step_reads_an_image_only_teachers_v_hat_of_its_own_width(device):
+    """teachers.joint.image_side: image_encoder: v̂ has the image encoder's width, t̂ the joint teacher's;
+    g_φv and the consistency MLP read v̂, g_φt reads t̂, and the step is DALR's."""
+    cfg = tiny_config("dalr")
+    torch.manual_seed(0)
+    student = Student(load_backbone(cfg.model), IMAGE_DIM, cfg.model.proj_dim, joint_dim=IMAGE_DIM,
+                      text_teacher_dim=TEXT_TEACHER_DIMS[0], joint_text_dim=JOINT_DIM).to(device)
+    assert student.teacher_image_proj[0].in_features == student.shared_image[0].in_features == IMAGE_DIM
+    assert student.teacher_text_proj[0].in_features == JOINT_DIM
+    batch, feats = step_inputs(cfg, student.backbone.config.vocab_size)
+    feats.joint_image = torch.randn(B, IMAGE_DIM, generator=torch.Generator().manual_seed(3))  # v̂: image features
+    terms = run_step(student, cfg, batch, feats, device)
+    assert {k for k in terms if not k.startswith("stat/")} - {"loss"} == METHOD_TERMS["dalr"]
+    assert all(torch.isfinite(t) for t in terms.values())

@@ -287,6 +287,9 @@ class JointTeacherConfig:
     regularization: Annotated[float, Field(gt=0)] = 0.1  # cca
     model: Name = "openai/clip-vit-base-patch32"  # clip / open_clip
     pretrained: Name = "openai"  # open_clip
+    # v̂, the joint teacher's image side: joint = the teacher's own image tower | image_encoder = the features
+    # of teachers.image_encoder (an image-only teacher beside the joint text side: DALR Table 9's ResNet rows)
+    image_side: Literal["joint", "image_encoder"] = "joint"
 
 
 @dataclass(frozen=True)

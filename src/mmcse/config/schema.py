@@ -73,6 +73,10 @@ def validate_terms(cfg: Config, where: str) -> None:
                f"must not include val with train.method {m}: the val split's R@K picks its best checkpoint")
         check(cfg.evaluate.retrieval.enabled, where, "evaluate.retrieval.enabled",
                f"must be true with train.method {m}: it is scored by image–text retrieval alone")
+    if cfg.teachers.joint.image_side == "image_encoder":
+        check(cfg.train.method != "kdmcse", where, "teachers.joint.image_side",
+              "image_encoder puts v̂ in another space than t̂, but KDMCSE's soft labels compare the two "
+              "(α^{t,v}, Eq. 7): use joint with train.method kdmcse")
     if cfg.loss.dalr.text_batches and cfg.loss.dalr.iml is False:
         fail(where, "loss.dalr.text_batches", "adds L_IML to text batches, but loss.dalr.iml is false")
 

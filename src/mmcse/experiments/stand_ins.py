@@ -42,7 +42,8 @@ def stand_ins(cfg: Config) -> list[str]:
             joint_used |= teacher.teacher == JOINT_TEXT_TEACHER
     if joint_used and t.joint.kind == "cca":
         found.append(f"teachers.joint: a CCA fitted on {t.joint.text_teacher} and {t.image_encoder} features")
-    if groups & {"image", "objects"} and t.image_encoder == "colour-edge-grid":
+    image_side = joint_used and t.joint.image_side == "image_encoder"  # v̂: the image encoder's (image-only teacher)
+    if (groups & {"image", "objects"} or image_side) and t.image_encoder == "colour-edge-grid":
         found.append("teachers.image_encoder: colour-edge-grid")
     return found
 

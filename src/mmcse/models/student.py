@@ -223,20 +223,21 @@ class Student(nn.Module):
     """
 
     def __init__(self, backbone: PreTrainedModel, image_dim: int, proj_dim: int, joint_dim: int = 0,
-                 text_teacher_dim: int = 0, head: str = "tanh") -> None:
+                 text_teacher_dim: int = 0, head: str = "tanh", joint_text_dim: int = 0) -> None:
         super().__init__()
         hidden = backbone.config.hidden_size
         self.backbone = backbone
         self.mlp = MLPPooler(hidden)
-        joint = joint_dim or image_dim
+        joint = joint_dim or image_dim  # v̂'s width
+        joint_text = joint_text_dim or joint  # t̂'s: another than v̂'s with an image-only teacher's v̂
         self.text_proj = projection_head(hidden, proj_dim, head)
         self.image_proj = projection_head(image_dim, proj_dim, head)
-        self.teacher_text_proj = projection_head(joint, proj_dim, head)
+        self.teacher_text_proj = projection_head(joint_text, proj_dim, head)
         self.teacher_image_proj = projection_head(joint, proj_dim, head)
         self.text_teacher_proj = projection_head(text_teacher_dim or hidden, proj_dim, head)
         self.shared_text = mlp_head(hidden, proj_dim)
         self.shared_image = mlp_head(joint, proj_dim)
-        self.image_dim, self.joint_dim, self.proj_dim = image_dim, joint, proj_dim
+        self.image_dim, self.joint_dim, self.joint_text_dim, self.proj_dim = image_dim, joint, joint_text, proj_dim
         self.text_teacher_dim, self.head = text_teacher_dim or hidden, head
         # SimCSE's MLM head (`load_mlm_head`), set by training when loss.simcse.mlm is on: training only
         self.mlm_head: MaskedLMHead | None = None
@@ -268,7 +269,8 @@ def save_student(student: Student, tokenizer: PreTrainedTokenizerBase, folder: P
     save_file(student.heads_state(), str(folder / HEADS_FILE))
     (folder / HEADS_META).write_text(
         json.dumps({"image_dim": student.image_dim, "proj_dim": student.proj_dim, "joint_dim": student.joint_dim,
-                    "text_teacher_dim": student.text_teacher_dim, "projection_head": student.head})
+                    "joint_text_dim": student.joint_text_dim, "text_teacher_dim": student.text_teacher_dim,
+                    "projection_head": student.head})
     )
 
 
@@ -278,7 +280,8 @@ def load_student(folder: str | Path) -> tuple[Student, PreTrainedTokenizerBase]:
     backbone = AutoModel.from_pretrained(folder, add_pooling_layer=False)
     # folders written before text_teacher_proj and model.projection_head: linear heads, no DALR g_φt
     student = Student(backbone, meta["image_dim"], meta["proj_dim"], meta.get("joint_dim", 0),
-                      meta.get("text_teacher_dim", 0), meta.get("projection_head", "linear"))
+                      meta.get("text_teacher_dim", 0), meta.get("projection_head", "linear"),
+                      meta.get("joint_text_dim", 0))
     heads = load_file(str(folder / HEADS_FILE))
     names = HEADS if "projection_head" in meta else tuple(h for h in HEADS if h != "text_teacher_proj")
     for name in names:

@@ -147,10 +147,17 @@ def run_cache_teachers(
         check_image_digests(test_images, test_files)
         return joint_features(captions[:1], test_files)[1]
 
-    joint_text = store("joint_text", joint_teacher, fingerprint, [p["pair_id"] for p in pairs],
-                       lambda: joint_sides()[0])
-    joint_image = store("joint_image", joint_teacher, fingerprint, [r["image_id"] for r in images],
-                        lambda: joint_sides()[1])
+    own_image_side = t.joint.image_side == "joint"
+
+    def joint_captions() -> np.ndarray:
+        if own_image_side or t.joint.kind == "cca":
+            return joint_sides()[0]
+        return joint_features(captions, image_files[:1])[0]  # text only: one image keeps the image batch non-empty
+
+    joint_text = store("joint_text", joint_teacher, fingerprint, [p["pair_id"] for p in pairs], joint_captions)
+    # image_side image_encoder: v̂ is the image encoder's own set (an image-only teacher, DALR Table 9's ResNet)
+    joint_image = (store("joint_image", joint_teacher, fingerprint, [r["image_id"] for r in images],
+                         lambda: joint_sides()[1]) if own_image_side else image_store)
     result["sets"] |= {"joint_text": joint_text.folder.name, "joint_image": joint_image.folder.name}
     if any(x.teacher == JOINT_TEXT_TEACHER for x in t.text):
         # The joint teacher's text side as a text teacher (DALR Table 9's CLIP text teacher): its
@@ -174,8 +181,8 @@ def run_cache_teachers(
             "corpus": text_stores[(x.teacher, x.pooler, "corpus")].folder.name,
         })
     if test_image_store is not None:  # v̂ of the test images: the CCA is fitted on the training pairs above
-        joint_test = store("retrieval_joint_image", joint_teacher, fingerprint + test_fingerprint, test_ids,
-                           joint_test_images)
+        joint_test = (store("retrieval_joint_image", joint_teacher, fingerprint + test_fingerprint, test_ids,
+                            joint_test_images) if own_image_side else test_image_store)
         result["sets"]["retrieval_joint_image"] = joint_test.folder.name
     result["artifact_key"] = artifact_keys(cfg)["teachers"]  # written last: the manifest names complete sets
     write_json(manifest_path or paths.teachers / "manifest.json", {k: v for k, v in result.items() if k != "hits"})

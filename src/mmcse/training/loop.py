@@ -319,7 +319,8 @@ def train(
     tokens = data.token_tables(tokenizer, cfg.model.max_seq_len, data_dir.parent / "tokens")
     backbone = load_backbone(cfg.model, dropout=cfg.train.dropout)
     student = Student(backbone, data.image_features.dim, cfg.model.proj_dim, data.joint_image.dim,
-                      text_teacher_dim=widths[0], head=cfg.model.projection_head).to(device)
+                      text_teacher_dim=widths[0], head=cfg.model.projection_head,
+                      joint_text_dim=data.joint_text.dim).to(device)
     if on.get("mlm"):  # after the heads above: their initial weights do not move with the switch
         student.mlm_head = load_mlm_head(cfg.model, tokenizer, cfg.loss.simcse.mlm_head).to(device)
     if cfg.train.compile:
