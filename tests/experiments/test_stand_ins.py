@@ -208,5 +208,8 @@ def test_plan_and_the_config_carry_a_presets_caveats(project):
     assert rows["DUET"]["caveat"] == ""
     text = plan_text(plan(project / "params.yaml", "duet-table1"), {})
     assert "  not the paper's row: VSE++'s printed numbers come from fine-tuned ResNet-152" in text
+    # the figures a table draws, and from which captions (DALR Fig. 3: COCO's test captions)
+    assert "\nfigures: tsne_clusters (tsne_clusters encodes the coco captions)\n" in plan_text(
+        plan(project / "params.yaml", "dalr-fig3"), {})
     with pytest.raises(ConfigError, match=r"ablate.caveats': \['nope'\] are not variants"):
         load_config(project / "params.yaml", {"ablate.caveats": {"nope": "a reason"}})

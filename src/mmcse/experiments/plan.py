@@ -41,13 +41,14 @@ def defaults_config(params: Path) -> dict[str, Any]:
 
 def plan(params: str | Path = "params.yaml", preset: str | None = None) -> dict[str, Any]:
     """Every row of the ablation ``params`` describes (``preset``: ``ablate.preset`` replaced), as
-    ``{"profile", "preset", "seeds", "rows": [{"variant", "method", "recipe", "encoder", "overrides",
-    "recipe_swap", "overrode_recipe", "stand_ins", "caveat", "config"}]}``: the variant's own overrides, what its
-    recipe changes, the recipe values it overrides, the offline stand-in teachers it trains with under a
-    paper profile (`mmcse.experiments.stand_ins`: not the paper's row), why the preset says it is not
-    its paper's row (``ablate.caveats``; empty: it is) and its whole configuration (its
-    first seed's; seeds differ in ``base.seed`` only). Raises ConfigError on an unknown preset or
-    profile, before any compute."""
+    ``{"profile", "preset", "seeds", "figures", "figure_captions", "rows": [{"variant", "method",
+    "recipe", "encoder", "overrides", "recipe_swap", "overrode_recipe", "stand_ins", "caveat",
+    "config"}]}``: the table's figures and the captions tsne_clusters encodes; per row the variant's
+    own overrides, what its recipe changes, the recipe values it overrides, the offline stand-in
+    teachers it trains with under a paper profile (`mmcse.experiments.stand_ins`: not the paper's
+    row), why the preset says it is not its paper's row (``ablate.caveats``; empty: it is) and its
+    whole configuration (its first seed's; seeds differ in ``base.seed`` only). Raises ConfigError on
+    an unknown preset or profile, before any compute."""
     params = Path(params)
     overrides = {"ablate.preset": preset} if preset else None
     raw = read_params(params, overrides)
@@ -72,7 +73,8 @@ def plan(params: str | Path = "params.yaml", preset: str | None = None) -> dict[
             "caveat": cfg.ablate.caveats.get(job.variant, ""),
             "config": to_dict(job_cfg),
         })
-    return {"profile": cfg.base.profile, "preset": cfg.ablate.preset, "seeds": list(cfg.ablate.seeds), "rows": rows}
+    return {"profile": cfg.base.profile, "preset": cfg.ablate.preset, "seeds": list(cfg.ablate.seeds),
+            "figures": list(cfg.ablate.figures), "figure_captions": cfg.ablate.figure_captions, "rows": rows}
 
 
 def plan_text(result: dict[str, Any], defaults: dict[str, Any]) -> str:
@@ -80,6 +82,11 @@ def plan_text(result: dict[str, Any], defaults: dict[str, Any]) -> str:
     overrides, and every key whose value differs from ``defaults`` (the offline configuration)."""
     lines = [f"profile {result['profile']}, preset {result['preset']}, seeds {result['seeds']}: "
              f"{len(result['rows'])} row(s) × {len(result['seeds'])} seed(s)"]
+    if result.get("figures"):
+        drawn = f"figures: {', '.join(result['figures'])}"
+        if "tsne_clusters" in result["figures"]:
+            drawn += f" (tsne_clusters encodes the {result['figure_captions'].replace('_', ' ')} captions)"
+        lines.append(drawn)
     flat_defaults = _flat(defaults)
     for row in result["rows"]:
         recipe = f"recipe {row['recipe']} ({row['encoder']})" if row["recipe"] else "params.yaml's values (demo)"
