@@ -46,7 +46,12 @@ from mmcse.experiments.ablate import (
 from mmcse.experiments.ablation_record import log_ablation, log_ablation_figures
 from mmcse.experiments.jobs import Job, ablation_hash, expand, job_config, job_hash, parent_run_name
 from mmcse.experiments.params import check_params, load_config
-from mmcse.experiments.prefect_server import claim_temporary_server, start_retry, stop_stale_temporary_servers
+from mmcse.experiments.prefect_server import (
+    check_api_url,
+    claim_temporary_server,
+    start_retry,
+    stop_stale_temporary_servers,
+)
 from mmcse.experiments.stand_ins import check_stand_ins
 from mmcse.pipeline.paths import Paths
 from mmcse.tracking import prefect_tags
@@ -365,6 +370,7 @@ def main(params_path: str) -> None:
     the flow (and its temporary Prefect server) starts; a server a killed run of this project left
     behind is stopped first (`mmcse.experiments.prefect_server`); then the flow."""
     check_stand_ins(check_params(params_path), params_path)
+    check_api_url()  # an exported PREFECT_API_URL nothing answers: one line, not Prefect's traceback
     stop_stale_temporary_servers()
     claim_temporary_server()
     start_retry(lambda: ablations(params_path))

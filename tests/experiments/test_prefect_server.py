@@ -184,3 +184,53 @@ def test_prefect_down_never_signals_a_pid_another_process_reuses(tmp_path):
         for p in (worker, bystander):
             p.kill()
             p.wait()
+
+
+def test_an_exported_api_url_nothing_answers_is_one_line_and_down_says_to_unset_it(tmp_path, monkeypatch):
+    """Issue 39.7: after `mmcse prefect down` the exported PREFECT_API_URL points at nothing; the ablate
+    stage says so in one line (not Prefect's traceback), and `down` tells the user to unset it."""
+    import http.server
+    import json
+    import socket
+    import threading
+
+    from mmcse.errors import StageError
+    from mmcse.experiments.prefect_server import UP_DIR, _identity, check_api_url, prefect_down
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}/api"
+    with pytest.raises(StageError) as err:
+        check_api_url({"PREFECT_API_URL": dead})
+    assert "\n" not in str(err.value) and f"PREFECT_API_URL={dead} does not answer" in str(err.value)
+    assert "unset PREFECT_API_URL" in str(err.value)
+    check_api_url({})  # unset: Prefect's own temporary server, nothing to check
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(200 if self.path == "/api/health" else 404)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        check_api_url({"PREFECT_API_URL": f"http://127.0.0.1:{server.server_port}/api/"})  # answers: no error
+    finally:
+        server.shutdown()
+
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", "prefect-server"],
+                               start_new_session=True)
+    try:
+        (tmp_path / UP_DIR).mkdir()
+        (tmp_path / UP_DIR / "pids.json").write_text(json.dumps({"server": _identity(sleeper.pid)}))
+        monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:4200/api")
+        said = []
+        assert prefect_down(tmp_path, say=said.append) == ["server"]
+        assert said[-1].startswith("PREFECT_API_URL=http://127.0.0.1:4200/api points at the server just stopped: "
+                                   "`unset PREFECT_API_URL`")
+    finally:
+        sleeper.kill()
+        sleeper.wait()

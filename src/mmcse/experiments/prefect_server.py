@@ -193,6 +193,17 @@ def _healthy(api_url: str) -> bool:
         return False
 
 
+def check_api_url(environ: dict[str, str] | os._Environ[str] = os.environ) -> None:
+    """Before a flow run: a ``PREFECT_API_URL`` that no server answers (left exported after `mmcse prefect
+    down`, a server that died) fails in one line saying what to do, instead of Prefect's traceback. Unset,
+    Prefect starts its own temporary server, which needs no check."""
+    api_url = environ.get("PREFECT_API_URL", "").strip().rstrip("/")
+    if api_url and not _healthy(api_url):
+        raise StageError(f"PREFECT_API_URL={api_url} does not answer (no Prefect server there: stopped by `mmcse "
+                         "prefect down`, or it died): start it again (`mmcse prefect up`), or `unset PREFECT_API_URL` "
+                         "and the ablation runs on a temporary server of its own")
+
+
 def _start(command: list[str], log: Path, env: dict[str, str], cwd: Path) -> int:
     """A detached process (its own session: it outlives this one and `prefect_down` stops its
     group), output to ``log``; returns its pid."""
@@ -371,4 +382,8 @@ def prefect_down(root: str | Path = ".", say: Callable[[str], None] = print) -> 
         stopped.append(name)
         say(f"stopped {name} (pid {pid})")
     pids_file.unlink()
+    exported = os.environ.get("PREFECT_API_URL", "").strip().rstrip("/")
+    if "server" in stopped and exported:
+        say(f"PREFECT_API_URL={exported} points at the server just stopped: `unset PREFECT_API_URL` before the "
+            "next dvc repro (or the ablate stage says so and stops)")
     return stopped
