@@ -86,6 +86,18 @@ def test_mmcse_ui_prints_both_urls_and_stops_both_on_ctrl_c(params, monkeypatch,
     assert [p.cmd[0] for p in started] == [sys.executable, "/opt/bin/optuna-dashboard"]
     assert started[0].env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false" and started[1].env is None
     assert all(p.terminated for p in started)
+    assert out.rstrip().endswith("\nstopped MLflow and optuna-dashboard")  # a normal stop: one line, no "error"
+
+
+def test_the_ui_servers_run_in_their_own_process_group():
+    """Issue 39.6: the terminal's Ctrl-C (SIGINT to the foreground process group) reaches `mmcse ui` alone;
+    it stops the servers itself, so none tears down mid-request or looks like a crash."""
+    proc = cli._start([sys.executable, "-c", "import time; time.sleep(60)"], None)
+    try:
+        assert os.getpgid(proc.pid) == proc.pid != os.getpgid(0)
+    finally:
+        proc.terminate()
+        proc.wait()
 
 
 def test_experiment_urls_open_each_mmcse_experiment_in_the_training_view(params):

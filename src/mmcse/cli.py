@@ -321,6 +321,7 @@ UI_HOST = "127.0.0.1"  # the UIs have no login: this machine only (an SSH tunnel
 # The MLflow server's background job runner (GenAI scorers, trace archival: 7 extra processes) is
 # off for `mmcse ui`: nothing of mmcse uses it, and the server starts in about half the time.
 UI_MLFLOW_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+UI_SERVER_NAMES = {"mlflow": "MLflow", "optuna": "optuna-dashboard"}  # as `mmcse ui` names them when it stops
 
 
 def _optuna_dashboard_executable() -> str | None:
@@ -361,9 +362,12 @@ def ui_commands(cfg: Config, port: int = 5000, dashboard_port: int = 8080,
 
 
 def _start(cmd: list[str], env: dict[str, str] | None) -> subprocess.Popen[bytes]:
+    """A server of `mmcse ui` in a process group of its own: the terminal's Ctrl-C reaches `mmcse ui` alone,
+    which stops the servers (SIGTERM, their clean shutdown) instead of each server tearing itself down mid-
+    request (uvicorn's CancelledError traceback) and racing the parent into calling that a crash."""
     import subprocess
 
-    return subprocess.Popen(cmd, env=env)
+    return subprocess.Popen(cmd, env=env, process_group=0)
 
 
 def _stop_on_sigterm(_signum: int, _frame: object) -> None:
@@ -422,7 +426,9 @@ def _cmd_ui(args: argparse.Namespace) -> None:
         print(f"error: {', '.join(ended)} stopped (its output is above); stopping the rest", file=sys.stderr)
         raise SystemExit(1)
     except KeyboardInterrupt:
-        print("\nstopping", flush=True)
+        stopping = True
+    else:
+        stopping = False
     finally:
         for p in procs.values():
             if p.poll() is None:
@@ -434,6 +440,8 @@ def _cmd_ui(args: argparse.Namespace) -> None:
                 p.kill()
                 p.wait()
         signal.signal(signal.SIGTERM, previous)
+    if stopping:
+        print(f"\nstopped {' and '.join(UI_SERVER_NAMES.get(name, name) for name in procs)}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
