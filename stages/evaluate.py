@@ -7,7 +7,7 @@ from mmcse import tracking
 from mmcse.entry import run_entry
 from mmcse.evaluation.names import test_metrics
 from mmcse.experiments.params import load_config
-from mmcse.io import read_json, write_json
+from mmcse.io import read_json, write_metrics
 from mmcse.pipeline.evaluate import require_trained_with, run_evaluate
 from mmcse.pipeline.paths import Paths
 
@@ -21,7 +21,7 @@ def main() -> None:
     run_id = tracking.folder_run_id(paths.student, summary, config_hash=trained_with)
     scores = run_evaluate(cfg, paths, paths.student / "best", run_id=run_id, plots_dir=paths.plots,
                           region_sets={k: Path(v) for k, v in summary.get("region_sets", {}).items()})
-    write_json(paths.metrics / "eval.json", {k: round(v, 4) for k, v in test_metrics(scores).items()})
+    write_metrics(paths.metrics / "eval.json", test_metrics(scores))
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 from mmcse.entry import run_entry
 from mmcse.experiments.params import load_config
-from mmcse.io import write_json
+from mmcse.io import write_metrics
 from mmcse.pipeline.paths import Paths
 from mmcse.pipeline.train import run_train, write_curves
 from mmcse.training.checkpoints import load_history
@@ -14,7 +14,7 @@ def main() -> None:
     summary = run_train(cfg, paths)
     write_curves(load_history(paths.student), paths.plots, title=f"{cfg.train.method} (seed {cfg.base.seed})")
     keys = ("best_dev_sts", "best_dev_rsum", "best_step", "steps", "best_dev_alignment", "best_dev_uniformity")
-    write_json(paths.metrics / "train.json", {k: summary[k] for k in keys if k in summary})
+    write_metrics(paths.metrics / "train.json", {k: summary[k] for k in keys if k in summary})
 
 
 if __name__ == "__main__":

@@ -80,3 +80,21 @@ def test_build_folders_and_their_files_follow_the_umask(tmp_path):
         assert stat.S_IMODE(build_dir(tmp_path, prefix=".y.").stat().st_mode) == 0o700
     finally:
         os.umask(old)
+
+
+def test_what_dvc_tracks_keeps_four_decimals_or_four_significant_digits(tmp_path):
+    """Issue 39.3: the digits a different x86-64 CPU changes (6th-8th) never reach metrics/ or plots/."""
+    import json
+    import math
+
+    from mmcse.io import tracked, write_metrics
+
+    assert tracked(0.5147409416451164) == 0.5147 and tracked(70.85724738795254) == 70.8572
+    assert tracked(-1.9071157801527643) == -1.9071
+    assert tracked(1.2245297805642633e-05) == 1.225e-05 and tracked(0.00041634012539184953) == 0.0004163
+    assert tracked(0.0) == 0.0 and tracked(20) == 20 and isinstance(tracked(20), int) and tracked("avg") == "avg"
+    assert math.isnan(tracked(float("nan"))) and tracked(float("inf")) == float("inf")
+    # a CPU's last-digit difference vanishes
+    assert tracked(0.7415521047994973) == tracked(0.7415521047994981)
+    write_metrics(tmp_path / "m.json", {"a": {"mean": 66.42305867886199, "p": None}, "rows": [0.123456789, 3]})
+    assert json.loads((tmp_path / "m.json").read_text()) == {"a": {"mean": 66.4231, "p": None}, "rows": [0.1235, 3]}

@@ -94,6 +94,30 @@ def write_json(path: str | Path, obj: Any) -> None:
     write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
+TRACKED_DECIMALS = 4  # what DVC tracks (metrics/*.json, plots/*.csv); MLflow keeps every digit
+
+
+def tracked(value: Any) -> Any:
+    """``value`` at the precision DVC tracks: every float to 4 decimals (4 significant digits below 0.01,
+    so a rate of 1e-5 keeps its size), recursively through dicts and lists; ints, strings and non-finite
+    floats unchanged. The digits dropped are those a different x86-64 CPU changes (teacher statistics,
+    dev geometry: the 6th-8th digit), so `git status` after `dvc repro` is clean on any of them."""
+    if isinstance(value, dict):
+        return {k: tracked(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [tracked(v) for v in value]
+    if isinstance(value, float) and value != 0.0 and abs(value) != float("inf") and value == value:
+        if abs(value) >= 10 ** -(TRACKED_DECIMALS - 2):
+            return round(value, TRACKED_DECIMALS)
+        return float(f"{value:.{TRACKED_DECIMALS}g}")
+    return value
+
+
+def write_metrics(path: str | Path, metrics: Any) -> None:
+    """A metrics file DVC tracks: `write_json` of `tracked` ``metrics``."""
+    write_json(path, tracked(metrics))
+
+
 def read_json(path: str | Path) -> Any:
     path = Path(path)
     if not path.is_file():

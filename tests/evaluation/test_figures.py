@@ -331,7 +331,8 @@ def test_threshold_cli_on_a_teacher_cache(tmp_path, monkeypatch):
     want, _ = direct_threshold_stats(t.astype(np.float64), v.astype(np.float64), owner.tolist(), (0.7, 0.9))
     for key in ("tv_neg_above_0.7", "tt_neg_above_0.9", "tv_pos_mean", "rank_mean", "teacher_i2t_R1",
                 "worst_rank_mean"):
-        assert metrics[key] == pytest.approx(want[key], abs=1e-6), key
+        # metrics/threshold.json keeps DVC's precision (mmcse.io.tracked: 4 decimals)
+        assert metrics[key] == pytest.approx(want[key], rel=1e-3, abs=6e-5), key
     assert metrics["n_captions"] == 16 and "tv_neg_above_0.9" in metrics  # params.yaml's threshold is a candidate
     (tmp_path / "data/teachers/manifest.json").unlink()
     with pytest.raises(SystemExit) as err:

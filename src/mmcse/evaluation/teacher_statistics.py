@@ -15,7 +15,7 @@ import numpy as np
 from mmcse.evaluation.names import recall_key
 from mmcse.evaluation.plots import plt, save_figure
 from mmcse.evaluation.retrieval import check_text_image, unit_rows
-from mmcse.io import read_json, read_jsonl, write_json
+from mmcse.io import read_json, read_jsonl, write_metrics
 from mmcse.teachers.cache import FeatureStore
 
 DEFAULT_THRESHOLDS = (0.7, 0.75, 0.8, 0.85, 0.9, 0.95)
@@ -297,5 +297,5 @@ def save_threshold_statistics(
     stats, fig = threshold_statistics(*cached_joint_teacher(teachers_dir, raw_dir), threshold=threshold,
                                       text_anchors=text_anchors)
     save_figure(fig, plot_path)
-    write_json(metrics_path, stats)
+    write_metrics(metrics_path, stats)
     return stats, fig

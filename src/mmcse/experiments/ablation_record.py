@@ -40,7 +40,7 @@ from mmcse.evaluation.teacher_statistics import (
 )
 from mmcse.experiments.jobs import Job, job_config
 from mmcse.experiments.upstream import resolve
-from mmcse.io import read_json, read_jsonl, write_json
+from mmcse.io import read_json, read_jsonl, write_metrics
 from mmcse.models.device import resolve_device
 from mmcse.pipeline.paths import Paths
 from mmcse.tracking import DESCRIPTION_TAG, metric_name
@@ -112,7 +112,7 @@ def log_ablation(cfg: Config, rows: list[dict[str, Any]], files: dict[str, Path]
                        "p": finite(r.get(f"{metric}_p", math.nan)), "note": r.get("note", "")}
         for r in rows
     }
-    write_json(paths.metrics / "ablate.json", {"metric": metric, "preset": cfg.ablate.preset, "variants": summary})
+    write_metrics(paths.metrics / "ablate.json", {"metric": metric, "preset": cfg.ablate.preset, "variants": summary})
 
 
 def comparison_figure(cfg: Config, rows: list[dict[str, Any]]) -> Any:

@@ -14,7 +14,7 @@ from mmcse import tracking
 from mmcse.config import RETRIEVAL_METHODS, Config
 from mmcse.evaluation.plots import geometry_trajectory, save_figure, training_curves
 from mmcse.integrity.keys import Upstream, artifact_keys, artifact_tags, require_top_level
-from mmcse.io import atomic_path, write_json
+from mmcse.io import atomic_path, tracked, write_json
 from mmcse.models.device import resolve_device
 from mmcse.models.precision import check_precision
 from mmcse.pipeline.cache_regions import region_sets_for
@@ -44,7 +44,7 @@ def write_curves(history: list[dict[str, float]], plots_dir: Path, title: str = 
         with atomic_path(plots_dir / name) as tmp, open(tmp, "w", newline="") as handle:
             writer = csv.writer(handle)
             writer.writerow(["step", *columns])
-            writer.writerows([[h["step"], *(round(h[k], 6) for k in keys)] for h in rows])
+            writer.writerows([[h["step"], *(tracked(float(h[k])) for k in keys)] for h in rows])
     for stale in ("dev_sts.csv", "dev_rsum.csv"):  # the two files dev.csv replaced
         (plots_dir / stale).unlink(missing_ok=True)
     save_figure(geometry_trajectory(history, title), plots_dir / "geometry_trajectory.png")
