@@ -44,6 +44,7 @@ from mmcse.experiments.ablate import (
     run_job,
 )
 from mmcse.experiments.ablation_record import log_ablation, log_ablation_figures
+from mmcse.experiments.estimate import estimate
 from mmcse.experiments.jobs import Job, ablation_hash, expand, job_config, job_hash, parent_run_name
 from mmcse.experiments.params import check_params, load_config
 from mmcse.experiments.prefect_server import (
@@ -369,7 +370,10 @@ def main(params_path: str) -> None:
     """``python flows/ablations.py [params.yaml]`` and the ablate stage: the params checked before
     the flow (and its temporary Prefect server) starts; a server a killed run of this project left
     behind is stopped first (`mmcse.experiments.prefect_server`); then the flow."""
-    check_stand_ins(check_params(params_path), params_path)
+    cfg = check_params(params_path)
+    check_stand_ins(cfg, params_path)
+    # its first line: how many jobs, and how long they train here (the train stage's measured pace)
+    print(f"ablate: {estimate(cfg, [job_config(cfg, job) for job in expand(cfg)]).line()}", flush=True)
     check_api_url()  # an exported PREFECT_API_URL nothing answers: one line, not Prefect's traceback
     stop_stale_temporary_servers()
     claim_temporary_server()

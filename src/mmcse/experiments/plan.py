@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from mmcse.config import Config, apply_overrides, parse_config, to_dict
+from mmcse.experiments.estimate import estimate
 from mmcse.experiments.jobs import expand, job_config
 from mmcse.experiments.params import load_config, read_params
 from mmcse.experiments.recipes import DEMO, profile_values, recipe_conflicts, row_recipe
@@ -41,9 +42,11 @@ def defaults_config(params: Path) -> dict[str, Any]:
 
 def plan(params: str | Path = "params.yaml", preset: str | None = None) -> dict[str, Any]:
     """Every row of the ablation ``params`` describes (``preset``: ``ablate.preset`` replaced), as
-    ``{"profile", "preset", "seeds", "figures", "figure_captions", "rows": [{"variant", "method",
+    ``{"profile", "preset", "seeds", "figures", "figure_captions", "jobs", "estimate", "train_minutes",
+    "rows": [{"variant", "method",
     "recipe", "encoder", "overrides", "recipe_swap", "overrode_recipe", "stand_ins", "caveat",
-    "config"}]}``: the table's figures and the captions tsne_clusters encodes; per row the variant's
+    "config"}]}``: the table's figures and the captions tsne_clusters encodes, how many jobs and how
+    long they train here (`mmcse.experiments.estimate`: one line, and the minutes); per row the variant's
     own overrides, what its recipe changes, the recipe values it overrides, the offline stand-in
     teachers it trains with under a paper profile (`mmcse.experiments.stand_ins`: not the paper's
     row), why the preset says it is not its paper's row (``ablate.caveats``; empty: it is) and its
@@ -73,8 +76,10 @@ def plan(params: str | Path = "params.yaml", preset: str | None = None) -> dict[
             "caveat": cfg.ablate.caveats.get(job.variant, ""),
             "config": to_dict(job_cfg),
         })
+    time = estimate(cfg, [job_config(cfg, job) for job in expand(cfg)], params.parent)
     return {"profile": cfg.base.profile, "preset": cfg.ablate.preset, "seeds": list(cfg.ablate.seeds),
-            "figures": list(cfg.ablate.figures), "figure_captions": cfg.ablate.figure_captions, "rows": rows}
+            "figures": list(cfg.ablate.figures), "figure_captions": cfg.ablate.figure_captions,
+            "jobs": time.jobs, "estimate": time.line(), "train_minutes": time.minutes, "rows": rows}
 
 
 def plan_text(result: dict[str, Any], defaults: dict[str, Any]) -> str:
@@ -82,6 +87,8 @@ def plan_text(result: dict[str, Any], defaults: dict[str, Any]) -> str:
     overrides, and every key whose value differs from ``defaults`` (the offline configuration)."""
     lines = [f"profile {result['profile']}, preset {result['preset']}, seeds {result['seeds']}: "
              f"{len(result['rows'])} row(s) × {len(result['seeds'])} seed(s)"]
+    if result.get("estimate"):
+        lines.append(result["estimate"])
     if result.get("figures"):
         drawn = f"figures: {', '.join(result['figures'])}"
         if "tsne_clusters" in result["figures"]:

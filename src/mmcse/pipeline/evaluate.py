@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,7 @@ def run_evaluate(
         return evaluate_duet(cfg, paths, model_dir, region_sets or {}, run_id, plots_dir, experiment_name, data_dir)
     # MTEB names and datasets are checked before any model loads: offline, a missing dataset is named here
     mteb_tasks = prepare_tasks(cfg.evaluate.mteb, "evaluate.mteb") if cfg.evaluate.mteb else []
+    started = time.perf_counter()  # the evaluation's minutes go to the run (`mmcse.experiments.estimate`)
     device = resolve_device(cfg.base.device)
     encoder = TextEncoder(str(model_dir), cfg.evaluate.pooler, str(device), precision=cfg.train.precision)
     raw = data_dir or paths.raw
@@ -148,19 +150,22 @@ def run_evaluate(
              if plots_dir is not None and (Path(model_dir) / "modules.json").is_file() else None)
     record_evaluation(cfg, scores, run_id, experiment_name, plots_dir, examples, fig, tsne,
                       {"evaluation/sts_predictions.json": predictions}, model=model,
-                      tags={COLLAPSED_TAG: collapsed_message(result.collapsed)} if result.collapsed else None)
+                      tags={COLLAPSED_TAG: collapsed_message(result.collapsed)} if result.collapsed else None,
+                      minutes=(time.perf_counter() - started) / 60.0)
     return scores
 
 
 def record_evaluation(cfg: Config, scores: dict[str, float], run_id: str | None, experiment_name: str | None,
                       plots_dir: Path | None, examples: str | None, sts_scatter: Any, tsne: Any,
                       dicts: dict[str, Any] | None = None, log_scatter: bool = True,
-                      model: tuple[Path, list[str]] | None = None, tags: dict[str, str] | None = None) -> None:
+                      model: tuple[Path, list[str]] | None = None, tags: dict[str, str] | None = None,
+                      minutes: float | None = None) -> None:
     """What an evaluation leaves behind: into training run ``run_id`` the scores (``test_<name>``), the
     nearest-caption examples, the t-SNE and STS-scatter figures (``log_scatter``), ``dicts``
     (artifact path -> JSON) and ``model`` = (the evaluated sentence-transformers folder, example
     sentences) as an MLflow model (`mmcse.models.export.log_mlflow_model`, its URI in the run's tag
-    ``mmcse.model_uri``) and ``tags`` (e.g. `mmcse.evaluation.sts.COLLAPSED_TAG`); into ``plots_dir`` (the
+    ``mmcse.model_uri``), ``tags`` (e.g. `mmcse.evaluation.sts.COLLAPSED_TAG`) and the evaluation's wall-clock
+    ``minutes`` (`tracking.EVAL_MINUTES`, never in the scores: they are DVC metrics); into ``plots_dir`` (the
     evaluate stage's DVC outputs) ``sts_scatter.png``, ``sentence_retrieval.md`` and ``tsne.png``.
     Figures are closed either way."""
     import matplotlib.pyplot as plt
@@ -168,6 +173,8 @@ def record_evaluation(cfg: Config, scores: dict[str, float], run_id: str | None,
     if run_id:
         with tracking.run(cfg, experiment_name or cfg.train.method, run_id=run_id):
             mlflow.log_metrics(test_metrics(scores))
+            if minutes is not None:
+                mlflow.log_metric(tracking.EVAL_MINUTES, minutes)
             if tags:
                 mlflow.set_tags(tags)
             if examples:

@@ -272,6 +272,7 @@ STAND_IN_TAG = "mmcse.stand_in_teachers"
 # a training run's wall-clock minutes, summed over its resumed sessions (DALR Table 7): MLflow only,
 # like the run id, since a DVC output must not change between two identical runs
 TRAIN_MINUTES = "train_minutes"
+EVAL_MINUTES = "eval_minutes"  # wall-clock minutes of a checkpoint's test evaluation, on its training run
 # Which MLflow run holds a folder's record. Run ids are random, so they stay out of every DVC-tracked
 # output (models/student, ablation/): a fresh clone's `dvc repro` then reproduces dvc.lock. One small
 # file per (kind, folder) under mlruns/ (git-ignored, beside the default SQLite store).

@@ -1,0 +1,65 @@
+"""How long an ablation takes here, said before it starts (issue 39, item 5): the train stage's measured
+pace times each job's steps, plus its evaluation minutes per job; jobs on other data have no estimate."""
+
+from __future__ import annotations
+
+import json
+
+import mlflow
+import pytest
+
+from mmcse import tracking
+from mmcse.config import with_overrides
+from mmcse.experiments.estimate import estimate, job_steps
+from mmcse.experiments.params import load_config
+from mmcse.experiments.plan import plan, plan_text
+from mmcse.io import read_json, write_json
+from mmcse.pipeline.paths import Paths
+from tests.conftest import REPO
+
+
+def _trained_here(cfg, minutes: float, eval_minutes: float, steps: int) -> None:
+    """What the train and evaluate stages leave: the summary's steps, the run's minutes, the folder's run."""
+    paths = Paths.of(cfg)
+    write_json(paths.student / "summary.json", {"steps": steps})
+    tracking.configure(cfg)
+    with mlflow.start_run() as run:
+        mlflow.log_metrics({tracking.TRAIN_MINUTES: minutes, tracking.EVAL_MINUTES: eval_minutes})
+    tracking.remember_run(paths.student, run.info.run_id)
+
+
+def test_jobs_are_estimated_from_the_train_stages_pace_and_other_data_is_counted_unknown(project):
+    cfg = load_config("params.yaml")
+    assert estimate(cfg, [cfg]).line() == ("1 job(s); no time estimate: the train stage has not trained on this "
+                                           "machine (dvc repro train measures its pace)")
+    _trained_here(cfg, minutes=2.0, eval_minutes=0.5, steps=10)
+    counts = read_json(Paths.of(cfg).raw / "manifest.json")["counts"]
+    bs = cfg.train.batch_size
+    batches = counts["corpus_sentences"] // bs + counts["pairs"] // bs  # one epoch: every full batch of each
+    steps = min(batches * cfg.train.epochs, cfg.train.max_steps) if cfg.train.max_steps else batches * cfg.train.epochs
+    assert job_steps(cfg, cfg) == steps
+    longer = with_overrides(cfg, {"train.max_steps": 0, "train.epochs": 3})
+    assert job_steps(longer, cfg) == 3 * batches
+    other = with_overrides(cfg, {"data.captions": "longest"})  # other data: its size is not known here
+    assert job_steps(other, cfg) is None
+    time = estimate(cfg, [cfg, longer, other])
+    assert time.jobs == 3 and time.unknown == 1
+    assert time.minutes == pytest.approx((steps + 3 * batches) * 2.0 / 10 + 2 * 0.5)
+    assert time.line() == (f"3 job(s); about {time.minutes:.0f} min for 2 of them on this machine (the train "
+                           "stage's last run: 2.0 min for 10 steps, evaluated in 0.5 min); 1 on data not "
+                           "downloaded here: no estimate")
+
+
+def test_plan_prints_the_jobs_and_their_time_first(project):
+    for folder in ("ablations", "profiles", "recipes"):
+        if not (project / folder).exists():
+            import shutil
+
+            shutil.copytree(REPO / folder, project / folder)
+    cfg = load_config("params.yaml")
+    _trained_here(cfg, minutes=1.0, eval_minutes=1.0, steps=8)
+    result = plan(project / "params.yaml", "dalr-table3")
+    assert result["jobs"] == 9 * len(cfg.ablate.seeds)
+    second_line = plan_text(result, {}).splitlines()[1]
+    assert second_line.startswith(f"{result['jobs']} job(s); about ") and "evaluated in 1.0 min" in second_line
+    assert json.loads(json.dumps(result))["train_minutes"] == pytest.approx(result["train_minutes"])
