@@ -419,3 +419,24 @@ def test_cc12m_shards_come_from_a_url_pattern_and_keys_are_checked(tmp_path, ser
         parse_config({"data": {"pairs": "cc12m", "image_limit": 5, "splits": ["train", "restval"]}})
     with pytest.raises(ConfigError, match="cc12m has no val split"):
         parse_config({"data": {"pairs": "cc12m", "image_limit": 5}, "train": {"method": "duet"}})
+
+
+def test_a_karpathy_archive_with_one_data_set_writes_that_ones_test_captions(tmp_path):
+    """A local caption archive holding dataset_flickr30k.json alone: its test captions are written, COCO's
+    are left out (a figure asking for them names the missing file)."""
+    import json
+    import zipfile
+
+    from mmcse.data.prepare import prepare_data
+    from mmcse.io import read_jsonl
+    from tests.data.served import make_zip
+
+    folder = _karpathy_folder(tmp_path)
+    with zipfile.ZipFile(folder / "caption_datasets.zip") as archive:
+        flickr = archive.read("dataset_flickr30k.json")
+    (folder / "caption_datasets.zip").write_bytes(make_zip({"dataset_flickr30k.json": flickr}))
+    manifest = prepare_data(_real(folder, pairs="flickr30k"), 0, tmp_path / "raw", tmp_path / "dl")
+    assert read_jsonl(tmp_path / "raw/test_captions/flickr30k.jsonl") == [
+        {"image_id": "flickr30k-5", "caption": "A test image ."}]
+    assert not (tmp_path / "raw/test_captions/coco.jsonl").exists() and "test_captions_coco" not in manifest["counts"]
+    assert json.loads(flickr)["images"][4]["split"] == "test"
