@@ -39,6 +39,7 @@ def handlers():
     stopping.reset()
 
 
+@pytest.mark.slow  # a training process signalled (~4 s)
 def test_sigterm_during_training_writes_a_resume_point_ends_the_run_killed_and_resumes(project, handlers):
     cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 8, "train.eval_steps": 2,
                                                         "train.checkpoint_steps": 4})
@@ -79,6 +80,7 @@ def test_outside_a_training_and_on_a_second_signal_it_stops_at_once(handlers):
             time.sleep(1)
 
 
+@pytest.mark.slow  # two processes (~3 s)
 def test_a_stage_whose_dvc_parent_dies_stops_instead_of_running_on_as_an_orphan(tmp_path):
     """kill -9 of the parent (as of `dvc`): the stage sees it within a second or two and ends as on
     SIGTERM; outside DVC (no DVC_STAGE) nothing is watched."""

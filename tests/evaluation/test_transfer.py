@@ -213,6 +213,7 @@ def test_cli_scores_transfer_tasks(tmp_path, transfer_dir):
     assert missing.returncode == 2 and "MR" in missing.stderr and "present: TREC" in missing.stderr
 
 
+@pytest.mark.slow  # encodes real TREC sentences (~6 s); the probe's own tests above stay fast
 def test_evaluate_stage_probes_the_tasks_in_data_raw(project, transfer_dir):
     from mmcse.config import with_overrides
     from mmcse.experiments.params import load_config

@@ -35,6 +35,7 @@ def test_out_of_range_value_fails_before_compute(tmp_path):
     assert not (tmp_path / "data").exists()
 
 
+@pytest.mark.slow  # a stage process (~6 s); the fast tier checks the rows and sweep ends in-process (tests/config)
 def test_check_params_names_a_bad_variant_or_sweep_range_in_one_line_and_writes_nothing(tmp_path):
     """The first stage DVC runs: the ablation rows and the sweep space's ends are checked too."""
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
