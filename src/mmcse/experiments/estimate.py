@@ -49,16 +49,25 @@ def measured_pace(cfg: Config, root: str | Path = ".") -> Pace | None:
         else None
 
 
-def job_steps(job: Config, params: Config, root: str | Path = ".") -> int | None:
+def downloaded_counts(params: Config, root: str | Path = ".") -> dict[str, int] | None:
+    """The counts the download stage recorded for ``params``' data, or None when it has not run."""
+    try:
+        return read_json(Paths.of(params, Path(root)).raw / "manifest.json")["counts"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def job_steps(job: Config, params: Config, root: str | Path = ".",
+              counts: dict[str, int] | None = None) -> int | None:
     """The optimizer steps of ``job``: its epochs of batches over the corpus and pairs the download
-    stage counted for ``params``' data (capped by ``train.max_steps``), or None when the job reads other
-    data or none was downloaded."""
+    stage counted for ``params``' data (``counts``, read once by the caller; else read here), capped by
+    ``train.max_steps``; None when the job reads other data or none was downloaded."""
     if job.data != params.data:
         return None
+    counts = counts if counts is not None else downloaded_counts(params, root)
     try:
-        counts = read_json(Paths.of(params, Path(root)).raw / "manifest.json")["counts"]
         batches = Batches(int(counts["corpus_sentences"]), int(counts["pairs"]), job.train.batch_size, job.base.seed)
-    except (OSError, ValueError, KeyError):
+    except (TypeError, ValueError, KeyError):
         return None
     total = len(batches) * job.train.epochs
     return min(total, job.train.max_steps) if job.train.max_steps else total
@@ -91,7 +100,8 @@ class Estimate:
 def estimate(params: Config, jobs: list[Config], root: str | Path = ".") -> Estimate:
     """How long ``jobs`` (each job's configuration) train at the train stage's measured pace."""
     pace = measured_pace(params, root)
-    steps = [job_steps(job, params, root) for job in jobs] if pace is not None else [None] * len(jobs)
+    counts = downloaded_counts(params, root) if pace is not None else None
+    steps = [job_steps(job, params, root, counts) for job in jobs] if counts is not None else [None] * len(jobs)
     known = [s for s in steps if s is not None]
     minutes = sum(known) * pace.minutes_per_step + len(known) * pace.eval_minutes if pace is not None and known \
         else None
