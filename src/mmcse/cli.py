@@ -44,7 +44,7 @@ def _local_model_problems(model: str) -> list[str]:
 def _cmd_eval(args: argparse.Namespace) -> None:
     # every argument checked before the first expensive step (the evaluators import torch, transformers,
     # scipy and scikit-learn: seconds), all problems named at once
-    from mmcse.config import TransferConfig
+    from mmcse.config import RETRIEVAL_METHODS, TransferConfig
     from mmcse.data.senteval import (
         TRANSFER_TASKS,
         available_sts_tasks,
@@ -54,8 +54,8 @@ def _cmd_eval(args: argparse.Namespace) -> None:
     )
 
     state = Path(args.model) / "train_state.json"
-    retrieval_model = state.is_file() and _json_field(state, "method") in ("duet", "vsepp")
-    if retrieval_model:  # DUET / VSE++: an image–text retrieval model, scored on its own test regions
+    retrieval_model = state.is_file() and _json_field(state, "method") in RETRIEVAL_METHODS
+    if retrieval_model:  # DUET / VSE++ / VSRN: an image–text retrieval model, scored on its own test regions
         problems = [] if args.retrieval else [f"--model {args.model}: an image–text retrieval model "
                                               f"({_json_field(state, 'method')}): score it with --retrieval"]
         problems += [f"{flag}: a retrieval model has no sentence-embedding tasks" for flag, given in

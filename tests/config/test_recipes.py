@@ -108,7 +108,7 @@ def test_paper_recipes_clip_as_their_authors_code_and_mcseos_mcse_row_takes_the_
     recipes = load_recipes(REPO)
     assert {m: r.values("bert" if r.encoders else None).get("train.max_grad_norm") for m, r in recipes.items()} == {
         "simcse": 1.0, "simcse-wiki": 1.0, "mcse": 1.0, "kdmcse": 1.0, "dalr": 1.0, "mcseo": 1.0, "duet": 0.0,
-        "vsepp": 2.0}
+        "vsepp": 2.0, "vsrn": 2.0}
 
 
 def test_a_row_may_name_another_recipe_of_its_method_simcses_own(project):

@@ -401,3 +401,91 @@ def test_a_same_size_image_swap_is_named_before_any_region_is_encoded(demo, tmp_
     with pytest.raises(CorruptArtifact, match=rf"{rows[1]['file']}: SHA-256 .* differs .*images.jsonl records"):
         list(regions_from_objects(raw, root / "objects", [r["image_id"] for r in rows], counting, max_regions=36))
     assert calls == []  # named before anything was encoded
+
+
+# --------------------------------------------------------------------------- grid: a CNN's feature map (VSE++)
+
+
+def test_grid_cell_boxes_follow_resize_and_center_crop():
+    from mmcse.teachers.encoders import crop_grid_boxes
+
+    # 512 × 384: shorter side 384 → 256 (scale 2/3), 341 × 256, crop offset (58, 16), cells of 32
+    boxes = crop_grid_boxes(512, 384)
+    assert boxes.shape == (49, 4)
+    np.testing.assert_allclose(boxes[0], [58 * 1.5, 16 * 1.5, 90 * 1.5, 48 * 1.5], rtol=1e-6)
+    np.testing.assert_allclose(boxes[8], [90 * 1.5, 48 * 1.5, 122 * 1.5, 80 * 1.5], rtol=1e-6)  # row 1, col 1
+    np.testing.assert_allclose(boxes[48], [250 * 1.5, 208 * 1.5, 282 * 1.5, 240 * 1.5], rtol=1e-6)
+    # a square image: the crop is centred, cells tile its middle 224/256
+    square = crop_grid_boxes(256, 256)
+    np.testing.assert_allclose(square[0], [16, 16, 48, 48])
+    np.testing.assert_allclose(square[48], [208, 208, 240, 240])
+
+
+def test_grid_source_regions_are_the_cnns_cells_whose_mean_is_its_pooled_feature(demo, tmp_path):
+    """regions.source grid: 49 cells of the last feature map per image; their mean is the pooled
+    feature the same ResNet gives (what VSE++ reads), and the cache keeps them with their boxes."""
+    from torchvision import transforms
+
+    from mmcse.detection.region_files import normalise_boxes
+    from mmcse.experiments.params import load_config
+    from mmcse.pipeline.cache_regions import resnet_grid_source
+    from mmcse.teachers.encoders import build_resnet50, crop_grid_boxes, resnet_grid_features, rgb_on_black
+
+    root, _, _ = demo
+    raw = root / "raw"
+    rows = read_jsonl(raw / "images.jsonl")[:3]
+    files = [raw / r["file"] for r in rows]
+    torch.manual_seed(0)
+    model = build_resnet50(None, "resnet50")
+    grid = resnet_grid_features(files, model, batch_size=2, num_workers=0, device=torch.device("cpu"))
+    assert grid.shape == (3, 49, 2048)
+    preprocess = transforms.Compose([transforms.Resize(256), transforms.CenterCrop(224), transforms.ToTensor(),
+                                     transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+    with torch.inference_mode():
+        pooled = model(torch.stack([preprocess(rgb_on_black(f)) for f in files])).numpy()
+    np.testing.assert_allclose(grid.mean(1), pooled, rtol=1e-4, atol=1e-5)
+
+    cfg = load_config(Path(__file__).parents[2] / "params.yaml", {"train.method": "vsepp", "regions.source": "grid",
+                                      "regions.grid_model": "resnet50", "regions.grid_weights": "random",
+                                      "regions.max_regions": 49, "regions.dtype": "float32"})
+    source = resnet_grid_source(cfg, raw)
+    assert source.describe["kind"] == "grid" and source.describe["encoder"]["model"] == "torchvision/resnet50"
+    ids = [r["image_id"] for r in rows]
+    store, hit = build_region_cache(tmp_path / "regions", ids, source, 49, "float32")
+    assert not hit and store.dim == 2048 and store.max_regions == 49
+    regions, boxes, mask = store.rows(ids)
+    assert mask.all() and regions.shape == (3, 49, 2048)
+    for i in range(len(rows)):
+        width, height = rgb_on_black(files[i]).size
+        np.testing.assert_allclose(boxes[i], normalise_boxes(crop_grid_boxes(width, height), width, height),
+                                   rtol=1e-5, atol=1e-6)
+    again, hit = build_region_cache(tmp_path / "regions", ids, resnet_grid_source(cfg, raw), 49, "float32")
+    assert hit and again.folder == store.folder
+
+
+def test_grid_source_settings_are_checked_at_load():
+    from mmcse.config import ConfigError
+    from mmcse.experiments.params import load_config
+
+    with pytest.raises(ConfigError, match="regions.max_regions"):
+        load_config(Path(__file__).parents[2] / "params.yaml", {"regions.source": "grid", "regions.max_regions": 36})
+    with pytest.raises(ConfigError, match="regions.grid_model"):
+        load_config(Path(__file__).parents[2] / "params.yaml",
+                    {"regions.source": "grid", "regions.grid_model": "vgg19"})
+
+
+def test_grid_weights_offline_and_unknown_are_named_with_the_setting(tmp_path, monkeypatch):
+    from mmcse.experiments.params import load_config
+    from mmcse.hub import ModelUnavailableError
+    from mmcse.pipeline.cache_regions import resnet_grid_source
+
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    monkeypatch.setenv("MMCSE_OFFLINE", "1")
+    params = Path(__file__).parents[2] / "params.yaml"
+    cfg = load_config(params, {"regions.source": "grid", "regions.max_regions": 49,
+                               "regions.grid_weights": "IMAGENET1K_V1"})
+    with pytest.raises(ModelUnavailableError, match=r"ResNet-152 weights IMAGENET1K_V1 .*regions.grid_weights"):
+        resnet_grid_source(cfg, tmp_path)
+    cfg = load_config(params, {"regions.source": "grid", "regions.max_regions": 49, "regions.grid_weights": "V9"})
+    with pytest.raises(ModelUnavailableError, match="regions.grid_weights='V9' is neither"):
+        resnet_grid_source(cfg, tmp_path)

@@ -204,10 +204,11 @@ def test_every_row_of_every_preset_under_every_paper_profile_is_its_papers_or_sa
 
 def test_plan_and_the_config_carry_a_presets_caveats(project):
     rows = _rows(project, "duet-table1")
-    assert rows["VSE++"]["caveat"].startswith("VSE++'s printed numbers come from fine-tuned ResNet-152")
+    assert rows["VSE++"]["caveat"].startswith("VSE++'s printed numbers (its RN152 (FT) row) fine-tune ResNet-152")
+    assert rows["VSRN"]["caveat"] == ""
     assert rows["DUET"]["caveat"] == ""
     text = plan_text(plan(project / "params.yaml", "duet-table1"), {})
-    assert "  not the paper's row: VSE++'s printed numbers come from fine-tuned ResNet-152" in text
+    assert "  not the paper's row: VSE++'s printed numbers (its RN152 (FT) row) fine-tune ResNet-152" in text
     # the figures a table draws, and from which captions (DALR Fig. 3: COCO's test captions)
     assert "\nfigures: tsne_clusters (tsne_clusters encodes the coco captions)\n" in plan_text(
         plan(project / "params.yaml", "dalr-fig3"), {})

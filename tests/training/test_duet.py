@@ -322,8 +322,9 @@ def test_duet_presets_and_profiles_resolve(tmp_path):
     flickr = load_config(REPO / "params.yaml", profile_values("duet-flickr", REPO))
     assert table_metric(flickr) == "flickr30k_1k_rsum" and flickr.regions.source == "npy"
     table1 = load_config(REPO / "params.yaml", {"ablate.preset": "duet-table1"})
-    assert list(table1.ablate.variants) == ["VSE++", "DUET"] and table1.ablate.variants["VSE++"] == {
-        "train.method": "vsepp"}
+    assert list(table1.ablate.variants) == ["VSE++", "VSRN", "DUET"] and table1.ablate.variants["VSE++"] == {
+        "train.method": "vsepp", "regions.source": "grid", "regions.max_regions": 49, "regions.files": [],
+        "regions.folder": ""} and table1.ablate.variants["VSRN"] == {"train.method": "vsrn"}
     from mmcse.experiments.plan import plan
 
     params = tmp_path / "params.yaml"
@@ -337,7 +338,14 @@ def test_duet_presets_and_profiles_resolve(tmp_path):
     vsepp = rows["VSE++"]  # its own recipe: the authors' train.py defaults
     assert (vsepp["train"]["learning_rate"], vsepp["train"]["batch_size"], vsepp["train"]["lr_decay_epochs"],
             vsepp["train"]["max_grad_norm"], vsepp["loss"]["vsepp"]["margin"]) == (2e-4, 128, 15, 2.0, 0.2)
-    assert (vsepp["data"]["splits"], vsepp["regions"]["source"]) == (["train", "restval"], "tsv")  # the table's data
+    assert (vsepp["data"]["splits"], vsepp["regions"]["source"]) == (["train", "restval"], "grid")  # its own input:
+    assert (vsepp["regions"]["grid_model"], vsepp["regions"]["grid_weights"]) == ("resnet152", "IMAGENET1K_V1")  # RN152
+    vsrn = rows["VSRN"]  # its own recipe: the authors' train.py defaults, on the same region sets
+    assert (vsrn["train"]["learning_rate"], vsrn["train"]["batch_size"], vsrn["train"]["lr_decay_epochs"],
+            vsrn["train"]["max_grad_norm"], vsrn["train"]["epochs"], vsrn["loss"]["vsrn"]) == (
+        2e-4, 128, 15, 2.0, 30, {"margin": 0.2, "caption_weight": 1.0})
+    assert (vsrn["model"]["vsrn"]["joint_dim"], vsrn["model"]["vsrn"]["caption_max_len"],
+            vsrn["regions"]["source"], vsrn["regions"]["max_regions"]) == (2048, 60, "tsv", 36)
 
 
 def test_a_sweep_can_name_duets_margin_shared_layers_and_lambdas():
@@ -397,6 +405,55 @@ def test_vsepp_trains_resumes_and_is_scored_by_the_same_loop(duet_cwd, tmp_path)
     a = load_file(str(tmp_path / "resumed/last/student.safetensors"))
     b = load_file(str(tmp_path / "m/last/student.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_vsrn_trains_resumes_loads_and_is_evaluated_by_the_same_loop(duet_cwd, tmp_path):
+    """train.method vsrn through DUET's loop: the loss terms are the hinge and the caption loss, the
+    checkpoint (vocabulary, weights, architecture) loads back to the embeddings it was scored with, a
+    killed run resumes to the same weights, and the evaluate stage scores it."""
+    from mmcse.models.tokens import cached_tokens
+    from mmcse.models.vsrn import VsrnModel
+    from mmcse.pipeline.evaluate import evaluate_duet
+    from mmcse.training.duet import VSRN_META, VSRN_WEIGHTS
+
+    cfg = with_overrides(load_config("params.yaml"), {
+        "train.method": "vsrn", "model.vsrn.joint_dim": 16, "model.vsrn.word_dim": 8, "model.vsrn.gcn_layers": 2,
+        "model.vsrn.caption_hidden": 12, "model.vsrn.caption_word_dim": 8, "model.vsrn.caption_max_len": 8,
+        "model.vsrn.min_word_count": 2, "train.learning_rate": 2e-3, "train.max_grad_norm": 2.0})
+    sets = region_sets(duet_cwd)
+    logged: list[dict] = []
+    result = train_duet(cfg, "data/raw", sets, tmp_path / "m", progress=False,
+                        log_metrics=lambda entries: logged.extend(m for m, _ in entries))
+    assert {"loss/hinge", "loss/caption", "loss/loss"} <= set().union(*logged)
+    step = next(m for m in logged if "loss/loss" in m)
+    assert step["loss/loss"] == pytest.approx(step["loss/hinge"] + step["loss/caption"], rel=1e-5)
+    best = tmp_path / "m/best"
+    assert {VSRN_META, VSRN_WEIGHTS, "tokenizer.json", "train_state.json"} <= {f.name for f in best.iterdir()}
+    model, tokenizer = load_duet(best)
+    assert isinstance(model, VsrnModel) and (model.variant, model.caption_max_len, model.end_id) == ("coco", 8, 2)
+    val = RetrievalSplit.load(Path("data/raw/retrieval/val_images.jsonl"),
+                              Path("data/raw/retrieval/val_captions.jsonl"), RegionStore.open(sets["val"]))
+    tokens = cached_tokens(tmp_path / "tok", "val", tokenizer, val.captions, cfg.model.max_seq_len)
+    images, texts = split_embeddings(model, val, tokens, 16, torch.device("cpu"))
+    assert retrieval_metrics(images, texts, val.text_image)["rsum"] == pytest.approx(result.best_score, abs=1e-6)
+
+    def kill_at_6(step: int, score: float) -> None:
+        if step == 6:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train_duet(cfg, "data/raw", sets, tmp_path / "resumed", on_eval=kill_at_6, progress=False)
+    resumed = train_duet(cfg, "data/raw", sets, tmp_path / "resumed", progress=False)
+    assert resumed.history == result.history
+    a = load_file(str(tmp_path / "resumed/last/student.safetensors"))
+    b = load_file(str(tmp_path / "m/last/student.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    scores = evaluate_duet(cfg, Paths.of(cfg), best, {"test": sets["test"]})
+    test = RetrievalSplit.load(Path("data/raw/retrieval/images.jsonl"), Path("data/raw/retrieval/captions.jsonl"),
+                               RegionStore.open(sets["test"]))
+    images, texts = split_embeddings(model, test, cached_tokens(tmp_path / "tok", "test", tokenizer, test.captions,
+                                                                cfg.model.max_seq_len), 16, torch.device("cpu"))
+    assert scores["demo_rsum"] == pytest.approx(retrieval_metrics(images, texts, test.text_image)["rsum"], abs=1e-6)
 
 
 def test_a_vsepp_checkpoint_is_evaluated_as_duets_are(duet_cwd, tmp_path, capsys):

@@ -48,6 +48,7 @@ from mmcse.config.training import (
     ModelConfig,
     TrainConfig,
     VseppModelConfig,
+    VsrnModelConfig,
 )
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
     "Config", "ConfigError", "DALRLossConfig", "DataConfig", "DemoDataConfig", "DetectConfig", "DuetLossConfig",
     "DuetModelConfig", "EvaluateConfig", "JointTeacherConfig", "KDMCSELossConfig", "LossConfig", "MCSEOLossConfig",
     "ModelConfig", "NdcgConfig", "RegionsConfig", "RetrievalConfig", "SourceConfig", "SourcesConfig", "SweepConfig",
-    "TeachersConfig", "TextTeacherConfig", "TrainConfig", "TransferConfig", "VseppModelConfig", "apply_overrides",
+    "TeachersConfig", "TextTeacherConfig", "TrainConfig", "TransferConfig", "VseppModelConfig", "VsrnModelConfig",
+    "apply_overrides",
     "check_variable_keys", "is_fixed", "parse_config", "to_dict", "with_overrides",
 ]

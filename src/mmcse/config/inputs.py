@@ -336,8 +336,9 @@ class RegionsConfig:
     # image set (training, val, test) under <base.data_dir>/<cache_dir> (mmcse.detection.regions).
     # objects: each image's objects (demo annotations / the detect stage's) and the whole image,
     # encoded with teachers.image_encoder | tsv: bottom-up-attention TSV files | npy: a folder of
-    # per-image .npz / .npy files (the published 36 x 2048 Visual Genome features).
-    source: Literal["objects", "tsv", "npy"] = "objects"
+    # per-image .npz / .npy files (the published 36 x 2048 Visual Genome features) | grid: grid_model's
+    # last feature map over the whole image, 7 x 7 cells of 2048 (VSE++'s ResNet-152 features).
+    source: Literal["objects", "tsv", "npy", "grid"] = "objects"
     files: list[Str] = field(default_factory=list)  # tsv: the TSV file(s)
     folder: Str = ""  # npy: the folder
     # tsv / npy: the feature width the files must have (0: whatever they hold, equal across images)
@@ -346,6 +347,10 @@ class RegionsConfig:
     whole_image: Bool = True  # objects: the whole image as one more region (context; never an empty image)
     dtype: Literal["float16", "float32"] = "float16"  # on disk (COCO: 123k × 36 × 2048 floats)
     cache_dir: Name = "regions"  # under base.data_dir
+    # grid: the torchvision CNN (VSE++: ResNet-152) and its weights: a torchvision weights name (hub cache;
+    # downloaded only when online), a local .pth / .safetensors file, or random (offline stand-in)
+    grid_model: Literal["resnet50", "resnet101", "resnet152"] = "resnet152"
+    grid_weights: Str = "IMAGENET1K_V1"
 
     def validate(self, where: str) -> None:
         p = "regions."
@@ -355,3 +360,7 @@ class RegionsConfig:
         check(self.source == "npy" or not self.folder, where, p + "folder", "is read by source npy only")
         check(self.source != "objects" or self.dim == 0, where, p + "dim",
                "is for tsv / npy files; objects' width is teachers.image_encoder's")
+        check(self.source != "grid" or self.dim in (0, 2048), where, p + "dim",
+              "must be 0 or 2048 with source grid: the width of a ResNet's last feature map")
+        check(self.source != "grid" or self.max_regions >= 49, where, p + "max_regions",
+              "must be >= 49 with source grid: every cell of the 7 x 7 feature map is a region")

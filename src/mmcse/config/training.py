@@ -57,6 +57,35 @@ class VseppModelConfig:
 
 
 @dataclass(frozen=True)
+class VsrnModelConfig:
+    __pydantic_config__ = SECTION
+    # train.method vsrn (Li et al. 2019, VSRN; the authors' code KunpengLi1994/VSRN, train.py defaults;
+    # docs/duet.md): VSE++'s text GRU and vocabulary; regions → fc → gcn_layers region-relation GCNs →
+    # a GRU over the regions; a caption generator (GRU encoder, attention GRU decoder) trained beside.
+    word_dim: PositiveInt = 300  # train.py --word_dim
+    joint_dim: PositiveInt = 2048  # train.py --embed_size (also the GCN and region-GRU width)
+    gru_layers: PositiveInt = 1  # the text GRU (train.py --num_layers)
+    min_word_count: PositiveInt = 4  # VSE++'s vocabulary threshold (the code reads VSE++'s vocab files)
+    gcn_layers: PositiveInt = 4  # model.py: Rs_GCN_1..4
+    # auto: the code's branch for the data (data.pairs flickr30k: flickr30k, else coco) | coco: fc, L2 |
+    # flickr30k: fc without L2, a BatchNorm on the image embedding (model.py, data_name == 'f30k_precomp')
+    variant: Literal["auto", "coco", "flickr30k"] = "auto"
+    # where the code's l2norm(X) (a sum over dim 1) runs on (B, N, D) regions: regions (the code: each
+    # channel across the image's regions) | features (each region vector) | none
+    region_l2: Literal["regions", "features", "none"] = "regions"
+    caption_hidden: PositiveInt = 512  # train.py --dim_hidden
+    caption_word_dim: PositiveInt = 300  # train.py --dim_word
+    caption_dropout: Fraction = 0.2  # train.py --input_dropout_p (encoder input, decoder input)
+    caption_max_len: Annotated[Int, Field(ge=3)] = 60  # train.py --max_len: tokens of a caption, <start>/<end> in
+
+    def resolved_variant(self, pairs: str) -> str:
+        """The image branch for image–caption pairs ``pairs`` (data.pairs)."""
+        if self.variant != "auto":
+            return self.variant
+        return "flickr30k" if pairs == "flickr30k" else "coco"
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     __pydantic_config__ = SECTION
     # HF id, local folder, or "packaged:all-MiniLM-L6-v2" (weights shipped in a pip package).
@@ -72,6 +101,7 @@ class ModelConfig:
     projection_head: Literal["tanh", "linear"] = "tanh"
     duet: DuetModelConfig = field(default_factory=DuetModelConfig)
     vsepp: VseppModelConfig = field(default_factory=VseppModelConfig)
+    vsrn: VsrnModelConfig = field(default_factory=VsrnModelConfig)
 
     def validate(self, where: str) -> None:
         self.duet.validate(where)
@@ -87,8 +117,8 @@ class ModelConfig:
 @dataclass(frozen=True)
 class TrainConfig:
     __pydantic_config__ = SECTION
-    # duet / vsepp: image–text retrieval models (RETRIEVAL_METHODS), trained on region sets
-    method: Literal["simcse", "mcse", "kdmcse", "dalr", "mcseo", "duet", "vsepp"] = "mcse"
+    # duet / vsepp / vsrn: image–text retrieval models (RETRIEVAL_METHODS), trained on region sets
+    method: Literal["simcse", "mcse", "kdmcse", "dalr", "mcseo", "duet", "vsepp", "vsrn"] = "mcse"
     batch_size: Annotated[Int, Field(ge=2, description="in-batch negatives")] = 64
     # 0: no training step: the initial encoder is evaluated (MCSEO Table 1's BERT, RoBERTa rows)
     epochs: Annotated[Int, Field(ge=0, description="0: no training, the encoder is evaluated")] = 1
@@ -116,7 +146,7 @@ class TrainConfig:
 
 Angle = Annotated[float, Field(ge=0, le=math.pi / 2, description="radians, at most π/2")]  # an angular margin
 
-RETRIEVAL_METHODS = ("duet", "vsepp")  # image–text retrieval models: region sets in, R@K out, no STS
+RETRIEVAL_METHODS = ("duet", "vsepp", "vsrn")  # image–text retrieval models: region sets in, R@K out, no STS
 
 Switch = Bool | Literal["auto"]  # auto: on when train.method's paper uses the term
 
@@ -259,6 +289,15 @@ class VseppLossConfig:
 
 
 @dataclass(frozen=True)
+class VsrnLossConfig:
+    __pydantic_config__ = SECTION
+    # train.method vsrn: L_M + caption_weight · L_G (VSRN §3.4; the code adds them with weight 1): VSE++'s
+    # max-violation hinge summed over the batch, and the caption generator's NLL summed / batch size
+    margin: NonNegative = 0.2  # train.py --margin
+    caption_weight: NonNegative = 1.0  # 0: matching alone (VSRN without its generation term)
+
+
+@dataclass(frozen=True)
 class LossConfig:
     __pydantic_config__ = SECTION
     temperature: Positive = 0.05
@@ -272,6 +311,7 @@ class LossConfig:
     mcseo: MCSEOLossConfig = field(default_factory=MCSEOLossConfig)
     duet: DuetLossConfig = field(default_factory=DuetLossConfig)
     vsepp: VseppLossConfig = field(default_factory=VseppLossConfig)
+    vsrn: VsrnLossConfig = field(default_factory=VsrnLossConfig)
 
     def validate(self, where: str) -> None:
         self.kdmcse.validate(where)

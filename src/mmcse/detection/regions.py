@@ -34,6 +34,9 @@ A file id is the image id as ``images.jsonl`` records it or without its dataset 
 use); digit-only ids compare as integers (``000391895`` = ``391895``), and a TSV's COCO file-name ids
 (LXMERT's ``COCO_val2014_000000391895``) as their COCO id.
 
+``grid``: a CNN's last feature map over the whole image, one region per cell (VSE++'s ResNet-152:
+7 × 7 cells of 2048; their mean is the pooled feature VSE++ reads), each cell's box in the image.
+
 ``objects`` (offline default): each image's objects cropped and encoded with the configured image
 encoder (weight-free colour-edge-grid or ResNet-50). The objects are the image row's annotated objects
 where it has them (the demo world: all objects, masked crops exactly as the detect stage cuts them),
@@ -386,6 +389,37 @@ def objects_source(
                                     object_features, image_features, encoder_key)
 
     return RegionSource(described, fingerprint, f"{raw_dir} / {objects_dir}", read)
+
+
+GridEncoder = Callable[[Sequence[Path], Sequence[tuple[int, int]]], tuple[np.ndarray, np.ndarray]]
+
+
+def grid_source(raw_dir: str | Path, encoder_key: dict[str, Any], encode: GridEncoder,
+                chunk: int = 256) -> RegionSource:
+    """A CNN's last feature map over each whole image as its regions (``regions.source: grid``; VSE++'s
+    ResNet-152 features: their mean is the pooled feature). ``encode(files, sizes)`` gives ``(features
+    (N, g·g, d), boxes (N, g·g, 4) xyxy pixels)``; ``encoder_key`` describes it for the cache key.
+    Fingerprint: the image tables (image bytes are in their SHA-256 column)."""
+    raw_dir = Path(raw_dir)
+    tables = [raw_dir / t for t in IMAGE_TABLES if (raw_dir / t).is_file()]
+    if not tables:
+        raise CorruptArtifact(raw_dir / IMAGE_TABLES[0], "missing", "rerun the download stage")
+    fingerprint = sha256_json([[t.parent.name + "/" + t.name, sha256_file(t)] for t in tables])
+
+    def read(ids: Sequence[str], max_regions: int) -> Iterator[Regions]:
+        rows = image_rows(raw_dir)
+        _missing_images(raw_dir, ids, rows, IMAGE_TABLES)
+        for start in range(0, len(ids), chunk):
+            part = ids[start : start + chunk]
+            files = [raw_dir / rows[i]["file"] for i in part]
+            check_image_digests([rows[i] for i in part], files, "rerun the download stage")
+            sizes = [image_size(f) for f in files]
+            features, boxes = encode(files, sizes)  # (n, g·g, d), (n, g·g, 4)
+            for image_id, file, (width, height), f, b in zip(part, files, sizes, features, boxes, strict=True):
+                b, f = check_regions(file, f"image {image_id}", b, f, width, height)
+                yield Regions(image_id, b, f, width, height)
+
+    return RegionSource({"kind": "grid", "encoder": encoder_key}, fingerprint, str(raw_dir), read)
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,8 @@ def stand_ins(cfg: Config) -> list[str]:
     image_side = joint_used and t.joint.image_side == "image_encoder"  # v̂: the image encoder's (image-only teacher)
     if (groups & {"image", "objects"} or image_side) and t.image_encoder == "colour-edge-grid":
         found.append("teachers.image_encoder: colour-edge-grid")
+    if cfg.train.method in RETRIEVAL_METHODS and cfg.regions.source == "grid" and cfg.regions.grid_weights == "random":
+        found.append(f"regions.grid_weights: random ({cfg.regions.grid_model})")
     return found
 
 

@@ -6,15 +6,24 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from filelock import FileLock
 
 from mmcse.config import Config
-from mmcse.detection.regions import IMAGE_TABLES, build_region_cache, npy_source, objects_source, tsv_source
+from mmcse.detection.regions import (
+    IMAGE_TABLES,
+    build_region_cache,
+    grid_source,
+    npy_source,
+    objects_source,
+    tsv_source,
+)
 from mmcse.integrity.files import verify_images
 from mmcse.io import read_json, read_jsonl
 from mmcse.models.device import resolve_device
 from mmcse.pipeline.paths import Paths
 from mmcse.teachers.cache import FeatureStore, image_encoder
+from mmcse.teachers.encoders import build_resnet50, crop_grid_boxes, resnet_grid_features, resolve_resnet50
 from mmcse.training.batches import teacher_set_folder
 
 REGION_SPLITS = {"train": "images.jsonl", "val": "retrieval/val_images.jsonl", "test": "retrieval/images.jsonl"}
@@ -32,6 +41,8 @@ def region_source(cfg: Config, raw: Path, objects: Path, teacher_manifest: Path,
         return tsv_source([Path(f).expanduser() for f in r.files], r.dim or None)
     if r.source == "npy":
         return npy_source(Path(r.folder).expanduser(), raw, r.dim or None)
+    if r.source == "grid":
+        return resnet_grid_source(cfg, raw)
 
     encoder_key, encode = image_encoder(cfg.teachers, resolve_device(cfg.base.device))
     sets = read_json(teacher_manifest)["sets"] if teacher_manifest.is_file() else {}
@@ -45,6 +56,24 @@ def region_source(cfg: Config, raw: Path, objects: Path, teacher_manifest: Path,
                           stores("image", "retrieval_image"))
 
 
+def resnet_grid_source(cfg: Config, raw: Path) -> Any:
+    """``regions.source: grid``: ``regions.grid_model``'s 7 × 7 last feature map of each whole image, the
+    cells' boxes in the image. The weights are found (or refused offline) here; the model is built when
+    the first images are encoded, so a cached set loads no CNN."""
+    r = cfg.regions
+    path, _, described = resolve_resnet50(r.grid_weights, r.grid_model, "regions.grid_weights")
+    described = {k: v for k, v in described.items() if k != "preprocess"} | {"grid": "resize 256, crop 224, 7x7"}
+    device, built = resolve_device(cfg.base.device), []
+
+    def encode(files: Any, sizes: Any) -> tuple[Any, Any]:
+        if not built:
+            built.append(build_resnet50(path, r.grid_model))
+        features = resnet_grid_features(files, built[0], cfg.teachers.batch_size, cfg.teachers.num_workers, device)
+        return features, np.stack([crop_grid_boxes(w, h) for w, h in sizes])
+
+    return grid_source(raw, described, encode)
+
+
 def run_cache_regions(cfg: Config, paths: Paths, raw: Path | None = None, objects: Path | None = None,
                       teacher_manifest: Path | None = None, teacher_dirs: tuple[Path, ...] | None = None,
                       out_dir: Path | None = None, read_only: tuple[Path, ...] = ()) -> dict[str, Any]:
@@ -55,7 +84,7 @@ def run_cache_regions(cfg: Config, paths: Paths, raw: Path | None = None, object
     already in ``out_dir`` (default ``paths.regions``) or one of ``read_only`` is opened, not rebuilt."""
 
     raw, objects = raw or paths.raw, objects or paths.objects
-    if cfg.regions.source == "objects":  # the images are read (crops, whole images): checked, sets cached or not
+    if cfg.regions.source in ("objects", "grid"):  # the images are read (crops, whole images): checked, cached or not
         verify_images(raw, IMAGE_TABLES)
     source = region_source(cfg, raw, objects, teacher_manifest or paths.teachers / "manifest.json",
                            (paths.teachers,) if teacher_dirs is None else teacher_dirs)

@@ -72,15 +72,22 @@ def _normalised(chunks: list[torch.Tensor]) -> np.ndarray:
 # --------------------------------------------------------------------------- ResNet-50
 
 
-def _torchvision_weights(spec: str):
+RESNETS = {"resnet50": "ResNet50", "resnet101": "ResNet101", "resnet152": "ResNet152"}  # torchvision's names
+
+
+def _resnet_name(arch: str) -> str:
+    return f"ResNet-{arch.removeprefix('resnet')}"  # ResNet-50, as messages name it
+
+
+def _torchvision_weights(spec: str, arch: str = "resnet50", setting: str = "teachers.image_weights"):
     import torchvision
 
-    name = spec if "." in spec else f"ResNet50_Weights.{spec}"
+    name = spec if "." in spec else f"{RESNETS[arch]}_Weights.{spec}"
     try:
         return torchvision.models.get_weight(name)
     except (ValueError, KeyError, AttributeError):
         raise ModelUnavailableError(
-            f"teachers.image_weights={spec!r} is neither a local weights file nor a torchvision weights "
+            f"{setting}={spec!r} is neither a local weights file nor a torchvision weights "
             "name (e.g. IMAGENET1K_V2)"
         ) from None
 
@@ -97,38 +104,42 @@ def _download_timeout(seconds: float):
     return _Timeout()
 
 
-def resolve_resnet50(weights: str) -> tuple[Path | None, Callable, dict[str, Any]]:
-    """Where ResNet-50's weights are, its preprocessing, and what a cache key must hold — no
-    model is built. ``weights``: a torchvision weights name (taken from torch hub's cache,
-    downloaded only when online), a local ``.pth``/``.safetensors`` file, or ``random``."""
+def resolve_resnet50(weights: str, arch: str = "resnet50",
+                     setting: str = "teachers.image_weights") -> tuple[Path | None, Callable, dict[str, Any]]:
+    """Where ResNet-50's (``arch``'s: `RESNETS`) weights are, its preprocessing, and what a cache key
+    must hold — no model is built. ``weights``: a torchvision weights name (taken from torch hub's cache,
+    downloaded only when online), a local ``.pth``/``.safetensors`` file, or ``random``; ``setting``: the
+    key an error tells the user to change."""
     from torchvision import transforms
 
+    if arch not in RESNETS:
+        raise ValueError(f"{arch!r} is not one of {sorted(RESNETS)}")
     preprocess: Callable = transforms.Compose([
         transforms.Resize(256), transforms.CenterCrop(224), transforms.ToTensor(),
         transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
     ])
-    described: dict[str, Any] = {"model": "torchvision/resnet50", "weights": weights}
+    described: dict[str, Any] = {"model": f"torchvision/{arch}", "weights": weights}
     path: Path | None = None
     if weights != "random":
         path = Path(weights).expanduser()
         if path.is_file():
             described["sha256"] = sha256_file(path)
         else:
-            enum = _torchvision_weights(weights)
+            enum = _torchvision_weights(weights, arch, setting)
             path = Path(torch.hub.get_dir()) / "checkpoints" / Path(enum.url).name
             if not path.is_file():
                 if offline():
                     raise ModelUnavailableError(
-                        f"ResNet-50 weights {weights} are not in torch hub's cache ({path}) and the machine is "
-                        f"offline: download {enum.url} there, or set teachers.image_weights to a local file"
+                        f"{_resnet_name(arch)} weights {weights} are not in torch hub's cache ({path}) and the "
+                        f"machine is offline: download {enum.url} there, or set {setting} to a local file"
                     )
                 try:
                     with _download_timeout(20):
                         torch.hub.load_state_dict_from_url(enum.url, progress=True, check_hash=True)
                 except Exception as err:
                     raise ModelUnavailableError(
-                        f"ResNet-50 weights {weights}: download of {enum.url} failed ({type(err).__name__}); "
-                        f"put the file at {path} or set teachers.image_weights to a local file"
+                        f"{_resnet_name(arch)} weights {weights}: download of {enum.url} failed "
+                        f"({type(err).__name__}); put the file at {path} or set {setting} to a local file"
                     ) from None
             preprocess = enum.transforms()
             described["file"] = path.name  # torchvision's file names carry a hash prefix
@@ -136,11 +147,12 @@ def resolve_resnet50(weights: str) -> tuple[Path | None, Callable, dict[str, Any
     return path, preprocess, described
 
 
-def build_resnet50(path: Path | None) -> torch.nn.Module:
-    """ResNet-50 without its classifier: 2048-d pooled features (random weights without a file)."""
+def build_resnet50(path: Path | None, arch: str = "resnet50") -> torch.nn.Module:
+    """ResNet-50 (``arch``: `RESNETS`) without its classifier: 2048-d pooled features (random weights
+    without a file)."""
     import torchvision
 
-    model = torchvision.models.resnet50(weights=None)
+    model = getattr(torchvision.models, arch)(weights=None)
     if path is not None:
         if path.suffix == ".safetensors":
             state = load_safetensors(str(path))
@@ -149,9 +161,11 @@ def build_resnet50(path: Path | None) -> torch.nn.Module:
         try:
             missing, unexpected = model.load_state_dict(state, strict=False)
         except RuntimeError as err:  # shape mismatches
-            raise ValueError(f"{path}: not ResNet-50 weights ({str(err).splitlines()[-1].strip()})") from None
+            raise ValueError(f"{path}: not {_resnet_name(arch)} weights "
+                             f"({str(err).splitlines()[-1].strip()})") from None
         if [k for k in missing if not k.startswith("fc.")] or unexpected:
-            raise ValueError(f"{path}: not ResNet-50 weights (missing {missing[:3]}, unexpected {unexpected[:3]})")
+            raise ValueError(f"{path}: not {_resnet_name(arch)} weights (missing {missing[:3]}, "
+                             f"unexpected {unexpected[:3]})")
     model.fc = torch.nn.Identity()
     return model.eval()
 
@@ -169,6 +183,48 @@ def resnet50_features(
         for pixels in _image_batches(files, preprocess, batch_size, num_workers, "teacher: resnet50"):
             chunks.append(model(pixels.to(device)))
     return _normalised(chunks)
+
+
+GRID_RESIZE, GRID_CROP, GRID_STRIDE = 256, 224, 32  # VSE++'s test transform; ResNet's last stage is 1/32
+
+
+def crop_grid_boxes(width: int, height: int, resize: int = GRID_RESIZE, crop: int = GRID_CROP,
+                    stride: int = GRID_STRIDE) -> np.ndarray:
+    """``(g·g, 4)`` xyxy pixel boxes, in the original image, of the cells of a ResNet's last feature map
+    (g = crop / stride, row-major) for the image resized to ``resize`` on its shorter side and
+    center-cropped to ``crop`` (torchvision's Resize and CenterCrop arithmetic), clipped to the image."""
+    scale = resize / min(width, height)
+    w, h = (resize, int(resize * height / width)) if width <= height else (int(resize * width / height), resize)
+    left, top = int(round((w - crop) / 2.0)), int(round((h - crop) / 2.0))
+    g = crop // stride
+    rows, cols = np.divmod(np.arange(g * g), g)
+    boxes = np.stack([left + cols * stride, top + rows * stride, left + (cols + 1) * stride,
+                      top + (rows + 1) * stride], axis=1).astype(np.float64) / scale
+    boxes[:, [0, 2]] = boxes[:, [0, 2]].clip(0, width)
+    boxes[:, [1, 3]] = boxes[:, [1, 3]].clip(0, height)
+    return boxes.astype(np.float32)
+
+
+def resnet_grid_features(files: Sequence[Path], model: torch.nn.Module, batch_size: int, num_workers: int,
+                         device: torch.device) -> np.ndarray:
+    """The last feature map of ``build_resnet50``'s model (any of `RESNETS`) as a grid of regions:
+    ``(N, 49, 2048)`` float32, row-major cells, not normalised (their mean is the pooled feature VSE++
+    reads), of each image resized to 256 and center-cropped to 224 (VSE++'s test transform, data.py
+    ``get_transform``)."""
+    from torchvision import transforms
+
+    preprocess = transforms.Compose([
+        transforms.Resize(GRID_RESIZE), transforms.CenterCrop(GRID_CROP), transforms.ToTensor(),
+        transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
+    ])
+    trunk = torch.nn.Sequential(*(module for name, module in model.named_children()
+                                  if name not in ("avgpool", "fc"))).to(device)
+    chunks = []
+    with torch.inference_mode(), _autocast(device):
+        for pixels in _image_batches(files, preprocess, batch_size, num_workers, "regions: resnet grid"):
+            grid = trunk(pixels.to(device))  # (B, 2048, 7, 7)
+            chunks.append(grid.flatten(2).transpose(1, 2).float().cpu())  # (B, 49, 2048)
+    return torch.cat(chunks).numpy() if chunks else np.zeros((0, 0, 0), np.float32)
 
 
 # --------------------------------------------------------------------------- CLIP

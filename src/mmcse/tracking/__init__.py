@@ -190,7 +190,7 @@ EXPERIMENT_DESCRIPTIONS = {
               "curves and `test_*` scores.",
     "sweep": "Optuna sweeps (mmcse sweep, Prefect flow sweep). One run per worker, named `sweep <study>`, "
              "with trials_finished and best_value; each trial is a nested run `trial <n>` whose value is its best "
-             "dev score (val rsum for duet / vsepp).",
+             "dev score (val rsum for duet / vsepp / vsrn).",
     "figures": "Figures comparing finished runs (mmcse figures), logged when no parent run is named.",
 }
 
@@ -201,7 +201,7 @@ def experiment_description(name: str) -> str:
     return EXPERIMENT_DESCRIPTIONS.get(name, (
         f"Trainings of train.method {name} (DVC stages train + evaluate). One run per training, named "
         f"`{name}-seed<seed>`: params (the whole config), the dev score at each dev evaluation (dev_sts, or "
-        "dev_rsum for duet / vsepp), loss terms `loss/*`, `best_dev_*` at the end, the test scores `test_*` "
+        "dev_rsum for duet / vsepp / vsrn), loss terms `loss/*`, `best_dev_*` at the end, the test scores `test_*` "
         "(the keys of metrics/eval.json), figures and the environment (`env.*` tags). A resumed training "
         "continues its run (mmcse.resumed_from_step); a restart from step 0 opens a new one "
         "(mmcse.restarted_from_run)."))

@@ -1,6 +1,7 @@
 """The ``train`` stage for the retrieval methods on image–caption pairs: ``train.method: duet``, DUET
-(`mmcse.methods.duet`), and ``vsepp``, VSE++ (`mmcse.methods.vsepp`: its own word vocabulary,
-`mmcse.models.vocabulary`, GRU and image projection, the hinge of ``loss.vsepp``).
+(`mmcse.methods.duet`), ``vsepp``, VSE++ (`mmcse.methods.vsepp`: its own word vocabulary,
+`mmcse.models.vocabulary`, GRU and image projection, the hinge of ``loss.vsepp``), and ``vsrn``, VSRN
+(`mmcse.models.vsrn`: VSE++'s text side, region reasoning, a caption generator; `mmcse.methods.vsrn`).
 
 DUET is an image–text retrieval model, not a sentence encoder, so its loop differs from the
 students' (`mmcse.training.loop`) in what it reads and scores, and shares everything else:
@@ -17,8 +18,8 @@ students' (`mmcse.training.loop`) in what it reads and scores, and shares everyt
 
 ``<out>/best`` is the text stream as an HF folder (``config.json``, ``model.safetensors``, the
 tokenizer) plus ``duet.safetensors`` (every other DUET parameter) and ``duet.json`` (the
-architecture), so `load_duet` rebuilds the model without params.yaml; a VSE++ ``best`` holds its
-vocabulary (``tokenizer.json``), ``vsepp.safetensors`` and ``vsepp.json``.
+architecture), so `load_duet` rebuilds the model without params.yaml; a VSE++ (VSRN) ``best`` holds
+its vocabulary (``tokenizer.json``), ``vsepp.safetensors`` and ``vsepp.json`` (``vsrn.*``).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from mmcse import stopping
-from mmcse.config import Config, DuetModelConfig, LossConfig, TrainConfig, VseppModelConfig
+from mmcse.config import Config, DuetModelConfig, LossConfig, TrainConfig, VseppModelConfig, VsrnModelConfig
 from mmcse.detection.regions import RegionStore
 from mmcse.errors import StageError, TrainingOutOfMemory
 from mmcse.evaluation.retrieval import check_text_image, retrieval_metrics
@@ -45,6 +46,7 @@ from mmcse.integrity.files import check_model_folder
 from mmcse.io import read_json, read_jsonl, write_json
 from mmcse.methods.duet import duet_objective
 from mmcse.methods.vsepp import vsepp_objective
+from mmcse.methods.vsrn import caption_targets, vsrn_objective
 from mmcse.models.device import resolve_device
 from mmcse.models.duet import DuetModel
 from mmcse.models.precision import autocast, check_precision, configure_kernels, deterministic_kernels, grad_scaler
@@ -52,6 +54,7 @@ from mmcse.models.student import load_backbone, load_tokenizer, save_tokenizer
 from mmcse.models.tokens import TokenTable, cached_tokens, to_device
 from mmcse.models.vocabulary import word_tokenizer
 from mmcse.models.vsepp import VseppModel
+from mmcse.models.vsrn import VsrnModel
 from mmcse.training.checkpoints import Checkpoints, TrainState, run_definition_hash
 from mmcse.training.divergence import DivergenceWatch
 from mmcse.training.loop import (
@@ -74,13 +77,18 @@ log = logging.getLogger(__name__)
 DUET_WEIGHTS, DUET_META = "duet.safetensors", "duet.json"
 BEST_REQUIRED = ("config.json", "model.safetensors", DUET_WEIGHTS, DUET_META)
 VSEPP_WEIGHTS, VSEPP_META = "vsepp.safetensors", "vsepp.json"
-VSEPP_REQUIRED = ("tokenizer.json", VSEPP_WEIGHTS, VSEPP_META)
-RetrievalModel = DuetModel | VseppModel
+VSRN_WEIGHTS, VSRN_META = "vsrn.safetensors", "vsrn.json"
+# the retrieval models on their own word vocabulary: method → (class, weights file, architecture file)
+WORD_MODELS: dict[str, tuple[type[VseppModel], str, str]] = {
+    "vsrn": (VsrnModel, VSRN_WEIGHTS, VSRN_META), "vsepp": (VseppModel, VSEPP_WEIGHTS, VSEPP_META)}
+RetrievalModel = DuetModel | VseppModel  # VsrnModel is a VseppModel
 
 
 def best_checkpoint_files(method: str) -> tuple[str, ...]:
-    """The files a best checkpoint of retrieval method ``method`` must hold (DUET's or VSE++'s)."""
-    return VSEPP_REQUIRED if method == "vsepp" else BEST_REQUIRED
+    """The files a best checkpoint of retrieval method ``method`` must hold (DUET's, VSE++'s, VSRN's)."""
+    if method in WORD_MODELS:
+        return ("tokenizer.json", *WORD_MODELS[method][1:])
+    return BEST_REQUIRED
 TEXT_PREFIX = "text."  # the text stream's parameters: saved as the HF folder, not in duet.safetensors
 DEV_METRIC = "rsum"  # the dev score: R@1+5+10 both ways on the val split (×100, max 600)
 
@@ -99,12 +107,24 @@ def vsepp_architecture(v: VseppModelConfig, region_dim: int, tokenizer: Any) -> 
             "joint_dim": v.joint_dim, "gru_layers": v.gru_layers, "pad_id": int(tokenizer.pad_token_id)}
 
 
+def vsrn_architecture(v: VsrnModelConfig, region_dim: int, tokenizer: Any, pairs: str) -> dict[str, Any]:
+    """`VsrnModel`'s keyword arguments from ``model.vsrn``, the vocabulary and the data's pairs (its variant)."""
+    return {"vocab_size": len(tokenizer), "region_dim": int(region_dim), "word_dim": v.word_dim,
+            "joint_dim": v.joint_dim, "gru_layers": v.gru_layers, "pad_id": int(tokenizer.pad_token_id),
+            "gcn_layers": v.gcn_layers, "variant": v.resolved_variant(pairs), "region_l2": v.region_l2,
+            "caption_hidden": v.caption_hidden, "caption_word_dim": v.caption_word_dim,
+            "caption_dropout": v.caption_dropout, "caption_max_len": v.caption_max_len,
+            "end_id": int(tokenizer.eos_token_id)}
+
+
 def save_vsepp(model: VseppModel, tokenizer: Any, architecture: dict[str, Any], folder: Path) -> None:
-    """VSE++: its vocabulary (``tokenizer.json``), weights (``vsepp.safetensors``), architecture (``vsepp.json``)."""
+    """VSE++ (VSRN): its vocabulary (``tokenizer.json``), weights (``vsepp.safetensors``, ``vsrn.safetensors``)
+    and architecture (``vsepp.json``, ``vsrn.json``)."""
+    _, weights, meta = WORD_MODELS["vsrn" if isinstance(model, VsrnModel) else "vsepp"]
     folder.mkdir(parents=True, exist_ok=True)
     save_tokenizer(tokenizer, folder)
-    save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(folder / VSEPP_WEIGHTS))
-    write_json(folder / VSEPP_META, {"architecture": architecture})
+    save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(folder / weights))
+    write_json(folder / meta, {"architecture": architecture})
 
 
 def save_duet(model: DuetModel, tokenizer: Any, architecture: dict[str, Any], folder: Path) -> None:
@@ -118,18 +138,20 @@ def save_duet(model: DuetModel, tokenizer: Any, architecture: dict[str, Any], fo
 
 
 def load_duet(folder: str | Path, device: torch.device | str = "cpu") -> tuple[RetrievalModel, Any]:
-    """A DUET checkpoint folder (`save_duet`), or a VSE++ one (`save_vsepp`), as ``(model in eval
-    mode on device, tokenizer)``; a damaged or foreign folder is named before anything loads."""
+    """A DUET checkpoint folder (`save_duet`), or a VSE++ / VSRN one (`save_vsepp`), as ``(model in
+    eval mode on device, tokenizer)``; a damaged or foreign folder is named before anything loads."""
     from transformers import AutoModel, AutoTokenizer
 
     folder = Path(folder)
-    if (folder / VSEPP_META).is_file():
-        check_model_folder(folder, "retrain it (dvc repro train)", required=VSEPP_REQUIRED)
-        model = VseppModel(**read_json(folder / VSEPP_META)["architecture"])
+    for method, (cls, weights, meta) in WORD_MODELS.items():
+        if not (folder / meta).is_file():
+            continue
+        check_model_folder(folder, "retrain it (dvc repro train)", required=best_checkpoint_files(method))
+        model = cls(**read_json(folder / meta)["architecture"])
         try:
-            model.load_state_dict(load_file(str(folder / VSEPP_WEIGHTS)))
+            model.load_state_dict(load_file(str(folder / weights)))
         except RuntimeError as err:
-            raise ValueError(f"{folder / VSEPP_WEIGHTS}: does not match {folder / VSEPP_META} "
+            raise ValueError(f"{folder / weights}: does not match {folder / meta} "
                              f"({str(err).splitlines()[0]}); retrain it") from None
         return model.to(device).eval(), AutoTokenizer.from_pretrained(folder)
     check_model_folder(folder, "retrain it (dvc repro train)", required=BEST_REQUIRED)
@@ -269,8 +291,16 @@ def duet_step_loss(model: RetrievalModel, loss: LossConfig, batch: dict[str, tor
     """Eq. 33's terms (`duet_objective` with ``loss.duet``) of one batch: captions ``batch``
     (``input_ids``, ``attention_mask`` (B, l)) and their images' ``regions`` = (regions (B, n, d),
     boxes (B, n, 5), mask (B, n)); ``ignore`` (B, B): `same_image_mask`. VSE++: its hinge
-    (`vsepp_objective` with ``loss.vsepp``)."""
+    (`vsepp_objective` with ``loss.vsepp``); VSRN: the hinge and the caption loss (`vsrn_objective`
+    with ``loss.vsrn``, the captions teacher-forced as `caption_targets` builds them)."""
     r, boxes, mask = regions
+    if isinstance(model, VsrnModel):
+        ids, attention = batch["input_ids"], batch["attention_mask"]
+        v_img, reasoned = model.encode_image(r, boxes, mask)  # (B, d), (B, n, d)
+        inputs, targets, counted = caption_targets(ids, attention, model.caption_max_len, model.end_id, model.pad_id)
+        logits = model.caption_logits(reasoned, mask, inputs)  # (B, T, vocab)
+        return vsrn_objective(v_img.float(), model.encode_text(ids, attention).float(), logits, targets, counted,
+                              loss.vsrn.margin, loss.vsrn.caption_weight, ignore)
     out = model(batch["input_ids"], batch["attention_mask"], r, boxes, mask)
     if isinstance(model, VseppModel):
         return vsepp_objective(out.v_img.float(), out.v_txt.float(), loss.vsepp.margin, ignore)
@@ -318,12 +348,15 @@ def train_duet(
     torch.manual_seed(cfg.base.seed)
     deterministic_kernels()
 
-    vsepp = cfg.train.method == "vsepp"
-    if vsepp:  # VSE++: its own word vocabulary of the training captions, a GRU and an image projection
-
+    if cfg.train.method == "vsepp":  # VSE++: its own word vocabulary of the training captions, a GRU, a projection
         tokenizer = word_tokenizer(data.captions, cfg.model.vsepp.min_word_count)
         architecture = vsepp_architecture(cfg.model.vsepp, data.regions.dim, tokenizer)
         model: RetrievalModel = VseppModel(**architecture).to(device)
+        save_model = save_vsepp
+    elif cfg.train.method == "vsrn":  # VSRN: VSE++'s vocabulary and text GRU, region reasoning, a captioner
+        tokenizer = word_tokenizer(data.captions, cfg.model.vsrn.min_word_count)
+        architecture = vsrn_architecture(cfg.model.vsrn, data.regions.dim, tokenizer, cfg.data.pairs)
+        model = VsrnModel(**architecture).to(device)
         save_model = save_vsepp
     else:
         tokenizer = load_tokenizer(cfg.model.name_or_path)
