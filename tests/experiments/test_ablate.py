@@ -37,6 +37,55 @@ def test_job_hash_ignores_bookkeeping_but_not_what_the_result_holds():
     assert len({job_hash(c) for c in different} | {job_hash(job)}) == 4
 
 
+def test_a_jobs_identity_is_what_its_method_reads():
+    """issue 39: a SimCSE job is not retrained when a parameter SimCSE never reads changes (the image
+    term's λ, the teachers, the regions, DUET's model), and is when one it reads does; an MCSE job
+    reads λ and its teachers; a retrieval job its own loss and model sections only."""
+    simcse = with_overrides(_cfg(), {"train.method": "simcse"})
+    ignored = [{"loss.lambda_img": 0.5}, {"loss.temperature_img": 0.2}, {"loss.kdmcse.margin": 0.3},
+               {"teachers.image_encoder": "resnet50"}, {"regions.max_regions": 20}, {"model.duet.joint_dim": 512},
+               {"detect.min_objects": 3}, {"loss.duet.margin": 0.3}]
+    assert {job_hash(with_overrides(simcse, o)) for o in ignored} == {job_hash(simcse)}
+    read = [{"loss.temperature": 0.1}, {"loss.simcse.mlm": True}, {"train.learning_rate": 1e-4},
+            {"data.captions": "longest"}]
+    assert len({job_hash(with_overrides(simcse, o)) for o in read} | {job_hash(simcse)}) == 5
+    mcse = with_overrides(_cfg(), {"train.method": "mcse"})
+    assert job_hash(with_overrides(mcse, {"loss.lambda_img": 0.5})) != job_hash(mcse)
+    assert job_hash(with_overrides(mcse, {"teachers.image_encoder": "resnet50"})) != job_hash(mcse)
+    assert job_hash(with_overrides(mcse, {"loss.kdmcse.margin": 0.3})) == job_hash(mcse)
+    vsepp = with_overrides(_cfg(), {"train.method": "vsepp"})
+    assert job_hash(with_overrides(vsepp, {"loss.vsepp.margin": 0.3})) != job_hash(vsepp)
+    assert job_hash(with_overrides(vsepp, {"regions.max_regions": 20})) != job_hash(vsepp)
+    for other in ({"loss.lambda_img": 0.5}, {"model.duet.joint_dim": 512}, {"loss.vsrn.caption_weight": 0.5}):
+        assert job_hash(with_overrides(vsepp, other)) == job_hash(vsepp)
+    # regions from the objects are encoded with the image encoder: then the teachers count
+    assert job_hash(with_overrides(vsepp, {"teachers.image_encoder": "resnet50"})) != job_hash(vsepp)
+    grid = with_overrides(vsepp, {"regions.source": "grid", "regions.max_regions": 49})
+    assert job_hash(with_overrides(grid, {"teachers.image_encoder": "resnet50"})) == job_hash(grid)
+    # KDMCSE with DALR's CML term (DALR Table 4's rows) reads DALR's parameters; plain KDMCSE does not
+    kdmcse = with_overrides(_cfg(), {"train.method": "kdmcse"})
+    assert job_hash(with_overrides(kdmcse, {"loss.dalr.lambda_cml": 0.3})) == job_hash(kdmcse)
+    cml = with_overrides(kdmcse, {"loss.dalr.cml": True})
+    assert job_hash(with_overrides(cml, {"loss.dalr.lambda_cml": 0.3})) != job_hash(cml)
+
+
+def test_plan_lists_only_what_a_rows_method_reads(tmp_path):
+    from mmcse.experiments.plan import plan, plan_text
+
+    params = tmp_path / "params.yaml"
+    params.write_text((REPO / "params.yaml").read_text())
+    for folder in ("recipes", "profiles", "ablations"):
+        (tmp_path / folder).symlink_to(REPO / folder)
+    result = plan(params, "baselines")
+    text = plan_text(result, {"loss": {"lambda_img": 0.0}})  # defaults that differ: each row would print it
+    rows = {row["variant"]: row for row in result["rows"]}
+    assert "lambda_img" not in rows["SimCSE"]["reads"]["loss"] and "teachers" not in rows["SimCSE"]["reads"]
+    assert "lambda_img" in rows["MCSE"]["reads"]["loss"]
+    simcse_block = text.split("\nSimCSE: ")[1].split("\n\n")[0]
+    mcse_block = text.split("\nMCSE: ")[1].split("\n\n")[0]
+    assert "loss.lambda_img" not in simcse_block and "loss.lambda_img" in mcse_block
+
+
 def test_aggregate_mean_std_paired_ttest_and_failed_rows():
     full = [70.0, 71.0, 73.0]
     without = [65.0, 66.5, 66.0]

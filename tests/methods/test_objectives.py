@@ -558,3 +558,86 @@ def test_mcse_plus_clip_text_adds_eq3_against_the_teacher_text_with_its_gradient
     for other in ({"loss.image_term": False}, {"train.method": "kdmcse"}):  # MCSE's term, with its image term
         cfg = _cfg(**{"train.method": "mcse", "loss.mcse.clip_text": True, **other})
         assert not active_terms(Objective.of(cfg))["clip_text"]
+
+
+def _leaves(tree: dict, prefix: str = "loss") -> dict:
+    out = {}
+    for name, value in tree.items():
+        if isinstance(value, dict):
+            out |= _leaves(value, f"{prefix}.{name}")
+        else:
+            out[f"{prefix}.{name}"] = value
+    return out
+
+
+def _literal_choices(path: str) -> list:
+    """The Literal values a loss parameter's type names (``loss.dalr.mismatch`` → random, roll, …)."""
+    import typing
+
+    from mmcse.config import LossConfig
+
+    cls = LossConfig
+    *sections, name = path.split(".")[1:]
+    for section in sections:
+        cls = typing.get_type_hints(cls)[section]
+    found: list = []
+
+    def walk(hint) -> None:
+        if typing.get_origin(hint) is typing.Literal:
+            found.extend(typing.get_args(hint))
+            return
+        for arg in typing.get_args(hint):
+            walk(arg)
+
+    walk(typing.get_type_hints(cls, include_extras=True)[name])
+    return found
+
+
+def _other_values(path: str, value) -> list:
+    if isinstance(value, bool):
+        return [not value]
+    if isinstance(value, int):
+        return [value + 1]
+    if isinstance(value, float):
+        return [value * 1.5 + 0.05]
+    return [c for c in _literal_choices(path) if c != value]
+
+
+SLOW = pytest.mark.slow  # ~2 s each; the fast tier keeps SimCSE (the issue's case) and KDMCSE with DALR's terms
+
+
+@pytest.mark.parametrize("overrides", [
+    {"train.method": "simcse"}, pytest.param({"train.method": "simcse", "loss.simcse.mlm": True}, marks=SLOW),
+    pytest.param({"train.method": "mcse"}, marks=SLOW),
+    pytest.param({"train.method": "mcse", "loss.mcse.clip_text": True}, marks=SLOW),
+    pytest.param({"train.method": "kdmcse"}, marks=SLOW),
+    {"train.method": "kdmcse", "loss.dalr.cml": True, "loss.dalr.iml": True},
+    pytest.param({"train.method": "kdmcse", "loss.kdmcse.text_batches": "angular_margin"}, marks=SLOW),
+    pytest.param({"train.method": "dalr"}, marks=SLOW), pytest.param({"train.method": "mcseo"}, marks=SLOW)])
+def test_a_loss_parameter_outside_objective_keys_changes_nothing_a_step_computes(overrides):
+    """`objective_keys` (what an ablation job's identity keeps of ``loss``) is complete: every other loss
+    parameter, set to each other valid value, leaves every term of both kinds of batch as it was."""
+    from mmcse.config import ConfigError, to_dict
+    from mmcse.methods.objectives import objective_keys
+
+    cfg = _cfg(**overrides)
+    keys = objective_keys(Objective.of(cfg))
+    assert "loss.temperature" in keys and "loss.vsepp.margin" not in keys
+    batches = [_with_mlm(_embeddings(pair_batch=True)), _with_mlm(_embeddings(pair_batch=False))]
+    cpu = torch.device("cpu")
+    reference = [_step(cpu, cfg, e) for e in batches]
+    checked = 0
+    for path, value in _leaves(to_dict(cfg.loss)).items():
+        if path in keys:
+            continue
+        for other in _other_values(path, value):
+            try:
+                changed = with_overrides(cfg, {path: other})
+            except ConfigError:
+                continue
+            for e, ref in zip(batches, reference, strict=True):
+                got = _step(cpu, changed, e)
+                assert got.keys() == ref.keys(), (path, other)
+                assert all(torch.equal(got[k], ref[k]) for k in ref), (path, other)
+            checked += 1
+    assert checked >= 10

@@ -11,10 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mmcse.config import Config, to_dict, with_overrides
+from mmcse.config import RETRIEVAL_METHODS, Config, to_dict, with_overrides
 from mmcse.integrity.code import TRAINING_CODE, code_digest, code_files
 from mmcse.integrity.keys import artifact_keys
 from mmcse.io import sha256_json
+from mmcse.methods.objectives import Objective, needed_features, objective_keys
+
+RETRIEVAL_MODELS = ("duet", "vsepp", "vsrn")  # model.<name>: read by that retrieval method alone
 
 
 @dataclass(frozen=True)
@@ -65,20 +68,59 @@ def job_config(cfg: Config, job: Job) -> Config:
     return with_overrides(cfg, {**job.overrides, **own}, where=f"params.yaml (ablate.variants.{job.variant})")
 
 
-def job_hash(job_cfg: Config, data_seed: int | None = None) -> str:
-    """What makes a job's result: the whole configuration but the ablation's bookkeeping and
-    the sweep, the keys of the upstream artifacts it trains on (``data_seed``: the
-    pipeline's seed the data is made with, `mmcse.experiments.upstream`) and the library code that
-    trains (`mmcse.integrity.code.TRAINING_CODE`: a job finished before a loss was edited is trained
-    again); ``ablate.transfer`` counts (a result without transfer scores is not finished when they are
-    asked for). The code that scores is checked apart (`evaluation_code`): its change only rescores."""
+def _kept(tree: dict[str, Any], keys: set[str], prefix: str) -> dict[str, Any]:
+    """``tree`` (the section at dotted ``prefix``) with only the parameters ``keys`` names (a key may
+    name a whole section)."""
+    out = {}
+    for name, value in tree.items():
+        path = f"{prefix}.{name}"
+        if path in keys or any(path.startswith(k + ".") for k in keys):
+            out[name] = value
+        elif isinstance(value, dict) and any(k.startswith(path + ".") for k in keys):
+            out[name] = _kept(value, keys, path)
+    return out
 
+
+def job_identity(job_cfg: Config, data_seed: int | None = None) -> dict[str, Any]:
+    """The configuration a job's result depends on: everything but the ablation's bookkeeping and the
+    sweep, less what its method never reads — the loss parameters its step does not read
+    (`mmcse.methods.objectives.objective_keys`; a retrieval method reads ``loss.<method>``), the other
+    retrieval models' ``model.*``, ``regions`` for a sentence encoder, and the teachers (with their
+    cache's key) and the detected objects for a method that trains on no cached teacher feature (SimCSE;
+    VSE++ / VSRN on region files) — plus the keys of the upstream artifacts it trains on (``data_seed``:
+    the pipeline's seed the data is made with, `mmcse.experiments.upstream`)."""
     tree = to_dict(job_cfg)
-    ablate = tree.pop("ablate")
+    tree.pop("ablate")
     tree.pop("sweep")
-    tree["artifacts"] = artifact_keys(job_cfg, data_seed)
+    method = job_cfg.train.method
+    retrieval = method in RETRIEVAL_METHODS
+    o = Objective.of(job_cfg)
+    tree["loss"] = _kept(tree["loss"], {f"loss.{method}"} if retrieval else objective_keys(o), "loss")
+    for name in RETRIEVAL_MODELS:
+        if name != method:
+            tree["model"].pop(name)
+    if not retrieval:
+        tree.pop("regions")
+    artifacts = artifact_keys(job_cfg, data_seed)
+    region_objects = retrieval and job_cfg.regions.source == "objects"  # encoded with teachers.image_encoder
+    if not (retrieval or needed_features(o, True) | needed_features(o, False)) or (retrieval and not region_objects):
+        tree.pop("teachers")
+        tree.pop("detect")
+        artifacts.pop("teachers")
+        artifacts.pop("objects")
+    tree["artifacts"] = artifacts
+    return tree
+
+
+def job_hash(job_cfg: Config, data_seed: int | None = None) -> str:
+    """What makes a job's result: `job_identity` (what its method reads, the keys of the upstream
+    artifacts it trains on) and the library code that trains (`mmcse.integrity.code.TRAINING_CODE`: a
+    job finished before a loss was edited is trained again); ``ablate.transfer`` counts (a result without
+    transfer scores is not finished when they are asked for). The code that scores is checked apart
+    (`evaluation_code`): its change only rescores."""
+    tree = job_identity(job_cfg, data_seed)
     tree["code"] = code_digest(code_files(TRAINING_CODE))
-    if ablate["transfer"]:
+    if job_cfg.ablate.transfer:
         tree["ablate.transfer"] = True
     return sha256_json(tree)
 

@@ -15,7 +15,7 @@ import yaml
 
 from mmcse.config import Config, apply_overrides, parse_config, to_dict
 from mmcse.experiments.estimate import estimate
-from mmcse.experiments.jobs import expand, job_config
+from mmcse.experiments.jobs import expand, job_config, job_identity
 from mmcse.experiments.params import load_config, read_params
 from mmcse.experiments.recipes import DEMO, profile_values, recipe_conflicts, row_recipe
 from mmcse.experiments.stand_ins import paper_stand_ins
@@ -45,12 +45,13 @@ def plan(params: str | Path = "params.yaml", preset: str | None = None) -> dict[
     ``{"profile", "preset", "seeds", "figures", "figure_captions", "jobs", "estimate", "train_minutes",
     "rows": [{"variant", "method",
     "recipe", "encoder", "overrides", "recipe_swap", "overrode_recipe", "stand_ins", "caveat",
-    "config"}]}``: the table's figures and the captions tsne_clusters encodes, how many jobs and how
+    "config", "reads"}]}``: the table's figures and the captions tsne_clusters encodes, how many jobs and how
     long they train here (`mmcse.experiments.estimate`: one line, and the minutes); per row the variant's
     own overrides, what its recipe changes, the recipe values it overrides, the offline stand-in
     teachers it trains with under a paper profile (`mmcse.experiments.stand_ins`: not the paper's
     row), why the preset says it is not its paper's row (``ablate.caveats``; empty: it is) and its
-    whole configuration (its first seed's; seeds differ in ``base.seed`` only). Raises ConfigError on
+    whole configuration (its first seed's; seeds differ in ``base.seed`` only) and the part of it its method
+    reads (`mmcse.experiments.jobs.job_identity`: what makes its result). Raises ConfigError on
     an unknown preset or profile, before any compute."""
     params = Path(params)
     overrides = {"ablate.preset": preset} if preset else None
@@ -75,6 +76,7 @@ def plan(params: str | Path = "params.yaml", preset: str | None = None) -> dict[
             "stand_ins": paper_stand_ins(job_cfg),
             "caveat": cfg.ablate.caveats.get(job.variant, ""),
             "config": to_dict(job_cfg),
+            "reads": {k: v for k, v in job_identity(job_cfg).items() if k != "artifacts"},
         })
     time = estimate(cfg, [job_config(cfg, job) for job in expand(cfg)], params.parent)
     return {"profile": cfg.base.profile, "preset": cfg.ablate.preset, "seeds": list(cfg.ablate.seeds),
@@ -106,7 +108,7 @@ def plan_text(result: dict[str, Any], defaults: dict[str, Any]) -> str:
             allowed = row["config"]["teachers"]["stand_ins"] == "allow"
             lines.append(f"  not the paper's teacher ({'teachers.stand_ins: allow' if allowed else 'refused'}): "
                          + "; ".join(row["stand_ins"]))
-        flat = _flat({k: v for k, v in row["config"].items() if k not in ("ablate", "sweep")})
+        flat = _flat(row["reads"])  # what the row's method reads: a parameter it ignores is not its setting
         for key, value in flat.items():
             if flat_defaults.get(key) != value:
                 lines.append(f"  {key}: {json.dumps(value)}")

@@ -8,16 +8,18 @@ so tests can feed random embeddings and teacher features.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
 from mmcse.config.checks import fail
 from mmcse.methods.terms import STAT, TERMS, LossTerm, Objective, StepEmbeddings
-from mmcse.methods.terms.base import INPUT_FEATURES, setting
+from mmcse.methods.terms.base import INPUT_FEATURES, INPUT_SETTINGS, setting
 
 __all__ = ["STAT", "Objective", "StepEmbeddings", "active_terms", "check_sweep_space", "image_head", "needed_features",
-           "needed_inputs", "step_objective"]
+           "needed_inputs", "objective_keys", "step_objective"]
 
 
 def active_terms(o: Objective) -> dict[str, bool]:
@@ -103,3 +105,56 @@ def check_sweep_space(o: Objective, swept: Iterable[str], where: str = "params.y
             continue
         why = users[0].alone_reason if users else "has no term it weighs: drop it from sweep.space"
         fail(f"{where} (sweep.space)", key, f"is swept, but train.method {o.method!r} {why}")
+
+
+class _Recorded:
+    """A config section that records the dotted path of every parameter read through it."""
+
+    def __init__(self, section: Any, path: str, seen: set[str]) -> None:
+        self._section, self._path, self._seen = section, path, seen
+
+    def __getattr__(self, name: str) -> Any:
+        derived = getattr(type(self._section), name, None)
+        if isinstance(derived, property):  # a value computed from fields (threshold_value): record those
+            return derived.fget(self)
+        value = getattr(self._section, name)
+        path = f"{self._path}.{name}"
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            return _Recorded(value, path, self._seen)
+        if not callable(value):
+            self._seen.add(path)
+        return value
+
+
+def _probe_batch(pair_batch: bool) -> StepEmbeddings:
+    """A small batch carrying every input a term may read (`INPUT_FEATURES`), for `objective_keys`."""
+    g = torch.Generator().manual_seed(0)
+    n, p, k, h, t, v = 4, 3, 3, 5, 6, 7
+
+    def r(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g)
+
+    teacher = torch.nn.functional.normalize(r(n, k), dim=-1)
+    return StepEmbeddings(
+        z1=r(n, h), z2=r(n, h), pair_batch=pair_batch, s1=r(n, p), s2=r(n, p), image=r(n, p),
+        teacher_text=r(n, p), teacher_image=r(n, p), joint_text=r(n, k), joint_image=r(n, k), shared_text=r(n, p),
+        shared_image=r(n, p), text_teacher_sim=teacher @ teacher.T, text_teacher=r(n, p), phrases=r(t, p),
+        objects=r(t, p), object_pair=torch.tensor([0, 0, 1, 2, 3, 3]), mlm_logits=r(5, v),
+        mlm_labels=torch.tensor([0, 1, 2, 3, 4]))
+
+
+def objective_keys(o: Objective) -> set[str]:
+    """Every ``loss.*`` parameter a sentence encoder's step reads under ``o``: the terms' switches and
+    batch rules, then the weights, functions and input settings (`INPUT_SETTINGS`) of the terms that
+    run, on image–caption and text-only batches alike. Recorded while the step runs on a small probe
+    batch, so a new term's parameters count without being listed anywhere. A parameter outside this set
+    changes nothing the method trains (an ablation job's identity leaves it out)."""
+    seen: set[str] = set()
+    recorded = Objective(o.method, _Recorded(o.loss, "loss", seen))  # type: ignore[arg-type]
+    on = active_terms(recorded)
+    for pair_batch in (True, False):
+        for name in needed_inputs(recorded, pair_batch, on):
+            seen.update(INPUT_SETTINGS.get(name, ()))
+        with torch.no_grad():
+            step_objective(recorded, _probe_batch(pair_batch), 0, on)
+    return seen

@@ -40,6 +40,13 @@ INPUT_FEATURES: dict[str, str | None] = {
     "object_pair": "objects",
     "mlm": None,  # mlm_logits, mlm_labels: the LM head on a masked copy of both views
 }
+# The loss parameters the training step reads to make an input (`mmcse.training.loop.training_step_loss`),
+# beside those the terms read themselves: part of what a configuration trains with (`objective_keys`).
+INPUT_SETTINGS: dict[str, tuple[str, ...]] = {
+    "mlm": ("loss.simcse.mlm_probability", "loss.simcse.mlm_head"),
+    "text_teacher_sim": ("loss.dalr.teacher_weighting",),
+    "text_teacher": ("loss.dalr.teacher_weighting",),
+}
 
 
 @dataclass
