@@ -26,7 +26,8 @@ def pairs_only_project(tmp_path_factory):
 
 @pytest.mark.parametrize(
     ("method", "extra"),
-    [("simcse", {}), ("mcse", {}), ("kdmcse", {}), ("dalr", {}), ("mcseo", {}),
+    # plain KDMCSE is KDMCSE + CML + IML with two terms off: the fast tier runs the combination
+    [("simcse", {}), ("mcse", {}), pytest.param("kdmcse", {}, marks=pytest.mark.slow), ("dalr", {}), ("mcseo", {}),
      ("kdmcse", {"dalr": {"cml": True, "iml": True}}),
      # the MLM step itself is in the fast tier (tests/training/test_step_devices.py)
      pytest.param("simcse", {"simcse": {"mlm": True}}, marks=pytest.mark.slow)],

@@ -51,7 +51,11 @@ def minilm(tmp_path_factory):
     return folder
 
 
-@pytest.mark.parametrize("pooler", ["cls_before_pooler", "avg", "avg_first_last", "avg_top2", "cls"])
+# ~3-8 s each: the fast tier keeps the default pooler and a layer-mixing one (test_layer_poolers_really_read_the_
+# hidden_states keeps every pooler's reading in the fast tier); the full suite exports all five
+@pytest.mark.parametrize("pooler", ["cls_before_pooler", pytest.param("avg", marks=pytest.mark.slow), "avg_first_last",
+                                    pytest.param("avg_top2", marks=pytest.mark.slow),
+                                    pytest.param("cls", marks=pytest.mark.slow)])
 def test_exported_minilm_encodes_as_text_encoder(minilm, pooler):
     tasks = _sts_tasks()
     export_sentence_transformers(minilm, pooler)
