@@ -150,3 +150,32 @@ def test_a_profile_keeps_the_local_senteval_copy_the_params_name(project, capsys
     (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     apply_profile(project / "params.yaml", "kdmcse-flickr-bert")
     assert load_config(project / "params.yaml").data.senteval_dir == "download"
+
+
+def test_dvc_set_param_changes_its_own_lines_and_the_demo_profile_restores_the_file(project):
+    """issue 39: params.yaml is in the style DVC writes. `dvc exp run -S` (DVC's own
+    `dvc.utils.hydra.apply_overrides`, what -S calls before running) then changes only the lines of the
+    keys it sets, and `mmcse profile demo` gives back the committed file byte for byte, after a paper
+    profile too."""
+    import difflib
+
+    from dvc.utils.hydra import apply_overrides
+
+    from mmcse.experiments.profiles import dvc_style
+
+    params = project / "params.yaml"
+    before = params.read_text()
+    assert before == (REPO / "params.yaml").read_text() and dvc_style(before) == before
+    apply_overrides(str(params), ["train.method=simcse", "data.splits=[train,restval]", "loss.lambda_img=0.5"])
+    diff = [line for line in difflib.unified_diff(before.splitlines(), params.read_text().splitlines(),
+                                                  lineterm="", n=0)
+            if line[:1] in "+-" and line[:3] not in ("+++", "---")]
+    assert sorted(line.split("#")[0].strip() for line in diff) == [
+        "+  - restval", "+  lambda_img: 0.5", "+  method: simcse", "-  lambda_img: 0.1", "-  method: mcse"]
+    assert apply_profile(params, "demo") == {"data.splits": (["train", "restval"], ["train"]),
+                                             "train.method": ("simcse", "mcse"), "loss.lambda_img": (0.5, 0.1)}
+    assert params.read_text() == before
+    apply_profile(params, "dalr-coco-roberta")
+    apply_overrides(str(params), ["train.epochs=2"])
+    apply_profile(params, "demo")
+    assert params.read_text() == before

@@ -17,6 +17,8 @@ from typing import Any
 import yaml
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedSeq
+from ruamel.yaml.error import CommentMark
+from ruamel.yaml.tokens import CommentToken
 
 from mmcse.config import parse_config
 from mmcse.config.coercion import apply_overrides
@@ -36,14 +38,46 @@ def _yaml_float(representer: Any, value: float) -> Any:
     return representer.represent_scalar("tag:yaml.org,2002:float", text)
 
 
-def _flow_list(value: list) -> Any:
-    """A list of plain values written inline (``[1, 2, 3]``) as params.yaml writes them."""
+def dvc_style_yaml() -> YAML:
+    """A ruamel round-trip writer set as DVC's own (``dvc exp run -S`` rewrites params.yaml with
+    ruamel's defaults and block style), plus floats PyYAML reads back: params.yaml is kept in that
+    style, so a ``-S`` changes its own lines only and `apply_profile` restores the file byte for byte."""
+    rt = YAML()
+    rt.default_flow_style = False
+    rt.representer.add_representer(float, _yaml_float)
+    return rt
 
-    if any(isinstance(v, Mapping | list) for v in value):
-        return value
-    seq = CommentedSeq(value)
-    seq.fa.set_flow_style()
-    return seq
+
+def dvc_style(text: str) -> str:
+    """``text`` (a YAML document) as `dvc_style_yaml` writes it: its lists in block style, as DVC writes
+    a list it sets (a flow list of params.yaml would be rewritten by the first ``-S``)."""
+    rt = dvc_style_yaml()
+    doc = rt.load(text)
+
+    def blocks(node: Any) -> None:
+        if isinstance(node, CommentedSeq) and len(node):
+            node.fa.set_block_style()
+        if isinstance(node, Mapping):
+            for value in node.values():
+                blocks(value)
+        elif isinstance(node, list):
+            for value in node:
+                blocks(value)
+
+    blocks(doc)
+    buf = io.StringIO()
+    rt.dump(doc, buf)
+    return buf.getvalue()
+
+
+def _replace(node: Any, key: str, value: Any) -> None:
+    """``node[key] = value`` keeping the key's end-of-line comment where it was: ruamel would move it
+    when a value changes between ``[]`` and a block list, and a profile and back would not give back
+    the file."""
+    comment = (node.ca.items.get(key) or [None] * 3)[2]
+    node[key] = value
+    if comment is not None:  # the same text (blank lines after it included) at the same column
+        node.ca.items[key] = [None, None, CommentToken(comment.value, CommentMark(comment.column), None), None]
 
 
 # Keys whose profile value ``download`` means "fetch the data": a local copy the params file already
@@ -87,11 +121,7 @@ def apply_profile(params: str | Path, name: str, root: str | Path | None = None,
     updated = apply_overrides(plain, overrides, where=f"profile {name}")
     parse_config(updated, where=f"{params} with profile {name}")  # every key and value checked first
 
-    rt = YAML()
-    rt.preserve_quotes = True
-    rt.width = 120
-    rt.indent(mapping=2, sequence=4, offset=2)
-    rt.representer.add_representer(float, _yaml_float)
+    rt = dvc_style_yaml()
     doc = rt.load(params.read_text())
     changed: dict[str, tuple[Any, Any]] = {}
     for dotted, value in overrides.items():
@@ -103,9 +133,9 @@ def apply_profile(params: str | Path, name: str, root: str | Path | None = None,
         if old != value:
             changed[dotted] = (old, value)
             if leaf in node:
-                node[leaf] = _flow_list(value) if isinstance(value, list) else value
+                _replace(node, leaf, value)
             else:  # a key params.yaml leaves to its default: added at the end of its section
-                node.insert(len(node), leaf, _flow_list(value) if isinstance(value, list) else value)
+                node.insert(len(node), leaf, value)
     if not write:
         return changed
     buf = io.StringIO()
