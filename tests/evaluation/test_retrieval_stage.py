@@ -52,6 +52,14 @@ def test_recall_is_that_of_the_trained_heads_on_the_test_images(project, method,
     result = train(cfg, paths.raw, paths.teachers, project / method, progress=False)
     scores = run_evaluate(cfg, paths, result.best_dir, plots_dir=project / "plots")
     assert list(paths.relevance.glob("*.npy")) == cached and not (paths.raw.parent / "upstream").exists()
+    # the stage's model gets its card (issue 39), its model-index the evaluated score at eval.json's precision
+    from huggingface_hub import ModelCard
+
+    from mmcse.io import tracked
+
+    card = ModelCard.load(result.best_dir / "README.md")
+    assert [r.metric_value for r in card.data.eval_results] == [tracked(scores["avg"])]
+    assert f"| demo_rsum | {tracked(scores['demo_rsum'])} |" in card.text and method in card.data.tags
 
     images = read_jsonl(paths.raw / "retrieval/images.jsonl")
     rows = read_jsonl(paths.raw / "retrieval/captions.jsonl")

@@ -3,6 +3,7 @@
 import json
 import random
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -209,6 +210,8 @@ def test_the_logged_mlflow_model_loads_back_and_encodes_as_the_evaluation(minilm
         sentences = ["A dog runs across the grass.", "Two children play football in a park."]
         with pytest.raises(FileNotFoundError, match="no modules.json"):
             log_mlflow_model(tmp_path, sentences)
+        # a folder's model card (README.md, mmcse.models.card) travels with the MLflow model
+        (folder / "README.md").write_text("---\nlibrary_name: sentence-transformers\n---\n\n# the card\n")
         with mlflow.start_run() as run:
             uri = log_mlflow_model(folder, sentences)
         logged = mlflow.search_logged_models(output_format="list")
@@ -219,5 +222,7 @@ def test_the_logged_mlflow_model_loads_back_and_encodes_as_the_evaluation(minilm
         pyfunc = np.asarray(mlflow.pyfunc.load_model(uri).predict(sentences))
         np.testing.assert_allclose(pyfunc, want, rtol=0, atol=1e-5)
         assert mlflow.models.get_model_info(uri).metadata["mmcse_pooler"] == "avg"
+        cards = list(Path(mlflow.artifacts.download_artifacts(uri, dst_path=str(tmp_path / "dl"))).rglob("README.md"))
+        assert [c.read_text() for c in cards] == [(folder / "README.md").read_text()]
     finally:
         mlflow.set_tracking_uri(None)

@@ -13,6 +13,7 @@ from mmcse import tracking
 from mmcse.config import RETRIEVAL_METHODS, Config
 from mmcse.data.senteval import TRANSFER_TASKS, SentencePair, TransferExample
 from mmcse.detection.regions import RegionStore
+from mmcse.environment import environment
 from mmcse.evaluation.evaluators import EvaluationInputs, EvaluatorProgress, build_evaluators, run_evaluators
 from mmcse.evaluation.evaluators.sts import STSEvaluator
 from mmcse.evaluation.figures import TSNE_CLUSTERS, TSNE_POINTS, sample_sentences, tsne_figure
@@ -32,6 +33,7 @@ from mmcse.integrity.files import check_model_folder
 from mmcse.integrity.keys import require_top_level
 from mmcse.io import read_json, read_jsonl, write_text
 from mmcse.methods.objectives import Objective, image_head
+from mmcse.models.card import write_model_card
 from mmcse.models.device import resolve_device
 from mmcse.models.export import log_mlflow_model
 from mmcse.models.tokens import cached_tokens
@@ -145,9 +147,12 @@ def run_evaluate(
     predictions = {task: {"cos": cos.tolist(), "gold": gold.tolist()}
                    for task, (cos, gold) in result.predictions.items()}
     steps.close()
-    # the stage's student as an MLflow model of its run (ablation jobs and trials would copy one per job)
-    model = ((model_dir, [p.s1 for pairs in tasks.values() for p in pairs[:2]])
-             if plots_dir is not None and (Path(model_dir) / "modules.json").is_file() else None)
+    # the stage's student as an MLflow model of its run (ablation jobs and trials would copy one per job),
+    # with its model card (README.md: sentence-transformers keeps a folder's card when it saves the model)
+    published = plots_dir is not None and (Path(model_dir) / "modules.json").is_file()
+    if published and (Path(model_dir) / "train_state.json").is_file():  # mmcse trained it: the card says how
+        write_model_card(model_dir, cfg, scores, environment(cfg.base.device))
+    model = (model_dir, [p.s1 for pairs in tasks.values() for p in pairs[:2]]) if published else None
     record_evaluation(cfg, scores, run_id, experiment_name, plots_dir, examples, fig, tsne,
                       {"evaluation/sts_predictions.json": predictions}, model=model,
                       tags={COLLAPSED_TAG: collapsed_message(result.collapsed)} if result.collapsed else None,

@@ -1,0 +1,146 @@
+"""A model card (``README.md``) for a trained sentence encoder's folder, as sentence-transformers and
+the Hugging Face Hub expect one: YAML metadata (``library_name``, ``pipeline_tag``, ``tags``,
+``base_model``, ``datasets`` and a ``model-index`` of the evaluated scores, written by huggingface_hub's
+own `ModelCardData`), then the method with its paper's citation, the configuration it was trained
+with (the resolved params, the mmcse commit, the environment), the scores table and how to load it.
+The license is left to the person who publishes it.
+
+The evaluate stage writes it into ``models/student/best`` (a file DVC ignores inside the train stage's
+output: ``.dvcignore``) whenever it scores a model, and into the MLflow model it logs.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mmcse.config import Config, to_dict
+from mmcse.data.senteval import STS_TASKS, TRANSFER_TASKS
+from mmcse.environment import describe
+from mmcse.io import tracked, write_text
+
+CARD = "README.md"
+
+# The method's paper: (what it is, BibTeX). Venues only where the paper says where it appeared.
+PAPERS: dict[str, tuple[str, str]] = {
+    "simcse": ("SimCSE: Simple Contrastive Learning of Sentence Embeddings (Gao, Yao and Chen, EMNLP 2021)",
+               "@inproceedings{gao2021simcse,\n  title = {{SimCSE}: Simple Contrastive Learning of Sentence "
+               "Embeddings},\n  author = {Gao, Tianyu and Yao, Xingcheng and Chen, Danqi},\n  booktitle = "
+               "{Proceedings of EMNLP},\n  year = {2021}\n}"),
+    "mcse": ("MCSE: Multimodal Contrastive Learning of Sentence Embeddings (Zhang et al., NAACL 2022)",
+             "@inproceedings{zhang2022mcse,\n  title = {{MCSE}: Multimodal Contrastive Learning of Sentence "
+             "Embeddings},\n  author = {Zhang, Miaoran and Mosbach, Marius and Adelani, David Ifeoluwa and Hedderich, "
+             "Michael A. and Klakow, Dietrich},\n  booktitle = {Proceedings of NAACL},\n  year = {2022}\n}"),
+    "kdmcse": ("KDMCSE: Knowledge Distillation Multimodal Sentence Embeddings with Adaptive Angular margin "
+               "Contrastive Learning (Nguyen, Nguyen, Wu and Luu)",
+               "@inproceedings{nguyen2024kdmcse,\n  title = {{KDMCSE}: Knowledge Distillation Multimodal Sentence "
+               "Embeddings with Adaptive Angular margin Contrastive Learning},\n  author = {Nguyen, Cong-Duy and "
+               "Nguyen, Thong and Wu, Xiaobao and Luu, Anh Tuan},\n  year = {2024}\n}"),
+    "dalr": ("DALR: Dual-level Alignment Learning for Multimodal Sentence Representation Learning "
+             "(He, Ding, Wang, Li, Teng and Ji)",
+             "@inproceedings{he2025dalr,\n  title = {{DALR}: Dual-level Alignment Learning for Multimodal Sentence "
+             "Representation Learning},\n  author = {He, Kang and Ding, Yuzhe and Wang, Haining and Li, Fei and "
+             "Teng, Chong and Ji, Donghong},\n  year = {2025}\n}"),
+    "mcseo": ("Improving Multimodal Contrastive Learning of Sentence Embeddings with Object-Phrase Alignment "
+              "(MCSEO; Zhao, Miao and Tsuruoka)",
+              "@misc{zhao-mcseo,\n  title = {Improving Multimodal Contrastive Learning of Sentence Embeddings "
+              "with Object-Phrase Alignment},\n  author = {Zhao, Kaiyan and Miao, Zhongtao and Tsuruoka, "
+              "Yoshimasa}\n}"),
+}
+
+# data.pairs / data.corpus → the Hub dataset a card names (the sources mmcse reads them from)
+HUB_DATASETS = {"flickr30k": "nlphuji/flickr30k", "wiki1m": "princeton-nlp/datasets-for-simcse"}
+
+
+def mmcse_commit(root: Path | None = None) -> str:
+    """The git commit of the checkout mmcse runs from (``unknown`` outside a git checkout)."""
+    where = root or Path(__file__).resolve().parents[3]
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
+
+
+def _eval_results(scores: dict[str, float]) -> list[Any]:
+    """The model-index entries: each STS task's Spearman (×100, cosine) and each transfer task's accuracy."""
+    from huggingface_hub import EvalResult
+
+    results = []
+    for task in STS_TASKS:
+        if task in scores:
+            results.append(EvalResult(task_type="sentence-similarity", task_name="Semantic Textual Similarity",
+                                      dataset_type=f"senteval/{task}", dataset_name=task, dataset_split="test",
+                                      metric_type="spearman_cosine", metric_name="Spearman (cosine) ×100",
+                                      metric_value=float(scores[task])))
+    for task in TRANSFER_TASKS:
+        if task in scores:
+            results.append(EvalResult(task_type="text-classification", task_name="SentEval transfer",
+                                      dataset_type=f"senteval/{task}", dataset_name=task,
+                                      metric_type="accuracy", metric_name="Accuracy ×100",
+                                      metric_value=float(scores[task])))
+    if not results and "avg" in scores:  # the demo's one STS set: its score is the average
+        results.append(EvalResult(task_type="sentence-similarity", task_name="Semantic Textual Similarity",
+                                  dataset_type="mmcse/demo-sts", dataset_name="mmcse demo STS", dataset_split="test",
+                                  metric_type="spearman_cosine", metric_name="Spearman (cosine) ×100",
+                                  metric_value=float(scores["avg"])))
+    return results
+
+
+def model_card(cfg: Config, scores: dict[str, float], environment: dict[str, str], commit: str,
+               model_name: str = "mmcse sentence encoder") -> str:
+    """The card's text for a model trained with ``cfg`` and scored ``scores`` (bare score names, as
+    `mmcse.pipeline.evaluate.run_evaluate` returns them) in ``environment`` (`mmcse.environment.environment`)."""
+    from huggingface_hub import ModelCardData
+
+    scores = tracked(dict(scores))  # the precision metrics/eval.json keeps: the card says the same numbers
+    method = cfg.train.method
+    title, bibtex = PAPERS.get(method, (method, ""))
+    base = cfg.model.name_or_path
+    hub_base = None if base.startswith("packaged:") or Path(base).exists() else base
+    datasets = [HUB_DATASETS[d] for d in (cfg.data.pairs, cfg.data.corpus) if d in HUB_DATASETS]
+    data = ModelCardData(
+        library_name="sentence-transformers", pipeline_tag="sentence-similarity",
+        tags=["sentence-transformers", "sentence-similarity", "feature-extraction", "mmcse", method],
+        base_model=hub_base, datasets=datasets or None, model_name=model_name,
+        eval_results=_eval_results(scores) or None)
+    resolved = {k: v for k, v in to_dict(cfg).items() if k not in ("ablate", "sweep")}
+    rows = "\n".join(f"| {name} | {value} |" for name, value in sorted(scores.items()))
+    return "\n".join([
+        "---", data.to_yaml(), "---", "",
+        f"# {model_name}", "",
+        f"A sentence encoder trained with **{method}** by mmcse: {title}. It starts from `{base}` and encodes a "
+        f"sentence into one vector (pooler `{cfg.evaluate.pooler}`, as it was scored).", "",
+        "**License**: not set. Add a `license:` to the metadata above before publishing, compatible with the "
+        f"licenses of `{base}` and of the training data.", "",
+        "## Use", "",
+        "```python", "from sentence_transformers import SentenceTransformer", "",
+        'model = SentenceTransformer("path/to/this/folder")',
+        'embeddings = model.encode(["A dog runs on the beach.", "A puppy plays in the sand."])',
+        "print(model.similarity(embeddings, embeddings))", "```", "",
+        "## Scores", "",
+        "The evaluate stage's test scores (`metrics/eval.json`, keyed `test_<name>` there): STS as Spearman's "
+        "correlation of cosine similarities ×100, transfer tasks as accuracy ×100, image–text retrieval as "
+        "R@K ×100.", "",
+        "| score | value |", "|---|---|", rows, "",
+        "## Training", "",
+        f"- mmcse commit: `{commit}`",
+        f"- environment: {describe(environment)}",
+        f"- seed {cfg.base.seed}, {cfg.train.epochs} epoch(s) (max_steps {cfg.train.max_steps}), batch "
+        f"{cfg.train.batch_size}, learning rate {cfg.train.learning_rate}, precision {cfg.train.precision}", "",
+        "The resolved configuration (params.yaml after profile and recipe):", "",
+        "```yaml", yaml.safe_dump(resolved, sort_keys=False, allow_unicode=True).rstrip(), "```", "",
+        "## Citation", "",
+        *(["```bibtex", bibtex, "```", ""] if bibtex else []),
+    ])
+
+
+def write_model_card(folder: str | Path, cfg: Config, scores: dict[str, float], environment: dict[str, str],
+                     commit: str | None = None) -> Path:
+    """``folder/README.md`` (`model_card`), written atomically; returns its path."""
+    path = Path(folder) / CARD
+    write_text(path, model_card(cfg, scores, environment, commit or mmcse_commit()))
+    return path

@@ -1,0 +1,54 @@
+"""The model card a trained sentence encoder's folder gets (issue 39): huggingface_hub's own parser reads
+its metadata back, its model-index holds the evaluated scores at metrics/eval.json's precision, and its
+body names the method's paper, the resolved configuration, the commit and the environment."""
+
+from __future__ import annotations
+
+import yaml
+from huggingface_hub import ModelCard
+
+from mmcse.config import Config, to_dict, with_overrides
+from mmcse.io import tracked
+from mmcse.models.card import PAPERS, mmcse_commit, model_card, write_model_card
+
+ENV = {"python": "3.11.7", "torch": "2.9.0", "cuda": "cpu", "transformers": "5.0.0", "numpy": "2.0.0",
+       "device": "cpu (test)", "lock_sha256": "ab" * 32, "locked": "yes"}
+
+
+def test_the_card_parses_with_huggingface_hub_and_holds_the_scores(tmp_path):
+    cfg = with_overrides(Config(), {"train.method": "kdmcse", "model.name_or_path": "bert-base-uncased",
+                                    "data.pairs": "flickr30k", "data.corpus": "wiki1m"})
+    scores = {"STS12": 70.123456, "STSBenchmark": 80.98765, "avg": 75.5, "MR": 81.25, "transfer_avg": 85.0,
+              "demo_rsum": 27.0, "alignment": 0.51234567}
+    path = write_model_card(tmp_path, cfg, scores, ENV, commit="0123abc")
+    assert path == tmp_path / "README.md"
+    card = ModelCard.load(path)
+    data = card.data
+    assert (data.library_name, data.pipeline_tag, data.base_model) == (
+        "sentence-transformers", "sentence-similarity", "bert-base-uncased")
+    assert {"sentence-transformers", "mmcse", "kdmcse"} <= set(data.tags)
+    assert data.datasets == ["nlphuji/flickr30k", "princeton-nlp/datasets-for-simcse"]
+    assert data.license is None and "**License**: not set" in card.text  # left to whoever publishes it
+    got = {(r.dataset_name, r.metric_type): r.metric_value for r in data.eval_results}
+    assert got == {("STS12", "spearman_cosine"): tracked(70.123456),
+                   ("STSBenchmark", "spearman_cosine"): tracked(80.98765), ("MR", "accuracy"): 81.25}
+    assert "| alignment | 0.5123 |" in card.text and "| demo_rsum | 27.0 |" in card.text
+    assert PAPERS["kdmcse"][1] in card.text and "mmcse commit: `0123abc`" in card.text
+    assert "Python 3.11.7, torch 2.9.0" in card.text
+    resolved = yaml.safe_load(card.text.split("```yaml\n")[1].split("```")[0])
+    assert resolved == {k: v for k, v in to_dict(cfg).items() if k not in ("ablate", "sweep")}
+
+
+def test_a_packaged_or_local_base_is_no_hub_id_and_the_demo_score_is_its_one_result(tmp_path):
+    cfg = Config()  # the demo: packaged MiniLM, generated data
+    card = ModelCard(model_card(cfg, {"avg": 66.1854}, ENV, "abc"))
+    assert card.data.base_model is None and card.data.datasets is None
+    (result,) = card.data.eval_results
+    assert (result.dataset_name, result.metric_value) == ("mmcse demo STS", 66.1854)
+    assert "starts from `packaged:all-MiniLM-L6-v2`" in card.text
+
+
+def test_the_commit_is_this_checkouts_or_unknown(tmp_path):
+    commit = mmcse_commit()
+    assert commit == "unknown" or len(commit) == 40
+    assert mmcse_commit(tmp_path) == "unknown"
