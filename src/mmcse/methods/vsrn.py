@@ -29,12 +29,11 @@ def caption_targets(input_ids: torch.Tensor, attention_mask: torch.Tensor, max_l
     B = input_ids.shape[0]
     lengths = attention_mask.sum(1)  # (B,) l
     ids = input_ids.masked_fill(attention_mask == 0, pad_id)[:, :max_len]  # (B, ≤ max_len)
-    cut = lengths > max_len
-    if bool(cut.any()):
-        ids = ids.clone()
-        ids[cut, max_len - 1] = end_id
+    if ids.shape[1] == max_len:  # a caption may be longer: its last kept token becomes <end> (no host sync)
+        cut = (lengths > max_len)[:, None] & (torch.arange(max_len, device=ids.device) == max_len - 1)[None, :]
+        ids = ids.masked_fill(cut, end_id)
     counted = lengths.clamp(max=max_len - 1)  # (B,) m
-    T = int(counted.max())
+    T = int(counted.max())  # the step's one host sync: the decoder's number of steps
     if ids.shape[1] < T + 1:  # room for the <pad> target after the longest caption's <end>
         ids = F.pad(ids, (0, T + 1 - ids.shape[1]), value=pad_id)
     steps = torch.arange(1, T + 1, device=ids.device)  # (T,) the target positions 1..T

@@ -166,18 +166,19 @@ class VsrnModel(VseppModel):
         if region_mask is None:
             region_mask = torch.ones(B, n, dtype=torch.bool, device=regions.device)
         region_mask = region_mask.bool()
-        counts = region_mask.sum(1)  # (B,)
+        # the one host sync of the image side: packing needs the counts on the CPU, and the checks read them there
+        counts = region_mask.sum(1).cpu()  # (B,)
         if bool((counts == 0).any()):
             raise ValueError("an image without regions has no VSRN embedding")
         keep = region_mask.unsqueeze(-1).to(regions.dtype)  # (B, n, 1)
-        bn_mask = None if bool(region_mask.all()) else region_mask  # BUTD's 36 regions: the code's BatchNorm as is
+        bn_mask = None if bool((counts == n).all()) else region_mask  # BUTD's 36 regions: the code's BatchNorm as is
         x = self.image_fc(regions) * keep  # (B, n, D)
         if self.variant == "coco":
             x = self._l2(x)
         for layer in self.gcn:
             x = layer(x, keep, bn_mask)  # (B, n, D)
         x = self._l2(x)
-        packed = pack_padded_sequence(x, counts.cpu(), batch_first=True, enforce_sorted=False)
+        packed = pack_padded_sequence(x, counts, batch_first=True, enforce_sorted=False)
         _, state = self.region_gru(packed)  # (1, B, D): the state after each image's last real region
         image = state[-1]
         if self.image_bn is not None:
