@@ -74,6 +74,34 @@ def region_sets(root: Path) -> dict[str, Path]:
     return {split: Path(cfg.base.data_dir) / cfg.regions.cache_dir / name for split, name in result["sets"].items()}
 
 
+def val_rsum(model, tokenizer, cfg, sets: dict[str, Path], tmp_path: Path) -> float:
+    """The val split's rsum of a loaded retrieval checkpoint, encoded here (what its dev score must be)."""
+    from mmcse.models.tokens import cached_tokens
+
+    val = RetrievalSplit.load(Path("data/raw/retrieval/val_images.jsonl"),
+                              Path("data/raw/retrieval/val_captions.jsonl"), RegionStore.open(sets["val"]))
+    tokens = cached_tokens(tmp_path / "tok", "val", tokenizer, val.captions, cfg.model.max_seq_len)
+    images, texts = split_embeddings(model, val, tokens, 16, torch.device("cpu"))
+    return retrieval_metrics(images, texts, val.text_image)["rsum"]
+
+
+def assert_killed_at_6_resumes_to(cfg, sets: dict[str, Path], tmp_path: Path, full, full_dir: Path) -> None:
+    """Killed after step 6 (resume point at 4), run again in ``tmp_path/resumed``: the same steps, history and
+    weights as the uninterrupted run ``full`` in ``full_dir``."""
+    def kill_at_6(step: int, score: float) -> None:
+        if step == 6:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train_duet(cfg, "data/raw", sets, tmp_path / "resumed", on_eval=kill_at_6, progress=False)
+    assert json.loads((tmp_path / "resumed/last/state.json").read_text())["step"] == 4
+    resumed = train_duet(cfg, "data/raw", sets, tmp_path / "resumed", progress=False)
+    assert resumed.steps == full.steps == 8 and resumed.history == full.history
+    a = load_file(str(full_dir / "last/student.safetensors"))
+    b = load_file(str(tmp_path / "resumed/last/student.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_same_image_mask_marks_other_pairs_of_one_image():
     mask = same_image_mask(["a", "b", "a", "c", "b"], torch.device("cpu"))
     expected = np.zeros((5, 5), bool)
@@ -170,19 +198,7 @@ def test_a_killed_duet_run_resumes_to_the_same_weights(duet_cwd, tmp_path):
     cfg = load_config("params.yaml")
     sets = region_sets(duet_cwd)
     full = train_duet(cfg, "data/raw", sets, tmp_path / "full", progress=False)
-
-    def kill_at_6(step: int, score: float) -> None:
-        if step == 6:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        train_duet(cfg, "data/raw", sets, tmp_path / "resumed", on_eval=kill_at_6, progress=False)
-    assert json.loads((tmp_path / "resumed/last/state.json").read_text())["step"] == 4
-    resumed = train_duet(cfg, "data/raw", sets, tmp_path / "resumed", progress=False)
-    assert resumed.steps == 8 and resumed.history == full.history
-    a = load_file(str(tmp_path / "full/last/student.safetensors"))
-    b = load_file(str(tmp_path / "resumed/last/student.safetensors"))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert_killed_at_6_resumes_to(cfg, sets, tmp_path, full, tmp_path / "full")
 
 
 def test_a_checkpoint_has_the_same_bytes_with_cold_and_warm_token_caches(duet_cwd, tmp_path):
@@ -249,13 +265,8 @@ def test_the_dev_score_is_the_val_rsum_of_the_best_checkpoint(duet_cwd, tmp_path
     devs = [(h["dev"], h["step"]) for h in result.history if "dev" in h]
     assert result.best_score == max(d for d, _ in devs)
     model, tokenizer = load_duet(tmp_path / "m/best")
-    from mmcse.models.tokens import cached_tokens
 
-    val = RetrievalSplit.load(Path("data/raw/retrieval/val_images.jsonl"),
-                              Path("data/raw/retrieval/val_captions.jsonl"), RegionStore.open(sets["val"]))
-    tokens = cached_tokens(tmp_path / "tok", "val", tokenizer, val.captions, cfg.model.max_seq_len)
-    images, texts = split_embeddings(model, val, tokens, 16, torch.device("cpu"))
-    assert retrieval_metrics(images, texts, val.text_image)["rsum"] == pytest.approx(result.best_score, abs=1e-6)
+    assert val_rsum(model, tokenizer, cfg, sets, tmp_path) == pytest.approx(result.best_score, abs=1e-6)
 
 
 def test_an_ablation_job_of_another_region_setting_builds_its_own_regions(duet_cwd):
@@ -366,7 +377,6 @@ def test_vsepp_trains_resumes_and_is_scored_by_the_same_loop(duet_cwd, tmp_path)
     """train.method vsepp through DUET's loop: its checkpoint (vocabulary, weights, architecture)
     loads back to the embeddings it was scored with, the dev score is the best checkpoint's val rsum,
     the learning rate follows the step schedule and a killed run resumes to the same weights."""
-    from mmcse.models.tokens import cached_tokens
     from mmcse.models.vsepp import VseppModel
     from mmcse.training.duet import VSEPP_META, VSEPP_WEIGHTS
 
@@ -384,27 +394,12 @@ def test_vsepp_trains_resumes_and_is_scored_by_the_same_loop(duet_cwd, tmp_path)
     model, tokenizer = load_duet(best)
     assert isinstance(model, VseppModel) and tokenizer.convert_ids_to_tokens([0, 1, 2, 3]) == [
         "<pad>", "<start>", "<end>", "<unk>"]
-    val = RetrievalSplit.load(Path("data/raw/retrieval/val_images.jsonl"),
-                              Path("data/raw/retrieval/val_captions.jsonl"), RegionStore.open(sets["val"]))
-    tokens = cached_tokens(tmp_path / "tok", "val", tokenizer, val.captions, cfg.model.max_seq_len)
-    images, texts = split_embeddings(model, val, tokens, 16, torch.device("cpu"))
-    assert retrieval_metrics(images, texts, val.text_image)["rsum"] == pytest.approx(result.best_score, abs=1e-6)
+    assert val_rsum(model, tokenizer, cfg, sets, tmp_path) == pytest.approx(result.best_score, abs=1e-6)
     # after s steps the rate is 2e-3 · 0.1^(s // steps an epoch): 48 pairs, 6 steps an epoch
     per_epoch = len(read_jsonl("data/raw/pairs.jsonl")) // cfg.train.batch_size
     assert per_epoch == 6 and lrs
     assert [lr for _, lr in lrs] == pytest.approx([2e-3 * 0.1 ** (s // per_epoch) for s, _ in lrs])
-    # killed after step 6 (resume point at 4), run again: the same history and weights as one run
-    def kill_at_6(step: int, score: float) -> None:
-        if step == 6:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        train_duet(cfg, "data/raw", sets, tmp_path / "resumed", on_eval=kill_at_6, progress=False)
-    resumed = train_duet(cfg, "data/raw", sets, tmp_path / "resumed", progress=False)
-    assert resumed.steps == result.steps == 8 and resumed.history == result.history
-    a = load_file(str(tmp_path / "resumed/last/student.safetensors"))
-    b = load_file(str(tmp_path / "m/last/student.safetensors"))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert_killed_at_6_resumes_to(cfg, sets, tmp_path, result, tmp_path / "m")
 
 
 def test_vsrn_trains_resumes_loads_and_is_evaluated_by_the_same_loop(duet_cwd, tmp_path):
@@ -431,23 +426,8 @@ def test_vsrn_trains_resumes_loads_and_is_evaluated_by_the_same_loop(duet_cwd, t
     assert {VSRN_META, VSRN_WEIGHTS, "tokenizer.json", "train_state.json"} <= {f.name for f in best.iterdir()}
     model, tokenizer = load_duet(best)
     assert isinstance(model, VsrnModel) and (model.variant, model.caption_max_len, model.end_id) == ("coco", 8, 2)
-    val = RetrievalSplit.load(Path("data/raw/retrieval/val_images.jsonl"),
-                              Path("data/raw/retrieval/val_captions.jsonl"), RegionStore.open(sets["val"]))
-    tokens = cached_tokens(tmp_path / "tok", "val", tokenizer, val.captions, cfg.model.max_seq_len)
-    images, texts = split_embeddings(model, val, tokens, 16, torch.device("cpu"))
-    assert retrieval_metrics(images, texts, val.text_image)["rsum"] == pytest.approx(result.best_score, abs=1e-6)
-
-    def kill_at_6(step: int, score: float) -> None:
-        if step == 6:
-            raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        train_duet(cfg, "data/raw", sets, tmp_path / "resumed", on_eval=kill_at_6, progress=False)
-    resumed = train_duet(cfg, "data/raw", sets, tmp_path / "resumed", progress=False)
-    assert resumed.history == result.history
-    a = load_file(str(tmp_path / "resumed/last/student.safetensors"))
-    b = load_file(str(tmp_path / "m/last/student.safetensors"))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert val_rsum(model, tokenizer, cfg, sets, tmp_path) == pytest.approx(result.best_score, abs=1e-6)
+    assert_killed_at_6_resumes_to(cfg, sets, tmp_path, result, tmp_path / "m")
     scores = evaluate_duet(cfg, Paths.of(cfg), best, {"test": sets["test"]})
     test = RetrievalSplit.load(Path("data/raw/retrieval/images.jsonl"), Path("data/raw/retrieval/captions.jsonl"),
                                RegionStore.open(sets["test"]))
