@@ -102,8 +102,10 @@ def job_identity(job_cfg: Config, data_seed: int | None = None) -> dict[str, Any
     if not retrieval:
         tree.pop("regions")
     artifacts = artifact_keys(job_cfg, data_seed)
-    region_objects = retrieval and job_cfg.regions.source == "objects"  # encoded with teachers.image_encoder
-    if not (retrieval or needed_features(o, True) | needed_features(o, False)) or (retrieval and not region_objects):
+    # a retrieval model reads teachers only through object regions (encoded with teachers.image_encoder)
+    reads_teachers = (job_cfg.regions.source == "objects" if retrieval
+                      else bool(needed_features(o, True) | needed_features(o, False)))
+    if not reads_teachers:
         tree.pop("teachers")
         tree.pop("detect")
         artifacts.pop("teachers")

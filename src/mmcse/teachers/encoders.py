@@ -72,6 +72,14 @@ def _normalised(chunks: list[torch.Tensor]) -> np.ndarray:
 # --------------------------------------------------------------------------- ResNet-50
 
 
+def resize_crop_normalise(resize: int = 256, crop: int = 224) -> Callable:
+    """ImageNet's evaluation transform: the shorter side to ``resize``, the center ``crop``, ImageNet's mean/std."""
+    from torchvision import transforms
+
+    return transforms.Compose([transforms.Resize(resize), transforms.CenterCrop(crop), transforms.ToTensor(),
+                               transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+
+
 RESNETS = {"resnet50": "ResNet50", "resnet101": "ResNet101", "resnet152": "ResNet152"}  # torchvision's names
 
 
@@ -110,14 +118,9 @@ def resolve_resnet50(weights: str, arch: str = "resnet50",
     must hold — no model is built. ``weights``: a torchvision weights name (taken from torch hub's cache,
     downloaded only when online), a local ``.pth``/``.safetensors`` file, or ``random``; ``setting``: the
     key an error tells the user to change."""
-    from torchvision import transforms
-
     if arch not in RESNETS:
         raise ValueError(f"{arch!r} is not one of {sorted(RESNETS)}")
-    preprocess: Callable = transforms.Compose([
-        transforms.Resize(256), transforms.CenterCrop(224), transforms.ToTensor(),
-        transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
-    ])
+    preprocess: Callable = resize_crop_normalise()
     described: dict[str, Any] = {"model": f"torchvision/{arch}", "weights": weights}
     path: Path | None = None
     if weights != "random":
@@ -211,12 +214,7 @@ def resnet_grid_features(files: Sequence[Path], model: torch.nn.Module, batch_si
     ``(N, 49, 2048)`` float32, row-major cells, not normalised (their mean is the pooled feature VSE++
     reads), of each image resized to 256 and center-cropped to 224 (VSE++'s test transform, data.py
     ``get_transform``)."""
-    from torchvision import transforms
-
-    preprocess = transforms.Compose([
-        transforms.Resize(GRID_RESIZE), transforms.CenterCrop(GRID_CROP), transforms.ToTensor(),
-        transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225]),
-    ])
+    preprocess = resize_crop_normalise(GRID_RESIZE, GRID_CROP)
     trunk = torch.nn.Sequential(*(module for name, module in model.named_children()
                                   if name not in ("avgpool", "fc"))).to(device)
     chunks = []

@@ -117,9 +117,9 @@ def vsrn_architecture(v: VsrnModelConfig, region_dim: int, tokenizer: Any, pairs
             "end_id": int(tokenizer.eos_token_id)}
 
 
-def save_vsepp(model: VseppModel, tokenizer: Any, architecture: dict[str, Any], folder: Path) -> None:
-    """VSE++ (VSRN): its vocabulary (``tokenizer.json``), weights (``vsepp.safetensors``, ``vsrn.safetensors``)
-    and architecture (``vsepp.json``, ``vsrn.json``)."""
+def save_word_model(model: VseppModel, tokenizer: Any, architecture: dict[str, Any], folder: Path) -> None:
+    """A model on its own word vocabulary, VSE++ or VSRN: its vocabulary (``tokenizer.json``), weights
+    (``vsepp.safetensors``, ``vsrn.safetensors``) and architecture (``vsepp.json``, ``vsrn.json``)."""
     _, weights, meta = WORD_MODELS["vsrn" if isinstance(model, VsrnModel) else "vsepp"]
     folder.mkdir(parents=True, exist_ok=True)
     save_tokenizer(tokenizer, folder)
@@ -138,7 +138,7 @@ def save_duet(model: DuetModel, tokenizer: Any, architecture: dict[str, Any], fo
 
 
 def load_duet(folder: str | Path, device: torch.device | str = "cpu") -> tuple[RetrievalModel, Any]:
-    """A DUET checkpoint folder (`save_duet`), or a VSE++ / VSRN one (`save_vsepp`), as ``(model in
+    """A DUET checkpoint folder (`save_duet`), or a VSE++ / VSRN one (`save_word_model`), as ``(model in
     eval mode on device, tokenizer)``; a damaged or foreign folder is named before anything loads."""
     from transformers import AutoModel, AutoTokenizer
 
@@ -352,12 +352,12 @@ def train_duet(
         tokenizer = word_tokenizer(data.captions, cfg.model.vsepp.min_word_count)
         architecture = vsepp_architecture(cfg.model.vsepp, data.regions.dim, tokenizer)
         model: RetrievalModel = VseppModel(**architecture).to(device)
-        save_model = save_vsepp
+        save_model = save_word_model
     elif cfg.train.method == "vsrn":  # VSRN: VSE++'s vocabulary and text GRU, region reasoning, a captioner
         tokenizer = word_tokenizer(data.captions, cfg.model.vsrn.min_word_count)
         architecture = vsrn_architecture(cfg.model.vsrn, data.regions.dim, tokenizer, cfg.data.pairs)
         model = VsrnModel(**architecture).to(device)
-        save_model = save_vsepp
+        save_model = save_word_model
     else:
         tokenizer = load_tokenizer(cfg.model.name_or_path)
         architecture = duet_architecture(cfg.model.duet, data.regions.dim)
