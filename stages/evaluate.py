@@ -20,7 +20,8 @@ def main() -> None:
     # the training's run of this configuration (kept beside mlruns/)
     run_id = tracking.folder_run_id(paths.student, summary, config_hash=trained_with)
     scores = run_evaluate(cfg, paths, paths.student / "best", run_id=run_id, plots_dir=paths.plots,
-                          region_sets={k: Path(v) for k, v in summary.get("region_sets", {}).items()})
+                          region_sets={k: Path(v) for k, v in summary.get("region_sets", {}).items()},
+                          mteb_dir=paths.metrics / "mteb")  # mteb's own results layout, README.md beside it
     write_metrics(paths.metrics / "eval.json", test_metrics(scores))
 
 

@@ -129,10 +129,15 @@ def _cmd_eval(args: argparse.Namespace) -> None:
            if args.senteval_dir is not None and (not transfer or available_sts_tasks(args.senteval_dir)) else {})
     if args.senteval_dir is not None and not transfer and not any(sts.values()):
         raise FileNotFoundError(f"{args.senteval_dir}: no STS task data in this SentEval folder")
+    details = {}
+    if mteb_tasks:
+        from mmcse.evaluation.mteb import encoder_details
+
+        details = encoder_details(encoder, model)
     evaluators = build_evaluators(EvaluationInputs(
         sts=sts, transfer={t: read_transfer_task(args.senteval_dir, t) for t in transfer},
         transfer_probe=probe if transfer else TransferConfig(), mteb=mteb_tasks, mteb_model_name=args.model,
-        mteb_output=args.mteb_output, retrieval=retrieval, data_dir=args.senteval_dir,
+        mteb_output=args.mteb_output, mteb_details=details, retrieval=retrieval, data_dir=args.senteval_dir,
         batch_size=args.batch_size, device=args.device,
     ))
     scores = run_evaluators(evaluators, encoder)
@@ -466,7 +471,9 @@ def main(argv: list[str] | None = None) -> None:
     ev.add_argument("--mteb", nargs="+", metavar="TASK", default=None,
                     help="also MTEB tasks through the mteb package (names, or task types Reranking Classification "
                          "Retrieval STS: DALR Table 5); data from the HF datasets cache when offline")
-    ev.add_argument("--mteb-output", type=Path, default=None, help="folder for mteb's per-task result JSONs")
+    ev.add_argument("--mteb-output", type=Path, default=None, metavar="DIR",
+                    help="keep mteb's results in its own layout under DIR/results/<model>/<revision>/ (one JSON "
+                         "per task; mteb.ResultCache(cache_path=DIR) loads them)")
     ev.add_argument("--retrieval", action="store_true",
                     help="also image-text R@K and graded NDCG of an mmcse checkpoint (its trained image head) on "
                          "the retrieval test set of --params' data and teacher cache")

@@ -7,6 +7,7 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -44,6 +45,20 @@ def build_dir(parent: str | Path, prefix: str, suffix: str = "") -> Path:
     folder = Path(tempfile.mkdtemp(prefix=prefix, suffix=suffix, dir=parent))
     os.chmod(folder, _dir_mode())
     return folder
+
+
+def swap_in_dir(tmp: str | Path, final: str | Path) -> None:
+    """Replace folder ``final`` by the finished build ``tmp`` so that one complete version always exists
+    (a crash leaves the old one, or ``final.old`` with it, never a half-written ``final``)."""
+    tmp, final = Path(tmp), Path(final)
+    old = final.with_name(final.name + ".old")
+    if old.exists():
+        shutil.rmtree(old)
+    if final.exists():
+        os.replace(final, old)
+    os.replace(tmp, final)
+    if old.exists():
+        shutil.rmtree(old)
 
 
 def follow_umask(root: str | Path) -> None:

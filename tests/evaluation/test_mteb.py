@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 
+import mteb
 import numpy as np
 import pytest
 from datasets import Dataset, DatasetDict
@@ -26,10 +27,13 @@ from mmcse.evaluation.mteb import (
     PRIMARY_METRIC,
     MTEBTaskError,
     encoder_for_mteb,
+    model_revision,
     mteb_scores,
     resolve_tasks,
+    results_folder,
 )
 from mmcse.evaluation.sts import TextEncoder
+from mmcse.integrity.files import seal_folder
 from tests.conftest import REPO
 
 MODEL = "packaged:all-MiniLM-L6-v2"
@@ -199,13 +203,21 @@ def test_config_mteb_default_is_empty_and_a_list_parses():
     assert parse_config({"evaluate": {"mteb": ["STS12", "Reranking"]}}).evaluate.mteb == ["STS12", "Reranking"]
 
 
-def test_cli_eval_mteb_end_to_end(monkeypatch, capsys):
+def test_cli_eval_mteb_end_to_end(monkeypatch, capsys, tmp_path):
     from mmcse.cli import main
 
     registry = importlib.import_module("mteb.get_tasks")._TASKS_REGISTRY  # `mteb.get_tasks` is the function
     monkeypatch.setitem(registry, "TinySTS", TinySTS)
-    main(["eval", "--model", MODEL, "--pooler", "avg", "--max-seq-len", "64", "--mteb", "TinySTS"])
+    main(["eval", "--model", MODEL, "--pooler", "avg", "--max-seq-len", "64", "--mteb", "TinySTS",
+          "--mteb-output", str(tmp_path)])
     out = json.loads(capsys.readouterr().out)
+    # mteb's layout, read by its own loader; a packaged model has no revision to name
+    loaded = mteb.ResultCache(cache_path=tmp_path).load_results(tasks=[TinySTS()], include_remote=False)
+    (model,) = loaded.model_results
+    assert (model.model_name, model.model_revision) == ("mmcse/packaged-all-MiniLM-L6-v2", "no_revision_available")
+    meta = json.loads((tmp_path / "results/mmcse__packaged-all-MiniLM-L6-v2/no_revision_available/"
+                       "model_meta.json").read_text())
+    assert (meta["embed_dim"], meta["max_tokens"], meta["n_parameters"]) == (384, 64, 22713216)
     enc = TextEncoder(MODEL, "avg", "cpu", 64)
     cos = (_unit(enc(STS_1)) * _unit(enc(STS_2))).sum(axis=1)
     assert out["mteb_TinySTS"] == pytest.approx(round(spearmanr(cos, STS_GOLD).statistic * 100, 4), abs=1e-9)
@@ -276,3 +288,30 @@ def test_offline_missing_dataset_fails_before_encoding_or_loading_the_model(tmp_
     err = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     # the cheap checks first (a local model path, task names): the data sets are not even loaded
     assert len(err) == 1 and "/nonexistent/model: model folder not found" in err[0] and "STS12" not in err[0]
+
+
+def test_a_failed_evaluation_leaves_the_previous_results_folder_whole(tmp_path):
+    folder = tmp_path / "mteb"
+    with results_folder(folder, "mmcse/simcse", {"revision": "abc"}, ["TinySTS"]) as build:
+        (build / "results").mkdir()
+        (build / "results" / "first.json").write_text("{}")
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "results"]
+    with pytest.raises(RuntimeError, match="encoder died"), \
+            results_folder(folder, "mmcse/simcse", {}, ["TinySTS"]) as build:
+        (build / "half.json").write_text("{")
+        raise RuntimeError("encoder died")
+    assert sorted(p.name for p in folder.iterdir()) == ["README.md", "results"]  # the old one, whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mteb"]  # no build left beside it
+    assert "results/mmcse__simcse/abc/" in (folder / "README.md").read_text()
+
+
+def test_the_revision_is_the_seals_configuration_or_the_hub_snapshots_commit(tmp_path):
+    trained = tmp_path / "best"
+    trained.mkdir()
+    (trained / "model.txt").write_text("w")
+    seal_folder(trained, config_hash="0123456789abcdef" * 4)
+    snapshot = tmp_path / "hub" / "snapshots" / "4f2a9c"
+    snapshot.mkdir(parents=True)
+    assert model_revision(trained) == "0123456789ab"
+    assert model_revision(snapshot) == "4f2a9c"
+    assert model_revision(tmp_path / "hub") is None and model_revision("packaged:all-MiniLM-L6-v2") is None

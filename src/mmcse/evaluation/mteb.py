@@ -20,11 +20,13 @@ encoder and pooler as ``mmcse eval``) wrapped by :class:`EncodeFnModel`.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import difflib
 import os
 import re
-from collections.abc import Iterable, Sequence
+import shutil
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +34,9 @@ import datasets
 import numpy as np
 
 from mmcse.errors import MTEBDataMissing, MTEBTaskError
-from mmcse.evaluation.sts import EncodeFn, encode_unique
+from mmcse.evaluation.sts import EncodeFn, TextEncoder, encode_unique
+from mmcse.integrity.files import read_seal
+from mmcse.io import build_dir, swap_in_dir, write_text
 
 if TYPE_CHECKING:
     from mteb import AbsTask
@@ -161,20 +165,68 @@ def prepare_tasks(tasks: Sequence[str | AbsTask], where: str = "mteb") -> list[A
     return resolved
 
 
-def _model_meta(model_name: str, embed_dim: int | None = None) -> Any:
-    from mteb.models.model_meta import ModelMeta, ScoringFunction
-
-    # mteb names models "org/name"; the name only labels results (and their folder under output_dir):
-    # the last two parts of a path or HF id, "mmcse/<name>" for one part, unsafe characters -> "-"
+def mteb_model_name(model_name: str) -> str:
+    """mteb names models "org/name"; the name only labels results (and their folder under
+    ``results/``): the last two parts of a path or HF id, "mmcse/<name>" for one part, unsafe
+    characters -> "-"."""
     parts = [p for p in re.split(r"[/\\]", model_name) if p not in ("", ".", "..")] or ["model"]
     name = "/".join(parts[-2:]) if len(parts) >= 2 else f"mmcse/{parts[0]}"
-    name = re.sub(r"[^A-Za-z0-9._/-]", "-", name)
+    return re.sub(r"[^A-Za-z0-9._/-]", "-", name)
+
+
+def model_revision(location: str | Path) -> str | None:
+    """The revision mteb files a model's results under (``results/<model>/<revision>/``): for a
+    checkpoint mmcse trained, the first 12 hex digits of its seal's ``config_hash`` (the configuration
+    and code that trained it, `mmcse.training.checkpoints.run_definition_hash`: a retrained model with
+    other settings gets another folder); for a Hugging Face cache snapshot, its commit; else None
+    (mteb's ``no_revision_available``)."""
+    folder = Path(location)
+    if not folder.is_dir():
+        return None
+    sealed = read_seal(folder, "retrain it (dvc repro train)")
+    if sealed is not None and sealed.get("config_hash"):
+        return str(sealed["config_hash"])[:12]
+    return folder.name if folder.parent.name == "snapshots" else None
+
+
+def encoder_details(encoder: TextEncoder, location: str | Path) -> dict[str, Any]:
+    """What mteb's ``model_meta.json`` records of ``encoder`` loaded from ``location`` (`model_revision`,
+    parameters, token limit); the evaluate stage adds the language and base model it trained from."""
+    return {"revision": model_revision(location), "max_tokens": encoder.max_length,
+            "n_parameters": int(sum(p.numel() for p in encoder.model.parameters()))}
+
+
+def _model_meta(model_name: str, **details: Any) -> Any:
+    from mteb.models.model_meta import ModelMeta, ScoringFunction
+
     # create_empty's overwrites skip pydantic's validators: the enum itself, not "cosine"
-    return ModelMeta.create_empty({"name": name, "similarity_fn_name": ScoringFunction.COSINE, "embed_dim": embed_dim,
-                                   "framework": ["PyTorch"], "modalities": ["text"]})
+    return ModelMeta.create_empty({"name": mteb_model_name(model_name), "similarity_fn_name": ScoringFunction.COSINE,
+                                   "framework": ["Sentence Transformers", "PyTorch"], "modalities": ["text"],
+                                   **{k: v for k, v in details.items() if v is not None}})
 
 
-def encoder_for_mteb(encode: EncodeFn, model_name: str, batch_size: int) -> Any:
+def results_readme(model_name: str, details: dict[str, Any], task_names: Sequence[str], cache_path: str,
+                   why_none: str | None = None) -> str:
+    """The README of an MTEB results folder: what is in it and how mteb's own loader reads it
+    (``why_none``: why no task ran, default: ``evaluate.mteb`` is empty, with how to name some)."""
+    name = mteb_model_name(model_name)
+    revision = details.get("revision") or "no_revision_available"
+    if not task_names:
+        return (f"# MTEB results of {name}\n\nNo MTEB task ran for this model: " + (why_none or (
+                "`evaluate.mteb` is empty. Name tasks or task types there (e.g. `evaluate.mteb: [SciDocsRR, "
+                "STS17]`, or DALR Table 5's `[Reranking, Classification, Retrieval, STS]`) and rerun the evaluate "
+                "stage; each task's result then lands here in mteb's own layout")) + ".\n")
+    listed = ", ".join(f"`{t}`" for t in task_names)
+    return (f"# MTEB results of {name}\n\n"
+            f"mteb's own layout, as `mteb.evaluate` writes it: `results/{name.replace('/', '__')}/{revision}/` "
+            f"holds one `<Task>.json` per task ({listed}), `model_meta.json` and `run_settings.jsonl`. mteb's "
+            "tooling reads it without conversion:\n\n```python\nimport mteb\n\n"
+            f"results = mteb.ResultCache(cache_path=\"{cache_path}\").load_results(\n"
+            f"    models=[\"{name}\"], include_remote=False)\n"
+            "print(results.to_dataframe())\n```\n")
+
+
+def encoder_for_mteb(encode: EncodeFn, model_name: str, batch_size: int, details: dict[str, Any] | None = None) -> Any:
     """``encode`` as an mteb 2.x ``EncoderProtocol`` model (an ``AbsEncoder``), for ``mteb.evaluate``."""
     from mteb.models.abs_encoder import AbsEncoder
 
@@ -186,7 +238,7 @@ def encoder_for_mteb(encode: EncodeFn, model_name: str, batch_size: int) -> Any:
 
         def __init__(self) -> None:
             self.model = encode
-            self.mteb_model_meta = _model_meta(model_name)
+            self.mteb_model_meta = _model_meta(model_name, **(details or {}))
             self.batch_size = batch_size
 
         def encode(self, inputs: Any, *, task_metadata: Any, hf_split: str, hf_subset: str,
@@ -200,25 +252,54 @@ def encoder_for_mteb(encode: EncodeFn, model_name: str, batch_size: int) -> Any:
     return EncodeFnModel()
 
 
+@contextlib.contextmanager
+def results_folder(folder: Path | None, model_name: str, details: dict[str, Any], task_names: Sequence[str],
+                   why_none: str | None = None) -> Iterator[Path | None]:
+    """Yield where ``mteb_scores`` should write (``output_dir``): a fresh folder beside ``folder``
+    that, once the block finishes, gets its README (`results_readme`) and replaces ``folder`` whole,
+    so a results folder never mixes two evaluations; an error leaves the old one. With no
+    ``task_names`` the folder holds only the README saying so (a DVC output always exists).
+    ``folder`` None: yields None, nothing is written."""
+    if folder is None:
+        yield None
+        return
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    build = build_dir(folder.parent, f".{folder.name}.")
+    try:
+        yield build
+        shown = folder.resolve().relative_to(Path.cwd().resolve()) if folder.resolve().is_relative_to(
+            Path.cwd().resolve()) else folder.resolve()
+        write_text(build / "README.md", results_readme(model_name, details, task_names, shown.as_posix(), why_none))
+        swap_in_dir(build, folder)
+    finally:
+        if build.exists():
+            shutil.rmtree(build)
+
+
 def mteb_scores(
     encode: EncodeFn,
     model_name: str,
     tasks: Sequence[str | AbsTask],
     batch_size: int = 128,
     output_dir: Path | None = None,
+    details: dict[str, Any] | None = None,
 ) -> dict[str, float]:
     """Run MTEB ``tasks`` (names, task types of Table 5, or task objects) on ``encode``.
 
     Returns ``mteb_<Task>`` (main score x 100), ``mteb_type_<Type>`` (mean per task type) and
     ``mteb_avg`` (PRIMARY: mean over the tasks). ``output_dir``: mteb's result JSONs go to
-    ``<output_dir>/results/<model>/...`` (always recomputed: a retrained checkpoint keeps its name);
-    none: nothing is written. Names are checked and all data loaded before anything is encoded."""
+    ``<output_dir>/results/<model>/<revision>/`` (mteb's layout, read back by ``mteb.ResultCache``; always
+    recomputed), the model described by ``details`` (`encoder_details`: ``model_meta.json``'s revision,
+    sizes, languages...); none: nothing is written. Names are checked and all data loaded before anything is encoded."""
     import mteb
 
     if batch_size < 1:
         raise ValueError(f"mteb: batch_size must be >= 1, got {batch_size}")
     resolved = prepare_tasks(tasks)
-    model = encoder_for_mteb(encode, model_name, batch_size)
+    details = dict(details or {})
+    details.setdefault("embed_dim", int(np.asarray(encode(["."])).shape[-1]))  # model_meta.json's embedding size
+    model = encoder_for_mteb(encode, model_name, batch_size, details)
     cache = mteb.ResultCache(cache_path=output_dir) if output_dir is not None else None
     scores: dict[str, float] = {}
     by_type: dict[str, list[float]] = {}

@@ -129,7 +129,8 @@ def _evaluate(job_cfg: Config, folder: Path, summary: dict[str, Any], run_id: st
                         transfer=job_cfg.ablate.transfer, data_dir=Path(summary["data_dir"]),
                         teacher_manifest=Path(summary["teacher_manifest"]),
                         teacher_dirs=tuple(Path(d) for d in summary["teacher_dirs"]),
-                        region_sets={k: Path(v) for k, v in summary.get("region_sets", {}).items()})
+                        region_sets={k: Path(v) for k, v in summary.get("region_sets", {}).items()},
+                        mteb_dir=folder / "mteb" if job_cfg.evaluate.mteb else None)  # DALR Table 5's rows
 
 
 def evaluation_code() -> str:

@@ -17,7 +17,7 @@ from mmcse.environment import environment
 from mmcse.evaluation.evaluators import EvaluationInputs, EvaluatorProgress, build_evaluators, run_evaluators
 from mmcse.evaluation.evaluators.sts import STSEvaluator
 from mmcse.evaluation.figures import TSNE_CLUSTERS, TSNE_POINTS, sample_sentences, tsne_figure
-from mmcse.evaluation.mteb import prepare_tasks
+from mmcse.evaluation.mteb import encoder_details, prepare_tasks, results_folder
 from mmcse.evaluation.names import test_metrics
 from mmcse.evaluation.ndcg import test_set_ndcg
 from mmcse.evaluation.plots import save_figure, sts_scatter
@@ -76,6 +76,7 @@ def run_evaluate(
     teacher_manifest: Path | None = None,
     teacher_dirs: tuple[Path, ...] = (),
     region_sets: dict[str, Path] | None = None,
+    mteb_dir: Path | None = None,
 ) -> dict[str, float]:
     """Test-set STS of the checkpoint at ``model_dir`` and, with ``transfer``, SentEval's transfer
     tasks found in ``data/raw/transfer`` (``data.transfer_tasks``: accuracy per task and
@@ -94,8 +95,12 @@ def run_evaluate(
 
     ``train.method: duet``: `evaluate_duet` (``region_sets``: the training's, `region_sets_for`)."""
 
+    model_name = f"mmcse/{cfg.train.method}"  # mteb's name for it (its results folder, DALR Table 5)
     if cfg.train.method in RETRIEVAL_METHODS:  # an image–text retrieval model: no sentence-embedding tasks
-        return evaluate_duet(cfg, paths, model_dir, region_sets or {}, run_id, plots_dir, experiment_name, data_dir)
+        with results_folder(mteb_dir, model_name, {}, [], f"{cfg.train.method} is an image–text retrieval "
+                            "model, with no sentence-embedding tasks"):
+            return evaluate_duet(cfg, paths, model_dir, region_sets or {}, run_id, plots_dir, experiment_name,
+                                 data_dir)
     # MTEB names and datasets are checked before any model loads: offline, a missing dataset is named here
     mteb_tasks = prepare_tasks(cfg.evaluate.mteb, "evaluate.mteb") if cfg.evaluate.mteb else []
     started = time.perf_counter()  # the evaluation's minutes go to the run (`mmcse.experiments.estimate`)
@@ -118,17 +123,22 @@ def run_evaluate(
         found["test_set"] = retrieval_test_set(cfg, paths, encoder, raw, teacher_manifest, teacher_dirs)
         return found["test_set"].scores
 
-    evaluators = build_evaluators(EvaluationInputs(
-        sts=tasks,  # DALR Table 6 / Appendix D: alignment (dev pairs with gold >= 4), uniformity (all dev sentences)
-        dev=[SentencePair.from_row(r) for r in read_jsonl(raw / "sts" / "dev.jsonl")],
-        transfer=transfer_tasks, transfer_probe=cfg.evaluate.transfer,
-        mteb=mteb_tasks, mteb_model_name=f"mmcse/{cfg.train.method}",  # DALR Table 5
-        retrieval=retrieval_scores if retrieval else None,
-        data_dir=raw, batch_size=cfg.evaluate.batch_size, device=str(device),
-    ))
-    steps = EvaluatorProgress([e.label for e in evaluators] + (["t-SNE"] if plots_dir is not None else []),
-                              show=plots_dir is not None)  # the stage shows it; an ablation job prints its line
-    scores = run_evaluators(evaluators, encoder, steps)
+    # model_meta.json of mteb's results: the checkpoint's revision and sizes, the English base model it came from
+    details = {**encoder_details(encoder, model_dir), "languages": ["eng-Latn"],
+               "adapted_from": cfg.model.name_or_path} if mteb_tasks else {}
+    with results_folder(mteb_dir, model_name, details, [t.metadata.name for t in mteb_tasks]) as mteb_output:
+        evaluators = build_evaluators(EvaluationInputs(
+            # DALR Table 6 / Appendix D: alignment (dev pairs with gold >= 4), uniformity (all dev sentences)
+            sts=tasks,
+            dev=[SentencePair.from_row(r) for r in read_jsonl(raw / "sts" / "dev.jsonl")],
+            transfer=transfer_tasks, transfer_probe=cfg.evaluate.transfer,
+            mteb=mteb_tasks, mteb_model_name=model_name, mteb_output=mteb_output, mteb_details=details,
+            retrieval=retrieval_scores if retrieval else None,
+            data_dir=raw, batch_size=cfg.evaluate.batch_size, device=str(device),
+        ))
+        steps = EvaluatorProgress([e.label for e in evaluators] + (["t-SNE"] if plots_dir is not None else []),
+                                  show=plots_dir is not None)  # the stage shows it; an ablation job prints its line
+        scores = run_evaluators(evaluators, encoder, steps)
     result = next(e.result for e in evaluators if isinstance(e, STSEvaluator))
     test_set = found.get("test_set")
     examples = (neighbours_markdown(test_set.examples, f"Nearest test captions ({test_set.set_name}, "
@@ -155,6 +165,7 @@ def run_evaluate(
     model = (model_dir, [p.s1 for pairs in tasks.values() for p in pairs[:2]]) if published else None
     record_evaluation(cfg, scores, run_id, experiment_name, plots_dir, examples, fig, tsne,
                       {"evaluation/sts_predictions.json": predictions}, model=model,
+                      folders={"mteb": mteb_dir} if mteb_dir is not None and mteb_tasks else None,
                       tags={COLLAPSED_TAG: collapsed_message(result.collapsed)} if result.collapsed else None,
                       minutes=(time.perf_counter() - started) / 60.0)
     return scores
@@ -164,13 +175,14 @@ def record_evaluation(cfg: Config, scores: dict[str, float], run_id: str | None,
                       plots_dir: Path | None, examples: str | None, sts_scatter: Any, tsne: Any,
                       dicts: dict[str, Any] | None = None, log_scatter: bool = True,
                       model: tuple[Path, list[str]] | None = None, tags: dict[str, str] | None = None,
-                      minutes: float | None = None) -> None:
+                      minutes: float | None = None, folders: dict[str, Path] | None = None) -> None:
     """What an evaluation leaves behind: into training run ``run_id`` the scores (``test_<name>``), the
     nearest-caption examples, the t-SNE and STS-scatter figures (``log_scatter``), ``dicts``
     (artifact path -> JSON) and ``model`` = (the evaluated sentence-transformers folder, example
     sentences) as an MLflow model (`mmcse.models.export.log_mlflow_model`, its URI in the run's tag
     ``mmcse.model_uri``), ``tags`` (e.g. `mmcse.evaluation.sts.COLLAPSED_TAG`) and the evaluation's wall-clock
-    ``minutes`` (`tracking.EVAL_MINUTES`, never in the scores: they are DVC metrics); into ``plots_dir`` (the
+    ``minutes`` (`tracking.EVAL_MINUTES`, never in the scores: they are DVC metrics), ``folders`` (artifact
+    path -> folder, e.g. mteb's results); into ``plots_dir`` (the
     evaluate stage's DVC outputs) ``sts_scatter.png``, ``sentence_retrieval.md`` and ``tsne.png``.
     Figures are closed either way."""
     import matplotlib.pyplot as plt
@@ -190,6 +202,8 @@ def record_evaluation(cfg: Config, scores: dict[str, float], run_id: str | None,
                 mlflow.log_figure(sts_scatter, "figures/sts_scatter.png")
             for artifact, value in (dicts or {}).items():
                 mlflow.log_dict(value, artifact)
+            for artifact, folder in (folders or {}).items():
+                mlflow.log_artifacts(str(folder), artifact)
             if model is not None:
 
                 mlflow.set_tag("mmcse.model_uri", log_mlflow_model(*model))

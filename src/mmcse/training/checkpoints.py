@@ -18,7 +18,6 @@ import errno
 import json
 import logging
 import math
-import os
 import shutil
 import zipfile
 from collections.abc import Callable, Sequence
@@ -41,7 +40,7 @@ from mmcse.integrity.files import (
     read_seal,
     seal_folder,
 )
-from mmcse.io import follow_umask, sha256_json
+from mmcse.io import follow_umask, sha256_json, swap_in_dir
 from mmcse.models.student import HEADS_FILE, HEADS_META
 from mmcse.tracking import remembered_run
 
@@ -85,18 +84,6 @@ def code_change(recorded: dict[str, Any]) -> str | None:
 
 
 # --------------------------------------------------------------------------- writing
-
-
-def _swap_in(tmp: Path, final: Path) -> None:
-    """Replace folder ``final`` by ``tmp`` so that one complete version always exists."""
-    old = final.with_name(final.name + ".old")
-    if old.exists():
-        shutil.rmtree(old)
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    if old.exists():
-        shutil.rmtree(old)
 
 
 def _fresh_tmp(folder: Path) -> Path:
@@ -151,7 +138,7 @@ def write_weights_folder(model: torch.nn.Module, weights: dict[str, torch.Tensor
                          save: Callable[[Path], None], **seal: Any) -> None:
     """Write ``model`` with ``weights`` (the best checkpoint's, held in memory) to ``folder`` through
     ``save(tmp)``, sealed with ``seal`` (e.g. ``config_hash``, ``step``) and every file's SHA-256, then
-    swapped in atomically (`_swap_in`); the model's current weights are restored afterwards."""
+    swapped in atomically (`mmcse.io.swap_in_dir`); the model's current weights are restored afterwards."""
     current = {k: v.detach().clone() for k, v in model.state_dict().items()}
     model.load_state_dict(weights)
     tmp = _fresh_tmp(folder)
@@ -159,7 +146,7 @@ def write_weights_folder(model: torch.nn.Module, weights: dict[str, torch.Tensor
         save(tmp)
         follow_umask(tmp)  # safetensors writes owner-only files; the checkpoint reads as every output does
         seal_folder(tmp, **seal)
-        _swap_in(tmp, folder)
+        swap_in_dir(tmp, folder)
     except Exception as err:
         if _disk_full(err):
             raise disk_full_error(folder, _tensor_bytes(weights)) from None
@@ -207,7 +194,7 @@ def save_resume_point(
                         "files": {name: file_sha256(tmp / name) for name in RESUME_WEIGHTS}})
         )
         follow_umask(tmp)
-        _swap_in(tmp, folder)
+        swap_in_dir(tmp, folder)
     except Exception as err:
         if _disk_full(err):
             raise disk_full_error(folder, _tensor_bytes((student.state_dict(), optimizer.state_dict()))) from None

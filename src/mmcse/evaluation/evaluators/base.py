@@ -29,7 +29,8 @@ class EvaluationInputs:
     transfer_probe: TransferConfig = field(default_factory=TransferConfig)
     mteb: Sequence[Any] = ()  # resolved mteb task objects (`mmcse.evaluation.mteb.prepare_tasks`)
     mteb_model_name: str = ""
-    mteb_output: Path | None = None
+    mteb_output: Path | None = None  # mteb's results layout goes under it (`mmcse.evaluation.mteb.mteb_scores`)
+    mteb_details: dict[str, Any] = field(default_factory=dict)  # model_meta.json's fields (`encoder_details`)
     retrieval: Callable[[EncodeFn], dict[str, float]] | None = None  # image–text retrieval of a student
     data_dir: Path | None = None  # where the data came from (data/raw, or the SentEval folder)
     batch_size: int = 128
