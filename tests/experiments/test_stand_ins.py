@@ -151,7 +151,8 @@ def test_a_role_entry_that_also_names_its_teacher_or_an_unknown_image_role_is_re
         load_config(params)
     raw["ablate"]["variants"] = {"a": {"teachers.image_role": "vit"}}
     params.write_text(yaml.safe_dump(raw, sort_keys=False))
-    with pytest.raises(ConfigError, match="profile demo names no image teacher role 'vit'.*has clip, resnet"):
+    with pytest.raises(ConfigError, match="profile demo names no image teacher role 'vit'.*has clip, resnet\\); "
+                       "to train this row, add `vit: .*` under teacher_roles.image there"):
         load_config(params)
 
 

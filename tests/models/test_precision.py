@@ -181,6 +181,7 @@ def test_out_of_memory_names_the_settings_and_keeps_the_resume_point(project, mo
     assert "step 7" in message and f"train.batch_size={cfg.train.batch_size}" in message
     assert "train.precision=fp32" in message and "train.precision: bf16" in message
     assert f"e.g. {cfg.train.batch_size // 2}" in message and "model.max_seq_len=" in message
+    assert f"try train.micro_batch: {cfg.train.batch_size // 4} with train.dropout_rng: per_row" in message
     assert "resume point (step 4) is intact" in message
     assert json.loads((project / "m/last/state.json").read_text())["step"] == 4
 

@@ -138,10 +138,25 @@ class TrainConfig:
     # and logsumexp terms stay fp32 whatever this says (τ = 0.05 would amplify bf16 rounding).
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     compile: Bool = False  # torch.compile the backbone (CUDA; dynamic shapes: one graph per padded length)
+    # the encoder's dropout masks: torch = torch's dropout (one draw per tensor) | per_row = each row's
+    # masks from (step, row, layer) alone, whatever batch it runs in (mmcse.models.dropout; micro_batch needs it)
+    dropout_rng: Literal["torch", "per_row"] = "torch"
+    # gradient-cached batches (Gao et al. 2021, GradCache): sentences per encoder pass; the loss still
+    # sees all batch_size in-batch negatives and the update equals the whole batch's (mmcse.training.gradcache)
+    micro_batch: Annotated[Int, Field(ge=0, description="0: the whole batch in one pass")] = 0
 
     def validate(self, where: str) -> None:
         check(self.lr_decay_epochs == 0 or self.warmup_ratio == 0, where, "train.warmup_ratio",
               "must be 0 with train.lr_decay_epochs (the step schedule has no warm-up)")
+        retrieval = self.method in RETRIEVAL_METHODS
+        check(not (retrieval and self.micro_batch), where, "train.micro_batch",
+              f"is for the sentence encoders (simcse, mcse, kdmcse, dalr, mcseo); {self.method} trains its image "
+              "and caption models end to end on the batch, without gradient caching: set it to 0")
+        check(not (retrieval and self.dropout_rng != "torch"), where, "train.dropout_rng",
+              f"per_row is for the sentence encoders' Hugging Face backbone, not {self.method}'s models")
+        check(self.micro_batch == 0 or self.dropout_rng == "per_row", where, "train.micro_batch",
+              "needs train.dropout_rng: per_row (each micro-batch's second pass must draw its first pass's "
+              "dropout masks, so the update equals the whole batch's)")
 
 
 Angle = Annotated[float, Field(ge=0, le=math.pi / 2, description="radians, at most π/2")]  # an angular margin

@@ -330,7 +330,9 @@ def _text_entries(entries: Any, roles: TeacherRoles, where: str) -> Any:
                               f"gives them ({roles.file}: teacher_roles.text)")
         if role not in roles.text:
             raise ConfigError(f"{where}: teachers.text[{i}]: profile {roles.profile} names no text teacher role "
-                              f"{role!r} ({roles.file}: teacher_roles.text has {', '.join(roles.text) or 'none'})")
+                              f"{role!r} ({roles.file}: teacher_roles.text has {', '.join(roles.text) or 'none'}); "
+                              f"to train this row, add `{role}: {{teacher: <HF id or local folder>, pooler: "
+                              f"<pooler>}}` under teacher_roles.text there")
         out.append({**roles.text[role], **{k: v for k, v in entry.items() if k != ROLE}})
     return out
 
@@ -342,7 +344,8 @@ def _image_role(overrides: dict[str, Any], roles: TeacherRoles, where: str) -> d
     role = str(overrides.pop(IMAGE_ROLE))
     if role not in roles.image:
         raise ConfigError(f"{where}: {IMAGE_ROLE}: profile {roles.profile} names no image teacher role {role!r} "
-                          f"({roles.file}: teacher_roles.image has {', '.join(roles.image) or 'none'})")
+                          f"({roles.file}: teacher_roles.image has {', '.join(roles.image) or 'none'}); to train "
+                          f"this row, add `{role}: {{<teachers.* key>: <value>, ...}}` under teacher_roles.image there")
     return {**roles.image[role], **overrides}
 
 

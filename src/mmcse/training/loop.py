@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from transformers import get_linear_schedule_with_warmup
 
 from mmcse import stopping
-from mmcse.config import Config, TrainConfig
+from mmcse.config import RETRIEVAL_METHODS, Config, TrainConfig
 from mmcse.errors import StageError, TrainingDiverged, TrainingOutOfMemory
 from mmcse.evaluation.geometry import POSITIVE_GOLD, check_sts_geometry, sts_geometry
 from mmcse.evaluation.sts import PRIMARY_METRIC, evaluate_sts, student_encoder
@@ -41,6 +41,7 @@ from mmcse.methods.objectives import (
 )
 from mmcse.methods.terms.simcse import MLM
 from mmcse.models.device import resolve_device
+from mmcse.models.dropout import install_keyed_dropout
 from mmcse.models.export import EVAL_MAX_SEQ_LEN, export_sentence_transformers
 from mmcse.models.precision import (
     autocast,
@@ -54,6 +55,7 @@ from mmcse.models.student import Student, load_backbone, load_mlm_head, load_tok
 from mmcse.training.batches import PAIR, TEXT, Batches, BatchFeatures, TrainData, check_inputs
 from mmcse.training.checkpoints import Checkpoints, TrainState, run_definition_hash
 from mmcse.training.divergence import DivergenceWatch
+from mmcse.training.gradcache import CachedTokens, TokenEncoder, direct_tokens
 
 log = logging.getLogger(__name__)
 
@@ -161,15 +163,19 @@ def training_step_loss(
     pair_batch: bool,
     seed: int = 0,
     on: dict[str, bool] | None = None,
+    encode: TokenEncoder | None = None,
 ) -> dict[str, torch.Tensor]:
     """Loss terms of one batch: two dropout passes (as one doubled batch) through the
     student, then every active term of the method on those embeddings and the cached
     teacher features ``feats`` (no teacher runs here). ``seed`` seeds the step's random
-    draws (DALR mismatched pairs, ranking ties); ``on`` is ``active_terms(o)``, worked
-    out once per run by the training loop."""
+    draws (DALR mismatched pairs, ranking ties, keyed dropout); ``on`` is ``active_terms(o)``, worked
+    out once per run by the training loop; ``encode`` runs the encoder (default: one pass with its
+    graph; `mmcse.training.gradcache.CachedTokens`: micro-batches, cached)."""
     ids, mask = batch["input_ids"], batch["attention_mask"]
     n = ids.shape[0]
-    tokens = student.token_states(ids.repeat(2, 1), mask.repeat(2, 1))  # (2B, L, H): two dropout masks
+    encode = encode or direct_tokens(student, seed)
+    rows = torch.arange(2 * n, device=ids.device)  # (2B,): each row's dropout key (two views, two keys)
+    tokens = encode(ids.repeat(2, 1), mask.repeat(2, 1), rows)  # (2B, L, H): two dropout masks
     cls = tokens[:, 0]  # (2B, H)
     z = student.mlp(cls)  # (2B, H)
     e = StepEmbeddings(z1=z[:n], z2=z[n:], pair_batch=pair_batch)
@@ -184,7 +190,7 @@ def training_step_loss(
         masked, labels = mlm_masking(ids.repeat(2, 1), head.special_ids, head.mask_id, head.vocab,
                                      o.loss.simcse.mlm_probability, MLM.generator(seed))  # (2B, L) each
         chosen = labels != IGNORED  # (2B, L)
-        masked_states = student.token_states(masked, mask.repeat(2, 1))  # (2B, L, H): its own dropout
+        masked_states = encode(masked, mask.repeat(2, 1), rows + 2 * n)  # (2B, L, H): its own dropout
         e.mlm_logits = head(masked_states[chosen])  # (M, V): only the chosen tokens reach the vocabulary
         e.mlm_labels = labels[chosen]  # (M,)
     if pair_batch and "s" in wanted:
@@ -234,11 +240,16 @@ def optimizer_step(
     """One training step: the forward pass under ``train.precision``'s autocast, backward
     (through the fp16 loss scaler when enabled) and the optimizer update. Returns the loss
     terms and the gradient norm (`GRAD_NORM`), still on the device (reading them is a host sync the
-    caller defers)."""
+    caller defers). With ``train.micro_batch`` the encoder runs that many sentences per pass
+    (`mmcse.training.gradcache`): the same update as the whole batch's."""
+    cached = (CachedTokens(student, seed, 2 * train.micro_batch, lambda: autocast(train.precision, device))
+              if train.micro_batch else None)
     with autocast(train.precision, device):
-        terms = training_step_loss(student, o, batch, feats, pair_batch, seed, on)
+        terms = training_step_loss(student, o, batch, feats, pair_batch, seed, on, encode=cached)
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(terms["loss"]).backward()
+    if cached is not None:
+        cached.backward()  # the encoder's share, micro-batch by micro-batch
     return terms | {GRAD_NORM: clipped_update(student, train, optimizer, scaler)}
 
 
@@ -252,7 +263,12 @@ def out_of_memory_message(cfg: Config, step: int, resume_step: int | None) -> st
     resume = (f"the resume point (step {resume_step}) is intact: rerun to continue from it"
               if resume_step is not None else "no resume point was written yet")
     smaller = max(cfg.train.batch_size // 2, 2)
-    advice = [f"a smaller train.batch_size (e.g. {smaller})"]
+    micro = max((cfg.train.micro_batch or cfg.train.batch_size) // 4, 1)
+    # the same batch in smaller encoder passes keeps the paper's in-batch negatives; a smaller batch does not
+    advice = [] if cfg.train.method in RETRIEVAL_METHODS else [
+        f"train.micro_batch: {micro} with train.dropout_rng: per_row (the same batch, encoded {micro} sentences "
+        "at a time: the same update)"]
+    advice.append(f"a smaller train.batch_size (e.g. {smaller})")
     if cfg.train.precision == "fp32":
         advice.append("train.precision: bf16 (or fp16 on GPUs without bf16)")
     advice.append(f"a shorter model.max_seq_len (now {cfg.model.max_seq_len})")
@@ -318,6 +334,8 @@ def train(
     tokenizer = load_tokenizer(cfg.model.name_or_path)
     tokens = data.token_tables(tokenizer, cfg.model.max_seq_len, data_dir.parent / "tokens")
     backbone = load_backbone(cfg.model, dropout=cfg.train.dropout)
+    if cfg.train.dropout_rng == "per_row":  # each row's masks from (step, row, layer) alone: micro-batches replay them
+        install_keyed_dropout(backbone)
     student = Student(backbone, data.image_features.dim, cfg.model.proj_dim, data.joint_image.dim,
                       text_teacher_dim=widths[0], head=cfg.model.projection_head,
                       joint_text_dim=data.joint_text.dim).to(device)
