@@ -54,7 +54,8 @@ def minilm(tmp_path_factory):
 
 # ~3-8 s each: the fast tier keeps the default pooler and a layer-mixing one (test_layer_poolers_really_read_the_
 # hidden_states keeps every pooler's reading in the fast tier); the full suite exports all five
-@pytest.mark.parametrize("pooler", ["cls_before_pooler", pytest.param("avg", marks=pytest.mark.slow), "avg_first_last",
+@pytest.mark.parametrize("pooler", ["cls_before_pooler", pytest.param("avg", marks=pytest.mark.slow),
+                                    pytest.param("avg_first_last", marks=pytest.mark.slow),
                                     pytest.param("avg_top2", marks=pytest.mark.slow),
                                     pytest.param("cls", marks=pytest.mark.slow)])
 def test_exported_minilm_encodes_as_text_encoder(minilm, pooler):

@@ -27,6 +27,7 @@ One preset serves both; a role a profile does not name is refused, naming the pr
 from __future__ import annotations
 
 import copy
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -374,11 +375,18 @@ def expand_roles(raw: dict[str, Any], root: Path, where: str = "params.yaml") ->
     return raw
 
 
+@functools.lru_cache(maxsize=512)
+def _parsed_yaml(text: str) -> Any:
+    """``text`` parsed (libyaml's safe loader where PyYAML has it), once per distinct text: resolving
+    a table reads the same recipe and profile files for every row (hundreds of parses a plan)."""
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
 def read_keyed_yaml(file: Path, valid_keys: tuple[str, ...]) -> dict[str, Any]:
     """A YAML mapping from ``file`` whose top-level keys must be among ``valid_keys`` (preset
     and profile files); invalid YAML or an unknown key is a ConfigError naming the file."""
     try:
-        raw = yaml.safe_load(file.read_text()) or {}
+        raw = copy.deepcopy(_parsed_yaml(file.read_text())) or {}  # a copy: callers edit what they get
     except yaml.YAMLError as err:
         raise ConfigError(f"{file}: not valid YAML: {err}") from None
     unknown = sorted(set(raw) - set(valid_keys)) if isinstance(raw, Mapping) else ["<not a mapping>"]
