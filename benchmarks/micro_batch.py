@@ -16,9 +16,11 @@ CPU's peak is per configuration), with the same initial weights and batch:
 
 The step is SimCSE's as ``mmcse.training.loop.training_step_loss`` runs it (both views as one doubled
 batch through the student, the MLP pooler on [CLS], the in-batch InfoNCE at τ 0.05), under the
-precision's autocast, then backward and AdamW; the encoder holds nearly all of a step's activations
-for every method, so SimCSE stands for them. Peak memory: CUDA's ``max_memory_allocated`` over the
-timed steps (weights, AdamW state and activations), or the process's peak resident set on a CPU.
+precision's autocast, then backward and AdamW; it is spelled out here rather than imported because
+``mmcse.training.loop`` pulls in MLflow, which a bare GPU machine lacks; the encoder holds nearly all
+of a step's activations for every method, so SimCSE stands for them. Peak memory: CUDA's
+``max_memory_allocated`` over the timed steps (weights, AdamW state and activations), or the
+process's peak resident set on a CPU.
 Inputs: every sentence ``--seq-len`` tokens (the papers' ``max_seq_len`` 32, all real), random ids,
 random weights (BERT-base's configuration: nothing is downloaded).
 

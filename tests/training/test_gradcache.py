@@ -82,26 +82,19 @@ def test_with_torchs_dropout_the_replay_would_not_be_the_first_pass():
 
 def test_the_training_step_with_micro_batches_makes_the_whole_batchs_update():
     """optimizer_step wires it: AdamW's update of every parameter after one step is the same."""
-    cfg = with_overrides(tiny_config("dalr"), {"train.dropout_rng": "per_row", "train.learning_rate": 1e-3})
     after = {}
     for micro in (0, 2):
-        student = tiny_student(cfg, dropout=0.1).double().train()
-        install_keyed_dropout(student.backbone)
-        batch, feats = step_inputs(cfg, student.backbone.config.vocab_size)
-        feats.joint_text, feats.joint_image = feats.joint_text.double(), feats.joint_image.double()
-        feats.image = feats.image.double() if feats.image is not None else None
-        feats.text_teachers = [t.double() for t in feats.text_teachers]
-        train = with_overrides(cfg, {"train.micro_batch": micro}).train
+        cfg, student, batch, feats = _double_student("dalr")  # the same initial weights each time
+        train = with_overrides(cfg, {"train.micro_batch": micro, "train.learning_rate": 1e-3}).train
         optimizer, _ = build_optimizer(student, train, total_steps=10)
         terms = optimizer_step(student, Objective.of(cfg), train, batch, feats, True, optimizer,
                                grad_scaler("fp32", torch.device("cpu")), torch.device("cpu"), seed=5)
         after[micro] = (terms["loss"].item(), {n: p.detach().clone() for n, p in student.named_parameters()})
     assert after[2][0] == pytest.approx(after[0][0], abs=1e-9)
-    moved = 0
     for name, value in after[0][1].items():
         assert torch.allclose(after[2][1][name], value, rtol=0, atol=1e-9), name
-    student0 = tiny_student(cfg, dropout=0.1).double()
-    moved = sum(not torch.equal(p.detach(), after[0][1][n]) for n, p in student0.named_parameters())
+    _, initial, _, _ = _double_student("dalr")
+    moved = sum(not torch.equal(p.detach(), after[0][1][n]) for n, p in initial.named_parameters())
     assert moved > 10  # the step did update the encoder and the heads
 
 
@@ -124,6 +117,18 @@ def test_a_rows_masks_depend_on_its_key_alone():
     with row_keys(student.backbone, 7, rows):
         a = student.token_states(ids, mask)
     assert torch.allclose(a, student.token_states(ids, mask), rtol=0, atol=1e-12)
+
+
+def test_an_attention_module_the_install_did_not_key_is_refused_in_training():
+    """keyed_attention never falls back to torch's dropout silently for a module it holds no keys of."""
+    from mmcse.models.dropout import keyed_attention
+
+    attention = torch.nn.Module().train()
+    q = torch.randn(2, 1, 3, 4)
+    with pytest.raises(ValueError, match="per_row does not know Module's attention"):
+        keyed_attention(attention, q, q, q, None, dropout=0.1)
+    out, _ = keyed_attention(attention.eval(), q, q, q, None, dropout=0.1)  # evaluation: no dropout to key
+    assert out.shape == (2, 3, 1, 4)
 
 
 def test_the_keyed_masks_keep_one_minus_p_independently():

@@ -268,8 +268,8 @@ def results_folder(folder: Path | None, model_name: str, details: dict[str, Any]
     build = build_dir(folder.parent, f".{folder.name}.")
     try:
         yield build
-        shown = folder.resolve().relative_to(Path.cwd().resolve()) if folder.resolve().is_relative_to(
-            Path.cwd().resolve()) else folder.resolve()
+        shown, cwd = folder.resolve(), Path.cwd().resolve()
+        shown = shown.relative_to(cwd) if shown.is_relative_to(cwd) else shown  # the README's load snippet
         write_text(build / "README.md", results_readme(model_name, details, task_names, shown.as_posix(), why_none))
         swap_in_dir(build, folder)
     finally:
@@ -298,7 +298,8 @@ def mteb_scores(
         raise ValueError(f"mteb: batch_size must be >= 1, got {batch_size}")
     resolved = prepare_tasks(tasks)
     details = dict(details or {})
-    details.setdefault("embed_dim", int(np.asarray(encode(["."])).shape[-1]))  # model_meta.json's embedding size
+    if output_dir is not None:  # model_meta.json's embedding size: one sentence encoded, only for the file
+        details.setdefault("embed_dim", int(np.asarray(encode(["."])).shape[-1]))
     model = encoder_for_mteb(encode, model_name, batch_size, details)
     cache = mteb.ResultCache(cache_path=output_dir) if output_dir is not None else None
     scores: dict[str, float] = {}

@@ -26,7 +26,7 @@ from mmcse.experiments.jobs import (
 from mmcse.experiments.stand_ins import paper_stand_ins
 from mmcse.experiments.upstream import resolve_on_record
 from mmcse.integrity.code import EVALUATION_CODE, code_digest, code_files
-from mmcse.io import build_dir, read_json, write_json
+from mmcse.io import build_dir, read_json, swap_in_dir, write_json
 from mmcse.models.device import device_tags
 from mmcse.pipeline.evaluate import require_trained_with, run_evaluate
 from mmcse.pipeline.paths import Paths
@@ -77,13 +77,7 @@ def _link_tree(source: Path, dest: Path) -> None:
 
     try:
         shutil.copytree(source, tmp, copy_function=link, dirs_exist_ok=True)
-        old = dest.with_name(dest.name + ".old")
-        if old.exists():
-            shutil.rmtree(old)
-        if dest.exists():
-            os.replace(dest, old)
-        os.replace(tmp, dest)
-        shutil.rmtree(old, ignore_errors=True)
+        swap_in_dir(tmp, dest)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

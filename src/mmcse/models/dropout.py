@@ -105,6 +105,9 @@ def keyed_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
                     **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """Eager attention (BERT/RoBERTa's) with the keyed dropout on the probabilities ``(R, heads, L, L)``."""
     keys: RowKeys | None = getattr(module, "mmcse_row_keys", None)
+    if keys is None and module.training and dropout > 0.0:
+        raise ValueError(f"train.dropout_rng: per_row does not know {type(module).__name__}'s attention (keyed: "
+                         "BERT/RoBERTa self-attention); its dropout would not replay: use train.dropout_rng: torch")
     if keys is None or keys.rows is None or not module.training or dropout == 0.0:
         return eager_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
                                        dropout=dropout, **kwargs)
