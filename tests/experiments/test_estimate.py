@@ -40,6 +40,11 @@ def test_jobs_are_estimated_from_the_train_stages_pace_and_other_data_is_counted
     assert job_steps(cfg, cfg) == steps
     longer = with_overrides(cfg, {"train.max_steps": 0, "train.epochs": 3})
     assert job_steps(longer, cfg) == 3 * batches
+    fine_tuned = with_overrides(longer, {"train.method": "vsepp", "model.vsepp.image_input": "pixels",
+                                         "model.vsepp.finetune_epochs": 2})  # VSE++'s fine-tuning epochs follow
+    assert job_steps(fine_tuned, cfg) == 5 * batches
+    assert job_steps(with_overrides(fine_tuned, {"model.vsepp.image_input": "regions",
+                                                 "model.vsepp.finetune_epochs": 0}), cfg) == 3 * batches
     other = with_overrides(cfg, {"data.captions": "longest"})  # other data: its size is not known here
     assert job_steps(other, cfg) is None
     time = estimate(cfg, [cfg, longer, other])

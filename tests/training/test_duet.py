@@ -334,8 +334,7 @@ def test_duet_presets_and_profiles_resolve(tmp_path):
     assert table_metric(flickr) == "flickr30k_1k_rsum" and flickr.regions.source == "npy"
     table1 = load_config(REPO / "params.yaml", {"ablate.preset": "duet-table1"})
     assert list(table1.ablate.variants) == ["VSE++", "VSRN", "DUET"] and table1.ablate.variants["VSE++"] == {
-        "train.method": "vsepp", "regions.source": "grid", "regions.max_regions": 49, "regions.files": [],
-        "regions.folder": ""} and table1.ablate.variants["VSRN"] == {"train.method": "vsrn"}
+        "train.method": "vsepp"} and table1.ablate.variants["VSRN"] == {"train.method": "vsrn"}
     from mmcse.experiments.plan import plan
 
     params = tmp_path / "params.yaml"
@@ -349,8 +348,13 @@ def test_duet_presets_and_profiles_resolve(tmp_path):
     vsepp = rows["VSE++"]  # its own recipe: the authors' train.py defaults
     assert (vsepp["train"]["learning_rate"], vsepp["train"]["batch_size"], vsepp["train"]["lr_decay_epochs"],
             vsepp["train"]["max_grad_norm"], vsepp["loss"]["vsepp"]["margin"]) == (2e-4, 128, 15, 2.0, 0.2)
-    assert (vsepp["data"]["splits"], vsepp["regions"]["source"]) == (["train", "restval"], "grid")  # its own input:
-    assert (vsepp["regions"]["grid_model"], vsepp["regions"]["grid_weights"]) == ("resnet152", "IMAGENET1K_V1")  # RN152
+    # its own input: ResNet-152 (ImageNet) on the images, 30 epochs frozen, then 15 fine-tuned at 2e-5 (RN152 (FT))
+    assert vsepp["data"]["splits"] == ["train", "restval"] and vsepp["model"]["vsepp"] == {
+        "word_dim": 300, "joint_dim": 1024, "gru_layers": 1, "min_word_count": 4, "image_input": "pixels",
+        "crop_size": 224, "finetune_epochs": 15, "finetune_learning_rate": 2e-5}
+    assert (vsepp["regions"]["grid_model"], vsepp["regions"]["grid_weights"], vsepp["train"]["epochs"]) == (
+        "resnet152", "IMAGENET1K_V1", 30)
+    assert not plan(params, "duet-table1")["rows"][0].get("caveat")  # the printed row's own input
     vsrn = rows["VSRN"]  # its own recipe: the authors' train.py defaults, on the same region sets
     assert (vsrn["train"]["learning_rate"], vsrn["train"]["batch_size"], vsrn["train"]["lr_decay_epochs"],
             vsrn["train"]["max_grad_norm"], vsrn["train"]["epochs"], vsrn["loss"]["vsrn"]) == (
@@ -464,3 +468,76 @@ def test_a_vsepp_checkpoint_is_evaluated_as_duets_are(duet_cwd, tmp_path, capsys
     with pytest.raises(SystemExit):
         main(["eval", "--model", str(tmp_path / "m/best"), "--senteval-dir", "x"])
     assert "score it with --retrieval; --senteval-dir: a retrieval model has no" in capsys.readouterr().err
+
+
+def test_vsepp_on_pixels_trains_frozen_then_fine_tunes_its_cnn_and_resumes_across_the_switch(duet_cwd, tmp_path):
+    """model.vsepp.image_input: pixels runs the CNN (regions.grid_weights) on random crops in the loop:
+    frozen for train.epochs (its convolutions keep the loaded weights), then fine-tuned for
+    model.vsepp.finetune_epochs at finetune_learning_rate from the frozen phase's best weights; the best
+    checkpoint is the fine-tuning's; a run killed after the switch resumes to the same weights; the
+    evaluate stage reads the test images' center crops (no region set)."""
+    from safetensors.torch import save_file
+
+    from mmcse.data.images import ImagePixels
+    from mmcse.models.cnn import pooled_resnet
+    from mmcse.models.tokens import cached_tokens
+    from mmcse.models.vsepp import VseppModel
+    from mmcse.pipeline.evaluate import evaluate_duet
+    from mmcse.training.duet import VSEPP_WEIGHTS
+
+    torch.manual_seed(0)
+    imagenet = pooled_resnet("resnet50").state_dict()  # the "ImageNet" weights: a file, so known exactly
+    save_file({k: v.contiguous() for k, v in imagenet.items()}, str(tmp_path / "resnet50.safetensors"))
+    overrides = {
+        "train.method": "vsepp", "model.vsepp.joint_dim": 16, "model.vsepp.word_dim": 8,
+        "model.vsepp.min_word_count": 2, "model.vsepp.image_input": "pixels", "model.vsepp.crop_size": 32,
+        "regions.grid_model": "resnet50", "regions.grid_weights": str(tmp_path / "resnet50.safetensors"),
+        "train.learning_rate": 2e-3, "train.lr_decay_epochs": 1, "train.max_grad_norm": 2.0,
+        "train.epochs": 1, "train.max_steps": 0, "train.eval_steps": 4, "train.checkpoint_steps": 4}
+    frozen_cfg = with_overrides(load_config("params.yaml"), overrides)
+    frozen = train_duet(frozen_cfg, "data/raw", {}, tmp_path / "frozen", progress=False)
+    weights = load_file(str(tmp_path / "frozen/best" / VSEPP_WEIGHTS))
+    assert frozen.steps == 6 and torch.equal(weights["cnn.conv1.weight"], imagenet["conv1.weight"])
+    assert not torch.equal(weights["cnn.bn1.running_mean"], imagenet["bn1.running_mean"])  # in train mode, as theirs
+
+    cfg = with_overrides(frozen_cfg, {"model.vsepp.finetune_epochs": 1, "model.vsepp.finetune_learning_rate": 1e-4})
+    lrs = []
+    result = train_duet(cfg, "data/raw", {}, tmp_path / "m", progress=False,
+                        log_metrics=lambda entries: lrs.extend((s, m["lr"]) for m, s in entries if "lr" in m))
+    assert result.steps == 12 and [s for s, lr in lrs if lr == pytest.approx(1e-4)] == [s for s, _ in lrs if s >= 6]
+    # the frozen phase is the frozen run step for step; its dev scores end at step 6, the fine-tuning's follow
+    devs = [h for h in result.history if "dev" in h]
+    assert [h for h in devs if h["step"] <= 6] == [h for h in frozen.history if "dev" in h]
+    assert result.best_step > 6 and result.best_score == max(h["dev"] for h in devs if h["step"] > 6)
+    best = load_file(str(tmp_path / "m/best" / VSEPP_WEIGHTS))
+    assert not torch.equal(best["cnn.conv1.weight"], imagenet["conv1.weight"])  # fine-tuned
+    state = json.loads((tmp_path / "m/best/train_state.json").read_text())
+    assert (state["image_input"], state["region_sets"]) == ("pixels", {})
+
+    def kill_at_8(step: int, score: float) -> None:
+        if step == 8:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):  # the resume point is the switch's (step 6): it switches again
+        train_duet(cfg, "data/raw", {}, tmp_path / "resumed", on_eval=kill_at_8, progress=False)
+    assert json.loads((tmp_path / "resumed/last/state.json").read_text())["step"] == 6
+    resumed = train_duet(cfg, "data/raw", {}, tmp_path / "resumed", progress=False)
+    assert resumed.history == result.history
+    again = load_file(str(tmp_path / "resumed/best" / VSEPP_WEIGHTS))
+    assert all(torch.equal(again[k], best[k]) for k in best)
+
+    model, tokenizer = load_duet(tmp_path / "m/best")
+    assert isinstance(model, VseppModel) and model.reads_pixels and model.crop_size == 32
+    scores = evaluate_duet(cfg, Paths.of(cfg), tmp_path / "m/best", {})
+    ids = [row["image_id"] for row in read_jsonl("data/raw/retrieval/images.jsonl")]
+    test = RetrievalSplit.load(Path("data/raw/retrieval/images.jsonl"), Path("data/raw/retrieval/captions.jsonl"),
+                               ImagePixels("data/raw", ids, 32))
+    tokens = cached_tokens(tmp_path / "tok", "test", tokenizer, test.captions, cfg.model.max_seq_len)
+    images, texts = split_embeddings(model, test, tokens, 16, torch.device("cpu"))
+    assert scores["demo_rsum"] == pytest.approx(retrieval_metrics(images, texts, test.text_image)["rsum"], abs=1e-6)
+
+
+def test_fine_tuning_vsepps_cnn_needs_it_in_the_loop():
+    with pytest.raises(ConfigError, match=re.escape("model.vsepp.finetune_epochs': fine-tunes the CNN, which runs "
+                                                    "only with model.vsepp.image_input: pixels")):
+        with_overrides(load_config(REPO / "params.yaml"), {"train.method": "vsepp", "model.vsepp.finetune_epochs": 2})

@@ -54,6 +54,21 @@ class VseppModelConfig:
     joint_dim: PositiveInt = 1024
     gru_layers: PositiveInt = 1
     min_word_count: PositiveInt = 4
+    # the image feature: regions = the mean of the region set's features (the CNN's, cached: its "1C"
+    # input) | pixels = the CNN regions.grid_model (weights regions.grid_weights) runs in the loop on each
+    # image (the authors' EncoderImageFull): training crops at random (RandomResizedCrop + flip, data.py
+    # get_transform), evaluation takes the center crop; the CNN in train mode while training, as theirs
+    image_input: Literal["regions", "pixels"] = "regions"
+    # pixels: train.py --crop_size; evaluation resizes to 8/7 of it (256 for 224) and takes the center crop
+    crop_size: Annotated[Int, Field(ge=32)] = 224
+    # pixels: after train.epochs with the CNN frozen, the best weights train this many more epochs with
+    # the CNN's parameters updated too, at finetune_learning_rate (fresh Adam moments): VSE++'s "FT" rows
+    finetune_epochs: Annotated[Int, Field(ge=0, description="0: the CNN stays frozen")] = 0
+    finetune_learning_rate: Positive = 2e-5
+
+    def validate(self, where: str) -> None:
+        check(self.finetune_epochs == 0 or self.image_input == "pixels", where, "model.vsepp.finetune_epochs",
+              "fine-tunes the CNN, which runs only with model.vsepp.image_input: pixels")
 
 
 @dataclass(frozen=True)
@@ -105,6 +120,7 @@ class ModelConfig:
 
     def validate(self, where: str) -> None:
         self.duet.validate(where)
+        self.vsepp.validate(where)
         check(bool(self.name_or_path.strip()), where, "model.name_or_path", "must not be empty")
         check(
             not self.config_overrides or self.init == "random",

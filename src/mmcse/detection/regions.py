@@ -82,6 +82,7 @@ import numpy as np
 from numpy.lib.format import open_memmap
 from PIL import Image, UnidentifiedImageError
 
+from mmcse.data.images import IMAGE_TABLES, image_rows
 from mmcse.detection.crops import masked_crop, object_crop
 from mmcse.detection.region_files import (
     FIX_INPUT,
@@ -111,22 +112,6 @@ log = logging.getLogger(__name__)
 
 
 REBUILD = "delete the folder or rerun the stage that caches region features (it rebuilds the set)"
-
-
-# training, retrieval test, retrieval validation; a table an older data folder lacks is skipped
-IMAGE_TABLES = ("images.jsonl", "retrieval/images.jsonl", "retrieval/val_images.jsonl")
-
-
-def image_rows(raw_dir: str | Path, tables: Sequence[str] = IMAGE_TABLES) -> dict[str, dict[str, Any]]:
-    """Image rows by id from the data folder's image tables that exist (training, retrieval test, then
-    retrieval validation; a table an older data folder lacks is skipped)."""
-    raw_dir = Path(raw_dir)
-    rows: dict[str, dict[str, Any]] = {}
-    for table in tables:
-        if (raw_dir / table).is_file():
-            for row in read_jsonl(raw_dir / table):
-                rows.setdefault(row["image_id"], row)
-    return rows
 
 
 def image_size(path: Path) -> tuple[int, int]:

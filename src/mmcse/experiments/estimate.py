@@ -17,6 +17,7 @@ from mmcse.config import Config
 from mmcse.io import read_json
 from mmcse.pipeline.paths import Paths
 from mmcse.training.batches import Batches
+from mmcse.training.duet import reads_pixels
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,8 @@ def job_steps(job: Config, params: Config, root: str | Path = ".",
         batches = Batches(int(counts["corpus_sentences"]), int(counts["pairs"]), job.train.batch_size, job.base.seed)
     except (TypeError, ValueError, KeyError):
         return None
-    total = len(batches) * job.train.epochs
+    finetune = job.model.vsepp.finetune_epochs if reads_pixels(job) else 0  # VSE++'s fine-tuning epochs follow
+    total = len(batches) * (job.train.epochs + finetune)
     return min(total, job.train.max_steps) if job.train.max_steps else total
 
 

@@ -10,8 +10,8 @@ import numpy as np
 from filelock import FileLock
 
 from mmcse.config import Config
+from mmcse.data.images import IMAGE_TABLES
 from mmcse.detection.regions import (
-    IMAGE_TABLES,
     build_region_cache,
     grid_source,
     npy_source,

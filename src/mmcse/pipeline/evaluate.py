@@ -11,6 +11,7 @@ import numpy as np
 
 from mmcse import tracking
 from mmcse.config import RETRIEVAL_METHODS, Config
+from mmcse.data.images import ImagePixels
 from mmcse.data.senteval import TRANSFER_TASKS, SentencePair, TransferExample
 from mmcse.detection.regions import RegionStore
 from mmcse.environment import environment
@@ -234,10 +235,7 @@ def evaluate_duet(cfg: Config, paths: Paths, model_dir: Path, region_sets: dict[
     set_name = manifest.get("retrieval_set")
     if not set_name:
         raise ValueError(f"{raw}: no retrieval test set (data.pairs: {cfg.data.pairs}); DUET is scored by retrieval")
-    if "test" not in region_sets:
-        raise FileNotFoundError(f"{model_dir}: no test region set recorded for this training; rerun it "
-                                "(dvc repro train)")
-    split, image_emb, text_emb = duet_test_embeddings(cfg, raw, model_dir, region_sets["test"])
+    split, image_emb, text_emb = duet_test_embeddings(cfg, raw, model_dir, region_sets.get("test"))
     block = cfg.evaluate.retrieval.block_size
     scores = test_set_metrics(set_name, image_emb, text_emb, split.text_image, block)
     if cfg.evaluate.ndcg.relevance:
@@ -265,14 +263,23 @@ def evaluate_duet(cfg: Config, paths: Paths, model_dir: Path, region_sets: dict[
     return scores
 
 
-def duet_test_embeddings(cfg: Config, raw: Path, model_dir: Path, test_regions: Path) -> tuple[Any, Any, Any]:
-    """The test split of ``raw`` (`mmcse.training.duet.RetrievalSplit` on the region set ``test_regions``)
-    and a DUET checkpoint's v_I ``(N_img, D)`` and v_C ``(N_txt, D)`` of it (Eq. 27)."""
+def duet_test_embeddings(cfg: Config, raw: Path, model_dir: Path, test_regions: Path | None) -> tuple[Any, Any, Any]:
+    """The test split of ``raw`` (`mmcse.training.duet.RetrievalSplit` on the region set ``test_regions``,
+    or the images' pixels for a VSE++ that runs its CNN) and a DUET checkpoint's v_I ``(N_img, D)`` and v_C
+    ``(N_txt, D)`` of it (Eq. 27)."""
 
     device = resolve_device(cfg.base.device)
     model, tokenizer = load_duet(model_dir, device)
-    split = RetrievalSplit.load(raw / "retrieval" / "images.jsonl", raw / "retrieval" / "captions.jsonl",
-                                RegionStore.open(test_regions))
+    images, captions = raw / "retrieval" / "images.jsonl", raw / "retrieval" / "captions.jsonl"
+    if getattr(model, "reads_pixels", False):
+        ids = [row["image_id"] for row in read_jsonl(images)] if images.is_file() else []
+        source: Any = ImagePixels(raw, ids, model.crop_size, cfg.teachers.num_workers)
+    elif test_regions is None:
+        raise FileNotFoundError(f"{model_dir}: no test region set recorded for this training; rerun it "
+                                "(dvc repro train)")
+    else:
+        source = RegionStore.open(test_regions)
+    split = RetrievalSplit.load(images, captions, source)
     tokens = cached_tokens(raw.parent / "tokens", "test_captions", tokenizer, split.captions, cfg.model.max_seq_len)
     image_emb, text_emb = split_embeddings(model, split, tokens, cfg.evaluate.batch_size, device,
                                            cfg.train.precision)
@@ -327,6 +334,8 @@ def checkpoint_duet_retrieval(cfg: Config, paths: Paths, model_dir: Path, state:
     ``<data>/upstream/regions``, on ``cfg``'s top-level artifacts (refused when stale)."""
 
     up = require_top_level(cfg, paths)
+    if state.get("image_input") == "pixels":  # VSE++ with its CNN: it reads the test images themselves
+        return evaluate_duet(cfg, paths, model_dir, {}, data_dir=up.raw)
     return evaluate_duet(cfg, paths, model_dir, {"test": checkpoint_test_regions(paths, model_dir, state)},
                          data_dir=up.raw)
 

@@ -22,7 +22,7 @@ from mmcse.pipeline.paths import Paths
 from mmcse.tracking import TRAIN_MINUTES
 from mmcse.training.batches import check_inputs
 from mmcse.training.checkpoints import resume_point_run, run_definition_hash
-from mmcse.training.duet import best_checkpoint_files, train_duet
+from mmcse.training.duet import best_checkpoint_files, reads_pixels, train_duet
 from mmcse.training.loop import train
 
 # summary keys kept out of summary.json (a DVC output): they differ between two identical runs
@@ -86,7 +86,7 @@ def run_train(
     check_precision(cfg.train.precision, resolve_device(cfg.base.device))  # before a run is started
     duet = cfg.train.method in RETRIEVAL_METHODS  # DUET, VSE++: retrieval models on region sets
     region_sets: dict[str, Path] = {}
-    if duet:  # pre-flight: a set that cannot be had fails before a run is started
+    if duet and not reads_pixels(cfg):  # pre-flight: a set that cannot be had fails before a run is started
         region_sets = region_sets_for(cfg, paths, up)
     tracking.configure(cfg)
     # continue the folder's run only when training will continue its resume point (a damaged best or

@@ -20,8 +20,10 @@ from PIL import Image
 from safetensors.torch import load_file as load_safetensors
 from tqdm.auto import tqdm
 
+from mmcse.data.images import IMAGENET_MEAN, IMAGENET_STD
 from mmcse.hub import ModelUnavailableError, offline, resolve_model
 from mmcse.io import open_image, sha256_file
+from mmcse.models.cnn import RESNETS, pooled_resnet
 
 # --------------------------------------------------------------------------- images
 
@@ -77,10 +79,9 @@ def resize_crop_normalise(resize: int = 256, crop: int = 224) -> Callable:
     from torchvision import transforms
 
     return transforms.Compose([transforms.Resize(resize), transforms.CenterCrop(crop), transforms.ToTensor(),
-                               transforms.Normalize([0.485, 0.456, 0.406], [0.229, 0.224, 0.225])])
+                               transforms.Normalize(list(IMAGENET_MEAN), list(IMAGENET_STD))])
 
 
-RESNETS = {"resnet50": "ResNet50", "resnet101": "ResNet101", "resnet152": "ResNet152"}  # torchvision's names
 
 
 def _resnet_name(arch: str) -> str:
@@ -153,23 +154,21 @@ def resolve_resnet50(weights: str, arch: str = "resnet50",
 def build_resnet50(path: Path | None, arch: str = "resnet50") -> torch.nn.Module:
     """ResNet-50 (``arch``: `RESNETS`) without its classifier: 2048-d pooled features (random weights
     without a file)."""
-    import torchvision
-
-    model = getattr(torchvision.models, arch)(weights=None)
+    model = pooled_resnet(arch)
     if path is not None:
         if path.suffix == ".safetensors":
             state = load_safetensors(str(path))
         else:
             state = torch.load(path, map_location="cpu", weights_only=True)
+        state = {k: v for k, v in state.items() if not k.startswith("fc.")}  # the classifier is not kept
         try:
             missing, unexpected = model.load_state_dict(state, strict=False)
         except RuntimeError as err:  # shape mismatches
             raise ValueError(f"{path}: not {_resnet_name(arch)} weights "
                              f"({str(err).splitlines()[-1].strip()})") from None
-        if [k for k in missing if not k.startswith("fc.")] or unexpected:
+        if missing or unexpected:
             raise ValueError(f"{path}: not {_resnet_name(arch)} weights (missing {missing[:3]}, "
                              f"unexpected {unexpected[:3]})")
-    model.fc = torch.nn.Identity()
     return model.eval()
 
 

@@ -39,6 +39,7 @@ from tqdm.auto import tqdm
 
 from mmcse import stopping
 from mmcse.config import Config, DuetModelConfig, LossConfig, TrainConfig, VseppModelConfig, VsrnModelConfig
+from mmcse.data.images import ImagePixels
 from mmcse.detection.regions import RegionStore
 from mmcse.errors import StageError, TrainingOutOfMemory
 from mmcse.evaluation.retrieval import check_text_image, retrieval_metrics
@@ -47,6 +48,7 @@ from mmcse.io import read_json, read_jsonl, write_json
 from mmcse.methods.duet import duet_objective
 from mmcse.methods.vsepp import vsepp_objective
 from mmcse.methods.vsrn import caption_targets, vsrn_objective
+from mmcse.models.cnn import RESNET_WIDTH
 from mmcse.models.device import resolve_device
 from mmcse.models.duet import DuetModel
 from mmcse.models.precision import autocast, check_precision, configure_kernels, deterministic_kernels, grad_scaler
@@ -55,6 +57,7 @@ from mmcse.models.tokens import TokenTable, cached_tokens, to_device
 from mmcse.models.vocabulary import word_tokenizer
 from mmcse.models.vsepp import VseppModel
 from mmcse.models.vsrn import VsrnModel
+from mmcse.teachers.encoders import build_resnet50, resolve_resnet50
 from mmcse.training.checkpoints import Checkpoints, TrainState, run_definition_hash
 from mmcse.training.divergence import DivergenceWatch
 from mmcse.training.loop import (
@@ -101,10 +104,17 @@ def duet_architecture(d: DuetModelConfig, region_dim: int) -> dict[str, Any]:
             "tie_shared": d.tie_shared, "spatial": d.spatial}
 
 
-def vsepp_architecture(v: VseppModelConfig, region_dim: int, tokenizer: Any) -> dict[str, Any]:
-    """`VseppModel`'s keyword arguments from ``model.vsepp`` and the caption vocabulary ``tokenizer``."""
+def vsepp_architecture(v: VseppModelConfig, region_dim: int, tokenizer: Any, cnn: str | None = None) -> dict[str, Any]:
+    """`VseppModel`'s keyword arguments from ``model.vsepp`` and the caption vocabulary ``tokenizer``;
+    ``cnn``: the ResNet it runs on pixels (``model.vsepp.image_input: pixels``), None on region features."""
+    pixels = {"cnn": cnn, "crop_size": v.crop_size} if cnn else {}
     return {"vocab_size": len(tokenizer), "region_dim": int(region_dim), "word_dim": v.word_dim,
-            "joint_dim": v.joint_dim, "gru_layers": v.gru_layers, "pad_id": int(tokenizer.pad_token_id)}
+            "joint_dim": v.joint_dim, "gru_layers": v.gru_layers, "pad_id": int(tokenizer.pad_token_id)} | pixels
+
+
+def reads_pixels(cfg: Config) -> bool:
+    """True when ``cfg`` trains VSE++ with its CNN in the loop (no region set: the images' pixels)."""
+    return cfg.train.method == "vsepp" and cfg.model.vsepp.image_input == "pixels"
 
 
 def vsrn_architecture(v: VsrnModelConfig, region_dim: int, tokenizer: Any, pairs: str) -> dict[str, Any]:
@@ -170,6 +180,9 @@ def load_duet(folder: str | Path, device: torch.device | str = "cpu") -> tuple[R
 # --------------------------------------------------------------------------- data
 
 
+ImageSource = RegionStore | ImagePixels  # what a retrieval model reads of an image: region features or pixels
+
+
 @dataclass
 class RetrievalSplit:
     """An image set with every caption: the val split (dev score) or the test split (evaluate)."""
@@ -177,10 +190,10 @@ class RetrievalSplit:
     image_ids: list[str]
     captions: list[str]
     text_image: np.ndarray  # (N_txt,) row of each caption's image in image_ids
-    regions: RegionStore
+    regions: ImageSource
 
     @classmethod
-    def load(cls, images_file: Path, captions_file: Path, regions: RegionStore) -> RetrievalSplit:
+    def load(cls, images_file: Path, captions_file: Path, regions: ImageSource) -> RetrievalSplit:
         for f in (images_file, captions_file):
             if not f.is_file():
                 raise FileNotFoundError(f"{f}: missing; rerun the download stage (dvc repro download)")
@@ -200,26 +213,37 @@ class RetrievalSplit:
 
 @dataclass
 class DuetData:
-    """Training pairs with their images' region rows, and the val split."""
+    """Training pairs with their images' rows (in a region set, or among the images read as pixels),
+    and the val split."""
 
     captions: list[str]
     image_ids: list[str]
-    regions: RegionStore
+    regions: ImageSource
     region_rows: np.ndarray  # (N_pairs,) row of each pair's image in ``regions``
     val: RetrievalSplit
 
     @classmethod
-    def load(cls, data_dir: Path, region_sets: dict[str, Path]) -> DuetData:
-        for split in ("train", "val"):
-            if split not in region_sets:
-                raise FileNotFoundError(f"no {split} region set: run the cache_regions stage (dvc repro cache_regions)")
+    def load(cls, data_dir: Path, region_sets: dict[str, Path], pixels: tuple[int, int] | None = None) -> DuetData:
+        """``pixels = (crop, workers)``: the images' files are read (`ImagePixels`), not region sets."""
+        if pixels is None:
+            for split in ("train", "val"):
+                if split not in region_sets:
+                    raise FileNotFoundError(f"no {split} region set: run the cache_regions stage "
+                                            "(dvc repro cache_regions)")
         pairs = read_jsonl(data_dir / "pairs.jsonl")
         if not pairs:
             raise ValueError(f"{data_dir / 'pairs.jsonl'}: no image–caption pairs; train.method duet needs them")
-        regions = RegionStore.open(region_sets["train"])
         image_ids = [p["image_id"] for p in pairs]
-        val = RetrievalSplit.load(data_dir / "retrieval" / "val_images.jsonl",
-                                  data_dir / "retrieval" / "val_captions.jsonl", RegionStore.open(region_sets["val"]))
+        val_images = data_dir / "retrieval" / "val_images.jsonl"
+        val_captions = data_dir / "retrieval" / "val_captions.jsonl"
+        if pixels is None:
+            regions: ImageSource = RegionStore.open(region_sets["train"])
+            val_source: ImageSource = RegionStore.open(region_sets["val"])
+        else:
+            regions = ImagePixels(data_dir, image_ids, *pixels)
+            val_ids = [row["image_id"] for row in read_jsonl(val_images)] if val_images.is_file() else []
+            val_source = ImagePixels(data_dir, val_ids, *pixels)
+        val = RetrievalSplit.load(val_images, val_captions, val_source)
         return cls([p["caption"] for p in pairs], image_ids, regions, regions.row_indices(image_ids), val)
 
 
@@ -242,13 +266,18 @@ def same_image_mask(image_ids: Sequence[str], device: torch.device) -> torch.Ten
 
 
 @torch.no_grad()
-def encode_split_images(model: RetrievalModel, regions: RegionStore, image_ids: Sequence[str], batch_size: int,
+def encode_split_images(model: RetrievalModel, regions: ImageSource, image_ids: Sequence[str], batch_size: int,
                         device: torch.device, precision: str = "fp32") -> np.ndarray:
-    """v_I (Eq. 27) of every image, ``(N, joint_dim)`` float32 (raw: retrieval normalises)."""
+    """v_I (Eq. 27) of every image, ``(N, joint_dim)`` float32 (raw: retrieval normalises); images read
+    as pixels are center-cropped (`ImagePixels.eval_batch`)."""
     rows = regions.row_indices(image_ids)
     out = []
     for start in range(0, len(rows), batch_size):
-        r, b, m = region_batch(regions, rows[start : start + batch_size], device)
+        part = rows[start : start + batch_size]
+        if isinstance(regions, ImagePixels):
+            r, b, m = to_device(regions.eval_batch(part), device), None, None
+        else:
+            r, b, m = region_batch(regions, part, device)
         with autocast(precision, device):
             v_img, _ = model.encode_image(r, b, m)
         out.append(v_img.float().cpu())
@@ -324,6 +353,35 @@ def duet_optimizer_step(model: RetrievalModel, loss: LossConfig, train: TrainCon
     return terms | {GRAD_NORM: clipped_update(model, train, optimizer, scaler)}
 
 
+def imagenet_cnn(cfg: Config) -> torch.nn.Module:
+    """``regions.grid_model`` with ``regions.grid_weights`` (ImageNet's; `resolve_resnet50` says where they
+    are or why not, offline included): VSE++'s CNN before training."""
+    r = cfg.regions
+    path, _, _ = resolve_resnet50(r.grid_weights, r.grid_model, "regions.grid_weights")
+    return build_resnet50(path, r.grid_model)
+
+
+def finetune_rate(scheduler: torch.optim.lr_scheduler.LambdaLR, from_step: int, factor: float) -> None:
+    """From step ``from_step`` on, every group's rate is ``factor`` × its base rate (VSE++'s fine-tuning
+    rate, constant); before it the scheduler's own schedule."""
+    scheduler.lr_lambdas = [lambda step, f=f: f(step) if step < from_step else factor for f in scheduler.lr_lambdas]
+
+
+def start_finetuning(model: VseppModel, optimizer: torch.optim.Optimizer, state: TrainState,
+                     checkpoints: Checkpoints) -> None:
+    """VSE++'s "FT": the frozen phase's best weights (held, or its ``best/``), the CNN unfrozen, fresh Adam
+    moments (the authors resume into a new optimizer) and a fresh best score (their ``best_rsum = 0``):
+    the result is the fine-tuning's best dev step."""
+    best = checkpoints.best_weights
+    if best is None:
+        best = load_file(str(checkpoints.best / VSEPP_WEIGHTS))
+    model.load_state_dict(best)
+    optimizer.state.clear()
+    state.best_score, state.best_step = -math.inf, -1
+    model.cnn.requires_grad_(True)
+    log.info("step %d: fine-tuning the CNN from the frozen phase's best weights", state.step)
+
+
 def train_duet(
     cfg: Config,
     data_dir: str | Path,
@@ -341,7 +399,10 @@ def train_duet(
     data_dir, out_dir = Path(data_dir), Path(out_dir)
     device = resolve_device(cfg.base.device)
     check_precision(cfg.train.precision, device)
-    data = DuetData.load(data_dir, region_sets)
+    pixels = reads_pixels(cfg)  # VSE++ with its CNN in the loop: images in, no region set
+    # pixels are decoded in teachers.num_workers threads (the setting for every image reader)
+    data = DuetData.load(data_dir, region_sets,
+                         (cfg.model.vsepp.crop_size, cfg.teachers.num_workers) if pixels else None)
     if device.type == "cuda":  # deterministic cuBLAS (bit-identical resume)
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     configure_kernels(device)
@@ -350,8 +411,14 @@ def train_duet(
 
     if cfg.train.method == "vsepp":  # VSE++: its own word vocabulary of the training captions, a GRU, a projection
         tokenizer = word_tokenizer(data.captions, cfg.model.vsepp.min_word_count)
-        architecture = vsepp_architecture(cfg.model.vsepp, data.regions.dim, tokenizer)
-        model: RetrievalModel = VseppModel(**architecture).to(device)
+        if pixels:
+            architecture = vsepp_architecture(cfg.model.vsepp, RESNET_WIDTH, tokenizer, cfg.regions.grid_model)
+            model: RetrievalModel = VseppModel(**architecture)
+            model.cnn.load_state_dict(imagenet_cnn(cfg).state_dict())
+            model = model.to(device)
+        else:
+            architecture = vsepp_architecture(cfg.model.vsepp, data.regions.dim, tokenizer)
+            model = VseppModel(**architecture).to(device)
         save_model = save_word_model
     elif cfg.train.method == "vsrn":  # VSRN: VSE++'s vocabulary and text GRU, region reasoning, a captioner
         tokenizer = word_tokenizer(data.captions, cfg.model.vsrn.min_word_count)
@@ -371,17 +438,24 @@ def train_duet(
     per_epoch = len(data.captions) // b
     if per_epoch == 0:
         raise ValueError(f"train.batch_size={b} exceeds the {len(data.captions)} image–caption pairs")
-    total = per_epoch * cfg.train.epochs
+    # VSE++'s fine-tuning: train.epochs with the CNN frozen, then model.vsepp.finetune_epochs more with it
+    finetune_epochs = cfg.model.vsepp.finetune_epochs if pixels else 0
+    frozen_steps = per_epoch * cfg.train.epochs  # the step the fine-tuning starts at (none: past the end)
+    total = per_epoch * (cfg.train.epochs + finetune_epochs)
     if cfg.train.max_steps:
         total = min(total, cfg.train.max_steps)
-    optimizer, scheduler = build_optimizer(model, cfg.train, total, device, per_epoch)  # weight_decay 0: Adam, as §5.2
+    # weight_decay 0: Adam, as §5.2; the schedule spans the frozen steps, the fine-tuning's rate is constant
+    optimizer, scheduler = build_optimizer(model, cfg.train, min(total, frozen_steps), device, per_epoch)
+    if finetune_epochs:
+        finetune_rate(scheduler, frozen_steps, cfg.model.vsepp.finetune_learning_rate / cfg.train.learning_rate)
     scaler = grad_scaler(cfg.train.precision, device)
 
     def save_best(tmp: Path, state: TrainState) -> None:
         save_model(model, tokenizer, architecture, tmp)
         write_json(tmp / "train_state.json", {"step": state.best_step, "dev": state.best_score, "dev_metric":
                                               f"val {DEV_METRIC}", "method": cfg.train.method, "image_head": None,
-                                              "region_sets": {k: v.name for k, v in region_sets.items()}})
+                                              "region_sets": {k: v.name for k, v in region_sets.items()},
+                                              "image_input": "pixels" if pixels else "regions"})
 
     # the best weights are held in memory and written with the next resume point (`Checkpoints`)
     checkpoints = Checkpoints(out_dir, run_definition_hash(cfg), save_best,
@@ -390,6 +464,8 @@ def train_duet(
     if checkpoints.restored and state.step >= total:  # finished before: its checked best/ is the result
         return finished(state, checkpoints.best)
     resumed_from = state.step if state.step else None
+    if pixels:  # the CNN learns only once the fine-tuning has started (frozen: no graph through it at all)
+        model.cnn.requires_grad_(finetune_epochs > 0 and state.step > frozen_steps)
     watch = DivergenceWatch(device)
     pending: list[tuple[dict[str, Any], int]] = []
 
@@ -440,13 +516,19 @@ def train_duet(
                     checkpoints.save(model, optimizer, scheduler, scaler, state)
                     raise stopping.stop_exception(f"resume point written at step {state.step} of {total} "
                                                   f"({out_dir / 'last'}); rerun to continue from it")
+                if finetune_epochs and state.step == frozen_steps:
+                    start_finetuning(model, optimizer, state, checkpoints)
                 epoch, offset = divmod(state.step, per_epoch)
                 if epoch != order_epoch:  # a pure function of (seed, epoch): resumable
                     g = torch.Generator().manual_seed(cfg.base.seed * 100_003 + epoch)
                     order_epoch, order = epoch, torch.randperm(len(data.captions), generator=g).numpy()
                 idx = order[offset * b : (offset + 1) * b]  # (B,) pair rows
                 batch = captions.batch(idx, device)
-                regions, boxes, mask = region_batch(data.regions, data.region_rows[idx], device)
+                if isinstance(data.regions, ImagePixels):  # random crops of (seed, step): a resume replays them
+                    regions, boxes, mask = to_device(data.regions.train_batch(data.region_rows[idx], cfg.base.seed,
+                                                                              state.step), device), None, None
+                else:
+                    regions, boxes, mask = region_batch(data.regions, data.region_rows[idx], device)
                 ignore = same_image_mask([data.image_ids[i] for i in idx], device)
                 try:
                     terms = duet_optimizer_step(model, cfg.loss, cfg.train, batch, (regions, boxes, mask), ignore,
@@ -461,8 +543,10 @@ def train_duet(
                 if state.step % LOG_EVERY == 0:
                     pending.append(({k if k.startswith(STAT) else f"loss/{k}": v.detach() for k, v in terms.items()}
                                     | {"lr": scheduler.get_last_lr()[0]}, state.step))
-                evaluating = state.step % cfg.train.eval_steps == 0 or state.step == total
-                checkpointing = state.step % cfg.train.checkpoint_steps == 0 or state.step == total
+                # the frozen phase ends with a dev score and a resume point: fine-tuning starts from its best
+                ends_phase = state.step in (total, frozen_steps)
+                evaluating = state.step % cfg.train.eval_steps == 0 or ends_phase
+                checkpointing = state.step % cfg.train.checkpoint_steps == 0 or ends_phase
                 if evaluating:
                     last_dev = evaluate_now()
                     if on_eval:
