@@ -205,6 +205,15 @@ def _cmd_plan(args: argparse.Namespace) -> None:
         print(plan_text(result, defaults_config(Path(args.params))), end="")
 
 
+def _cmd_preflight(args: argparse.Namespace) -> None:
+    from mmcse.experiments.preflight import failed_rows, preflight, preflight_json, preflight_text, progress_line
+
+    shown = None if args.json else lambda row: print(progress_line(row), file=sys.stderr, flush=True)
+    result = preflight(args.params, args.preset, args.steps, args.timeout, progress=shown)
+    print(preflight_json(result) if args.json else preflight_text(result))
+    raise SystemExit(1 if failed_rows(result) else 0)
+
+
 def _cmd_schema(args: argparse.Namespace) -> None:
     from mmcse.config import Config
     from mmcse.config.declared import json_schema
@@ -509,6 +518,15 @@ def main(argv: list[str] | None = None) -> None:
     pl.add_argument("--params", default="params.yaml")
     pl.add_argument("--json", action="store_true", help="every row's whole configuration as JSON")
     pl.set_defaults(func=_cmd_plan)
+
+    pf = sub.add_parser("preflight", help="every row of a table at its real shapes, a few steps here: ran or failed, "
+                                          "peak memory, step time, projected time; downloads nothing")
+    pf.add_argument("--preset", default=None, help="an ablation preset; default ablate.preset")
+    pf.add_argument("--params", default="params.yaml")
+    pf.add_argument("--steps", type=int, default=2, help="training steps per row (the first is not timed)")
+    pf.add_argument("--timeout", type=float, default=None, help="seconds a row may take before it counts as failed")
+    pf.add_argument("--json", action="store_true", help="the rows' measurements as JSON")
+    pf.set_defaults(func=_cmd_preflight)
 
     sc_ = sub.add_parser("schema", help="the JSON Schema of params.yaml (types, bounds, valid keys) for an editor")
     sc_.add_argument("--out", type=Path, default=None, help="write it here (params.schema.json) instead of stdout")

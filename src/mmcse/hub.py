@@ -82,9 +82,10 @@ def hf_download_command(repo_id: str, filename: str | None = None, repo_type: st
     return f"hf download{kind} {repo_id}{' ' + filename if filename else ''}"
 
 
-def resolve_model(name_or_path: str) -> str:
-    """Return a local folder (or a cached hub id) for ``name_or_path``; raise
-    :class:`ModelUnavailableError` with instructions when it cannot be had."""
+def local_model(name_or_path: str) -> str | None:
+    """The local folder of ``name_or_path`` (a packaged model, a folder, or a hub id in the local cache),
+    or None when it is not on this machine; never downloads. A folder without ``config.json``, a missing
+    path or an unknown packaged model raises ModelUnavailableError."""
     if name_or_path.startswith("packaged:"):
         return str(_packaged_folder(name_or_path.split(":", 1)[1]))
     path = Path(name_or_path).expanduser()
@@ -100,7 +101,17 @@ def resolve_model(name_or_path: str) -> str:
     try:
         return snapshot_download(name_or_path, local_files_only=True)
     except (LocalEntryNotFoundError, FileNotFoundError, OSError, ValueError):
-        pass
+        return None
+
+
+def resolve_model(name_or_path: str) -> str:
+    """Return a local folder (or a cached hub id) for ``name_or_path``; raise
+    :class:`ModelUnavailableError` with instructions when it cannot be had."""
+    location = local_model(name_or_path)
+    if location is not None:
+        return location
+    from huggingface_hub import snapshot_download
+
     hint = (
         f"model {name_or_path!r} is not in the local Hugging Face cache "
         f"({os.environ.get('HF_HUB_CACHE') or os.environ.get('HF_HOME') or '~/.cache/huggingface'})"

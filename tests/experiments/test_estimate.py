@@ -10,7 +10,7 @@ import pytest
 
 from mmcse import tracking
 from mmcse.config import with_overrides
-from mmcse.experiments.estimate import estimate, job_steps
+from mmcse.experiments.estimate import downloaded_counts, estimate, job_steps
 from mmcse.experiments.params import load_config
 from mmcse.experiments.plan import plan, plan_text
 from mmcse.io import read_json, write_json
@@ -47,6 +47,9 @@ def test_jobs_are_estimated_from_the_train_stages_pace_and_other_data_is_counted
                                                  "model.vsepp.finetune_epochs": 0}), cfg) == 3 * batches
     other = with_overrides(cfg, {"data.captions": "longest"})  # other data: its size is not known here
     assert job_steps(other, cfg) is None
+    # another profile's data (the folder still holds the demo's): its size is not known here
+    elsewhere = with_overrides(cfg, {"data.captions": "longest"})
+    assert downloaded_counts(elsewhere) is None and job_steps(elsewhere, elsewhere) is None
     time = estimate(cfg, [cfg, longer, other])
     assert time.jobs == 3 and time.unknown == 1
     assert time.minutes == pytest.approx((steps + 3 * batches) * 2.0 / 10 + 2 * 0.5)

@@ -470,6 +470,7 @@ def test_a_vsepp_checkpoint_is_evaluated_as_duets_are(duet_cwd, tmp_path, capsys
     assert "score it with --retrieval; --senteval-dir: a retrieval model has no" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # three trainings with a ResNet-50 in the loop; the fast tier times its step (preflight)
 def test_vsepp_on_pixels_trains_frozen_then_fine_tunes_its_cnn_and_resumes_across_the_switch(duet_cwd, tmp_path):
     """model.vsepp.image_input: pixels runs the CNN (regions.grid_weights) on random crops in the loop:
     frozen for train.epochs (its convolutions keep the loaded weights), then fine-tuned for

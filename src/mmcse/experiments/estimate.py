@@ -14,6 +14,7 @@ from mlflow.exceptions import MlflowException
 
 from mmcse import tracking
 from mmcse.config import Config
+from mmcse.integrity.keys import artifact_keys
 from mmcse.io import read_json
 from mmcse.pipeline.paths import Paths
 from mmcse.training.batches import Batches
@@ -51,9 +52,11 @@ def measured_pace(cfg: Config, root: str | Path = ".") -> Pace | None:
 
 
 def downloaded_counts(params: Config, root: str | Path = ".") -> dict[str, int] | None:
-    """The counts the download stage recorded for ``params``' data, or None when it has not run."""
+    """The counts the download stage recorded for ``params``' data, or None when it has not run or
+    its folder holds another configuration's data (another profile's: its sizes are not these)."""
     try:
-        return read_json(Paths.of(params, Path(root)).raw / "manifest.json")["counts"]
+        manifest = read_json(Paths.of(params, Path(root)).raw / "manifest.json")
+        return manifest["counts"] if manifest.get("artifact_key") == artifact_keys(params)["data"] else None
     except (OSError, ValueError, KeyError):
         return None
 

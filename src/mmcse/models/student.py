@@ -80,7 +80,11 @@ def backbone_config(cfg: ModelConfig, dropout: float | None = None) -> tuple[str
     """Where the model named by ``cfg`` is, and its HF config with ``model.config_overrides`` and
     ``dropout`` applied."""
     location = resolve_model(cfg.name_or_path)
-    config = AutoConfig.from_pretrained(location)
+    return location, configure(AutoConfig.from_pretrained(location), cfg, dropout)
+
+
+def configure(config: PretrainedConfig, cfg: ModelConfig, dropout: float | None = None) -> PretrainedConfig:
+    """``config`` (changed in place and returned) with ``model.config_overrides`` and ``dropout`` applied."""
     overrides = dict(cfg.config_overrides)
     if dropout is not None:
         overrides |= {"hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}
@@ -90,7 +94,7 @@ def backbone_config(cfg: ModelConfig, dropout: float | None = None) -> tuple[str
                 f"params.yaml: model.config_overrides.{key} is not a field of {type(config).__name__}"
             )
         setattr(config, key, value)
-    return location, config
+    return config
 
 
 def load_backbone(cfg: ModelConfig, dropout: float | None = None) -> PreTrainedModel:

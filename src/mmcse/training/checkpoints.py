@@ -324,7 +324,7 @@ def plan_start(out_dir: Path, config_hash: str, best_required: Sequence[str] = B
     return StartPlan(reason="; ".join(problems) + "; retrained from step 0" if problems else "")
 
 
-def _restore(folder: Path, model: torch.nn.Module, optimizer, scheduler, scaler) -> TrainState:
+def restore_resume_point(folder: Path, model: torch.nn.Module, optimizer, scheduler, scaler) -> TrainState:
     """Load the resume point ``folder`` (chosen by `plan_start`) into the model and trainer."""
     meta = read_json_artifact(folder / "state.json", _IGNORED)
     weights_file = folder / "student.safetensors"
@@ -368,7 +368,7 @@ class Checkpoints:
             log.warning("%s", plan.reason)
         if plan.resume_from is None:
             return TrainState()
-        state = _restore(plan.resume_from, model, optimizer, scheduler, scaler)
+        state = restore_resume_point(plan.resume_from, model, optimizer, scheduler, scaler)
         self.restored = True
         if plan.rewrite_best:
             self.best_weights = {k: v.detach().clone() for k, v in model.state_dict().items()}

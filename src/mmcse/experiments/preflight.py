@@ -1,0 +1,484 @@
+"""`mmcse preflight`: every row of a table (or params.yaml's own run) built at its real architectures and
+shapes and run for a few training steps on this machine, before anyone spends GPU hours on it.
+
+Per row (the same rows `mmcse plan` resolves: recipe, profile, overrides), in a process of its own:
+
+* the models the row trains, at the row's configuration: the student (its ``model.name_or_path``) with
+  every head its method trains, the widths of the teacher features its loss reads (the image encoder,
+  the joint teacher, each text teacher: `mmcse.models.architectures`), or the retrieval model (DUET's
+  text stream and visual layers, VSE++'s GRU and, on pixels, its ResNet; VSRN's reasoning and caption
+  generator). Weights are the real ones where the model is on this machine; otherwise the same
+  architecture with random weights, and the row says "random weights: wiring, memory and time only".
+  Nothing is downloaded; an id neither here nor in the architecture table fails the row with the fix.
+* ``steps`` training steps through the train stage's own step (`mmcse.training.loop.optimizer_step`,
+  `mmcse.training.duet.duet_optimizer_step`): the row's batch size, ``model.max_seq_len`` tokens per
+  sentence, its precision, its dropout and gradient caching, the image–caption batch (the heavier kind;
+  SimCSE rows: a text batch) with random token ids and random teacher features of the real widths.
+* what it measured: ran or failed (the error's first line), the peak memory (CUDA's max allocated on a
+  GPU; the process's peak resident set on a CPU), the median step time after the first step, and, where
+  this machine downloaded the row's data (its size known), the row's training steps and their projected
+  time (dev evaluations not included).
+* the train stage's resume point (weights, optimizer, scheduler, RNG) written to a temporary folder and
+  read back: its size and the seconds it took (the weights must come back as written).
+* a row that runs out of memory is tried again with ``train.micro_batch`` halved (gradient-cached batches,
+  the same update: `mmcse.training.gradcache`) until one fits; the row reports it with its time.
+
+It writes nothing into the stages' outputs and logs nothing to MLflow.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing as mp
+import os
+import platform
+import resource
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mmcse.config import Config, parse_config, to_dict, with_overrides
+from mmcse.config.inputs import JOINT_TEXT_TEACHER
+from mmcse.config.training import RETRIEVAL_METHODS
+from mmcse.experiments.estimate import downloaded_counts, job_steps
+from mmcse.experiments.jobs import expand, job_config
+from mmcse.experiments.params import load_config
+from mmcse.hub import local_model
+from mmcse.methods.objectives import Objective, active_terms, needed_features
+from mmcse.models.architectures import model_config, projection_width, text_width
+from mmcse.models.cnn import RESNET_WIDTH
+from mmcse.models.device import resolve_device
+from mmcse.models.dropout import install_keyed_dropout
+from mmcse.models.duet import DuetModel
+from mmcse.models.precision import check_precision, grad_scaler
+from mmcse.models.student import MaskedLMHead, Student, configure, load_mlm_head, load_tokenizer
+from mmcse.models.vsepp import VseppModel
+from mmcse.models.vsrn import VsrnModel
+from mmcse.training.batches import BatchFeatures
+from mmcse.training.checkpoints import TrainState, restore_resume_point, save_resume_point
+from mmcse.training.duet import duet_architecture, duet_optimizer_step, vsepp_architecture, vsrn_architecture
+from mmcse.training.loop import build_optimizer, is_out_of_memory, optimizer_step
+
+RANDOM = "random weights: wiring, memory and time only"
+WORD_VOCABULARY = 10_000  # VSE++ / VSRN without the data here: about COCO's words seen 4 times
+OBJECTS_PER_SENTENCE = 3  # MCSEO: object–phrase pairs per caption in a synthetic batch
+# a model family's mask token and special ids (the tokenizer's) when no tokenizer is on the machine
+MASKING = {"bert": (103, [0, 100, 101, 102, 103]), "roberta": (50264, [0, 1, 2, 3, 50264])}
+
+
+# --------------------------------------------------------------------------- widths of the row's inputs
+
+
+def _joint_widths(job: Config, image_dim: int) -> tuple[int, int]:
+    """``(t̂ width, v̂ width)`` of the joint teacher (KDMCSE Eq. 5–6)."""
+    j = job.teachers.joint
+    if j.kind == "cca":
+        text = image = j.dim
+    elif j.kind == "clip":
+        text = image = projection_width(model_config(j.model)[0])
+    else:
+        import open_clip
+
+        text = image = int(open_clip.get_model_config(j.model)["embed_dim"])
+    return text, (image_dim if j.image_side == "image_encoder" else image)
+
+
+def input_widths(job: Config) -> dict[str, Any]:
+    """The widths of the cached features the row's student reads: ``image``, ``joint_text``,
+    ``joint_image`` and ``text_teachers`` (one per teacher), from the teachers' architectures."""
+    t = job.teachers
+    image = RESNET_WIDTH if t.image_encoder == "resnet50" else t.image_grid ** 2 * (t.colour_bins ** 3 + 8)
+    joint_text, joint_image = _joint_widths(job, image)
+    teachers = []
+    for teacher in t.text:
+        if teacher.teacher == JOINT_TEXT_TEACHER:
+            teachers.append(joint_text)
+        elif teacher.pooler == "clip":
+            teachers.append(projection_width(model_config(teacher.teacher)[0]))
+        else:
+            teachers.append(text_width(model_config(teacher.teacher)[0]))
+    return {"image": image, "joint_text": joint_text, "joint_image": joint_image, "text_teachers": teachers}
+
+
+# --------------------------------------------------------------------------- models and batches
+
+
+def _backbone(job: Config) -> tuple[torch.nn.Module, Any, bool]:
+    """``(encoder, its configuration, real weights)`` of ``model.name_or_path``, without a download."""
+    from transformers import AutoModel
+
+    config, here = model_config(job.model.name_or_path)
+    configure(config, job.model, dropout=job.train.dropout)
+    if here and job.model.init == "pretrained":
+        location = local_model(job.model.name_or_path)
+        return AutoModel.from_pretrained(location, config=config, add_pooling_layer=False), config, True
+    return AutoModel.from_config(config, add_pooling_layer=False), config, False
+
+
+def _mlm_head(job: Config, config: Any, real: bool) -> MaskedLMHead:
+    if real:
+        return load_mlm_head(job.model, load_tokenizer(job.model.name_or_path), job.loss.simcse.mlm_head)
+    from transformers import AutoModelForMaskedLM
+
+    if config.model_type not in MASKING:
+        raise ValueError(f"loss.simcse.mlm: no tokenizer of {job.model.name_or_path!r} here and no known mask "
+                         f"token for model type {config.model_type!r}")
+    model = AutoModelForMaskedLM.from_config(config)
+    head = next(m for name, m in model.named_children() if name != model.base_model_prefix)
+    mask_id, special = MASKING[config.model_type]
+    return MaskedLMHead(head, mask_id, config.vocab_size, special)
+
+
+def _ids(batch: int, length: int, vocab: int, low: int = 4) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(batch * 1_000 + length)
+    return {"input_ids": torch.randint(low, vocab, (batch, length), generator=g),
+            "attention_mask": torch.ones(batch, length, dtype=torch.long)}
+
+
+def _unit(*shape: int) -> torch.Tensor:
+    return torch.nn.functional.normalize(torch.randn(*shape), dim=-1)
+
+
+def _student_features(job: Config, widths: dict[str, Any], need: set[str], batch: int, length: int) -> BatchFeatures:
+    """Random teacher features of the real widths for the groups ``need`` (`needed_features`)."""
+    feats = BatchFeatures()
+    if "image" in need:
+        feats.image = _unit(batch, widths["image"])
+    if "joint" in need:
+        feats.joint_text, feats.joint_image = _unit(batch, widths["joint_text"]), _unit(batch, widths["joint_image"])
+    if "text_teachers" in need:
+        feats.text_teachers = [_unit(batch, w) for w in widths["text_teachers"]]
+        feats.text_weights = [t.weight for t in job.teachers.text]
+    if "objects" in need:
+        k = OBJECTS_PER_SENTENCE
+        start = torch.randint(1, max(length - 2, 2), (batch * k,))
+        feats.object_row = torch.arange(batch).repeat_interleave(k)  # (T,)
+        feats.object_start, feats.object_end = start, torch.minimum(start + 2, torch.tensor(length - 1))
+        feats.objects = _unit(batch * k, widths["image"])
+    return feats
+
+
+class _Vocabulary:
+    """A word vocabulary's size and ids as `vsepp_architecture` reads them (VSE++'s `<pad> <start> <end>`)."""
+
+    pad_token_id, eos_token_id = 0, 2
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+
+def _region_shape(job: Config) -> tuple[int, int]:
+    """``(regions per image, width)`` of the row's region set (BUTD files: 2048; objects: the image encoder's)."""
+    r = job.regions
+    if r.source == "grid":
+        return 49, RESNET_WIDTH
+    if r.source == "objects":
+        return r.max_regions, input_widths(job)["image"]
+    return r.max_regions, r.dim or RESNET_WIDTH
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _timed(step, steps: int, device: torch.device) -> list[float]:
+    times = []
+    for _ in range(steps):
+        _sync(device)
+        start = time.perf_counter()
+        step()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def run_row(job: Config, steps: int) -> dict[str, Any]:
+    """Build the row's models and run ``steps`` training steps (see the module docstring). Returns
+    ``{"weights", "model" (what was built), "step_seconds"}`` and, for VSE++ fine-tuning its CNN, the
+    fine-tuning's own ``finetune_step_seconds``."""
+    device = resolve_device(job.base.device)
+    check_precision(job.train.precision, device)
+    torch.manual_seed(job.base.seed)
+    b, length = job.train.batch_size, job.model.max_seq_len
+    scaler = grad_scaler(job.train.precision, device)
+    phases: dict[str, float] = {}
+    if job.train.method in RETRIEVAL_METHODS:
+        n, width = _region_shape(job)
+        words = _Vocabulary(WORD_VOCABULARY)
+        real = False  # word models start new; DUET's text stream may be real
+        if job.train.method == "duet":
+            backbone, config, real = _backbone(job)
+            model: torch.nn.Module = DuetModel(backbone, **duet_architecture(job.model.duet, width))
+            vocab, described = config.vocab_size, job.model.name_or_path
+        elif job.train.method == "vsrn":
+            model, vocab = VsrnModel(**vsrn_architecture(job.model.vsrn, width, words, job.data.pairs)), len(words)
+            described = f"VSRN on {WORD_VOCABULARY} words"
+        else:
+            pixels = job.model.vsepp.image_input == "pixels"
+            cnn = job.regions.grid_model if pixels else None
+            model = VseppModel(**vsepp_architecture(job.model.vsepp, RESNET_WIDTH if pixels else width, words, cnn))
+            vocab = len(words)
+            described = f"VSE++ on {WORD_VOCABULARY} words" + (f", {cnn} on pixels" if pixels else "")
+        model = model.to(device).train()
+        pixels = isinstance(model, VseppModel) and model.reads_pixels
+        if pixels:
+            model.cnn.requires_grad_(False)  # the frozen phase first, as training runs it
+        batch = {k: v.to(device) for k, v in _ids(b, length, vocab).items()}
+        if pixels:
+            images = (torch.randn(b, 3, job.model.vsepp.crop_size, job.model.vsepp.crop_size, device=device), None,
+                      None)
+        else:
+            boxes = torch.rand(b, n, 5, device=device).sort(-1).values  # any valid-looking box rows
+            images = (torch.randn(b, n, width, device=device), boxes, torch.ones(b, n, dtype=torch.bool, device=device))
+        optimizer, scheduler = build_optimizer(model, job.train, 1000, device, 1)
+
+        def step() -> None:
+            duet_optimizer_step(model, job.loss, job.train, batch, images, None, optimizer, scaler, device)
+
+        times = _timed(step, steps, device)
+        if pixels and job.model.vsepp.finetune_epochs:
+            model.cnn.requires_grad_(True)
+            phases["finetune_step_seconds"] = statistics.median(_timed(step, steps, device)[1:] or [math.nan])
+    else:
+        backbone, config, real = _backbone(job)
+        if job.train.dropout_rng == "per_row":
+            install_keyed_dropout(backbone)
+        widths = input_widths(job)
+        objective = Objective.of(job)
+        on = active_terms(objective)
+        pair_batch = job.train.method != "simcse" or job.data.pairs != "none"
+        need = needed_features(objective, pair_batch, on)
+        teacher_widths = widths["text_teachers"]
+        student = Student(backbone, widths["image"], job.model.proj_dim, widths["joint_image"],
+                          text_teacher_dim=teacher_widths[0], head=job.model.projection_head,
+                          joint_text_dim=widths["joint_text"])
+        if on.get("mlm"):
+            student.mlm_head = _mlm_head(job, config, real)
+        student = student.to(device).train()
+        batch = {k: v.to(device) for k, v in _ids(b, length, config.vocab_size, low=1000 if
+                                                  config.vocab_size > 2000 else 4).items()}
+        feats = _student_features(job, widths, need, b, length).to(device)
+        optimizer, scheduler = build_optimizer(student, job.train, 1000, device, 1)
+        model = student
+        counter = iter(range(10**9))
+
+        def step() -> None:
+            optimizer_step(student, objective, job.train, batch, feats, pair_batch, optimizer, scaler, device,
+                           seed=next(counter), on=on)
+
+        times = _timed(step, steps, device)
+        described = job.model.name_or_path
+    return {"weights": "real" if real else RANDOM, "model": described,
+            "step_seconds": statistics.median(times[1:] or times), **phases,
+            **resume_point_round_trip(model, optimizer, scheduler, scaler, steps)}
+
+
+def resume_point_round_trip(model: torch.nn.Module, optimizer: Any, scheduler: Any, scaler: Any,
+                            step: int) -> dict[str, float]:
+    """The train stage's resume point (weights, optimizer, scheduler, scaler, RNG) written and read back
+    in a temporary folder: its size on disk and the seconds both took; the weights read back must be the
+    ones written."""
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    with tempfile.TemporaryDirectory(prefix="mmcse-preflight-") as tmp:
+        folder = Path(tmp) / "last"
+        start = time.perf_counter()
+        save_resume_point(folder, model, optimizer, scheduler, scaler, TrainState(step=step), "preflight")
+        size = sum(f.stat().st_size for f in folder.iterdir())
+        restored = restore_resume_point(folder, model, optimizer, scheduler, scaler)
+        seconds = time.perf_counter() - start
+    changed = [k for k, v in model.state_dict().items() if not torch.equal(v, before[k])]
+    if restored.step != step or changed:
+        raise RuntimeError(f"the resume point did not read back as written (step {restored.step}, "
+                           f"changed {changed[:3]})")
+    return {"checkpoint_bytes": size, "checkpoint_seconds": seconds}
+
+
+# --------------------------------------------------------------------------- one process per row
+
+
+def _peak(device: torch.device) -> tuple[int, str]:
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device)), "CUDA max allocated"
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "peak resident set"  # Linux: KiB
+
+
+def _child(config: dict[str, Any], steps: int, conn: Any) -> None:
+    try:
+        job = parse_config(config, where="preflight row")
+        out = run_row(job, steps)
+        out["peak_bytes"], out["peak_kind"] = _peak(resolve_device(job.base.device))
+        out["status"] = "ran"
+    except Exception as err:  # a row that fails is reported, not raised: the other rows still run
+        first = (str(err).splitlines() or [""])[0][:300]
+        out = {"status": "failed", "error": f"{type(err).__name__}: {first}", "out_of_memory": is_out_of_memory(err)}
+    conn.send(out)
+    conn.close()
+
+
+def check_in_process(job: Config, steps: int, timeout: float | None = None) -> dict[str, Any]:
+    """`run_row` of ``job`` in a fresh process (its peak memory is its own; a crash or a kill is the
+    row's failure, not preflight's)."""
+    ctx = mp.get_context("spawn")
+    receive, send = ctx.Pipe(duplex=False)
+    process = ctx.Process(target=_child, args=(to_dict(job), steps, send), daemon=True)
+    process.start()
+    send.close()
+    result = receive.recv() if receive.poll(timeout) else None
+    process.join(5)
+    if result is None:
+        process.kill()
+        code = process.exitcode
+        killed = code is not None and code < 0
+        return {"status": "failed", "out_of_memory": killed,
+                "error": f"the row's process ended without a result (exit code {code}"
+                         f"{': killed, e.g. out of memory' if killed else ''})"}
+    return result
+
+
+def _with_micro_batch(job: Config, micro: int) -> Config:
+    return with_overrides(job, {"train.micro_batch": micro, "train.dropout_rng": "per_row"}, where="preflight")
+
+
+def preflight_row(job: Config, steps: int, timeout: float | None = None) -> dict[str, Any]:
+    """`check_in_process`; out of memory, a sentence encoder's row is tried again with ``train.micro_batch``
+    halved (B/2, B/4, …, 1) until one fits: ``micro_batch`` then names it (0: the row fit as it is)."""
+    result = check_in_process(job, steps, timeout)
+    result["micro_batch"] = job.train.micro_batch
+    if result["status"] == "ran" or not result.get("out_of_memory") or job.train.method in RETRIEVAL_METHODS:
+        return result
+    micro = (job.train.micro_batch or job.train.batch_size) // 2
+    while micro >= 1:
+        retry = check_in_process(_with_micro_batch(job, micro), steps, timeout)
+        if retry["status"] == "ran":
+            return retry | {"micro_batch": micro, "fits_with": f"train.micro_batch: {micro}",
+                            "error": result["error"]}
+        if not retry.get("out_of_memory"):
+            return result
+        micro //= 2
+    return result
+
+
+def row_jobs(cfg: Config) -> list[tuple[str, Config]]:
+    """``(row, its configuration)`` of every row of ``cfg``'s ablation (its first seed), or params.yaml's
+    own run when ``ablate.preset`` names none."""
+    if not cfg.ablate.variants:
+        return [("params.yaml", cfg)]
+    rows: dict[str, Config] = {}
+    for job in expand(cfg):
+        rows.setdefault(job.variant, job_config(cfg, job))
+    return list(rows.items())
+
+
+def training_steps(job: Config, params: Config, root: Path, counts: dict[str, int] | None) -> int | None:
+    """The row's optimizer steps where this machine downloaded its data (else None)."""
+    if counts is None or job.data != params.data:
+        return None
+    if job.train.method in RETRIEVAL_METHODS:
+        epochs = job.train.epochs + (job.model.vsepp.finetune_epochs if job.train.method == "vsepp"
+                                     and job.model.vsepp.image_input == "pixels" else 0)
+        total = int(counts.get("pairs", 0)) // job.train.batch_size * epochs
+        return min(total, job.train.max_steps) if job.train.max_steps else total
+    return job_steps(job, params, root, counts)
+
+
+def preflight(params: str | Path = "params.yaml", preset: str | None = None, steps: int = 2,
+              timeout: float | None = None, progress: Any = None) -> dict[str, Any]:
+    """Every row of the ablation ``params`` describes (``preset``: ``ablate.preset`` replaced) checked
+    at its real shapes (`preflight_row`): ``{"profile", "preset", "device", "steps", "rows": [...],
+    "total_minutes"}``. ``progress(row, result)`` is called as each row finishes."""
+    params = Path(params)
+    cfg = load_config(params, {"ablate.preset": preset} if preset else None)
+    root = params.parent
+    counts = downloaded_counts(cfg, root)
+    rows = []
+    for name, job in row_jobs(cfg):
+        result = preflight_row(job, steps, timeout)
+        total = training_steps(job, cfg, root, counts)
+        minutes = None
+        if result["status"] == "ran" and total is not None:
+            seconds = result["step_seconds"] * total
+            if "finetune_step_seconds" in result:  # VSE++: the fine-tuning's steps at their own pace
+                v = job.model.vsepp
+                finetune = total * v.finetune_epochs // (job.train.epochs + v.finetune_epochs)
+                seconds += (result["finetune_step_seconds"] - result["step_seconds"]) * finetune
+            minutes = seconds / 60
+        # a row that ran names what it built (``result``'s model): VSE++ and VSRN read no model.name_or_path
+        row = {"row": name, "method": job.train.method, "model": job.model.name_or_path,
+               "batch_size": job.train.batch_size, "max_seq_len": job.model.max_seq_len,
+               "precision": job.train.precision, "training_steps": total, "projected_minutes": minutes, **result}
+        rows.append(row)
+        if progress:
+            progress(row)
+    known = [r["projected_minutes"] for r in rows if r["projected_minutes"] is not None]
+    return {"profile": cfg.base.profile, "preset": cfg.ablate.preset, "device": describe_device(cfg),
+            "steps": steps, "rows": rows, "total_minutes": sum(known) if known else None}
+
+
+def describe_device(cfg: Config) -> str:
+    device = resolve_device(cfg.base.device)
+    if device.type == "cuda":
+        memory = torch.cuda.get_device_properties(device).total_memory / 2**30
+        return f"{torch.cuda.get_device_name(device)} ({memory:.0f} GiB)"
+    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+
+
+def progress_line(row: dict[str, Any]) -> str:
+    """One finished row, as the command shows it while the others run."""
+    said = f"{row['step_seconds']:.2f} s/step" if row["status"] == "ran" else row["error"]
+    return f"  {row['row']}: {row['status']} ({said})"
+
+
+def failed_rows(result: dict[str, Any]) -> list[str]:
+    """The rows that did not run, even with a smaller micro-batch."""
+    return [r["row"] for r in result["rows"] if r["status"] != "ran"]
+
+
+def _minutes(m: float) -> str:
+    return f"{m:.1f} min" if m < 10 else f"{m:.0f} min"
+
+
+def _size(n: int | None) -> str:
+    return "-" if n is None else f"{n / 2**30:.1f} GiB"
+
+
+def preflight_text(result: dict[str, Any]) -> str:
+    """The preflight as a table, one line per row, then the table's total and the rows' notes."""
+    lines = [f"preflight of profile {result['profile']}, preset {result['preset']} on {result['device']}: "
+             f"{result['steps']} step(s) per row", "",
+             f"{'row':<28} {'method':<7} {'result':<7} {'peak':>9} {'s/step':>8} {'steps':>8} {'projected':>10}"]
+    notes = []
+    for r in result["rows"]:
+        projected = "-" if r["projected_minutes"] is None else _minutes(r["projected_minutes"])
+        step = "-" if r["status"] != "ran" else f"{r['step_seconds']:.2f}"
+        lines.append(f"{r['row'][:28]:<28} {r['method']:<7} {r['status']:<7} {_size(r.get('peak_bytes')):>9} "
+                     f"{step:>8} {r['training_steps'] if r['training_steps'] is not None else '-':>8} {projected:>10}")
+        if r["status"] == "ran" and r["weights"] != "real":
+            notes.append(f"{r['row']}: {r['weights']} ({r['model']})")
+        if r.get("fits_with"):
+            notes.append(f"{r['row']}: does not fit as it is ({r['error']}); fits with {r['fits_with']} "
+                         "(train.dropout_rng: per_row), the same update: the time above is with it")
+        elif r["status"] != "ran":
+            notes.append(f"{r['row']}: {r['error']}")
+        if r["status"] == "ran":
+            notes.append(f"{r['row']}: a resume point of {_size(r['checkpoint_bytes'])} written and read back in "
+                         f"{r['checkpoint_seconds']:.1f} s")
+        if "finetune_step_seconds" in r:
+            notes.append(f"{r['row']}: fine-tuning steps {r['finetune_step_seconds']:.2f} s each")
+    total = result["total_minutes"]
+    lines += ["", "total: " + ("no projection: the rows' data is not downloaded here (their step counts are unknown)"
+                               if total is None else f"about {_minutes(total)} of training steps on this device "
+                               "(dev evaluations not included)")]
+    return "\n".join(lines + ([""] + notes if notes else []))
+
+
+def preflight_json(result: dict[str, Any]) -> str:
+    return json.dumps(result, indent=2, default=float)

@@ -1,0 +1,131 @@
+"""`mmcse preflight`: rows built at their real architectures offline (random weights where the model is not
+here), run through the train stage's own step, their widths from the teachers' architectures, out of memory
+answered with the micro-batch that fits, and the command on the demo and on one paper-shaped row."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+
+from mmcse.errors import ModelUnavailableError
+from mmcse.experiments import preflight as pf
+from mmcse.experiments.params import load_config
+from mmcse.experiments.profiles import apply_profile
+from mmcse.models import architectures
+from mmcse.models.architectures import model_config
+from tests.conftest import params_copy
+
+
+@pytest.fixture
+def project(tmp_path):
+    return params_copy(tmp_path)
+
+
+@pytest.fixture
+def nothing_downloaded(monkeypatch):
+    """No model of the hub's is on this machine (the CI machine's state, whatever a developer's cache holds)."""
+    real = architectures.local_model
+    monkeypatch.setattr(architectures, "local_model", lambda name: real(name) if name.startswith("packaged:") else None)
+
+
+def test_an_id_not_here_is_built_from_the_architecture_table_and_an_unknown_one_is_named_with_the_fix(
+        nothing_downloaded):
+    bert, here = model_config("princeton-nlp/unsup-simcse-bert-base-uncased")
+    assert not here and (bert.hidden_size, bert.num_hidden_layers, bert.num_attention_heads, bert.vocab_size) == (
+        768, 12, 12, 30522)
+    roberta, _ = model_config("voidism/diffcse-roberta-base-sts")
+    assert (roberta.model_type, roberta.vocab_size, roberta.max_position_embeddings) == ("roberta", 50265, 514)
+    clip, _ = model_config("openai/clip-vit-large-patch14")
+    assert (clip.projection_dim, clip.vision_config.patch_size, clip.vision_config.num_hidden_layers) == (768, 14, 24)
+    packaged, here = model_config("packaged:all-MiniLM-L6-v2")
+    assert here and packaged.hidden_size == 384  # on the machine: its own config.json
+    with pytest.raises(ModelUnavailableError, match=r"'someone/new-model' is not on this machine and not in mmcse's "
+                                                    r"architecture table .*hf download someone/new-model"):
+        model_config("someone/new-model")
+
+
+def test_a_paper_rows_input_widths_come_from_its_teachers_architectures(project, nothing_downloaded):
+    apply_profile(project / "params.yaml", "dalr-flickr-bert")
+    widths = pf.input_widths(load_config(project / "params.yaml"))
+    # CLIP ViT-B/32's joint space for t̂ and v̂; SimCSE and DiffCSE (BERT-base) as the text teachers
+    assert (widths["joint_text"], widths["joint_image"], widths["text_teachers"]) == (512, 512, [768, 768])
+    demo = pf.input_widths(load_config(project / "params.yaml", {"teachers.image_grid": 2, "teachers.colour_bins": 3,
+                                                                 "teachers.joint.kind": "cca", "teachers.joint.dim": 16,
+                                                                 "teachers.text": [{"teacher": "joint"}]}))
+    assert (demo["image"], demo["joint_text"], demo["text_teachers"]) == (2 * 2 * (27 + 8), 16, [16])
+
+
+@pytest.mark.parametrize("method", ["mcse", "dalr", "mcseo", "vsepp"])
+def test_a_row_runs_the_train_stages_step_at_its_shapes(project, method):
+    """In process (the command runs each row in its own): the demo's models, the method's own step."""
+    overrides = {"train.method": method, "train.batch_size": 4, "model.max_seq_len": 12}
+    if method == "vsepp":  # its CNN on pixels, frozen then fine-tuned: both phases are timed
+        overrides |= {"model.vsepp.image_input": "pixels", "model.vsepp.crop_size": 32, "model.vsepp.joint_dim": 16,
+                      "model.vsepp.word_dim": 8, "model.vsepp.finetune_epochs": 1, "regions.grid_model": "resnet50"}
+    job = load_config(project / "params.yaml", overrides)
+    out = pf.run_row(job, steps=2)
+    assert out["step_seconds"] > 0 and math.isfinite(out["step_seconds"])
+    assert out["weights"] == ("real" if method != "vsepp" else pf.RANDOM)  # the packaged MiniLM is here
+    assert ("finetune_step_seconds" in out) == (method == "vsepp")
+    # the resume point round trip: fp32 weights and AdamW's two moments of the ~23M parameters that trained
+    # (MiniLM-L6's encoder; VSE++: ResNet-50, fine-tuned in the second phase), so over 3 × 4 × 21M bytes
+    assert out["checkpoint_bytes"] > 2.5e8 and out["checkpoint_seconds"] > 0
+
+
+def test_out_of_memory_is_tried_again_with_halved_micro_batches_until_one_fits(project, monkeypatch):
+    tried = []
+
+    def fake(job, steps, timeout=None):
+        tried.append(job.train.micro_batch)
+        if job.train.micro_batch and job.train.micro_batch <= 8:
+            assert job.train.dropout_rng == "per_row"  # the setting micro-batches need
+            return {"status": "ran", "step_seconds": 1.0}
+        return {"status": "failed", "out_of_memory": True, "error": "OutOfMemoryError: CUDA out of memory"}
+
+    monkeypatch.setattr(pf, "check_in_process", fake)
+    job = load_config(project / "params.yaml", {"train.batch_size": 64})
+    result = pf.preflight_row(job, steps=2)
+    assert tried == [0, 32, 16, 8] and result["fits_with"] == "train.micro_batch: 8" and result["status"] == "ran"
+    other = pf.preflight_row(load_config(project / "params.yaml", {"train.method": "duet"}), steps=2)
+    assert other["status"] == "failed" and tried[-1] == 0  # retrieval models have no micro-batches: reported
+
+
+def test_the_command_on_the_demo_reports_each_row_and_a_crashing_one_fails_alone(project, capsys):
+    """Each row in its own process: the demo's MCSE row runs with its real (packaged) weights, a row whose
+    model is nowhere fails with the fix, and the command exits 1."""
+    from mmcse.cli import main
+
+    (project / "ablations/two-rows.yaml").write_text(
+        "description: the demo's MCSE and a model nobody has\nreference: MCSE\nvariants:\n"
+        "  MCSE: {train.method: mcse}\n  new: {train.method: mcse, model.name_or_path: someone/new-model}\n")
+    with pytest.raises(SystemExit) as stopped:
+        main(["preflight", "--params", str(project / "params.yaml"), "--preset", "two-rows", "--steps", "2", "--json"])
+    assert stopped.value.code == 1
+    rows = {r["row"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    ran, failed = rows["MCSE"], rows["new"]
+    assert ran["status"] == "ran" and ran["weights"] == "real" and ran["peak_bytes"] > 2**20 and ran["step_seconds"] > 0
+    assert (ran["batch_size"], ran["max_seq_len"]) == (32, 32)  # the demo row's own shapes
+    assert ran["training_steps"] is None and ran["projected_minutes"] is None  # no data downloaded in this copy
+    assert failed["status"] == "failed" and "not in mmcse's architecture table" in failed["error"]
+
+
+@pytest.mark.slow
+def test_a_paper_shaped_row_runs_end_to_end(project, capsys, nothing_downloaded):
+    """DALR Table 1's SimCSE (wiki) row under dalr-flickr-bert: BERT-base at batch 64 × 32 tokens, random weights."""
+    from mmcse.cli import main
+
+    apply_profile(project / "params.yaml", "dalr-flickr-bert")
+    (project / "ablations/one-row.yaml").write_text(  # DALR Table 1's first row, as ablations/dalr-table1.yaml
+        "description: DALR Table 1's first row alone\nreference: SimCSE (wiki)\nvariants:\n"
+        "  SimCSE (wiki): {train.method: simcse, data.pairs: none}\n")
+    with pytest.raises(SystemExit) as stopped:
+        main(["preflight", "--params", str(project / "params.yaml"), "--preset", "one-row", "--steps", "2"])
+    text = capsys.readouterr().out
+    assert stopped.value.code == 0
+    assert "SimCSE (wiki)" in text and " ran " in text
+    assert "random weights: wiring, memory and time only (bert-base-uncased)" in text
+    # BERT-base's resume point: 110M fp32 weights and two AdamW moments, about 1.2 GiB
+    assert re.search(r"SimCSE \(wiki\): a resume point of 1\.[23] GiB written and read back", text)
