@@ -73,6 +73,18 @@ def test_a_row_runs_the_train_stages_step_at_its_shapes(project, method):
     # the resume point round trip: fp32 weights and AdamW's two moments of the ~23M parameters that trained
     # (MiniLM-L6's encoder; VSE++: ResNet-50, fine-tuned in the second phase), so over 3 × 4 × 21M bytes
     assert out["checkpoint_bytes"] > 2.5e8 and out["checkpoint_seconds"] > 0
+    assert out["dev_batch_seconds"] > 0
+
+
+def test_a_rows_dev_evaluations_are_counted_as_the_loop_scores(project):
+    job = load_config(project / "params.yaml", {"train.eval_steps": 10, "evaluate.batch_size": 64})
+    counts = {"sts_dev_pairs": 1500, "retrieval_val_images": 5000, "retrieval_val_captions": 25000}
+    # at steps 0, 10, ..., 100: 11 dev scores over 3,000 sentences in batches of 64
+    assert pf.dev_evaluations(job, 100, counts) == 11 * 47
+    assert pf.dev_evaluations(job, 105, counts) == 12 * 47  # and one at the end
+    duet = load_config(project / "params.yaml", {"train.method": "duet", "train.eval_steps": 10,
+                                                 "evaluate.batch_size": 64})
+    assert pf.dev_evaluations(duet, 100, counts) == 11 * math.ceil(25000 / 64)  # a batch of each, as timed
 
 
 def test_out_of_memory_is_tried_again_with_halved_micro_batches_until_one_fits(project, monkeypatch):

@@ -16,8 +16,8 @@ Per row (the same rows `mmcse plan` resolves: recipe, profile, overrides), in a 
   SimCSE rows: a text batch) with random token ids and random teacher features of the real widths.
 * what it measured: ran or failed (the error's first line), the peak memory (CUDA's max allocated on a
   GPU; the process's peak resident set on a CPU), the median step time after the first step, and, where
-  this machine downloaded the row's data (its size known), the row's training steps and their projected
-  time (dev evaluations not included).
+  this machine downloaded the row's data (its size known), the row's training steps and the projected
+  time of its training: the steps and its dev evaluations (a dev batch is timed too).
 * the train stage's resume point (weights, optimizer, scheduler, RNG) written to a temporary folder and
   read back: its size and the seconds it took (the weights must come back as written).
 * a row that runs out of memory is tried again with ``train.micro_batch`` halved (gradient-cached batches,
@@ -55,7 +55,7 @@ from mmcse.models.cnn import RESNET_WIDTH
 from mmcse.models.device import resolve_device
 from mmcse.models.dropout import install_keyed_dropout
 from mmcse.models.duet import DuetModel
-from mmcse.models.precision import check_precision, grad_scaler
+from mmcse.models.precision import autocast, check_precision, grad_scaler
 from mmcse.models.student import MaskedLMHead, Student, configure, load_mlm_head, load_tokenizer
 from mmcse.models.vsepp import VseppModel
 from mmcse.models.vsrn import VsrnModel
@@ -248,6 +248,13 @@ def run_row(job: Config, steps: int) -> dict[str, Any]:
         if pixels and job.model.vsepp.finetune_epochs:
             model.cnn.requires_grad_(True)
             phases["finetune_step_seconds"] = statistics.median(_timed(step, steps, device)[1:] or [math.nan])
+        e = job.evaluate.batch_size
+        dev_images = tuple(x[:e] if x is not None else None for x in images)
+        dev_ids = {k: v[:e] for k, v in batch.items()}
+
+        def dev_batch() -> None:  # the val split's dev score: a batch of images and one of captions
+            model.encode_image(*dev_images)
+            model.encode_text(dev_ids["input_ids"], dev_ids["attention_mask"])
     else:
         backbone, config, real = _backbone(job)
         if job.train.dropout_rng == "per_row":
@@ -277,8 +284,18 @@ def run_row(job: Config, steps: int) -> dict[str, Any]:
 
         times = _timed(step, steps, device)
         described = job.model.name_or_path
+        dev = {k: v.to(device) for k, v in _ids(job.evaluate.batch_size, length, config.vocab_size,
+                                                 low=1000 if config.vocab_size > 2000 else 4).items()}
+
+        def dev_batch() -> None:  # the dev STS score: a batch of dev sentences through the evaluation pooler
+            student.encode(dev["input_ids"], dev["attention_mask"], job.evaluate.pooler)
+
+    model.eval()
+    with torch.no_grad(), autocast(job.train.precision, device):
+        dev_seconds = statistics.median(_timed(dev_batch, 3, device)[1:])
+    model.train()
     return {"weights": "real" if real else RANDOM, "model": described,
-            "step_seconds": statistics.median(times[1:] or times), **phases,
+            "step_seconds": statistics.median(times[1:] or times), **phases, "dev_batch_seconds": dev_seconds,
             **resume_point_round_trip(model, optimizer, scheduler, scaler, steps)}
 
 
@@ -390,6 +407,18 @@ def training_steps(job: Config, params: Config, root: Path, counts: dict[str, in
     return job_steps(job, params, root, counts)
 
 
+def dev_evaluations(job: Config, total: int, counts: dict[str, int]) -> int:
+    """The dev batches a training of ``total`` steps encodes: a dev score at step 0, every
+    ``train.eval_steps`` and at the end, each over the dev STS sentences (two a pair) or, for a retrieval
+    model, the val split's images and captions (`run_row` times a batch of each together)."""
+    scores = 1 + total // job.train.eval_steps + (1 if total % job.train.eval_steps else 0)
+    if job.train.method in RETRIEVAL_METHODS:
+        items = max(int(counts.get("retrieval_val_images", 0)), int(counts.get("retrieval_val_captions", 0)))
+    else:
+        items = 2 * int(counts.get("sts_dev_pairs", 0))
+    return scores * math.ceil(items / job.evaluate.batch_size)
+
+
 def preflight(params: str | Path = "params.yaml", preset: str | None = None, steps: int = 2,
               timeout: float | None = None, progress: Any = None) -> dict[str, Any]:
     """Every row of the ablation ``params`` describes (``preset``: ``ablate.preset`` replaced) checked
@@ -410,6 +439,7 @@ def preflight(params: str | Path = "params.yaml", preset: str | None = None, ste
                 v = job.model.vsepp
                 finetune = total * v.finetune_epochs // (job.train.epochs + v.finetune_epochs)
                 seconds += (result["finetune_step_seconds"] - result["step_seconds"]) * finetune
+            seconds += dev_evaluations(job, total, counts) * result["dev_batch_seconds"]
             minutes = seconds / 60
         # a row that ran names what it built (``result``'s model): VSE++ and VSRN read no model.name_or_path
         row = {"row": name, "method": job.train.method, "model": job.model.name_or_path,
@@ -475,8 +505,8 @@ def preflight_text(result: dict[str, Any]) -> str:
             notes.append(f"{r['row']}: fine-tuning steps {r['finetune_step_seconds']:.2f} s each")
     total = result["total_minutes"]
     lines += ["", "total: " + ("no projection: the rows' data is not downloaded here (their step counts are unknown)"
-                               if total is None else f"about {_minutes(total)} of training steps on this device "
-                               "(dev evaluations not included)")]
+                               if total is None else f"about {_minutes(total)} of training on this device "
+                               "(steps and dev evaluations)")]
     return "\n".join(lines + ([""] + notes if notes else []))
 
 
