@@ -87,6 +87,14 @@ def test_a_rows_dev_evaluations_are_counted_as_the_loop_scores(project):
     assert pf.dev_evaluations(duet, 100, counts) == 11 * math.ceil(25000 / 64)  # a batch of each, as timed
 
 
+@pytest.mark.slow  # a process that imports this test module
+def test_a_row_whose_process_is_killed_is_a_failed_row_not_a_hang(project, monkeypatch):
+    """What the kernel does to a process that runs a CPU out of memory: SIGKILL, no result."""
+    monkeypatch.setattr(pf, "_child", _killed_child)
+    out = pf.check_in_process(load_config(project / "params.yaml"), steps=1, timeout=120)
+    assert out["status"] == "failed" and out["out_of_memory"] and "killed, e.g. out of memory" in out["error"]
+
+
 def test_out_of_memory_is_tried_again_with_halved_micro_batches_until_one_fits(project, monkeypatch):
     tried = []
 
@@ -141,3 +149,10 @@ def test_a_paper_shaped_row_runs_end_to_end(project, capsys, nothing_downloaded)
     assert "random weights: wiring, memory and time only (bert-base-uncased)" in text
     # BERT-base's resume point: 110M fp32 weights and two AdamW moments, about 1.2 GiB
     assert re.search(r"SimCSE \(wiki\): a resume point of 1\.[23] GiB written and read back", text)
+
+
+def _killed_child(config, steps, conn) -> None:
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -349,7 +349,10 @@ def check_in_process(job: Config, steps: int, timeout: float | None = None) -> d
     process = ctx.Process(target=_child, args=(to_dict(job), steps, send), daemon=True)
     process.start()
     send.close()
-    result = receive.recv() if receive.poll(timeout) else None
+    try:  # a child that dies (killed for memory) closes the pipe: EOF, not a hang
+        result = receive.recv() if receive.poll(timeout) else None
+    except EOFError:
+        result = None
     process.join(5)
     if result is None:
         process.kill()
