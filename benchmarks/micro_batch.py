@@ -172,15 +172,20 @@ def main(argv: Sequence[str] | None = None) -> None:
                                   capture_output=True, text=True)
             label = "whole batch" if micro == 0 else f"micro {micro} ({-(-b // micro)} passes)"
             if done.returncode != 0:
-                error = (done.stderr.strip().splitlines() or ["?"])[-1][:120]
+                # a process the kernel killed (a CPU out of memory) leaves no traceback, only its signal
+                error = (done.stderr.strip().splitlines() or [
+                    f"killed by signal {-done.returncode} (out of memory?)" if done.returncode < 0
+                    else f"exit code {done.returncode}"])[-1][:120]
                 print(f"| {b} | {label} | {'per_row' if keyed else 'torch'} | failed: {error} | | | |", flush=True)
                 continue
             result = json.loads(done.stdout.strip().splitlines()[-1])
-            whole = whole or result
+            if micro == 0 and not keyed:
+                whole = result  # the baseline: the default step, when it ran
             rows.append({"batch": b, "micro": micro, "dropout": "per_row" if keyed else "torch", **result})
-            print(f"| {b} | {label} | {'per_row' if keyed else 'torch'} | {result['seconds']:.3f} | "
-                  f"{result['seconds'] / whole['seconds']:.2f} | {result['peak_mib']:.0f} | "
-                  f"{result['peak_mib'] / whole['peak_mib']:.2f} |", flush=True)
+            time_ratio = f"{result['seconds'] / whole['seconds']:.2f}" if whole else "-"
+            peak_ratio = f"{result['peak_mib'] / whole['peak_mib']:.2f}" if whole else "-"
+            print(f"| {b} | {label} | {'per_row' if keyed else 'torch'} | {result['seconds']:.3f} | {time_ratio} | "
+                  f"{result['peak_mib']:.0f} | {peak_ratio} |", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"device": device_description(args.device), "rows": rows}, indent=2))
 

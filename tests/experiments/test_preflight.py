@@ -58,7 +58,8 @@ def test_a_paper_rows_input_widths_come_from_its_teachers_architectures(project,
     assert (demo["image"], demo["joint_text"], demo["text_teachers"]) == (2 * 2 * (27 + 8), 16, [16])
 
 
-@pytest.mark.parametrize("method", ["mcse", "dalr", "mcseo", "vsepp"])
+@pytest.mark.parametrize("method", [pytest.param("mcse", marks=pytest.mark.slow), "dalr",
+                                    pytest.param("mcseo", marks=pytest.mark.slow), "vsepp"])
 def test_a_row_runs_the_train_stages_step_at_its_shapes(project, method):
     """In process (the command runs each row in its own): the demo's models, the method's own step."""
     overrides = {"train.method": method, "train.batch_size": 4, "model.max_seq_len": 12}
@@ -113,6 +114,28 @@ def test_out_of_memory_is_tried_again_with_halved_micro_batches_until_one_fits(p
     assert other["status"] == "failed" and tried[-1] == 0  # retrieval models have no micro-batches: reported
 
 
+def test_the_command_on_the_demo_prints_its_table(project, capsys, monkeypatch):
+    """The command's table, each row run in this process (the slow test below runs them as the command does,
+    each in its own): the demo's row ran with its real weights, at its shapes, and the table says why no
+    time is projected."""
+    from mmcse.cli import main
+
+    def here(job, steps, timeout=None):
+        return pf.run_row(job, steps) | {"status": "ran", "peak_bytes": 2**30, "peak_kind": "test"}
+
+    monkeypatch.setattr(pf, "check_in_process", here)
+    (project / "ablations/one-row.yaml").write_text(
+        "description: the demo's MCSE\nreference: MCSE\nvariants:\n  MCSE: {train.method: mcse}\n")
+    with pytest.raises(SystemExit) as stopped:
+        main(["preflight", "--params", str(project / "params.yaml"), "--preset", "one-row", "--steps", "2"])
+    text = capsys.readouterr().out
+    assert stopped.value.code == 0
+    assert re.search(r"\nMCSE +mcse +32x32 ran +1\.0 GiB +\d+\.\d\d +- +-\n", text), text
+    assert "total: no projection: the rows' data is not downloaded here" in text
+    assert re.search(r"MCSE: a resume point of 0\.\d GiB written and read back in \d+\.\d s", text)
+
+
+@pytest.mark.slow  # two row processes
 def test_the_command_on_the_demo_reports_each_row_and_a_crashing_one_fails_alone(project, capsys):
     """Each row in its own process: the demo's MCSE row runs with its real (packaged) weights, a row whose
     model is nowhere fails with the fix, and the command exits 1."""

@@ -487,12 +487,15 @@ def preflight_text(result: dict[str, Any]) -> str:
     """The preflight as a table, one line per row, then the table's total and the rows' notes."""
     lines = [f"preflight of profile {result['profile']}, preset {result['preset']} on {result['device']}: "
              f"{result['steps']} step(s) per row", "",
-             f"{'row':<28} {'method':<7} {'result':<7} {'peak':>9} {'s/step':>8} {'steps':>8} {'projected':>10}"]
+             f"{'row':<28} {'method':<7} {'batch':>9} {'result':<7} {'peak':>9} {'s/step':>8} {'steps':>8} "
+             f"{'projected':>10}"]
     notes = []
     for r in result["rows"]:
         projected = "-" if r["projected_minutes"] is None else _minutes(r["projected_minutes"])
         step = "-" if r["status"] != "ran" else f"{r['step_seconds']:.2f}"
-        lines.append(f"{r['row'][:28]:<28} {r['method']:<7} {r['status']:<7} {_size(r.get('peak_bytes')):>9} "
+        shape = f"{r['batch_size']}x{r['max_seq_len']}"  # sentences × tokens
+        peak = _size(r.get("peak_bytes"))
+        lines.append(f"{r['row'][:28]:<28} {r['method']:<7} {shape:>9} {r['status']:<7} {peak:>9} "
                      f"{step:>8} {r['training_steps'] if r['training_steps'] is not None else '-':>8} {projected:>10}")
         if r["status"] == "ran" and r["weights"] != "real":
             notes.append(f"{r['row']}: {r['weights']} ({r['model']})")
