@@ -58,8 +58,11 @@ def test_a_paper_rows_input_widths_come_from_its_teachers_architectures(project,
     assert (demo["image"], demo["joint_text"], demo["text_teachers"]) == (2 * 2 * (27 + 8), 16, [16])
 
 
-@pytest.mark.parametrize("method", [pytest.param("mcse", marks=pytest.mark.slow), "dalr",
-                                    pytest.param("mcseo", marks=pytest.mark.slow), "vsepp"])
+SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("method", [pytest.param("mcse", marks=SLOW), pytest.param("dalr", marks=SLOW),
+                                    pytest.param("mcseo", marks=SLOW), "vsepp"])
 def test_a_row_runs_the_train_stages_step_at_its_shapes(project, method):
     """In process (the command runs each row in its own): the demo's models, the method's own step."""
     overrides = {"train.method": method, "train.batch_size": 4, "model.max_seq_len": 12}
