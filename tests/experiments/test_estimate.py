@@ -42,9 +42,10 @@ def test_jobs_are_estimated_from_the_train_stages_pace_and_other_data_is_counted
     assert job_steps(longer, cfg) == 3 * batches
     fine_tuned = with_overrides(longer, {"train.method": "vsepp", "model.vsepp.image_input": "pixels",
                                          "model.vsepp.finetune_epochs": 2})  # VSE++'s fine-tuning epochs follow
-    assert job_steps(fine_tuned, cfg) == 5 * batches
+    pair_batches = counts["pairs"] // bs  # a retrieval model trains on the pairs alone
+    assert job_steps(fine_tuned, cfg) == 5 * pair_batches
     assert job_steps(with_overrides(fine_tuned, {"model.vsepp.image_input": "regions",
-                                                 "model.vsepp.finetune_epochs": 0}), cfg) == 3 * batches
+                                                 "model.vsepp.finetune_epochs": 0}), cfg) == 3 * pair_batches
     other = with_overrides(cfg, {"data.captions": "longest"})  # other data: its size is not known here
     assert job_steps(other, cfg) is None
     # another profile's data (the folder still holds the demo's): its size is not known here

@@ -14,6 +14,7 @@ from mlflow.exceptions import MlflowException
 
 from mmcse import tracking
 from mmcse.config import Config
+from mmcse.config.training import RETRIEVAL_METHODS
 from mmcse.integrity.keys import artifact_keys
 from mmcse.io import read_json
 from mmcse.pipeline.paths import Paths
@@ -70,11 +71,15 @@ def job_steps(job: Config, params: Config, root: str | Path = ".",
         return None
     counts = counts if counts is not None else downloaded_counts(params, root)
     try:
-        batches = Batches(int(counts["corpus_sentences"]), int(counts["pairs"]), job.train.batch_size, job.base.seed)
+        if job.train.method in RETRIEVAL_METHODS:  # image–caption pairs only, full batches (`train_duet`)
+            per_epoch = int(counts["pairs"]) // job.train.batch_size
+        else:
+            per_epoch = len(Batches(int(counts["corpus_sentences"]), int(counts["pairs"]), job.train.batch_size,
+                                    job.base.seed))
     except (TypeError, ValueError, KeyError):
         return None
     finetune = job.model.vsepp.finetune_epochs if reads_pixels(job) else 0  # VSE++'s fine-tuning epochs follow
-    total = len(batches) * (job.train.epochs + finetune)
+    total = per_epoch * (job.train.epochs + finetune)
     return min(total, job.train.max_steps) if job.train.max_steps else total
 
 

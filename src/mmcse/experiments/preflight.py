@@ -400,14 +400,7 @@ def row_jobs(cfg: Config) -> list[tuple[str, Config]]:
 
 def training_steps(job: Config, params: Config, root: Path, counts: dict[str, int] | None) -> int | None:
     """The row's optimizer steps where this machine downloaded its data (else None)."""
-    if counts is None or job.data != params.data:
-        return None
-    if job.train.method in RETRIEVAL_METHODS:
-        epochs = job.train.epochs + (job.model.vsepp.finetune_epochs if job.train.method == "vsepp"
-                                     and job.model.vsepp.image_input == "pixels" else 0)
-        total = int(counts.get("pairs", 0)) // job.train.batch_size * epochs
-        return min(total, job.train.max_steps) if job.train.max_steps else total
-    return job_steps(job, params, root, counts)
+    return None if counts is None else job_steps(job, params, root, counts)
 
 
 def dev_evaluations(job: Config, total: int, counts: dict[str, int]) -> int:

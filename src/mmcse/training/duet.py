@@ -414,7 +414,7 @@ def train_duet(
         if pixels:
             architecture = vsepp_architecture(cfg.model.vsepp, RESNET_WIDTH, tokenizer, cfg.regions.grid_model)
             model: RetrievalModel = VseppModel(**architecture)
-            model.cnn.load_state_dict(imagenet_cnn(cfg).state_dict())
+            model.cnn = imagenet_cnn(cfg)  # the same architecture, ImageNet's weights
             model = model.to(device)
         else:
             architecture = vsepp_architecture(cfg.model.vsepp, data.regions.dim, tokenizer)
