@@ -209,7 +209,7 @@ def _cmd_preflight(args: argparse.Namespace) -> None:
     from mmcse.experiments.preflight import failed_rows, preflight, preflight_json, preflight_text, progress_line
 
     shown = None if args.json else lambda row: print(progress_line(row), file=sys.stderr, flush=True)
-    result = preflight(args.params, args.preset, args.steps, args.timeout, progress=shown)
+    result = preflight(args.params, args.preset, args.steps, args.timeout, progress=shown, cache_items=args.cache_items)
     print(preflight_json(result) if args.json else preflight_text(result))
     raise SystemExit(1 if failed_rows(result) else 0)
 
@@ -525,6 +525,7 @@ def main(argv: list[str] | None = None) -> None:
     pf.add_argument("--params", default="params.yaml")
     pf.add_argument("--steps", type=int, default=2, help="training steps per row (the first is not timed)")
     pf.add_argument("--timeout", type=float, default=None, help="seconds a row may take before it counts as failed")
+    pf.add_argument("--cache-items", type=int, default=16, help="synthetic items per teacher-cache check (0: none)")
     pf.add_argument("--json", action="store_true", help="the rows' measurements as JSON")
     pf.set_defaults(func=_cmd_preflight)
 

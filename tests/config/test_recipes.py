@@ -127,6 +127,7 @@ def test_dalrs_simcse_rows_train_the_recipe_of_the_model_each_table_quotes(proje
             c["loss"]["simcse"]["mlm"]) == quoted
 
 
+@pytest.mark.slow  # end to end: the full suite runs it (fast tier under 5 min)
 def test_a_row_may_name_another_recipe_of_its_method_simcses_own(project):
     """MCSEO Table 1 quotes SimCSE's own models: its SimCSE row trains SimCSE's recipe (run_unsup_example.sh:
     one epoch; README: RoBERTa batch 512, lr 1e-5) on Wiki1M alone, not the multimodal papers' baseline."""
@@ -160,6 +161,7 @@ def test_a_row_of_the_profiles_own_method_keeps_params_edits_and_reports_recipe_
     assert no_filter["overrode_recipe"] == {"loss.kdmcse.threshold": [0.9, "off"]}
 
 
+@pytest.mark.slow  # end to end: the full suite runs it (fast tier under 5 min)
 def test_plan_prints_json_and_a_diff_and_refuses_an_unknown_preset_in_one_line(project, monkeypatch, capsys):
     """`mmcse plan` as its console script runs it (in this process: the CLI's own entry point)."""
     apply_profile(project / "params.yaml", "kdmcse-flickr-bert")

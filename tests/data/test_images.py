@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from mmcse.data.images import ImagePixels, eval_crop, random_crop_box, train_crop
+from mmcse.data.images import ImagePixels, OneAhead, eval_crop, random_crop_box, train_crop
 from mmcse.errors import CorruptArtifact
 
 
@@ -102,3 +102,40 @@ def test_a_missing_image_row_or_file_is_named_before_any_batch(tmp_path):
     (tmp_path / "images/2.png").write_bytes(b"not an image")
     with pytest.raises(ValueError, match=r"2.png: corrupt or unreadable image"):
         ImagePixels(tmp_path, ids, 32).eval_batch(np.arange(5))
+
+
+def test_one_ahead_makes_the_next_steps_batch_while_this_one_trains_and_the_same_batch_either_way():
+    import threading
+    import time
+
+    made: list[tuple[int, str]] = []
+
+    def make(step: int) -> torch.Tensor:
+        made.append((step, threading.current_thread().name))
+        time.sleep(0.01)
+        return torch.full((2,), float(step))
+
+    ahead = OneAhead(make)
+    try:
+        assert ahead.get(0, 1).tolist() == [0.0, 0.0]  # nothing prefetched: made here, step 1 started
+        assert ahead.get(1, 2).tolist() == [1.0, 1.0]
+        assert ahead.get(5, None).tolist() == [5.0, 5.0]  # a jump (a resume): made on the spot, the same batch
+        assert ahead.pending is None
+    finally:
+        ahead.close()
+    where = dict(made)
+    assert where[0] == threading.current_thread().name and where[5] == threading.current_thread().name
+    assert where[1].startswith("mmcse-prefetch") and where[2].startswith("mmcse-prefetch")
+
+    def broken(step: int) -> torch.Tensor:
+        if step == 1:
+            raise OSError("image-1.jpg: truncated")
+        return torch.zeros(1)
+
+    failing = OneAhead(broken)
+    try:
+        failing.get(0, 1)
+        with pytest.raises(OSError, match="image-1.jpg"):  # the thread's error surfaces in the step that needs it
+            failing.get(1, 2)
+    finally:
+        failing.close()

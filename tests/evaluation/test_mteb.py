@@ -172,6 +172,7 @@ def test_adapter_returns_mteb_order_and_encodes_each_distinct_text_once():
     assert encoder_for_mteb(encode, MODEL, 2).mteb_model_meta.name == "mmcse/packaged-all-MiniLM-L6-v2"
 
 
+@pytest.mark.slow  # end to end: the full suite runs it (fast tier under 5 min)
 def test_names_resolve_like_the_english_benchmark_and_types_expand():
     tasks = resolve_tasks(["STS17", "Reranking", "SciDocsRR"])
     names = [t.metadata.name for t in tasks]
@@ -179,6 +180,7 @@ def test_names_resolve_like_the_english_benchmark_and_types_expand():
     assert tasks[0].hf_subsets == ["en-en"]  # MTEB(eng, v1)'s subset, the one the paper's numbers use
 
 
+@pytest.mark.slow  # end to end: the full suite runs it (fast tier under 5 min)
 def test_unknown_task_names_list_close_valid_names():
     with pytest.raises(MTEBTaskError) as err:
         resolve_tasks(["STS12", "SciDocRR", "stsbenchmark"], where="--mteb")

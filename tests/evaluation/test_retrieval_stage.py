@@ -43,6 +43,7 @@ def _by_hand(folder, features, captions):
     ("mcse", "image_proj", "retrieval_image"),
     ("dalr", "teacher_image_proj", "retrieval_joint_image"),
 ])
+@pytest.mark.slow  # end to end: the full suite runs it (fast tier under 5 min)
 def test_recall_is_that_of_the_trained_heads_on_the_test_images(project, method, head, feature_set, capsys):
     cfg = _config(method)
     assert image_head(Objective.of(cfg)) == (head, feature_set)

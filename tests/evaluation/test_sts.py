@@ -81,6 +81,7 @@ def _word_vector_encoder(dim: int = 32):
     return encode
 
 
+@pytest.mark.slow  # end to end: the full suite runs it (fast tier under 5 min)
 def test_matches_direct_computation_on_senteval(senteval_dir):
     tasks = read_sts_tasks(senteval_dir)
     encode = _word_vector_encoder()

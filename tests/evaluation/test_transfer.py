@@ -44,6 +44,7 @@ def _clusters(n: int, classes: int, dim: int = 8, spread: float = 0.3, seed: int
     return centres[y] + spread * rng.normal(size=(n, dim)), y
 
 
+@pytest.mark.slow  # end to end: the full suite runs it (fast tier under 5 min)
 def test_separable_classes_are_learned_and_shuffled_labels_are_not():
     x, y = _clusters(240, 2)
     dev, test = probe_task("CR", {"all": (x, y)}, FAST)

@@ -306,6 +306,7 @@ def test_tagged_runs_record_the_device_and_cuda_visible_devices(tmp_path, monkey
     assert "cuda_visible_devices" not in tags[plain.info.run_id]
 
 
+@pytest.mark.slow  # end to end: the full suite runs it (fast tier under 5 min)
 def test_a_job_recorded_under_older_score_names_is_evaluated_again_not_retrained(project, monkeypatch):
     """result.json from before one-name-per-number (``DemoSTS`` beside ``avg``, ``demo_i2t_R@1``):
     the rerun evaluates the job's best checkpoint again and rewrites the result under today's names,
@@ -341,6 +342,7 @@ def test_a_job_recorded_under_older_score_names_is_evaluated_again_not_retrained
     assert run_job(cfg, job, project / "ablation")["scores"] == again["scores"] and not calls  # reused as is
 
 
+@pytest.mark.slow  # end to end: the full suite runs it (fast tier under 5 min)
 def test_a_finished_job_is_rescored_after_an_evaluation_edit_and_retrained_after_a_training_edit(project,
                                                                                                    monkeypatch):
     """Code edited since a job finished: evaluation code (a metric) → its checkpoint is scored again, not

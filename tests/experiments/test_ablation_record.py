@@ -91,6 +91,7 @@ def _checkpoints(cfg, root, variants):
     return [{"variant": v, "seed": 1, "status": "ok", "run_id": "r"} for v in variants]
 
 
+@pytest.mark.slow  # end to end: the full suite runs it (fast tier under 5 min)
 def test_dropout_views_and_neighbours_of_every_row_in_one_picture_each(project):
     """KDMCSE Figs. 8-12 and DALR Table 10 from the rows' checkpoints: the neighbours are those a
     direct encoding of the pool gives, the dropout metrics differ between the two models."""

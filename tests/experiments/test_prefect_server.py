@@ -59,6 +59,7 @@ def test_only_this_projects_servers_of_a_dead_owner_are_stale(tmp_path, capsys):
             p.wait()
 
 
+@pytest.mark.slow  # end to end: the full suite runs it (fast tier under 5 min)
 def test_claiming_marks_the_children_of_this_process(tmp_path, monkeypatch):
     monkeypatch.delenv(OWNER_VARIABLE, raising=False)
     monkeypatch.delenv("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", raising=False)

@@ -123,19 +123,25 @@ def test_the_command_on_the_demo_prints_its_table(project, capsys, monkeypatch):
     time is projected."""
     from mmcse.cli import main
 
-    def here(job, steps, timeout=None):
-        return pf.run_row(job, steps) | {"status": "ran", "peak_bytes": 2**30, "peak_kind": "test"}
+    def here(job, steps, timeout=None, check=None):
+        return (check or pf.run_row)(job, steps) | {"status": "ran", "peak_bytes": 2**30, "peak_kind": "test"}
 
     monkeypatch.setattr(pf, "check_in_process", here)
     (project / "ablations/one-row.yaml").write_text(
         "description: the demo's MCSE\nreference: MCSE\nvariants:\n  MCSE: {train.method: mcse}\n")
     with pytest.raises(SystemExit) as stopped:
-        main(["preflight", "--params", str(project / "params.yaml"), "--preset", "one-row", "--steps", "2"])
+        main(["preflight", "--params", str(project / "params.yaml"), "--preset", "one-row", "--steps", "2",
+              "--cache-items", "2"])
     text = capsys.readouterr().out
     assert stopped.value.code == 0
     assert re.search(r"\nMCSE +mcse +32x32 ran +1\.0 GiB +\d+\.\d\d +- +-\n", text), text
     assert "total: no projection: the rows' data is not downloaded here" in text
     assert re.search(r"MCSE: a resume point of 0\.\d GiB written and read back in \d+\.\d s", text)
+    # the row's teacher caches: the demo's encoders on 2 synthetic items
+    assert "teacher caches: the cache_teachers stage's encoders on 2 synthetic items" in text
+    assert "rows MCSE: ran, peak 1.0 GiB, no projection (the data is not downloaded here)" in text
+    assert re.search(r"\n +text avg +packaged:all-MiniLM-L6-v2 +real +\d+\.\d{4} +\d+\.\d\d  pairs, corpus_sentences\n",
+                     text)
 
 
 @pytest.mark.slow  # two row processes
@@ -177,7 +183,7 @@ def test_a_paper_shaped_row_runs_end_to_end(project, capsys, nothing_downloaded)
     assert re.search(r"SimCSE \(wiki\): a resume point of 1\.[23] GiB written and read back", text)
 
 
-def _killed_child(config, steps, conn) -> None:
+def _killed_child(config, steps, conn, **_) -> None:
     import os
     import signal
 

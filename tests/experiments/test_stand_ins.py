@@ -54,6 +54,7 @@ def test_under_demo_the_role_preset_trains_the_offline_stand_ins_it_named_before
     assert _teachers(kd_cml) == [(t.teacher, t.pooler, t.weight) for t in params_teachers]
 
 
+@pytest.mark.slow  # end to end: the full suite runs it (fast tier under 5 min)
 def test_under_a_dalr_profile_the_roles_are_the_released_checkpoints_of_its_encoder(project):
     apply_profile(project / "params.yaml", "dalr-flickr-bert")
     kd_cml = _rows(project, "dalr-table4")["KDMCSE + CML"]

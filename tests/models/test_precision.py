@@ -99,6 +99,7 @@ def _config(**train):
     return with_overrides(load_config("params.yaml"), {f"train.{k}": v for k, v in train.items()})
 
 
+@pytest.mark.slow  # end to end: the full suite runs it (fast tier under 5 min)
 @pytest.mark.parametrize("name", ["bf16", "fp16"])
 def test_mixed_precision_training_keeps_fp32_weights_and_resumes(project, name):
     """A run in bf16/fp16 autocast: finite losses and dev scores, fp32 weights on disk, the
@@ -155,6 +156,7 @@ def test_bf16_encoding_scores_track_fp32(project):
         assert cos.min() > 0.999, cos
 
 
+@pytest.mark.slow  # end to end: the full suite runs it (fast tier under 5 min)
 def test_out_of_memory_names_the_settings_and_keeps_the_resume_point(project, monkeypatch, capsys):
     """A device OOM at step 7 (after the step-4 resume point): one message with the batch size,
     precision and sequence length and what to lower; the resume point still says step 4 and a

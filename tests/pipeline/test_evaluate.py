@@ -39,6 +39,7 @@ def test_a_collapsed_model_is_named_in_the_log_and_on_its_run_not_by_scipy(proje
     assert tag == said[0] and tag.startswith("the model returns the same vector for every sentence")
 
 
+@pytest.mark.slow  # end to end: the full suite runs it (fast tier under 5 min)
 def test_mteb_results_land_in_mtebs_layout_and_load_with_its_own_loader(project, monkeypatch):
     """Issue 39.2: the evaluate stage's MTEB results are mteb's layout (results/<model>/<revision>/<Task>.json,
     model_meta.json) that ``mteb.ResultCache`` loads as they are; the folder is replaced whole, so a run

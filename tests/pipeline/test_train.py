@@ -12,6 +12,7 @@ from mmcse.pipeline.paths import Paths
 from mmcse.pipeline.train import run_train
 
 
+@pytest.mark.slow  # end to end: the full suite runs it (fast tier under 5 min)
 def test_training_minutes_are_on_the_run_summed_over_its_sessions_and_not_in_the_folder(project):
     cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 2, "train.eval_steps": 2})
     first = run_train(cfg, Paths.of(cfg), out_dir=project / "m", progress=False)

@@ -66,6 +66,22 @@ def test_resnet50_offline_without_cached_weights_fails_fast(tmp_path, monkeypatc
         tm.resolve_resnet50("IMAGENET9K")
 
 
+def test_no_download_asked_and_no_weights_cached_is_a_clear_error_even_online(tmp_path, monkeypatch):
+    """`mmcse preflight` asks for the weights without a download: online or not, nothing is fetched."""
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(tm, "offline", lambda: False)
+    monkeypatch.setattr(torch.hub, "load_state_dict_from_url", lambda *a, **k: pytest.fail("downloaded"))
+    with pytest.raises(ModelUnavailableError,
+            match=r"IMAGENET1K_V2 are not in torch hub's cache \(.*resnet50-.*\): download"):
+        tm.resolve_resnet50("IMAGENET1K_V2", download=False)
+    import open_clip
+
+    monkeypatch.setattr(open_clip, "download_pretrained", lambda *a, **k: pytest.fail("downloaded"))
+    with pytest.raises(ModelUnavailableError, match="ViT-B-32/openai is not in the local cache: download"):
+        tm.resolve_open_clip("ViT-B-32", "openai", download=False)
+
+
 def _bytes_to_unicode() -> list[str]:
     """GPT-2/CLIP's byte-level alphabet (every byte gets a printable character)."""
     keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
@@ -263,3 +279,18 @@ def test_a_clip_model_as_a_text_teacher_gives_its_projected_text_feature(tiny_cl
         text_teacher_features(str(tiny_clip), sentences, ["clip", "avg"], batch_size=2)
     with pytest.raises(ConfigError, match="a CLIP model \\(pooler clip\\) has no other pooler"):
         parse_config({"teachers": {"text": [{"teacher": "m", "pooler": "clip"}, {"teacher": "m", "pooler": "avg"}]}})
+
+
+def test_clips_image_transform_reaches_loader_workers_started_by_spawn(tmp_path):
+    """The DataLoader's workers receive the transform pickled (spawn, forkserver: Python 3.14's default, and
+    every process `mmcse preflight` starts): a closure could not be."""
+    import pickle
+
+    from PIL import Image
+    from transformers import CLIPImageProcessor
+
+    processor = CLIPImageProcessor()
+    image = Image.new("RGB", (320, 240), (200, 30, 40))
+    transform = pickle.loads(pickle.dumps(tm.ClipPixels(processor)))
+    expected = processor(images=image, return_tensors="pt")["pixel_values"][0]
+    assert transform(image).shape == (3, 224, 224) and torch.equal(transform(image), expected)

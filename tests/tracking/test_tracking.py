@@ -103,6 +103,7 @@ def test_kill_9_then_resume_is_one_run_and_the_dead_run_is_marked_killed(project
     assert {5, 10} <= losses
 
 
+@pytest.mark.slow  # end to end: the full suite runs it (fast tier under 5 min)
 def test_a_retrain_from_step_0_gets_its_own_run_and_the_old_one_says_why(project):
     """A damaged best/ makes the training restart from step 0: a new run with one history, the old
     (finished) run tagged with the reason and its successor; only a true resume continues a run."""
@@ -208,6 +209,7 @@ def test_the_train_stage_run_is_named_method_seed(project):
     assert train_run_name(other) == "dalr-seed3"
 
 
+@pytest.mark.slow  # end to end: the full suite runs it (fast tier under 5 min)
 def test_ablation_parent_and_job_runs_read_as_the_table(project):
     """A job run is ``<variant>-seed<seed>``; the parent ``ablation <preset|title|variants>`` holds
     the ablation's settings from its start, the table's metrics after each job, and the table."""

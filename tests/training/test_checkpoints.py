@@ -78,6 +78,7 @@ def test_every_checkpoint_is_sealed_with_its_configuration_step_and_digests(proj
         require_trained_with(with_overrides(cfg, {"train.max_steps": 22}), project / "m/best")
 
 
+@pytest.mark.slow  # end to end: the full suite runs it (fast tier under 5 min)
 def test_another_configurations_interrupted_run_never_becomes_the_result(project, cfg):
     """Issue 33.1: A trained; B (train.max_steps changed) started in the same folder and killed early;
     A again must give A's own best checkpoint, not B's untrained one."""
@@ -112,6 +113,7 @@ def edit_training_code(monkeypatch, name="mmcse/methods/terms/mcse.py"):
     monkeypatch.setattr(checkpoints, "code_files", lambda roots: {**real(roots), name: "0" * 64})
 
 
+@pytest.mark.slow  # end to end: the full suite runs it (fast tier under 5 min)
 def test_a_checkpoint_of_code_edited_since_is_trained_again_not_taken(project, cfg, monkeypatch):
     """A finished run, and a run killed after its first checkpoint, then an edit of a loss: DVC reruns
     the stage, which must train from step 0 (not stop at the sealed best/, not continue the resume
@@ -142,6 +144,7 @@ def test_a_checkpoint_of_code_edited_since_is_trained_again_not_taken(project, c
     assert evals == [4, 8]
 
 
+@pytest.mark.slow  # end to end: the full suite runs it (fast tier under 5 min)
 def test_the_mlflow_run_continued_is_only_ever_the_same_configurations(project, cfg):
     out = project / "m"
     first = run_train(cfg, Paths.of(cfg), out_dir=out, progress=False)

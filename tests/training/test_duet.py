@@ -194,6 +194,7 @@ def test_duet_trains_and_evaluates_through_the_stage_scripts(duet_cwd, capsys):
         assert scores[f"demo_{key}"] == pytest.approx(value, abs=1e-3)
 
 
+@pytest.mark.slow  # end to end: the full suite runs it (fast tier under 5 min)
 def test_a_killed_duet_run_resumes_to_the_same_weights(duet_cwd, tmp_path):
     cfg = load_config("params.yaml")
     sets = region_sets(duet_cwd)

@@ -143,3 +143,29 @@ class ImagePixels:
     def eval_batch(self, rows: np.ndarray) -> torch.Tensor:
         """``(B, 3, crop, crop)`` center crops of ``rows``."""
         return self._read(rows, lambda k, img: eval_crop(img, self.crop))
+
+
+class OneAhead:
+    """Batches one step ahead: while step s trains, ``make(s + 1)`` runs in a background thread (decoding
+    and cropping release the GIL), so the accelerator does not wait for the next batch. ``make`` must be a
+    pure function of the step (`ImagePixels.train_batch` is): a batch that was not prefetched, after a
+    resume or a skipped step, is made on the spot and is the same batch."""
+
+    def __init__(self, make: Any) -> None:
+        self.make = make
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="mmcse-prefetch")
+        self.pending: tuple[int, Any] | None = None
+
+    def get(self, step: int, next_step: int | None) -> Any:
+        """The batch of ``step``; ``next_step``'s (None: no more) starts being made."""
+        if self.pending is not None and self.pending[0] == step:
+            batch = self.pending[1].result()  # an error in the thread is raised here, in the training step
+        else:
+            if self.pending is not None:
+                self.pending[1].cancel()
+            batch = self.make(step)
+        self.pending = (next_step, self.pool.submit(self.make, next_step)) if next_step is not None else None
+        return batch
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)

@@ -48,6 +48,7 @@ from mmcse.config.training import RETRIEVAL_METHODS
 from mmcse.experiments.estimate import downloaded_counts, job_steps
 from mmcse.experiments.jobs import expand, job_config
 from mmcse.experiments.params import load_config
+from mmcse.experiments.preflight_cache import caches_text, projected_minutes, teacher_cache_check
 from mmcse.hub import local_model
 from mmcse.methods.objectives import Objective, active_terms, needed_features
 from mmcse.models.architectures import model_config, projection_width, text_width
@@ -328,10 +329,12 @@ def _peak(device: torch.device) -> tuple[int, str]:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "peak resident set"  # Linux: KiB
 
 
-def _child(config: dict[str, Any], steps: int, conn: Any) -> None:
+def _child(config: dict[str, Any], steps: int, conn: Any, check: Any = None, start_method: str | None = None) -> None:
+    if start_method:  # the stages' own (a spawned child defaults to spawn): their loaders' workers start as there
+        mp.set_start_method(start_method, force=True)
     try:
         job = parse_config(config, where="preflight row")
-        out = run_row(job, steps)
+        out = (check or run_row)(job, steps)
         out["peak_bytes"], out["peak_kind"] = _peak(resolve_device(job.base.device))
         out["status"] = "ran"
     except Exception as err:  # a row that fails is reported, not raised: the other rows still run
@@ -341,21 +344,27 @@ def _child(config: dict[str, Any], steps: int, conn: Any) -> None:
     conn.close()
 
 
-def check_in_process(job: Config, steps: int, timeout: float | None = None) -> dict[str, Any]:
-    """`run_row` of ``job`` in a fresh process (its peak memory is its own; a crash or a kill is the
-    row's failure, not preflight's)."""
+def check_in_process(job: Config, steps: int, timeout: float | None = None, check: Any = None) -> dict[str, Any]:
+    """`run_row` of ``job`` (or ``check(job, steps)``: `teacher_cache_check`) in a fresh process (its peak
+    memory is its own; a crash or a kill is the row's failure, not preflight's)."""
     ctx = mp.get_context("spawn")
     receive, send = ctx.Pipe(duplex=False)
-    process = ctx.Process(target=_child, args=(to_dict(job), steps, send), daemon=True)
+    # not a daemon: a check may start its own workers (the teachers' image DataLoader); killed below if it hangs
+    own = {"check": check, "start_method": mp.get_start_method()} if check else {}
+    process = ctx.Process(target=_child, args=(to_dict(job), steps, send), kwargs=own)
     process.start()
     send.close()
-    try:  # a child that dies (killed for memory) closes the pipe: EOF, not a hang
-        result = receive.recv() if receive.poll(timeout) else None
-    except EOFError:
-        result = None
-    process.join(5)
+    try:
+        try:  # a child that dies (killed for memory) closes the pipe: EOF, not a hang
+            result = receive.recv() if receive.poll(timeout) else None
+        except EOFError:
+            result = None
+        process.join(5)
+    finally:  # timed out, or preflight interrupted: the check does not outlive it
+        if process.is_alive():
+            process.kill()
+            process.join()
     if result is None:
-        process.kill()
         code = process.exitcode
         killed = code is not None and code < 0
         return {"status": "failed", "out_of_memory": killed,
@@ -415,17 +424,41 @@ def dev_evaluations(job: Config, total: int, counts: dict[str, int]) -> int:
     return scores * math.ceil(items / job.evaluate.batch_size)
 
 
+def teacher_caches(jobs: list[tuple[str, Config]], items: int, counts: dict[str, int] | None,
+                   timeout: float | None = None, progress: Any = None) -> list[dict[str, Any]]:
+    """`teacher_cache_check` once per distinct ``teachers`` section among the sentence encoders' rows, each in
+    a process of its own: ``[{"rows", "status", "sets", "peak_bytes", "projected_minutes"}]``."""
+    groups: dict[str, list[tuple[str, Config]]] = {}
+    for name, job in jobs:
+        if job.train.method not in RETRIEVAL_METHODS:  # DUET, VSE++ and VSRN read regions, not teachers
+            groups.setdefault(json.dumps(to_dict(job)["teachers"], sort_keys=True), []).append((name, job))
+    out = []
+    for group in groups.values():
+        result = check_in_process(group[0][1], items, timeout, check=teacher_cache_check)
+        minutes = projected_minutes(result["sets"], counts) if result["status"] == "ran" else None
+        out.append({"rows": [name for name, _ in group], "projected_minutes": minutes, **result})
+        if progress:
+            progress(out[-1])
+    return out
+
+
 def preflight(params: str | Path = "params.yaml", preset: str | None = None, steps: int = 2,
-              timeout: float | None = None, progress: Any = None) -> dict[str, Any]:
+              timeout: float | None = None, progress: Any = None, cache_items: int = 16) -> dict[str, Any]:
     """Every row of the ablation ``params`` describes (``preset``: ``ablate.preset`` replaced) checked
-    at its real shapes (`preflight_row`): ``{"profile", "preset", "device", "steps", "rows": [...],
-    "total_minutes"}``. ``progress(row, result)`` is called as each row finishes."""
+    at its real shapes (`preflight_row`), and its teacher caches built from ``cache_items`` synthetic items
+    (`teacher_caches`; 0: not checked): ``{"profile", "preset", "device", "steps", "rows": [...],
+    "total_minutes", "teacher_caches": [...], "cache_minutes"}``. ``progress(row)`` is called as each row
+    and each cache check finishes."""
+    if cache_items < 0 or cache_items == 1:
+        raise ValueError(f"cache_items={cache_items}: 0 (no teacher-cache check) or at least 2 (an item's time is "
+                         "measured between 1 item and that many)")
     params = Path(params)
     cfg = load_config(params, {"ablate.preset": preset} if preset else None)
     root = params.parent
     counts = downloaded_counts(cfg, root)
     rows = []
-    for name, job in row_jobs(cfg):
+    jobs = row_jobs(cfg)
+    for name, job in jobs:
         result = preflight_row(job, steps, timeout)
         total = training_steps(job, cfg, root, counts)
         minutes = None
@@ -445,8 +478,11 @@ def preflight(params: str | Path = "params.yaml", preset: str | None = None, ste
         if progress:
             progress(row)
     known = [r["projected_minutes"] for r in rows if r["projected_minutes"] is not None]
+    caches = teacher_caches(jobs, cache_items, counts, timeout, progress) if cache_items else []
+    cached = [c["projected_minutes"] for c in caches if c["projected_minutes"] is not None]
     return {"profile": cfg.base.profile, "preset": cfg.ablate.preset, "device": describe_device(cfg),
-            "steps": steps, "rows": rows, "total_minutes": sum(known) if known else None}
+            "steps": steps, "rows": rows, "total_minutes": sum(known) if known else None,
+            "cache_items": cache_items, "teacher_caches": caches, "cache_minutes": sum(cached) if cached else None}
 
 
 def describe_device(cfg: Config) -> str:
@@ -458,14 +494,18 @@ def describe_device(cfg: Config) -> str:
 
 
 def progress_line(row: dict[str, Any]) -> str:
-    """One finished row, as the command shows it while the others run."""
+    """One finished row (or teacher-cache check), as the command shows it while the others run."""
+    if "rows" in row:
+        said = f"{len(row['sets'])} sets" if row["status"] == "ran" else row["error"]
+        return f"  teacher caches of {', '.join(row['rows'])}: {row['status']} ({said})"
     said = f"{row['step_seconds']:.2f} s/step" if row["status"] == "ran" else row["error"]
     return f"  {row['row']}: {row['status']} ({said})"
 
 
 def failed_rows(result: dict[str, Any]) -> list[str]:
-    """The rows that did not run, even with a smaller micro-batch."""
-    return [r["row"] for r in result["rows"] if r["status"] != "ran"]
+    """The rows that did not run, even with a smaller micro-batch, and the teacher caches that did not build."""
+    return [r["row"] for r in result["rows"] if r["status"] != "ran"] + [
+        f"teacher caches of {', '.join(c['rows'])}" for c in result.get("teacher_caches", []) if c["status"] != "ran"]
 
 
 def _minutes(m: float) -> str:
@@ -506,7 +546,8 @@ def preflight_text(result: dict[str, Any]) -> str:
     lines += ["", "total: " + ("no projection: the rows' data is not downloaded here (their step counts are unknown)"
                                if total is None else f"about {_minutes(total)} of training on this device "
                                "(steps and dev evaluations)")]
-    return "\n".join(lines + ([""] + notes if notes else []))
+    caches = caches_text(result.get("teacher_caches", []), result.get("cache_items", 0), _size)
+    return "\n".join(lines + ([""] + notes if notes else []) + caches)
 
 
 def preflight_json(result: dict[str, Any]) -> str:

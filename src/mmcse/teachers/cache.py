@@ -92,10 +92,12 @@ def text_teacher_features(
     batch_size: int,
     max_len: int = 128,
     device: torch.device | None = None,
+    loaded: Any = None,
 ) -> dict[str, np.ndarray]:
     """Frozen text-teacher embeddings ``{pooler: (N, d)}``, L2-normalised float32, from one
     forward pass per batch however many poolers are asked for. Pooler ``clip`` is a CLIP
-    model's projected text feature (`mmcse.teachers.encoders.clip_text_features`), its only pooler."""
+    model's projected text feature (`mmcse.teachers.encoders.clip_text_features`), its only pooler.
+    ``loaded``: ``(tokenizer, model)`` already built (CLIP: ``(model, processor)``), else loaded here."""
     from transformers import AutoModel, AutoTokenizer
 
     device = device or torch.device("cpu")
@@ -104,10 +106,12 @@ def text_teacher_features(
             raise ValueError(f"teachers.text: {name_or_path} is a CLIP model (pooler clip); it has no "
                              f"{sorted(set(poolers) - {'clip'})} pooling of hidden states")
 
-        return {"clip": clip_text_features(name_or_path, sentences, batch_size, device)}
-    location = resolve_model(name_or_path)
-    tokenizer = AutoTokenizer.from_pretrained(location)
-    model = AutoModel.from_pretrained(location).eval().to(device)
+        return {"clip": clip_text_features(name_or_path, sentences, batch_size, device, loaded)}
+    if loaded is None:
+        location = resolve_model(name_or_path)
+        loaded = AutoTokenizer.from_pretrained(location), AutoModel.from_pretrained(location)
+    tokenizer, model = loaded
+    model = model.eval().to(device)
     order = np.argsort([len(s) for s in sentences], kind="stable")
     out = {p: np.zeros((len(sentences), model.config.hidden_size), np.float32) for p in poolers}
     with torch.inference_mode():
@@ -128,9 +132,11 @@ def text_teacher_features(
 ImageEncoder = Callable[[Sequence[Path], str], np.ndarray]
 
 
-def image_encoder(cfg: TeachersConfig, device: torch.device) -> tuple[dict[str, Any], ImageEncoder]:
+def image_encoder(cfg: TeachersConfig, device: torch.device,
+                  download: bool = True) -> tuple[dict[str, Any], ImageEncoder]:
     """The configured image encoder: its cache-key description (resolved weights and
-    preprocessing, no model built) and a function ``(files, label) -> (N, d)`` features."""
+    preprocessing, no model built; ``download``: fetch ResNet-50's weights when online and not
+    cached) and a function ``(files, label) -> (N, d)`` features."""
     if cfg.image_encoder == "colour-edge-grid":
         size = 64
 
@@ -144,7 +150,8 @@ def image_encoder(cfg: TeachersConfig, device: torch.device) -> tuple[dict[str, 
         return {"name": cfg.image_encoder, "grid": cfg.image_grid, "bins": cfg.colour_bins, "size": size}, \
             colour_edge_grid
 
-    path, preprocess, described = resolve_resnet50(cfg.image_weights)  # fails here, before compute, when offline
+    # fails here, before compute, when offline
+    path, preprocess, described = resolve_resnet50(cfg.image_weights, download=download)
     built: list[torch.nn.Module] = []  # one model for images and object crops, built on the first miss
 
     def resnet50(files: Sequence[Path], label: str) -> np.ndarray:

@@ -113,12 +113,12 @@ def _download_timeout(seconds: float):
     return _Timeout()
 
 
-def resolve_resnet50(weights: str, arch: str = "resnet50",
-                     setting: str = "teachers.image_weights") -> tuple[Path | None, Callable, dict[str, Any]]:
+def resolve_resnet50(weights: str, arch: str = "resnet50", setting: str = "teachers.image_weights",
+                     download: bool = True) -> tuple[Path | None, Callable, dict[str, Any]]:
     """Where ResNet-50's (``arch``'s: `RESNETS`) weights are, its preprocessing, and what a cache key
     must hold — no model is built. ``weights``: a torchvision weights name (taken from torch hub's cache,
-    downloaded only when online), a local ``.pth``/``.safetensors`` file, or ``random``; ``setting``: the
-    key an error tells the user to change."""
+    downloaded only when online and ``download``), a local ``.pth``/``.safetensors`` file, or ``random``;
+    ``setting``: the key an error tells the user to change."""
     if arch not in RESNETS:
         raise ValueError(f"{arch!r} is not one of {sorted(RESNETS)}")
     preprocess: Callable = resize_crop_normalise()
@@ -132,10 +132,11 @@ def resolve_resnet50(weights: str, arch: str = "resnet50",
             enum = _torchvision_weights(weights, arch, setting)
             path = Path(torch.hub.get_dir()) / "checkpoints" / Path(enum.url).name
             if not path.is_file():
-                if offline():
+                if offline() or not download:
                     raise ModelUnavailableError(
-                        f"{_resnet_name(arch)} weights {weights} are not in torch hub's cache ({path}) and the "
-                        f"machine is offline: download {enum.url} there, or set {setting} to a local file"
+                        f"{_resnet_name(arch)} weights {weights} are not in torch hub's cache ({path})"
+                        f"{' and the machine is offline' if download else ''}: download {enum.url} there, "
+                        f"or set {setting} to a local file"
                     )
                 try:
                     with _download_timeout(20):
@@ -251,6 +252,17 @@ def _features(out: Any) -> torch.Tensor:
     return out if torch.is_tensor(out) else out.pooler_output  # transformers 5 returns an output object
 
 
+class ClipPixels:
+    """A CLIP image processor as a DataLoader transform: an image → ``(3, H, W)`` pixel values. A class, not a
+    closure, so the loader's workers can receive it whatever their start method (spawn, forkserver)."""
+
+    def __init__(self, image_processor: Any) -> None:
+        self.image_processor = image_processor
+
+    def __call__(self, img: Image.Image) -> torch.Tensor:
+        return self.image_processor(images=img, return_tensors="pt")["pixel_values"][0]
+
+
 def clip_features(
     model_id: str, captions: Sequence[str], image_files: Sequence[Path], batch_size: int, num_workers: int,
     device: torch.device, loaded: Any = None,
@@ -261,11 +273,8 @@ def clip_features(
     model = model.to(device)
     text = clip_text_features(model_id, captions, batch_size, device, (model, processor))
     image_chunks = []
+    transform = ClipPixels(processor.image_processor)
     with torch.inference_mode(), _autocast(device):
-
-        def transform(img: Image.Image) -> torch.Tensor:
-            return processor.image_processor(images=img, return_tensors="pt")["pixel_values"][0]
-
         for pixels in _image_batches(image_files, transform, batch_size, num_workers, f"teacher {model_id}: images"):
             image_chunks.append(_features(model.get_image_features(pixel_values=pixels.to(device))))
     return text, _normalised(image_chunks)
@@ -290,9 +299,9 @@ def clip_text_features(model_id: str, sentences: Sequence[str], batch_size: int,
     return _normalised(chunks)
 
 
-def resolve_open_clip(architecture: str, pretrained: str) -> str | None:
+def resolve_open_clip(architecture: str, pretrained: str, download: bool = True) -> str | None:
     """A local checkpoint for open_clip ``architecture`` + ``pretrained`` (a tag such as
-    ``openai``, or a file); None for ``random``. Cache first, download only when online."""
+    ``openai``, or a file); None for ``random``. Cache first, download only when online and ``download``."""
     import open_clip
 
     if pretrained == "random":
@@ -306,7 +315,7 @@ def resolve_open_clip(architecture: str, pretrained: str) -> str | None:
     if not cfg:
         tags = [t for m, t in open_clip.list_pretrained() if m == architecture]
         raise ModelUnavailableError(f"open_clip {architecture}: unknown pretrained tag {pretrained!r}; tags: {tags}")
-    if offline():
+    if offline() or not download:
         hub_id = cfg.get("hf_hub", "").rstrip("/")
         if hub_id:
             from huggingface_hub import try_to_load_from_cache
@@ -316,7 +325,8 @@ def resolve_open_clip(architecture: str, pretrained: str) -> str | None:
                 if isinstance(found, str):
                     return found
         raise ModelUnavailableError(
-            f"open_clip {architecture}/{pretrained} is not in the local cache and the machine is offline: "
+            f"open_clip {architecture}/{pretrained} is not in the local cache"
+            f"{' and the machine is offline' if download else ''}: "
             f"download it on a machine with internet ({cfg.get('hf_hub') or cfg.get('url')}) or pass a local file"
         )
     try:
@@ -341,10 +351,10 @@ def describe_open_clip(architecture: str, pretrained: str) -> dict[str, Any]:
     return described
 
 
-def load_open_clip(architecture: str, pretrained: str):
+def load_open_clip(architecture: str, pretrained: str, download: bool = True):
     import open_clip
 
-    checkpoint = resolve_open_clip(architecture, pretrained)
+    checkpoint = resolve_open_clip(architecture, pretrained, download)
     model, _, preprocess = open_clip.create_model_and_transforms(architecture, pretrained=checkpoint)
     return model.eval(), preprocess, open_clip.get_tokenizer(architecture)
 

@@ -24,6 +24,7 @@ its vocabulary (``tokenizer.json``), ``vsepp.safetensors`` and ``vsepp.json`` (`
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -39,7 +40,7 @@ from tqdm.auto import tqdm
 
 from mmcse import stopping
 from mmcse.config import Config, DuetModelConfig, LossConfig, TrainConfig, VseppModelConfig, VsrnModelConfig
-from mmcse.data.images import ImagePixels
+from mmcse.data.images import ImagePixels, OneAhead
 from mmcse.detection.regions import RegionStore
 from mmcse.errors import StageError, TrainingOutOfMemory
 from mmcse.evaluation.retrieval import check_text_image, retrieval_metrics
@@ -507,7 +508,19 @@ def train_duet(
     bar = tqdm(total=total, initial=state.step, desc=f"train {cfg.train.method}", unit="step",
                disable=not progress)
     last_dev = state.history[-1]["dev"] if state.history and "dev" in state.history[-1] else math.nan
-    order_epoch, order = -1, np.zeros(0, np.int64)
+
+    @functools.lru_cache(maxsize=2)
+    def epoch_order(epoch: int) -> np.ndarray:  # a pure function of (seed, epoch): resumable
+        g = torch.Generator().manual_seed(cfg.base.seed * 100_003 + epoch)
+        return torch.randperm(len(data.captions), generator=g).numpy()
+
+    def step_rows(step: int) -> np.ndarray:  # (B,) pair rows of a step
+        epoch, offset = divmod(step, per_epoch)
+        return epoch_order(epoch)[offset * b : (offset + 1) * b]
+
+    # random crops of (seed, step), a resume replays them; decoded one step ahead, while this one trains
+    crops = OneAhead(lambda step: data.regions.train_batch(data.region_rows[step_rows(step)], cfg.base.seed, step)) \
+        if isinstance(data.regions, ImagePixels) else None
     try:
         with stopping.graceful():  # SIGTERM / Ctrl-C: a last resume point at the next step, then KILLED
             while state.step < total:
@@ -518,15 +531,11 @@ def train_duet(
                                                   f"({out_dir / 'last'}); rerun to continue from it")
                 if finetune_epochs and state.step == frozen_steps:
                     start_finetuning(model, optimizer, state, checkpoints)
-                epoch, offset = divmod(state.step, per_epoch)
-                if epoch != order_epoch:  # a pure function of (seed, epoch): resumable
-                    g = torch.Generator().manual_seed(cfg.base.seed * 100_003 + epoch)
-                    order_epoch, order = epoch, torch.randperm(len(data.captions), generator=g).numpy()
-                idx = order[offset * b : (offset + 1) * b]  # (B,) pair rows
+                idx = step_rows(state.step)
                 batch = captions.batch(idx, device)
-                if isinstance(data.regions, ImagePixels):  # random crops of (seed, step): a resume replays them
-                    regions, boxes, mask = to_device(data.regions.train_batch(data.region_rows[idx], cfg.base.seed,
-                                                                              state.step), device), None, None
+                if crops is not None:
+                    pixels_now = crops.get(state.step, state.step + 1 if state.step + 1 < total else None)
+                    regions, boxes, mask = to_device(pixels_now, device), None, None
                 else:
                     regions, boxes, mask = region_batch(data.regions, data.region_rows[idx], device)
                 ignore = same_image_mask([data.image_ids[i] for i in idx], device)
@@ -560,5 +569,7 @@ def train_duet(
                 bar.update(1)
     finally:
         bar.close()
+        if crops is not None:
+            crops.close()
     flush()
     return finished(state, checkpoints.best)

@@ -54,6 +54,7 @@ from mmcse.models.precision import (
 from mmcse.models.student import Student, load_backbone, load_mlm_head, load_tokenizer, save_student
 from mmcse.training.batches import PAIR, TEXT, Batches, BatchFeatures, TrainData, check_inputs
 from mmcse.training.checkpoints import Checkpoints, TrainState, run_definition_hash
+from mmcse.training.distributed import ShardedTokens, average_gradients
 from mmcse.training.divergence import DivergenceWatch
 from mmcse.training.gradcache import CachedTokens, TokenEncoder, direct_tokens
 
@@ -236,20 +237,29 @@ def optimizer_step(
     device: torch.device,
     seed: int = 0,
     on: dict[str, bool] | None = None,
+    ranks: tuple[int, int] = (0, 1),
 ) -> dict[str, torch.Tensor]:
     """One training step: the forward pass under ``train.precision``'s autocast, backward
     (through the fp16 loss scaler when enabled) and the optimizer update. Returns the loss
     terms and the gradient norm (`GRAD_NORM`), still on the device (reading them is a host sync the
     caller defers). With ``train.micro_batch`` the encoder runs that many sentences per pass
-    (`mmcse.training.gradcache`): the same update as the whole batch's."""
+    (`mmcse.training.gradcache`): the same update as the whole batch's. ``ranks`` = (this rank, world
+    size) of a job over several processes, each given the step's whole ``batch`` and ``feats``: the rank
+    encodes its share of the rows (`mmcse.training.distributed`), the same update as one process's."""
+    rank, size = ranks
+    if size > 1 and train.dropout_rng != "per_row":
+        raise ValueError("a step over several processes needs train.dropout_rng: per_row (a row's dropout masks "
+                         "must not depend on which rank encodes it)")
     cached = (CachedTokens(student, seed, 2 * train.micro_batch, lambda: autocast(train.precision, device))
               if train.micro_batch else None)
+    encode = cached if size == 1 else ShardedTokens(cached or direct_tokens(student, seed), rank, size)
     with autocast(train.precision, device):
-        terms = training_step_loss(student, o, batch, feats, pair_batch, seed, on, encode=cached)
+        terms = training_step_loss(student, o, batch, feats, pair_batch, seed, on, encode=encode)
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(terms["loss"]).backward()
     if cached is not None:
         cached.backward()  # the encoder's share, micro-batch by micro-batch
+    average_gradients(student.parameters(), size)  # over ranks: the one-process gradient
     return terms | {GRAD_NORM: clipped_update(student, train, optimizer, scaler)}
 
 

@@ -1,0 +1,117 @@
+"""One step over several processes (`mmcse.training.distributed`): for every sentence-encoder method, 2 ranks
+(gloo, 127.0.0.1) at global batch B give one process's loss, gradients and updated parameters at batch B (float64,
+dropout on, keyed by row), with micro-batches too; a gather that put the ranks' rows out of order would not."""
+
+from __future__ import annotations
+
+import socket
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as tmp
+
+from mmcse.config import with_overrides
+from mmcse.methods.objectives import Objective
+from mmcse.models.precision import grad_scaler
+from mmcse.training import distributed
+from mmcse.training.loop import build_optimizer, optimizer_step
+from tests.training.test_gradcache import _double_student
+from tests.training.test_step_devices import METHODS
+
+CPU = torch.device("cpu")
+
+
+def test_each_rank_has_a_contiguous_share_in_rank_order():
+    assert [distributed.share(12, r, 3) for r in range(3)] == [slice(0, 4), slice(4, 8), slice(8, 12)]
+    assert distributed.share(5, 0, 1) == slice(0, 5)
+    with pytest.raises(ValueError, match="12 rows do not split evenly over 5 processes"):
+        distributed.share(12, 0, 5)
+    assert distributed.world() == (0, 1)  # no process group: one process
+
+
+def _step(method: str, micro: int, ranks: tuple[int, int], mlm: bool = False) -> dict:
+    """One optimizer step of the tiny float64 student (the same weights, batch and features in every process)."""
+    cfg, student, batch, feats = _double_student(method)
+    if mlm:
+        from mmcse.models.student import load_mlm_head, load_tokenizer
+
+        cfg = with_overrides(cfg, {"loss.simcse.mlm": True, "loss.simcse.mlm_probability": 0.3})
+        torch.manual_seed(1)
+        student.mlm_head = load_mlm_head(cfg.model, load_tokenizer(cfg.model.name_or_path), "new").double()
+    train = with_overrides(cfg, {"train.micro_batch": micro, "train.learning_rate": 1e-3}).train
+    optimizer, _ = build_optimizer(student, train, total_steps=10)
+    terms = optimizer_step(student, Objective.of(cfg), train, batch, feats, True, optimizer,
+                           grad_scaler("fp32", CPU), CPU, seed=5, ranks=ranks)
+    return {"terms": {k: v.detach().clone() for k, v in terms.items()},
+            "grads": {n: p.grad.clone() for n, p in student.named_parameters() if p.grad is not None},
+            "params": {n: p.detach().clone() for n, p in student.named_parameters()}}
+
+
+def _rank(rank: int, size: int, port: int, cases: list[tuple[str, int, bool]], out: str, reorder: bool) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
+                            timeout=timedelta(seconds=120))
+    try:
+        if reorder:  # a broken gather: the ranks' rows in reverse order
+            distributed.gathered = lambda local: torch.cat(list(reversed(dist.nn.functional.all_gather(local))))
+        results = [_step(method, micro, (rank, size), mlm) for method, micro, mlm in cases]
+        torch.save(results, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ranks(tmp_path: Path, cases: list[tuple[str, int, bool]], size: int = 2, reorder: bool = False) -> list[list]:
+    out = str(tmp_path / f"result-{reorder}")
+    tmp.start_processes(_rank, args=(size, _free_port(), cases, out, reorder), nprocs=size, start_method="spawn")
+    return [torch.load(f"{out}.{r}", weights_only=False) for r in range(size)]
+
+
+def _assert_same(got: dict, want: dict, what: str) -> None:
+    assert set(got["terms"]) == set(want["terms"]), what
+    for name, value in want["terms"].items():
+        assert got["terms"][name].item() == pytest.approx(value.item(), abs=1e-6), (what, name)
+    assert set(got["grads"]) == set(want["grads"]) and any(n.startswith("backbone.") for n in want["grads"])
+    for name, grad in want["grads"].items():
+        assert torch.allclose(got["grads"][name], grad, rtol=0, atol=1e-6), (what, name)
+    for name, value in want["params"].items():
+        assert torch.allclose(got["params"][name], value, rtol=0, atol=1e-9), (what, name)
+
+
+CASES = [(m, 0, False) for m in METHODS] + [("dalr", 2, False), ("mcseo", 1, False), ("simcse", 0, True)]
+
+
+@pytest.mark.slow  # two processes, gloo
+def test_two_ranks_make_one_process_step_for_every_method(tmp_path):
+    """Every method (each with its heads and teacher features), DALR and MCSEO with micro-batches (each rank
+    replays its own), SimCSE with its MLM: the loss terms, every gradient and every updated parameter of either
+    rank are one process's at the same global batch."""
+    ranks = _ranks(tmp_path, CASES)
+    for case, *results in zip(CASES, *ranks, strict=True):
+        want = _step(case[0], case[1], (0, 1), case[2])
+        for rank, got in enumerate(results):
+            _assert_same(got, want, f"{case} rank {rank}")
+
+
+@pytest.mark.slow  # two processes, gloo
+def test_a_gather_that_reorders_the_ranks_rows_does_not_make_the_same_step(tmp_path):
+    """The check above can fail: with the ranks' rows gathered in reverse, SimCSE's positives are other rows'
+    views and the loss and gradients move."""
+    [got, _, _] = _ranks(tmp_path, [("simcse", 0, False)], size=3, reorder=True)  # rows 0-3, 4-7, 8-11
+    want = _step("simcse", 0, (0, 1))
+    assert abs(got[0]["terms"]["loss"].item() - want["terms"]["loss"].item()) > 1e-4
+
+
+def test_a_step_over_several_processes_refuses_torchs_dropout():
+    cfg, student, batch, feats = _double_student("simcse", keyed=False)
+    optimizer, _ = build_optimizer(student, cfg.train, total_steps=10)
+    with pytest.raises(ValueError, match="needs train.dropout_rng: per_row"):
+        optimizer_step(student, Objective.of(cfg), cfg.train, batch, feats, True, optimizer,
+                       grad_scaler("fp32", CPU), CPU, ranks=(0, 2))
