@@ -10,8 +10,9 @@ features (a few kB a sentence), and
    (`ShardedTokens`), with the rows' keyed dropout (``train.dropout_rng: per_row``): a row draws the masks it
    draws in one process, whichever rank encodes it;
 2. all-gathers the token states in rank order with torch's differentiable all-gather
-   (`torch.distributed.nn.functional.all_gather`), so every rank has the full batch's states ``(R, L, H)`` and
-   computes the full-batch loss, every term and its heads over all B in-batch negatives;
+   (`torch.distributed._functional_collectives.all_gather_single_autograd`), so every rank has the full
+   batch's states ``(R, L, H)`` and computes the full-batch loss, every term and its heads over all B
+   in-batch negatives;
 3. back-propagates: the all-gather's backward sums the N ranks' (identical) gradients of each rank's rows, so
    a rank's encoder gradient is N times its rows' share of the full-batch gradient, and the heads' gradient
    is the full batch's on every rank; `average_gradients` then divides the sum over ranks by N, as DDP does,
@@ -29,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch.distributed.nn.functional import all_gather
+import torch.distributed._functional_collectives as collectives
 
 from mmcse.training.gradcache import TokenEncoder
 
@@ -53,7 +54,9 @@ def share(n: int, rank: int, size: int) -> slice:
 def gathered(local: torch.Tensor) -> torch.Tensor:
     """Every rank's ``local`` ``(r, ...)`` concatenated in rank order ``(N·r, ...)``, differentiable: the
     gradient of a rank's rows is summed over the ranks that used them."""
-    return torch.cat(all_gather(local.contiguous()))
+    # torch's differentiable all-gather (torch.distributed.nn.functional.all_gather's successor): its backward
+    # is a reduce-scatter that sums
+    return collectives.wait_tensor(collectives.all_gather_single_autograd(local.contiguous(), 0, dist.group.WORLD))
 
 
 @dataclass
