@@ -45,8 +45,8 @@ def world() -> tuple[int, int]:
 def share(n: int, rank: int, size: int) -> slice:
     """Rank ``rank``'s contiguous share of ``n`` rows (ranks in order: the gather puts them back in order)."""
     if n % size:
-        raise ValueError(f"{n} rows do not split evenly over {size} processes (train.batch_size must be a "
-                         f"multiple of train.devices)")
+        raise ValueError(f"{n} rows do not split evenly over {size} processes (the batch's rows must be a "
+                         "multiple of the number of processes)")
     part = n // size
     return slice(rank * part, (rank + 1) * part)
 
