@@ -394,7 +394,7 @@ def _cmd_prefect(args: argparse.Namespace) -> None:
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers {args.workers}: must be >= 1")
     if args.action == "up":
-        prefect_up(".", port=args.port, gpu_workers=args.workers)
+        prefect_up(".", port=args.port, gpu_workers=args.workers, gpus_per_worker=args.gpus_per_worker)
     else:
         prefect_down(".")
 
@@ -587,8 +587,8 @@ def main(argv: list[str] | None = None) -> None:
                         "or down")
     pf.add_argument("action", choices=("up", "down"))
     pf.add_argument("--port", type=int, default=4200, help="the server's port on 127.0.0.1")
-    pf.add_argument("--workers", type=int, default=None,
-                    help="workers on pool gpu where no GPU is visible (default 1; with GPUs: one per GPU)")
+    pf.add_argument("--workers", type=int, default=None, help="workers on pool gpu where no GPU is visible (default 1)")
+    pf.add_argument("--gpus-per-worker", type=int, default=1, help="with GPUs: each gpu worker's (train.devices: auto)")
     pf.set_defaults(func=_cmd_prefect)
 
     args = parser.parse_args(argv)

@@ -22,6 +22,7 @@ from mmcse.errors import (
 from mmcse.experiments.params import load_config
 from mmcse.io import hold_outputs
 from mmcse.pipeline.paths import Paths
+from mmcse.processes import holds_outputs
 
 
 def quiet_libraries() -> None:
@@ -58,7 +59,7 @@ def run_entry(fn: Callable[[], object], stage: str = "", params: str = "params.y
     stopping.watch_parent()
     try:
         holds: Sequence[Path] = ()
-        if stage:
+        if stage and holds_outputs():  # not a process of a job on several (`mmcse.processes`)
             holds = Paths.of(load_config(params)).written_by(stage)
         with hold_outputs(holds, f"the {stage} stage" if stage else "another mmcse process"):
             fn()

@@ -16,6 +16,7 @@ from mmcse.experiments.prefect_server import (
     claim_temporary_server,
     stale_temporary_servers,
     stop_stale_temporary_servers,
+    worker_gpus,
 )
 from tests.conftest import REPO
 
@@ -235,3 +236,12 @@ def test_an_exported_api_url_nothing_answers_is_one_line_and_down_says_to_unset_
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_a_worker_may_hold_several_gpus_and_its_jobs_train_on_all_of_them():
+    assert worker_gpus(4, 1) == ["0", "1", "2", "3"]  # one worker per GPU (the default)
+    assert worker_gpus(8, 4) == ["0,1,2,3", "4,5,6,7"]  # train.devices: auto is 4 inside each worker's jobs
+    assert worker_gpus(0, 4) == []  # no GPU: --workers decides
+    for gpus, each in ((6, 4), (4, 0)):
+        with pytest.raises(ValueError, match=f"--gpus-per-worker {each}: must be >= 1 and divide this machine's"):
+            worker_gpus(gpus, each)

@@ -38,6 +38,7 @@ from mmcse.config.runs import (
 )
 from mmcse.config.schema import Config, parse_config, with_overrides
 from mmcse.config.training import (
+    LAUNCH_KEYS,
     RETRIEVAL_METHODS,
     DALRLossConfig,
     DuetLossConfig,
@@ -52,7 +53,7 @@ from mmcse.config.training import (
 )
 
 __all__ = [
-    "FIXED_KEYS", "KARPATHY_SPLITS", "POOLERS", "RETRIEVAL_METHODS", "TRANSFER_TASKS", "UPSTREAM_KEYS",
+    "FIXED_KEYS", "KARPATHY_SPLITS", "LAUNCH_KEYS", "POOLERS", "RETRIEVAL_METHODS", "TRANSFER_TASKS", "UPSTREAM_KEYS",
     "AblateConfig", "BaseConfig",
     "Config", "ConfigError", "DALRLossConfig", "DataConfig", "DemoDataConfig", "DetectConfig", "DuetLossConfig",
     "DuetModelConfig", "EvaluateConfig", "JointTeacherConfig", "KDMCSELossConfig", "LossConfig", "MCSEOLossConfig",

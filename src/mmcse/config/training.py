@@ -160,6 +160,20 @@ class TrainConfig:
     # gradient-cached batches (Gao et al. 2021, GradCache): sentences per encoder pass; the loss still
     # sees all batch_size in-batch negatives and the update equals the whole batch's (mmcse.training.gradcache)
     micro_batch: Annotated[Int, Field(ge=0, description="0: the whole batch in one pass")] = 0
+    # processes (one per GPU) that train one job together, each encoding its share of every batch; the loss
+    # still sees all batch_size in-batch negatives and the update is one process's (mmcse.training.distributed;
+    # torchrun starts them). auto: every GPU this process sees (1 without one)
+    devices: Annotated[PositiveInt | Literal["auto"], Field(description="auto: every visible GPU")] = 1
+    # machines, each running `devices` processes; rank 0's machine runs the stage, the others join it at
+    # master_addr:master_port (docs/pipeline.md, "Several GPUs")
+    nodes: PositiveInt = 1
+    master_addr: Str = "127.0.0.1"
+    master_port: Annotated[Int, Field(ge=1, le=65535)] = 29500
+
+    @property
+    def distributed(self) -> bool:
+        """Whether the job may run over several processes (``auto`` may still resolve to one)."""
+        return self.devices != 1 or self.nodes > 1
 
     def validate(self, where: str) -> None:
         check(self.lr_decay_epochs == 0 or self.warmup_ratio == 0, where, "train.warmup_ratio",
@@ -173,9 +187,23 @@ class TrainConfig:
         check(self.micro_batch == 0 or self.dropout_rng == "per_row", where, "train.micro_batch",
               "needs train.dropout_rng: per_row (each micro-batch's second pass must draw its first pass's "
               "dropout masks, so the update equals the whole batch's)")
+        if self.distributed:
+            check(not retrieval, where, "train.devices",
+                  f"several processes train the sentence encoders (simcse, mcse, kdmcse, dalr, mcseo); {self.method} "
+                  "trains on one device: set train.devices: 1 and train.nodes: 1")
+            check(self.dropout_rng == "per_row", where, "train.devices",
+                  "needs train.dropout_rng: per_row (a sentence must draw the same dropout masks whichever process "
+                  "encodes it, so the processes' update equals one process's)")
+            processes = self.devices * self.nodes if isinstance(self.devices, int) else self.nodes
+            check(self.batch_size % processes == 0, where, "train.batch_size",
+                  f"{self.batch_size} does not split evenly over {processes} processes (train.devices × train.nodes)")
 
 
 Angle = Annotated[float, Field(ge=0, le=math.pi / 2, description="radians, at most π/2")]  # an angular margin
+
+# train.*: how a job is spread over processes, not what it computes (the update is one process's): a resume
+# point carries over from one device count to another, and a job's identity leaves them out
+LAUNCH_KEYS = ("devices", "nodes", "master_addr", "master_port")
 
 RETRIEVAL_METHODS = ("duet", "vsepp", "vsrn")  # image–text retrieval models: region sets in, R@K out, no STS
 

@@ -31,8 +31,10 @@ from mmcse.models.device import device_tags
 from mmcse.pipeline.evaluate import require_trained_with, run_evaluate
 from mmcse.pipeline.paths import Paths
 from mmcse.pipeline.train import run_train
+from mmcse.pipeline.train_processes import run_train_on_processes
 from mmcse.tracking import remember_run, remembered_run
 from mmcse.training.checkpoints import release_resume_point
+from mmcse.training.launch import needs_launch
 
 
 def finished_result(folder: Path, config_hash: str, store: Path | None = None) -> dict[str, Any] | None:
@@ -199,7 +201,9 @@ def run_job(
                           **({tracking.STAND_IN_TAG: "; ".join(stood_in)} if stood_in else {})}):
         # found or computed before the job trains (a failure leaves the job's run FAILED)
         upstream = resolve_on_record(job_cfg, paths, cfg.base.seed, "ablate", job_run_name(job), parent_run_id)
-        summary = run_train(
+        # several processes (train.devices: 2, or auto on a worker that sees several GPUs): torchrun starts them
+        train_job = run_train_on_processes if needs_launch(job_cfg.train, job_cfg.base.device) else run_train
+        summary = train_job(
             job_cfg, paths, out_dir=folder, experiment_name="ablate",
             run_name=job_run_name(job), parent_run_id=parent_run_id, progress=False,
             data_seed=cfg.base.seed, upstream=upstream,

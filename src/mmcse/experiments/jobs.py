@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mmcse.config import RETRIEVAL_METHODS, Config, to_dict, with_overrides
+from mmcse.config import LAUNCH_KEYS, RETRIEVAL_METHODS, Config, to_dict, with_overrides
 from mmcse.integrity.code import TRAINING_CODE, code_digest, code_files
 from mmcse.integrity.keys import artifact_keys
 from mmcse.io import sha256_json
@@ -92,6 +92,8 @@ def job_identity(job_cfg: Config, data_seed: int | None = None) -> dict[str, Any
     tree = to_dict(job_cfg)
     tree.pop("ablate")
     tree.pop("sweep")
+    for key in LAUNCH_KEYS:  # over how many processes: the same result
+        tree["train"].pop(key)
     method = job_cfg.train.method
     retrieval = method in RETRIEVAL_METHODS
     o = Objective.of(job_cfg)

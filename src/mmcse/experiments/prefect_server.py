@@ -220,15 +220,25 @@ def _gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+def worker_gpus(gpus: int, per_worker: int) -> list[str]:
+    """The ``CUDA_VISIBLE_DEVICES`` of each ``gpu`` worker on a machine with ``gpus`` GPUs, ``per_worker`` each
+    (``0,1,2,3`` then ``4,5,6,7``): a job asking for ``train.devices: auto`` trains on all of its worker's."""
+    if per_worker < 1 or (gpus and gpus % per_worker):
+        raise ValueError(f"--gpus-per-worker {per_worker}: must be >= 1 and divide this machine's {gpus} GPUs")
+    return [",".join(str(g) for g in range(first, first + per_worker)) for first in range(0, gpus, per_worker)]
+
+
 def prefect_up(root: str | Path = ".", port: int = 4200, gpu_workers: int | None = None,
-               timeout: float = 120.0, say: Callable[[str], None] = print) -> dict[str, object]:
+               timeout: float = 120.0, say: Callable[[str], None] = print,
+               gpus_per_worker: int = 1) -> dict[str, object]:
     """Bring up the Prefect side of this project in order, each step waiting for the one before:
     the server on 127.0.0.1:``port`` (reused when one answers there), its ``/api/health`` polled
     until it answers, the work pools ``gpu`` and ``head`` (created when missing), every deployment
     of ``prefect.yaml`` (``MMCSE_ROOT`` = ``root``), then the workers: one on ``gpu`` per GPU
-    (``CUDA_VISIBLE_DEVICES`` = its index; ``gpu_workers`` workers without GPUs, default 1) and one
-    on ``head``. The processes started are recorded in ``<root>/.prefect-up/pids.json`` (their logs
-    beside it) for `prefect_down`. Returns the API URL, what was started, and the pools."""
+    (``CUDA_VISIBLE_DEVICES`` = its index), or per ``gpus_per_worker`` GPUs (`worker_gpus`; ``gpu_workers``
+    workers without GPUs, default 1) and one on ``head``. The processes started are recorded in
+    ``<root>/.prefect-up/pids.json`` (their logs beside it) for `prefect_down`. Returns the API URL, what
+    was started, and the pools."""
 
     root = Path(root).resolve()
     if not (root / "prefect.yaml").is_file():
@@ -275,20 +285,22 @@ def prefect_up(root: str | Path = ".", port: int = 4200, gpu_workers: int | None
         raise RuntimeError(f"prefect deploy --all failed:\n{(deploy.stdout + deploy.stderr)[-3000:]}")
     say("deployments: every one of prefect.yaml")
     gpus = _gpu_count()
-    count = gpus or (1 if gpu_workers is None else gpu_workers)
+    visible = worker_gpus(gpus, gpus_per_worker)
+    count = len(visible) or (1 if gpu_workers is None else gpu_workers)
     host = os.uname().nodename
     for i in range(count):
-        name = f"{host}-gpu{i}" if gpus else f"{host}-cpu{i}"
+        name = (f"{host}-gpu{visible[i].replace(',', '-')}") if gpus else f"{host}-cpu{i}"
         if name in started and _same_process(started[name]):
             continue
-        worker_env = {**env, **({"CUDA_VISIBLE_DEVICES": str(i)} if gpus else {})}
+        worker_env = {**env, **({"CUDA_VISIBLE_DEVICES": visible[i]} if gpus else {})}
         record(name, _start([prefect, "worker", "start", "--pool", "gpu", "--name", name, "--limit", "1"],
                             state_dir / f"{name}.log", worker_env, root))
     head = f"{host}-head"
     if not (head in started and _same_process(started[head])):
         record(head, _start([prefect, "worker", "start", "--pool", "head", "--name", head, "--limit", "1"],
                             state_dir / f"{head}.log", env, root))
-    say(f"workers: {count} on gpu ({'one per GPU' if gpus else 'no GPU here'}), 1 on head; logs in {state_dir}")
+    each = "one per GPU" if gpus_per_worker == 1 else f"{gpus_per_worker} GPUs each"
+    say(f"workers: {count} on gpu ({each if gpus else 'no GPU here'}), 1 on head; logs in {state_dir}")
     say(f"next: export PREFECT_API_URL={api_url}; prefect deployment run 'ablations/ablations' --watch")
     pids = {name: entry["pid"] for name, entry in started.items()}
     return {"api_url": api_url, "started": pids, "pools": list(POOLS)}

@@ -11,7 +11,7 @@ from typing import Any
 import mlflow
 
 from mmcse import tracking
-from mmcse.config import RETRIEVAL_METHODS, Config
+from mmcse.config import RETRIEVAL_METHODS, Config, ConfigError
 from mmcse.evaluation.plots import geometry_trajectory, save_figure, training_curves
 from mmcse.integrity.keys import Upstream, artifact_keys, artifact_tags, require_top_level
 from mmcse.io import atomic_path, tracked, write_json
@@ -19,10 +19,13 @@ from mmcse.models.device import resolve_device
 from mmcse.models.precision import check_precision
 from mmcse.pipeline.cache_regions import region_sets_for
 from mmcse.pipeline.paths import Paths
+from mmcse.processes import lead
 from mmcse.tracking import TRAIN_MINUTES
 from mmcse.training.batches import check_inputs
 from mmcse.training.checkpoints import resume_point_run, run_definition_hash
+from mmcse.training.distributed import joined, world
 from mmcse.training.duet import best_checkpoint_files, reads_pixels, train_duet
+from mmcse.training.launch import check_split, needs_launch, processes
 from mmcse.training.loop import train
 
 # summary keys kept out of summary.json (a DVC output): they differ between two identical runs
@@ -67,7 +70,42 @@ def run_train(
     data_seed: int | None = None,
     upstream: Upstream | None = None,
 ) -> dict[str, Any]:
-    """Train with MLflow tracking; returns the summary written to ``<out>/summary.json``.
+    """Train ``cfg`` (see `train_tracked`) in this process, or, started by torchrun for a job on several
+    processes (``train.devices``), as one of them: rank 0 trains with the run record and writes the outputs
+    (its summary is returned), the others train beside it and return ``{}``. Refused before any compute when
+    the job needs several processes that torchrun did not start (`mmcse.training.launch`)."""
+    if needs_launch(cfg.train, cfg.base.device):
+        raise ConfigError(f"train.devices: {cfg.train.devices} × train.nodes: {cfg.train.nodes} is "
+                          f"{processes(cfg.train, cfg.base.device)} processes, which torchrun starts for the train "
+                          "stage (dvc repro train, or python stages/train.py) and an ablation job "
+                          "(mmcse.pipeline.train_processes); a sweep trial trains in one process: set "
+                          "train.devices: 1 for it")
+    check_split(cfg.train, cfg.base.device)
+    with joined(cfg.base.device):
+        if lead():
+            return train_tracked(cfg, paths, out_dir, experiment_name, run_name, parent_run_id, on_eval, progress,
+                                 data_seed, upstream)
+        up = require_top_level(cfg, paths) if upstream is None else upstream
+        # the same training beside rank 0: no run record, no output written (`Checkpoints.writes`); a
+        # retrieval method never gets here (TrainConfig.validate: one process)
+        train(cfg, up.raw, up.teachers, out_dir or paths.student, progress=False, objects_dir=up.objects,
+              teacher_manifest=up.teacher_manifest, teacher_dirs=up.teacher_dirs)
+        return {}
+
+
+def train_tracked(
+    cfg: Config,
+    paths: Paths,
+    out_dir: Path | None = None,
+    experiment_name: str | None = None,
+    run_name: str | None = None,
+    parent_run_id: str | None = None,
+    on_eval: Callable[[int, float], None] | None = None,
+    progress: bool = True,
+    data_seed: int | None = None,
+    upstream: Upstream | None = None,
+) -> dict[str, Any]:
+    """Train in this process with MLflow tracking; returns the summary written to ``<out>/summary.json``.
 
     Without ``data_seed`` (the train stage) it trains on the top-level artifacts, refused unless
     they were made from ``cfg``. With it (an ablation job, a sweep trial: ``data_seed`` is the
@@ -105,6 +143,7 @@ def run_train(
             tracking.supersede_run(decision.stale_run, active.info.run_id, decision.reason)
             mlflow.set_tags({"mmcse.restarted_from_run": decision.stale_run,
                              "mmcse.restart_reason": decision.reason[:500]})
+        mlflow.set_tag("mmcse.processes", str(world()[1]))  # train.devices × train.nodes as it ran
         if resumed_run is None:
             tracking.log_config(cfg)
         else:

@@ -264,6 +264,11 @@ def tagged(tags: dict[str, str]) -> Iterator[None]:
         _EXTRA_TAGS.reset(token)
 
 
+def extra_tags() -> dict[str, str]:
+    """The tags `tagged` blocks around this point add to a run (a job started in other processes takes them)."""
+    return dict(_EXTRA_TAGS.get() or {})
+
+
 JOB_TAG = "mmcse.job"  # what a run computes into (its output folder): runs of one job share it
 # an ablation job's row and seed (`mmcse.experiments.ablate.run_job`), read back by `mmcse report`
 VARIANT_TAG, SEED_TAG = "ablation.variant", "ablation.seed"

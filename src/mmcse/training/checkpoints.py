@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from mmcse.config import Config, to_dict
+from mmcse.config import LAUNCH_KEYS, Config, to_dict
 from mmcse.errors import CorruptArtifact, StageError, TrainingDiverged
 from mmcse.integrity.code import TRAINING_CODE, changed_code, code_digest, code_files
 from mmcse.integrity.files import (
@@ -68,6 +68,8 @@ def run_definition_hash(cfg: Config) -> str:
     run_def = to_dict(cfg)
     for section in ("ablate", "sweep", "evaluate"):
         run_def.pop(section)
+    for key in LAUNCH_KEYS:  # 1 process or N: the same update, so the same run (resumable on either)
+        run_def["train"].pop(key)
     run_def["dev_pooler"] = cfg.evaluate.pooler  # it picks the best checkpoint
     return sha256_json({"config": run_def, "code": code_digest(code_files(TRAINING_CODE))})
 
@@ -352,8 +354,11 @@ class Checkpoints:
     writes the model (its weights set to the best ones) with whatever travels with it into ``tmp``."""
 
     def __init__(self, out_dir: Path, config_hash: str, save_best: Callable[[Path, TrainState], None],
-                 best_required: Sequence[str] = BEST_REQUIRED) -> None:
+                 best_required: Sequence[str] = BEST_REQUIRED, writes: bool = True) -> None:
         self.out_dir, self.config_hash, self.save_best = Path(out_dir), config_hash, save_best
+        # false: a rank other than 0 of a job on several processes, which keeps the run's state (the best
+        # score and step) but holds and writes no weights: rank 0 writes them
+        self.writes = writes
         self.best_required = tuple(best_required)
         self.last, self.best = self.out_dir / "last", self.out_dir / "best"
         self.best_weights: dict[str, torch.Tensor] | None = None  # held until the next resume point
@@ -370,7 +375,7 @@ class Checkpoints:
             return TrainState()
         state = restore_resume_point(plan.resume_from, model, optimizer, scheduler, scaler)
         self.restored = True
-        if plan.rewrite_best:
+        if plan.rewrite_best and self.writes:
             self.best_weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
             self.write_best(model, state)
         return state
@@ -379,7 +384,8 @@ class Checkpoints:
         """Hold the model's weights as the best ones when ``score`` beats the run's best."""
         if score > state.best_score:
             state.best_score, state.best_step = score, state.step
-            self.best_weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            if self.writes:
+                self.best_weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
     def write_best(self, model: torch.nn.Module, state: TrainState) -> None:
         """Write the held best weights (if any) to ``best/``, sealed with the configuration and step."""
@@ -394,6 +400,8 @@ class Checkpoints:
     def save(self, model: torch.nn.Module, optimizer, scheduler, scaler, state: TrainState) -> None:
         """A checkpoint: the held best weights to ``best/``, then the resume point to ``last/``; weights
         that are not finite are never written (`check_finite`)."""
+        if not self.writes:
+            return
         check_finite(model.state_dict(), "model", state.step)
         self.write_best(model, state)
         save_resume_point(self.last, model, optimizer, scheduler, scaler, state, self.config_hash)

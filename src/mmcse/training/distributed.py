@@ -25,14 +25,75 @@ all-gather's backward gave its leaf.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+import functools
+import os
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as collectives
 
+from mmcse.processes import launched
 from mmcse.training.gradcache import TokenEncoder
+
+# A collective that waits longer than this fails the job with an error instead of hanging it (torchrun also
+# stops every process once one fails): longer than rank 0's longest lone work, a dev evaluation or a save
+COLLECTIVE_TIMEOUT = timedelta(minutes=30)
+
+
+@contextlib.contextmanager
+def joined(device_name: str) -> Iterator[None]:
+    """Inside, a process torchrun started is in the job's process group: NCCL between GPUs (this process on
+    ``cuda:LOCAL_RANK``), gloo between CPU processes, collectives timing out after `COLLECTIVE_TIMEOUT`. A
+    process torchrun did not start, or already in a group, is left as it is."""
+    if not launched() or dist.is_initialized():
+        yield
+        return
+    gpu = device_name != "cpu" and torch.cuda.is_available()
+    if gpu:
+        torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))  # "cuda" is this process's GPU from here on
+    # torchrun's environment (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE) is the rendezvous
+    dist.init_process_group("nccl" if gpu else "gloo", timeout=COLLECTIVE_TIMEOUT)
+    try:
+        yield
+    finally:
+        control_group.cache_clear()
+        dist.destroy_process_group()
+
+
+@functools.cache
+def control_group() -> dist.ProcessGroup:
+    """The group the ranks agree in (stop flags, rank 0's dev score): gloo on CPU tensors, so agreeing on a
+    flag each step never waits for the GPU's queue."""
+    return dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
+
+
+def any_rank(flag: bool) -> bool:
+    """Whether ``flag`` is true on any rank (every rank must ask): a stop one rank was asked for is every
+    rank's, at the same step."""
+    if world()[1] == 1:
+        return flag
+    value = torch.tensor([int(flag)])
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=control_group())
+    return bool(value.item())
+
+
+def from_lead(values: Sequence[float]) -> list[float]:
+    """Rank 0's ``values`` on every rank (the others' are ignored; every rank must ask, with as many)."""
+    if world()[1] == 1:
+        return list(values)
+    tensor = torch.tensor(list(values), dtype=torch.float64)
+    dist.broadcast(tensor, src=0, group=control_group())
+    return tensor.tolist()
+
+
+def wait_for_lead() -> None:
+    """Every rank waits here until rank 0 arrives (after it has written what the others read next)."""
+    if world()[1] > 1:
+        dist.barrier(group=control_group())
 
 
 def world() -> tuple[int, int]:

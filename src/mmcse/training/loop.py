@@ -54,7 +54,7 @@ from mmcse.models.precision import (
 from mmcse.models.student import Student, load_backbone, load_mlm_head, load_tokenizer, save_student
 from mmcse.training.batches import PAIR, TEXT, Batches, BatchFeatures, TrainData, check_inputs
 from mmcse.training.checkpoints import Checkpoints, TrainState, run_definition_hash
-from mmcse.training.distributed import ShardedTokens, average_gradients
+from mmcse.training.distributed import ShardedTokens, any_rank, average_gradients, from_lead, wait_for_lead, world
 from mmcse.training.divergence import DivergenceWatch
 from mmcse.training.gradcache import CachedTokens, TokenEncoder, direct_tokens
 
@@ -378,7 +378,11 @@ def train(
     # The best weights are held in (device) memory and written with the next resume point: writing a
     # BERT-base folder at every improvement would cost seconds per dev evaluation, and on disk the best
     # checkpoint and the resume point's best_score must agree after a kill (`Checkpoints`).
-    checkpoints = Checkpoints(out_dir, run_definition_hash(cfg), save_best)
+    # several processes (train.devices): each encodes its share of every batch; rank 0 alone evaluates on dev,
+    # holds the best weights and writes, and the others take its dev score (`mmcse.training.distributed`)
+    rank, size = world()
+    lead = rank == 0
+    checkpoints = Checkpoints(out_dir, run_definition_hash(cfg), save_best, writes=lead)
     state = checkpoints.start(student, optimizer, scheduler, scaler)
     if checkpoints.restored and state.step >= total:  # finished before: its checked best/ is the result
         return finished(state, checkpoints.best)
@@ -390,13 +394,18 @@ def train(
         also logged, as ``dev_<task>``) and the dev
         geometry (``DEV_GEOMETRY``: alignment of the pairs with gold >= 4, uniformity of every
         distinct dev sentence) from the same embeddings, so the dev set is encoded once."""
-        student.eval()
-        result = evaluate_sts(dev_encode, data.dev, cfg.evaluate.batch_size, keep_vectors=True)
-        student.train()
-        geometry = sts_geometry(result.vectors, data.dev, POSITIVE_GOLD)
-        pending.append(({f"dev_{task}": v for task, v in result.scores.items() if task != PRIMARY_METRIC},
-                        state.step))
-        return result.primary, {name: geometry[key] for name, key in DEV_GEOMETRY.items()}
+        if lead:
+            student.eval()
+            result = evaluate_sts(dev_encode, data.dev, cfg.evaluate.batch_size, keep_vectors=True)
+            student.train()
+            geometry = sts_geometry(result.vectors, data.dev, POSITIVE_GOLD)
+            pending.append(({f"dev_{task}": v for task, v in result.scores.items() if task != PRIMARY_METRIC},
+                            state.step))
+            values = [result.primary, *(geometry[key] for key in DEV_GEOMETRY.values())]
+        else:
+            values = [0.0] * (1 + len(DEV_GEOMETRY))
+        score, *shape = from_lead(values)  # the same weights on every rank: rank 0's score is every rank's
+        return score, dict(zip(DEV_GEOMETRY, shape, strict=True))
 
     # Logged values stay on the device until a flush reads them all back at once.
     pending: list[tuple[dict[str, Any], int]] = []
@@ -439,15 +448,17 @@ def train(
             checkpoints.save(student, optimizer, scheduler, scaler, state)
 
     student.train()
-    bar = tqdm(total=total, initial=state.step, desc=f"train {cfg.train.method}", unit="step", disable=not progress)
+    bar = tqdm(total=total, initial=state.step, desc=f"train {cfg.train.method}", unit="step",
+               disable=not (progress and lead))
     last_dev = state.history[-1]["dev"] if state.history and "dev" in state.history[-1] else float("nan")
     order_epoch, order = -1, []
     try:
         with stopping.graceful():  # SIGTERM / Ctrl-C: a last resume point at the next step, then KILLED
             while state.step < total:
-                if stopping.requested():
+                if any_rank(stopping.requested()):  # every rank stops at the same step
                     flush()
                     checkpoints.save(student, optimizer, scheduler, scaler, state)
+                    wait_for_lead()  # the others stop once rank 0's resume point is written
                     raise stopping.stop_exception(f"resume point written at step {state.step} of {total} "
                                                   f"({out_dir / 'last'}); rerun to continue from it")
                 epoch, offset = divmod(state.step, len(batches))
@@ -462,7 +473,7 @@ def train(
                 step_seed = cfg.base.seed * 1_000_003 + state.step  # the step's own random draws: resumable
                 try:
                     terms = optimizer_step(student, objective, cfg.train, batch, feats, kind == PAIR, optimizer,
-                                           scaler, device, seed=step_seed, on=on)
+                                           scaler, device, seed=step_seed, on=on, ranks=(rank, size))
                 except Exception as err:
                     if is_out_of_memory(err):
                         raise TrainingOutOfMemory(out_of_memory_message(cfg, state.step + 1, resumed_from)) from None
@@ -490,6 +501,7 @@ def train(
                 bar.update(1)
     finally:
         bar.close()
+    wait_for_lead()  # rank 0's last save is on disk before any rank reports the run finished
     return finished(state, checkpoints.best)
 
 

@@ -1,0 +1,108 @@
+"""Starting one training job on several processes (``train.devices``, ``train.nodes``): torch's own launcher,
+torchrun (``python -m torch.distributed.run``), runs the job's entry point once per process; inside, each
+process joins the group (`mmcse.training.distributed.joined`) and encodes its share of every batch.
+
+On one machine torchrun runs ``--standalone`` (a free local port: two jobs on one machine do not collide). On
+several, every machine runs the same entry point with the same params.yaml; each sets its place with
+``MMCSE_NODE_RANK`` (0: the machine that runs the stage and writes its outputs; 1 … nodes − 1 the others), and
+torchrun's static rendezvous meets at ``train.master_addr:train.master_port`` (node 0's address). The launching
+process holds the stage's outputs, forwards a stop (SIGTERM, Ctrl-C) to the job's processes once, so they
+agree on a step, rank 0 writes a resume point and all stop, and fails with the job's exit status.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+
+import psutil
+import torch
+
+from mmcse import stopping
+from mmcse.config import ConfigError, TrainConfig
+from mmcse.errors import StageError
+from mmcse.processes import NODE_RANK, launched
+
+
+def processes_per_node(train: TrainConfig, device_name: str) -> int:
+    """``train.devices`` on this machine: ``auto`` is every GPU this process sees (`CUDA_VISIBLE_DEVICES`),
+    or 1 where it sees none or ``base.device`` is cpu."""
+    if train.devices != "auto":
+        return int(train.devices)
+    return max(torch.cuda.device_count(), 1) if device_name != "cpu" and torch.cuda.is_available() else 1
+
+
+def node_rank(train: TrainConfig) -> int:
+    """This machine's ``MMCSE_NODE_RANK`` (default 0), checked against ``train.nodes``."""
+    raw = os.environ.get(NODE_RANK, "0")
+    if not raw.strip().isdigit() or int(raw) >= train.nodes:
+        raise ConfigError(f"{NODE_RANK}={raw!r}: must be a whole number in [0, {train.nodes - 1}] "
+                          f"(train.nodes is {train.nodes}; 0 is the machine that writes the outputs)")
+    return int(raw)
+
+
+def processes(train: TrainConfig, device_name: str) -> int:
+    """The job's processes over all its machines."""
+    return processes_per_node(train, device_name) * train.nodes
+
+
+def check_split(train: TrainConfig, device_name: str) -> None:
+    """``train.batch_size`` splits evenly over the processes ``auto`` resolved to (integers are checked when
+    params.yaml is read)."""
+    n = processes(train, device_name)
+    if train.batch_size % n:
+        raise ConfigError(f"train.batch_size={train.batch_size} does not split evenly over the job's {n} processes "
+                          f"(train.devices: {train.devices} is {processes_per_node(train, device_name)} here, "
+                          f"× train.nodes {train.nodes})")
+
+
+def needs_launch(train: TrainConfig, device_name: str) -> bool:
+    """Whether this process must start the job's processes (several, and torchrun did not start this one)."""
+    return not launched() and processes(train, device_name) > 1
+
+
+def torchrun_command(train: TrainConfig, device_name: str, entry: Sequence[str]) -> list[str]:
+    """The torchrun command that runs ``entry`` (a script and its arguments) once per process of this
+    machine."""
+    per_node = processes_per_node(train, device_name)
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={per_node}"]
+    if train.nodes == 1:
+        command.append("--standalone")
+    else:
+        command += [f"--nnodes={train.nodes}", f"--node-rank={node_rank(train)}",
+                    f"--master-addr={train.master_addr}", f"--master-port={train.master_port}"]
+    return command + list(entry)
+
+
+def run_launched(command: Sequence[str]) -> None:
+    """Run a torchrun ``command`` to its end. The first SIGTERM / Ctrl-C is passed once to the job's
+    processes (not to torchrun, which would kill them 30 s later, maybe inside a save), which stop together
+    after a resume point; a second stops everything at once. Raises `StageError` when the job failed (its
+    processes printed why) and `stopping.StopRequested` when it was stopped."""
+    # its own session: Ctrl-C at a terminal reaches this process alone, which passes it on once
+    proc = subprocess.Popen(list(command), start_new_session=True)
+    forwarded = False
+    try:
+        with stopping.graceful():
+            while True:
+                try:
+                    code = proc.wait(timeout=0.5)
+                    break
+                except subprocess.TimeoutExpired:
+                    if stopping.requested() and not forwarded:
+                        forwarded = True
+                        for worker in psutil.Process(proc.pid).children():
+                            worker.send_signal(signal.SIGTERM)
+    finally:
+        if proc.poll() is None:  # stopped at once: the job's whole session
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    if stopping.requested():
+        raise stopping.stop_exception("the job's processes stopped together after rank 0's last resume point; "
+                                      "rerun to continue from it")
+    if code != 0:
+        raise StageError(f"the job's processes failed (torchrun exit status {code}); the failing rank's error "
+                         "is printed above")

@@ -1,0 +1,140 @@
+"""The train stage on several processes (issue 37: ``train.devices: 2``, gloo on this machine's CPUs): the
+same dev scores and weights as one process; a killed rank fails the job, Ctrl-C stops every rank after rank
+0's resume point, and a rerun resumes all of them from it."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlflow
+import psutil
+import pytest
+import yaml
+from safetensors.torch import load_file
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.slow  # the real stage, torchrun and its processes
+
+
+def _params(project: Path, **train) -> None:
+    raw = yaml.safe_load((project / "params.yaml").read_text())
+    raw["train"].update(dropout_rng="per_row", **train)
+    (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+
+
+def _stage(project: Path, **kwargs) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, str(REPO / "stages/train.py")], cwd=project, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kwargs)
+
+
+def _finished(project: Path) -> str:
+    stage = _stage(project)
+    log = stage.communicate(timeout=600)[0]
+    assert stage.returncode == 0, log[-3000:]
+    return log
+
+
+def _runs(project: Path) -> list:
+    from mmcse import tracking
+    from mmcse.experiments.params import load_config
+
+    tracking.configure(load_config(project / "params.yaml"))
+    return mlflow.search_runs(experiment_names=["mmcse-mcse"], output_format="list")
+
+
+def _dev(project: Path) -> list[tuple[int, float]]:
+    with open(project / "plots/dev.csv") as handle:
+        return [(int(row["step"]), float(row["dev"])) for row in csv.DictReader(handle)]
+
+
+def test_two_processes_train_as_one(project: Path):
+    _params(project)
+    one = project.parent / "one"
+    shutil.copytree(project, one)
+    _finished(one)
+    _params(project, devices=2)
+    log = _finished(project)
+
+    assert log.count("train mcse: 100%") >= 1 and "[rank1]" not in log  # one progress bar: rank 0's
+    want, got = json.loads((one / "metrics/train.json").read_text()), json.loads(
+        (project / "metrics/train.json").read_text())
+    assert got.keys() == want.keys() and got["steps"] == want["steps"] == 8
+    for key, value in want.items():  # float32: the two ranks' matrix products round differently
+        assert got[key] == pytest.approx(value, abs=1e-3), key
+    assert [s for s, _ in _dev(project)] == [s for s, _ in _dev(one)] == [0, 4, 8]
+    assert [d for _, d in _dev(project)] == pytest.approx([d for _, d in _dev(one)], abs=1e-3)
+    trained = load_file(project / "models/student/last/student.safetensors")
+    alone = load_file(one / "models/student/last/student.safetensors")
+    assert trained.keys() == alone.keys()
+    assert max((trained[k] - alone[k]).abs().max().item() for k in alone) < 1e-4
+    initial = load_file(one / "models/student/best/model.safetensors")  # best at step 0: the initial encoder
+    assert json.loads((one / "models/student/best/train_state.json").read_text())["step"] == 0
+    moved = max((alone[k] - initial[k.removeprefix("backbone.")]).abs().max().item()
+                for k in alone if k.startswith("backbone."))
+    assert moved > 1e-3  # the weights did train: the agreement above is not that of two untouched models
+    (run,) = _runs(project)  # rank 1 opened no run
+    assert run.data.tags["mmcse.processes"] == "2" and run.info.status == "FINISHED"
+
+
+def _rank(stage: subprocess.Popen, rank: int) -> psutil.Process:
+    for child in psutil.Process(stage.pid).children(recursive=True):
+        try:
+            if child.environ().get("RANK") == str(rank):
+                return child
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    raise AssertionError(f"no process of rank {rank}")
+
+
+def _step_of(project: Path) -> int:
+    state = project / "models/student/last/state.json"
+    return json.loads(state.read_text())["step"] if state.is_file() else -1
+
+
+def _wait_for_step(project: Path, stage: subprocess.Popen, beyond: int) -> int:
+    deadline = time.monotonic() + 300
+    while (step := _step_of(project)) <= beyond and time.monotonic() < deadline and stage.poll() is None:
+        time.sleep(0.05)
+    assert step > beyond and stage.poll() is None, stage.communicate()[0][-3000:] if stage.poll() is not None else ""
+    return step
+
+
+def test_a_killed_rank_fails_the_job_ctrl_c_stops_every_rank_and_the_rerun_resumes(project: Path):
+    _params(project, devices=2, epochs=100, max_steps=120, eval_steps=100, checkpoint_steps=4)
+
+    stage = _stage(project)
+    _wait_for_step(project, stage, 0)
+    _rank(stage, 1).send_signal(signal.SIGKILL)
+    log = stage.communicate(timeout=120)[0]
+    assert stage.returncode == 2, log[-3000:]  # failed with its error, not hung
+    assert "exitcode  : -9" in log and log.strip().splitlines()[-1].startswith(
+        "error: the job's processes failed (torchrun exit status 1)")
+    killed_at = _step_of(project)
+
+    stage = _stage(project, start_new_session=True)
+    _wait_for_step(project, stage, killed_at)  # resumed, and a later resume point written
+    os.killpg(stage.pid, signal.SIGINT)  # a terminal's Ctrl-C
+    log = stage.communicate(timeout=120)[0]
+    assert stage.returncode == 128 + signal.SIGINT, log[-3000:]
+    assert "error: stopped on SIGTERM: resume point written at step " in log  # every rank, at one step
+    assert log.strip().splitlines()[-1].startswith("error: stopped on SIGINT: the job's processes stopped together")
+    stopped_at = _step_of(project)
+    assert killed_at < stopped_at < 120
+    (run,) = _runs(project)  # one run throughout: resumed, not restarted
+    assert run.info.status == "KILLED"
+
+    _finished(project)
+    (run,) = _runs(project)
+    assert run.info.status == "FINISHED" and run.data.tags["mmcse.resumed_from_step"] == str(stopped_at)
+    assert json.loads((project / "metrics/train.json").read_text())["steps"] == 120
+    assert _step_of(project) == 120
