@@ -20,7 +20,8 @@ import pytest
 import yaml
 from safetensors.torch import load_file
 
-from tests.conftest import REPO
+from tests.conftest import REPO, prepare_project
+from tests.training.test_duet import duet_params
 
 pytestmark = pytest.mark.slow  # the real stage, torchrun and its processes
 
@@ -138,3 +139,26 @@ def test_a_killed_rank_fails_the_job_ctrl_c_stops_every_rank_and_the_rerun_resum
     assert run.info.status == "FINISHED" and run.data.tags["mmcse.resumed_from_step"] == str(stopped_at)
     assert json.loads((project / "metrics/train.json").read_text())["steps"] == 120
     assert _step_of(project) == 120
+
+
+def test_duet_on_two_processes_trains_as_on_one(tmp_path: Path):
+    """DUET (its dropout keyed by row in BERT and its own layers): the same val rsums at every evaluation and the
+    same best checkpoint's step, on 2 processes as on 1."""
+    raw = duet_params()
+    raw["train"].update(dropout_rng="per_row", max_steps=6, eval_steps=2)
+    one = tmp_path / "one"
+    one.mkdir()
+    prepare_project(one, raw)
+    assert subprocess.run([sys.executable, str(REPO / "stages/cache_regions.py")], cwd=one).returncode == 0
+    two = tmp_path / "two"
+    shutil.copytree(one, two)
+    _params(two, devices=2)
+    _finished(one)
+    log = _finished(two)
+    assert "train duet: 100%" in log
+    want, got = (json.loads((p / "metrics/train.json").read_text()) for p in (one, two))
+    assert got == want and want["steps"] == 6  # rsums are sums of recall percentages: equal, not close
+    assert _dev(two) == _dev(one) and len(_dev(one)) == 4
+    for name in ("duet.safetensors", "model.safetensors"):
+        trained, alone = (load_file(p / "models/student/best" / name) for p in (two, one))
+        assert max((trained[k] - alone[k]).abs().max().item() for k in alone) < 1e-3, name

@@ -12,12 +12,20 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as tmp
+from transformers import AutoModel, BertConfig
 
 from mmcse.config import with_overrides
+from mmcse.experiments.params import load_config
 from mmcse.methods.objectives import Objective
+from mmcse.models.duet import DuetModel
 from mmcse.models.precision import grad_scaler
+from mmcse.models.vsepp import VseppModel
 from mmcse.training import distributed
+from mmcse.training.duet import same_image_mask
+from mmcse.training.duet_step import duet_optimizer_step
 from mmcse.training.loop import build_optimizer, optimizer_step
+from tests.conftest import REPO, TINY_MODEL
+from tests.methods.test_duet import REGION_DIM, VOCAB, tiny_batch
 from tests.training.test_gradcache import _double_student
 from tests.training.test_step_devices import METHODS
 
@@ -50,6 +58,37 @@ def _step(method: str, micro: int, ranks: tuple[int, int], mlm: bool = False) ->
             "params": {n: p.detach().clone() for n, p in student.named_parameters()}}
 
 
+def _retrieval_step(method: str, ranks: tuple[int, int]) -> dict:
+    """One step of a tiny float64 DUET (dropout on in BERT and its own layers, keyed) or VSE++ on regions, at 4
+    pairs, two captions of one image among them."""
+    torch.manual_seed(0)
+    if method == "duet":
+        config = BertConfig(vocab_size=VOCAB, max_position_embeddings=TINY_MODEL["max_seq_len"],
+                            hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, **TINY_MODEL["config_overrides"])
+        model = DuetModel(AutoModel.from_config(config, add_pooling_layer=False), region_dim=REGION_DIM,
+                          visual_layers=2, shared_layers=1, heads=2, ff_dim=48, dropout=0.2, joint_dim=32)
+        model.install_keyed_dropout()
+    else:
+        model = VseppModel(vocab_size=VOCAB, region_dim=REGION_DIM, word_dim=5, joint_dim=8)
+    model = model.double().train()
+    b = tiny_batch(CPU, B=4)
+    cfg = with_overrides(load_config(REPO / "params.yaml"), {"train.method": method, "train.learning_rate": 1e-3,
+                                                             "train.max_grad_norm": 2.0})
+    optimizer, _ = build_optimizer(model, cfg.train, total_steps=10)
+    terms = duet_optimizer_step(model, cfg.loss, cfg.train, {k: b[k] for k in ("input_ids", "attention_mask")},
+                                (b["regions"].double(), b["boxes"].double(), b["region_mask"]),
+                                same_image_mask(["a", "b", "a", "c"], CPU), optimizer, grad_scaler("fp32", CPU), CPU,
+                                seed=5, ranks=ranks)
+    return {"terms": {k: v.detach().clone() for k, v in terms.items()},
+            "grads": {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
+            "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
+
+
+def _any_step(case: tuple[str, int, bool], ranks: tuple[int, int]) -> dict:
+    method, micro, mlm = case
+    return _retrieval_step(method, ranks) if method in ("duet", "vsepp") else _step(method, micro, ranks, mlm)
+
+
 def _rank(rank: int, size: int, port: int, cases: list[tuple[str, int, bool]], out: str, reorder: bool) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
                             timeout=timedelta(seconds=120))
@@ -57,7 +96,7 @@ def _rank(rank: int, size: int, port: int, cases: list[tuple[str, int, bool]], o
         if reorder:  # a broken gather: the ranks' rows in reverse order
             right = distributed.gathered
             distributed.gathered = lambda local: torch.cat(list(reversed(right(local).chunk(size))))
-        results = [_step(method, micro, (rank, size), mlm) for method, micro, mlm in cases]
+        results = [_any_step(case, (rank, size)) for case in cases]
         torch.save(results, f"{out}.{rank}")
     finally:
         dist.destroy_process_group()
@@ -79,7 +118,8 @@ def _assert_same(got: dict, want: dict, what: str) -> None:
     assert set(got["terms"]) == set(want["terms"]), what
     for name, value in want["terms"].items():
         assert got["terms"][name].item() == pytest.approx(value.item(), abs=1e-6), (what, name)
-    assert set(got["grads"]) == set(want["grads"]) and any(n.startswith("backbone.") for n in want["grads"])
+    assert set(got["grads"]) == set(want["grads"]) and any(n.startswith(("backbone.", "text.", "gru."))
+                                                           for n in want["grads"])
     for name, grad in want["grads"].items():
         assert torch.allclose(got["grads"][name], grad, rtol=0, atol=1e-6), (what, name)
     for name, value in want["params"].items():
@@ -97,6 +137,22 @@ def test_two_ranks_make_one_process_step_for_every_method(tmp_path):
     ranks = _ranks(tmp_path, CASES)
     for case, *results in zip(CASES, *ranks, strict=True):
         want = _step(case[0], case[1], (0, 1), case[2])
+        for rank, got in enumerate(results):
+            _assert_same(got, want, f"{case} rank {rank}")
+
+
+RETRIEVAL = [("duet", 0, False), ("vsepp", 0, False)]
+
+
+@pytest.mark.slow  # two processes, gloo
+def test_two_ranks_make_one_process_step_for_duet_and_vsepp(tmp_path):
+    """DUET (BERT's and its own layers' dropout keyed by row, the image and caption of a pair keyed apart) and
+    VSE++ on regions: each rank encodes two of the four pairs, the embeddings and box predictions are gathered,
+    and the hinge over all four (two captions of one image not each other's negatives), every gradient and
+    every updated parameter are one process's."""
+    ranks = _ranks(tmp_path, RETRIEVAL)
+    for case, *results in zip(RETRIEVAL, *ranks, strict=True):
+        want = _any_step(case, (0, 1))
         for rank, got in enumerate(results):
             _assert_same(got, want, f"{case} rank {rank}")
 

@@ -147,7 +147,7 @@ def test_the_keyed_masks_keep_one_minus_p_independently():
     [({"micro_batch": 8}, "key 'train.micro_batch': needs train.dropout_rng: per_row"),
      ({"micro_batch": 8, "dropout_rng": "per_row", "method": "duet"},
       "key 'train.micro_batch': is for the sentence encoders"),
-     ({"dropout_rng": "per_row", "method": "vsepp"}, "key 'train.dropout_rng': per_row is for the sentence encoders"),
+     ({"dropout_rng": "per_row", "method": "vsepp"}, "key 'train.dropout_rng': per_row keys the dropout"),
      ({"micro_batch": -1}, "train.micro_batch")],
 )
 def test_settings_gradient_caching_cannot_honour_are_refused_in_one_line(train, message):

@@ -73,6 +73,9 @@ def validate_terms(cfg: Config, where: str) -> None:
                f"must not include val with train.method {m}: the val split's R@K picks its best checkpoint")
         check(cfg.evaluate.retrieval.enabled, where, "evaluate.retrieval.enabled",
                f"must be true with train.method {m}: it is scored by image–text retrieval alone")
+        check(not (cfg.train.distributed and m == "vsepp" and cfg.model.vsepp.image_input == "pixels"), where,
+              "train.devices", "VSE++ on pixels trains on one process: its CNN's BatchNorm takes statistics over the "
+              "whole batch, which a process that encodes its share does not see (set train.devices: 1)")
     if cfg.teachers.joint.image_side == "image_encoder":
         check(cfg.train.method != "kdmcse", where, "teachers.joint.image_side",
               "image_encoder puts v̂ in another space than t̂, but KDMCSE's soft labels compare the two "

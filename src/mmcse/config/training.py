@@ -155,7 +155,8 @@ class TrainConfig:
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     compile: Bool = False  # torch.compile the backbone (CUDA; dynamic shapes: one graph per padded length)
     # the encoder's dropout masks: torch = torch's dropout (one draw per tensor) | per_row = each row's
-    # masks from (step, row, layer) alone, whatever batch it runs in (mmcse.models.dropout; micro_batch needs it)
+    # masks from (step, row, layer) alone, whatever batch or process it runs in (mmcse.models.dropout; the
+    # sentence encoders and DUET; micro_batch and devices > 1 need it)
     dropout_rng: Literal["torch", "per_row"] = "torch"
     # gradient-cached batches (Gao et al. 2021, GradCache): sentences per encoder pass; the loss still
     # sees all batch_size in-batch negatives and the update equals the whole batch's (mmcse.training.gradcache)
@@ -182,18 +183,18 @@ class TrainConfig:
         check(not (retrieval and self.micro_batch), where, "train.micro_batch",
               f"is for the sentence encoders (simcse, mcse, kdmcse, dalr, mcseo); {self.method} trains its image "
               "and caption models end to end on the batch, without gradient caching: set it to 0")
-        check(not (retrieval and self.dropout_rng != "torch"), where, "train.dropout_rng",
-              f"per_row is for the sentence encoders' Hugging Face backbone, not {self.method}'s models")
+        check(self.method in ("duet", *SENTENCE_ENCODERS) or self.dropout_rng == "torch", where, "train.dropout_rng",
+              f"per_row keys the dropout of the sentence encoders and DUET; {self.method}'s models have none to key")
         check(self.micro_batch == 0 or self.dropout_rng == "per_row", where, "train.micro_batch",
               "needs train.dropout_rng: per_row (each micro-batch's second pass must draw its first pass's "
               "dropout masks, so the update equals the whole batch's)")
         if self.distributed:
-            check(not retrieval, where, "train.devices",
-                  f"several processes train the sentence encoders (simcse, mcse, kdmcse, dalr, mcseo); {self.method} "
-                  "trains on one device: set train.devices: 1 and train.nodes: 1")
-            check(self.dropout_rng == "per_row", where, "train.devices",
-                  "needs train.dropout_rng: per_row (a sentence must draw the same dropout masks whichever process "
-                  "encodes it, so the processes' update equals one process's)")
+            check(self.method != "vsrn", where, "train.devices",
+                  "vsrn trains on one process: its BatchNorm takes statistics over the whole batch, which a process "
+                  "that encodes its share does not see (set train.devices: 1 and train.nodes: 1)")
+            check(self.method == "vsepp" or self.dropout_rng == "per_row", where, "train.devices",
+                  "needs train.dropout_rng: per_row (a sentence or an image must draw the same dropout masks whichever "
+                  "process encodes it, so the processes' update equals one process's)")
             processes = self.devices * self.nodes if isinstance(self.devices, int) else self.nodes
             check(self.batch_size % processes == 0, where, "train.batch_size",
                   f"{self.batch_size} does not split evenly over {processes} processes (train.devices × train.nodes)")
@@ -206,6 +207,7 @@ Angle = Annotated[float, Field(ge=0, le=math.pi / 2, description="radians, at mo
 LAUNCH_KEYS = ("devices", "nodes", "master_addr", "master_port")
 
 RETRIEVAL_METHODS = ("duet", "vsepp", "vsrn")  # image–text retrieval models: region sets in, R@K out, no STS
+SENTENCE_ENCODERS = ("simcse", "mcse", "kdmcse", "dalr", "mcseo")
 
 Switch = Bool | Literal["auto"]  # auto: on when train.method's paper uses the term
 

@@ -162,3 +162,57 @@ def row_keys(backbone: nn.Module, seed: int, rows: torch.Tensor) -> Iterator[Non
         yield
     finally:
         keys.rows = None
+
+
+# Salts of the keyed layers outside a Hugging Face backbone (DUET's own layers): above any backbone's
+# (BERT-large has ~75), so no layer of the model shares another's masks.
+OWN_LAYERS_SALT = 1_000_000
+
+
+class KeyedMultiheadAttention(nn.MultiheadAttention):
+    """``nn.MultiheadAttention`` whose dropout on the attention probabilities ``(R, heads, L, L)`` is keyed
+    by row while `row_keys` gives the pass its rows (torch's attention otherwise). Installed on an existing
+    module by `install_keyed_layers`, which sets its class: its parameters and their names do not change.
+    Batch-first self-attention with packed projections (what ``nn.TransformerEncoderLayer`` runs)."""
+
+    mmcse_row_keys: RowKeys
+    mmcse_salt: int
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                key_padding_mask: torch.Tensor | None = None, need_weights: bool = True,
+                attn_mask: torch.Tensor | None = None, average_attn_weights: bool = True,
+                is_causal: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        keys = self.mmcse_row_keys
+        if keys.rows is None or not self.training or self.dropout == 0.0:
+            return super().forward(query, key, value, key_padding_mask, need_weights, attn_mask,
+                                   average_attn_weights, is_causal)
+        if not (self.batch_first and query is key is value and self._qkv_same_embed_dim and attn_mask is None
+                and self.bias_k is None and not is_causal):
+            raise ValueError("keyed attention: batch-first self-attention without attn_mask or bias_k only")
+        R, L, E = query.shape
+        heads, width = self.num_heads, E // self.num_heads
+        qkv = nn.functional.linear(query, self.in_proj_weight, self.in_proj_bias)  # (R, L, 3E)
+        q, k, v = (t.view(R, L, heads, width).transpose(1, 2) for t in qkv.chunk(3, dim=-1))  # (R, heads, L, d)
+        scores = torch.matmul(q, k.transpose(-2, -1)) * width**-0.5  # (R, heads, L, L)
+        if key_padding_mask is not None:  # True / -inf: a padded key (the encoder layer passes it additive)
+            pad = key_padding_mask[:, None, None, :]
+            scores = scores.masked_fill(pad, float("-inf")) if pad.dtype == torch.bool else scores + pad
+        probs = keyed_dropout(scores.softmax(dim=-1), self.dropout, keys, self.mmcse_salt, True)
+        out = torch.matmul(probs, v).transpose(1, 2).reshape(R, L, E)  # (R, L, E)
+        return self.out_proj(out), None
+
+
+def install_keyed_layers(module: nn.Module, keys: RowKeys, salt: int = OWN_LAYERS_SALT) -> int:
+    """Make a plain torch ``module``'s dropout keyed by ``keys`` (in place): every ``nn.Dropout`` becomes a
+    `KeyedDropout` and every ``nn.MultiheadAttention`` a `KeyedMultiheadAttention`, each with its own salt
+    counted up from ``salt``. Returns the last salt used (the next module's start)."""
+    for sub in list(module.modules()):
+        for child_name, child in list(sub.named_children()):
+            if isinstance(child, nn.Dropout):
+                salt += 1
+                setattr(sub, child_name, KeyedDropout(child.p, keys, salt))
+        if isinstance(sub, nn.MultiheadAttention) and not isinstance(sub, KeyedMultiheadAttention):
+            salt += 1
+            sub.__class__ = KeyedMultiheadAttention
+            sub.mmcse_row_keys, sub.mmcse_salt = keys, salt
+    return salt

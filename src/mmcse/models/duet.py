@@ -68,6 +68,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 
+from mmcse.models.dropout import OWN_LAYERS_SALT, RowKeys, install_keyed_dropout, install_keyed_layers
+
 REGION_NORMS = ("layernorm", "l2", "none")
 
 
@@ -192,6 +194,17 @@ class DuetModel(nn.Module):
         self.text_top = None if tie_shared else copy.deepcopy(self.shared)
         box_width = visual_dim if box_layer <= visual_layers else joint_dim
         self.box_head = nn.Sequential(nn.Linear(box_width, box_width), nn.ReLU(), nn.Linear(box_width, 5))
+
+    def install_keyed_dropout(self) -> RowKeys:
+        """Every dropout of the model keyed by row (``train.dropout_rng: per_row``): BERT's
+        (`install_keyed_dropout`) and the added layers' (`install_keyed_layers`), under one `RowKeys`, which
+        ``row_keys(model.text, ...)`` fills for a pass."""
+        keys = install_keyed_dropout(self.text)
+        salt = OWN_LAYERS_SALT
+        for name, child in self.named_children():
+            if name != "text":
+                salt = install_keyed_layers(child, keys, salt)
+        return keys
 
     def text_layers(self) -> nn.ModuleList:
         """The top layers the text stream runs: ``self.shared`` itself when tied."""

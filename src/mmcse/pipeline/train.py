@@ -86,10 +86,13 @@ def run_train(
             return train_tracked(cfg, paths, out_dir, experiment_name, run_name, parent_run_id, on_eval, progress,
                                  data_seed, upstream)
         up = require_top_level(cfg, paths) if upstream is None else upstream
-        # the same training beside rank 0: no run record, no output written (`Checkpoints.writes`); a
-        # retrieval method never gets here (TrainConfig.validate: one process)
-        train(cfg, up.raw, up.teachers, out_dir or paths.student, progress=False, objects_dir=up.objects,
-              teacher_manifest=up.teacher_manifest, teacher_dirs=up.teacher_dirs)
+        # the same training beside rank 0: no run record, no output written (`Checkpoints.writes`)
+        out_dir = out_dir or paths.student
+        if cfg.train.method in RETRIEVAL_METHODS:  # DUET, VSE++ on regions (the others train on one process)
+            train_duet(cfg, up.raw, region_sets_for(cfg, paths, up), out_dir, progress=False)
+        else:
+            train(cfg, up.raw, up.teachers, out_dir, progress=False, objects_dir=up.objects,
+                  teacher_manifest=up.teacher_manifest, teacher_dirs=up.teacher_dirs)
         return {}
 
 

@@ -39,16 +39,13 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from mmcse import stopping
-from mmcse.config import Config, DuetModelConfig, LossConfig, TrainConfig, VseppModelConfig, VsrnModelConfig
+from mmcse.config import Config, DuetModelConfig, VseppModelConfig, VsrnModelConfig
 from mmcse.data.images import ImagePixels, OneAhead
 from mmcse.detection.regions import RegionStore
 from mmcse.errors import StageError, TrainingOutOfMemory
 from mmcse.evaluation.retrieval import check_text_image, retrieval_metrics
 from mmcse.integrity.files import check_model_folder
 from mmcse.io import read_json, read_jsonl, write_json
-from mmcse.methods.duet import duet_objective
-from mmcse.methods.vsepp import vsepp_objective
-from mmcse.methods.vsrn import caption_targets, vsrn_objective
 from mmcse.models.cnn import RESNET_WIDTH
 from mmcse.models.device import resolve_device
 from mmcse.models.duet import DuetModel
@@ -60,16 +57,16 @@ from mmcse.models.vsepp import VseppModel
 from mmcse.models.vsrn import VsrnModel
 from mmcse.teachers.encoders import build_resnet50, resolve_resnet50
 from mmcse.training.checkpoints import Checkpoints, TrainState, run_definition_hash
+from mmcse.training.distributed import any_rank, from_lead, wait_for_lead, world
 from mmcse.training.divergence import DivergenceWatch
+from mmcse.training.duet_step import RetrievalModel, duet_optimizer_step
 from mmcse.training.loop import (
-    GRAD_NORM,
     LOG_EVERY,
     STAT,
     EvalCallback,
     StepLogger,
     TrainResult,
     build_optimizer,
-    clipped_update,
     finished,
     is_out_of_memory,
     out_of_memory_message,
@@ -85,7 +82,6 @@ VSRN_WEIGHTS, VSRN_META = "vsrn.safetensors", "vsrn.json"
 # the retrieval models on their own word vocabulary: method → (class, weights file, architecture file)
 WORD_MODELS: dict[str, tuple[type[VseppModel], str, str]] = {
     "vsrn": (VsrnModel, VSRN_WEIGHTS, VSRN_META), "vsepp": (VseppModel, VSEPP_WEIGHTS, VSEPP_META)}
-RetrievalModel = DuetModel | VseppModel  # VsrnModel is a VseppModel
 
 
 def best_checkpoint_files(method: str) -> tuple[str, ...]:
@@ -315,45 +311,6 @@ def split_embeddings(model: RetrievalModel, split: RetrievalSplit, tokens: Token
 # --------------------------------------------------------------------------- training
 
 
-def duet_step_loss(model: RetrievalModel, loss: LossConfig, batch: dict[str, torch.Tensor],
-                   regions: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-                   ignore: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-    """Eq. 33's terms (`duet_objective` with ``loss.duet``) of one batch: captions ``batch``
-    (``input_ids``, ``attention_mask`` (B, l)) and their images' ``regions`` = (regions (B, n, d),
-    boxes (B, n, 5), mask (B, n)); ``ignore`` (B, B): `same_image_mask`. VSE++: its hinge
-    (`vsepp_objective` with ``loss.vsepp``); VSRN: the hinge and the caption loss (`vsrn_objective`
-    with ``loss.vsrn``, the captions teacher-forced as `caption_targets` builds them)."""
-    r, boxes, mask = regions
-    if isinstance(model, VsrnModel):
-        ids, attention = batch["input_ids"], batch["attention_mask"]
-        v_img, reasoned = model.encode_image(r, boxes, mask)  # (B, d), (B, n, d)
-        inputs, targets, counted = caption_targets(ids, attention, model.caption_max_len, model.end_id, model.pad_id)
-        logits = model.caption_logits(reasoned, mask, inputs)  # (B, T, vocab)
-        return vsrn_objective(v_img.float(), model.encode_text(ids, attention).float(), logits, targets, counted,
-                              loss.vsrn.margin, loss.vsrn.caption_weight, ignore)
-    out = model(batch["input_ids"], batch["attention_mask"], r, boxes, mask)
-    if isinstance(model, VseppModel):
-        return vsepp_objective(out.v_img.float(), out.v_txt.float(), loss.vsepp.margin, ignore)
-    c = loss.duet
-    # the objective in fp32: the hinge compares cosines that differ in the third decimal
-    return duet_objective(out.v_img.float(), out.v_txt.float(), out.box_pred.float(), boxes, mask, margin=c.margin,
-                          lambda_box=c.lambda_box, lambda_norm=c.lambda_norm, reduction=c.reduction, ignore=ignore)
-
-
-def duet_optimizer_step(model: RetrievalModel, loss: LossConfig, train: TrainConfig, batch: dict[str, torch.Tensor],
-                        regions: tuple[torch.Tensor, torch.Tensor, torch.Tensor], ignore: torch.Tensor | None,
-                        optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-                        device: torch.device) -> dict[str, torch.Tensor]:
-    """One DUET training step, as `mmcse.training.loop.optimizer_step` is one student step: the forward pass
-    under ``train.precision``'s autocast, backward (through the fp16 scaler when enabled), the
-    update. Returns the terms and the gradient norm (`GRAD_NORM`), still on the device."""
-    with autocast(train.precision, device):
-        terms = duet_step_loss(model, loss, batch, regions, ignore)
-    optimizer.zero_grad(set_to_none=True)
-    scaler.scale(terms["loss"]).backward()
-    return terms | {GRAD_NORM: clipped_update(model, train, optimizer, scaler)}
-
-
 def imagenet_cnn(cfg: Config) -> torch.nn.Module:
     """``regions.grid_model`` with ``regions.grid_weights`` (ImageNet's; `resolve_resnet50` says where they
     are or why not, offline included): VSE++'s CNN before training."""
@@ -430,6 +387,8 @@ def train_duet(
         tokenizer = load_tokenizer(cfg.model.name_or_path)
         architecture = duet_architecture(cfg.model.duet, data.regions.dim)
         model = DuetModel(load_backbone(cfg.model, dropout=cfg.train.dropout), **architecture).to(device)
+        if cfg.train.dropout_rng == "per_row":  # each pair's masks from (step, row, layer) alone: train.devices
+            model.install_keyed_dropout()
         save_model = save_duet
     token_dir = data_dir.parent / "tokens"
     captions = cached_tokens(token_dir, "captions", tokenizer, data.captions, cfg.model.max_seq_len)
@@ -458,9 +417,12 @@ def train_duet(
                                               "region_sets": {k: v.name for k, v in region_sets.items()},
                                               "image_input": "pixels" if pixels else "regions"})
 
-    # the best weights are held in memory and written with the next resume point (`Checkpoints`)
+    # the best weights are held in memory and written with the next resume point (`Checkpoints`); on several
+    # processes rank 0 alone evaluates, holds and writes them, the others take its val score
+    rank, size = world()
+    lead = rank == 0
     checkpoints = Checkpoints(out_dir, run_definition_hash(cfg), save_best,
-                              best_required=best_checkpoint_files(cfg.train.method))
+                              best_required=best_checkpoint_files(cfg.train.method), writes=lead)
     state = checkpoints.start(model, optimizer, scheduler, scaler)
     if checkpoints.restored and state.step >= total:  # finished before: its checked best/ is the result
         return finished(state, checkpoints.best)
@@ -491,10 +453,12 @@ def train_duet(
 
     def evaluate_now() -> float:
         watch.check(cfg)
-        images, texts = split_embeddings(model, data.val, val_tokens, cfg.evaluate.batch_size, device,
-                                         cfg.train.precision)
-        scores = retrieval_metrics(images, texts, data.val.text_image, cfg.evaluate.retrieval.block_size)
-        score = scores[DEV_METRIC]
+        scores: dict[str, float] = {}
+        if lead:
+            images, texts = split_embeddings(model, data.val, val_tokens, cfg.evaluate.batch_size, device,
+                                             cfg.train.precision)
+            scores = retrieval_metrics(images, texts, data.val.text_image, cfg.evaluate.retrieval.block_size)
+        (score,) = from_lead([scores.get(DEV_METRIC, 0.0)])
         flush()
         state.history.append({"step": state.step, "dev": score})
         checkpoints.consider(score, state, model)
@@ -506,7 +470,7 @@ def train_duet(
 
     model.train()
     bar = tqdm(total=total, initial=state.step, desc=f"train {cfg.train.method}", unit="step",
-               disable=not progress)
+               disable=not (progress and lead))
     last_dev = state.history[-1]["dev"] if state.history and "dev" in state.history[-1] else math.nan
 
     @functools.lru_cache(maxsize=2)
@@ -524,9 +488,10 @@ def train_duet(
     try:
         with stopping.graceful():  # SIGTERM / Ctrl-C: a last resume point at the next step, then KILLED
             while state.step < total:
-                if stopping.requested():
+                if any_rank(stopping.requested()):  # every rank stops at the same step
                     flush()
                     checkpoints.save(model, optimizer, scheduler, scaler, state)
+                    wait_for_lead()
                     raise stopping.stop_exception(f"resume point written at step {state.step} of {total} "
                                                   f"({out_dir / 'last'}); rerun to continue from it")
                 if finetune_epochs and state.step == frozen_steps:
@@ -541,7 +506,8 @@ def train_duet(
                 ignore = same_image_mask([data.image_ids[i] for i in idx], device)
                 try:
                     terms = duet_optimizer_step(model, cfg.loss, cfg.train, batch, (regions, boxes, mask), ignore,
-                                                optimizer, scaler, device)
+                                                optimizer, scaler, device, cfg.base.seed * 1_000_003 + state.step,
+                                                (rank, size))
                 except Exception as err:
                     if is_out_of_memory(err):
                         raise TrainingOutOfMemory(out_of_memory_message(cfg, state.step + 1, resumed_from)) from None
@@ -572,4 +538,5 @@ def train_duet(
         if crops is not None:
             crops.close()
     flush()
+    wait_for_lead()  # rank 0's last save is on disk before any rank reports the run finished
     return finished(state, checkpoints.best)
