@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -85,6 +86,28 @@ def test_two_processes_train_as_one(project: Path):
     assert moved > 1e-3  # the weights did train: the agreement above is not that of two untouched models
     (run,) = _runs(project)  # rank 1 opened no run
     assert run.data.tags["mmcse.processes"] == "2" and run.info.status == "FINISHED"
+
+
+def test_two_machines_meet_at_node_0s_address_and_node_0_alone_writes(project: Path):
+    """``train.nodes: 2`` as a user runs it on two machines (here two checkouts on one): node 0 runs the stage,
+    node 1 joins with ``MMCSE_NODE_RANK=1`` at ``train.master_addr:master_port`` (torchrun's static rendezvous),
+    and only node 0's checkout gets outputs."""
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    _params(project, nodes=2, master_addr="127.0.0.1", master_port=port)
+    other = project.parent / "node1"
+    shutil.copytree(project, other)
+    node0 = _stage(project)
+    node1 = subprocess.Popen([sys.executable, str(REPO / "stages/train.py")], cwd=other, text=True,
+                             env={**os.environ, "MMCSE_NODE_RANK": "1"}, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT)
+    log0, log1 = node0.communicate(timeout=600)[0], node1.communicate(timeout=600)[0]
+    assert node0.returncode == 0 and node1.returncode == 0, (log0[-2000:], log1[-2000:])
+    assert json.loads((project / "metrics/train.json").read_text())["steps"] == 8
+    (run,) = _runs(project)
+    assert run.data.tags["mmcse.processes"] == "2"
+    assert not (other / "models").exists() and not (other / "metrics/train.json").exists()
 
 
 def _rank(stage: subprocess.Popen, rank: int) -> psutil.Process:

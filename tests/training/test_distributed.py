@@ -4,6 +4,7 @@ dropout on, keyed by row), with micro-batches too; a gather that put the ranks' 
 
 from __future__ import annotations
 
+import math
 import socket
 from datetime import timedelta
 from pathlib import Path
@@ -21,6 +22,7 @@ from mmcse.models.duet import DuetModel
 from mmcse.models.precision import grad_scaler
 from mmcse.models.vsepp import VseppModel
 from mmcse.training import distributed
+from mmcse.training.checkpoints import Checkpoints, TrainState, save_resume_point
 from mmcse.training.duet import same_image_mask
 from mmcse.training.duet_step import duet_optimizer_step
 from mmcse.training.loop import build_optimizer, optimizer_step
@@ -164,6 +166,53 @@ def test_a_gather_that_reorders_the_ranks_rows_does_not_make_the_same_step(tmp_p
     [got, _, _] = _ranks(tmp_path, [("simcse", 0, False)], size=3, reorder=True)  # rows 0-3, 4-7, 8-11
     want = _step("simcse", 0, (0, 1))
     assert abs(got[0]["terms"]["loss"].item() - want["terms"]["loss"].item()) > 1e-4
+
+
+def _start_rank(rank: int, size: int, port: int, root: str, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
+                            timeout=timedelta(seconds=120))
+    try:
+        model, optimizer, scheduler = _linear(seed=10 + rank)  # each rank its own weights: rank 0's point must win
+        checkpoints = Checkpoints(Path(root) / f"rank{rank}", "hash", lambda tmp, state: None, writes=rank == 0)
+        state = checkpoints.start(model, optimizer, scheduler, grad_scaler("fp32", CPU))
+        torch.save({"state": (state.step, state.best_step, state.history), "restored": checkpoints.restored,
+                    "model": model.state_dict(), "moments": optimizer.state_dict()["state"],
+                    "lr": scheduler.get_last_lr()}, f"{out}.{rank}")
+    finally:
+        dist.destroy_process_group()
+
+
+def _linear(seed: int) -> tuple:
+    torch.manual_seed(seed)
+    model = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
+    return model, optimizer, scheduler
+
+
+@pytest.mark.slow  # two processes, gloo
+def test_every_rank_starts_from_rank_0s_resume_point_even_where_its_disk_has_none(tmp_path):
+    """A job over two machines: rank 0's resume point is on its disk alone (rank 1's folder is empty), and
+    rank 1 takes its weights, optimizer moments, schedule and step, not its own fresh start."""
+    model, optimizer, scheduler = _linear(seed=0)
+    for _ in range(3):
+        optimizer.zero_grad()
+        model(torch.ones(4, 3)).pow(2).sum().backward()
+        optimizer.step()
+        scheduler.step()
+    save_resume_point(tmp_path / "rank0" / "last", model, optimizer, scheduler, grad_scaler("fp32", CPU),
+                      TrainState(3, -math.inf, -1, [{"step": 2, "loss": 0.5}]), "hash")  # no best/ to check
+    out = str(tmp_path / "start")
+    tmp.start_processes(_start_rank, args=(2, _free_port(), str(tmp_path), out), nprocs=2, start_method="spawn")
+    lead, other = (torch.load(f"{out}.{r}", weights_only=False) for r in range(2))
+    assert lead["restored"] and other["restored"] and not (tmp_path / "rank1").exists()
+    assert other["state"] == lead["state"] == (3, -1, [{"step": 2, "loss": 0.5}])
+    assert other["lr"] == lead["lr"] == scheduler.get_last_lr()
+    for name, value in model.state_dict().items():
+        assert torch.equal(other["model"][name], value) and torch.equal(lead["model"][name], value)
+    for index, moments in optimizer.state_dict()["state"].items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(other["moments"][index][key], moments[key])
 
 
 def test_a_step_over_several_processes_refuses_torchs_dropout():

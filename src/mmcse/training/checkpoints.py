@@ -21,7 +21,7 @@ import math
 import shutil
 import zipfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +43,7 @@ from mmcse.integrity.files import (
 from mmcse.io import follow_umask, sha256_json, swap_in_dir
 from mmcse.models.student import HEADS_FILE, HEADS_META
 from mmcse.tracking import remembered_run
+from mmcse.training.distributed import from_lead_object, world
 
 log = logging.getLogger(__name__)
 
@@ -348,6 +349,17 @@ def restore_resume_point(folder: Path, model: torch.nn.Module, optimizer, schedu
     return TrainState(meta["step"], meta["best_score"], meta["best_step"], meta["history"])
 
 
+def _on_cpu(tree: Any) -> Any:
+    """``tree`` (dicts, lists, tuples of tensors and values) with every tensor copied to the CPU."""
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().cpu()
+    if isinstance(tree, dict):
+        return {k: _on_cpu(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_on_cpu(v) for v in tree)
+    return tree
+
+
 class Checkpoints:
     """The best checkpoint (``<out>/best``) and resume point (``<out>/last``) of one run of the
     configuration ``config_hash``, shared by the students' loop and DUET's. ``save_best(tmp, state)``
@@ -367,7 +379,30 @@ class Checkpoints:
     def start(self, model: torch.nn.Module, optimizer, scheduler, scaler) -> TrainState:
         """The run's state: restored from this configuration's resume point when `plan_start` takes it
         (``best/`` rebuilt from it at once when needed), else a fresh one (what was not taken is named
-        in a warning; it is replaced at the first checkpoint)."""
+        in a warning; it is replaced at the first checkpoint). On several processes every rank starts from
+        rank 0's: the resume point is on rank 0's disk, which another machine's processes may not see, and
+        ranks that started from different states would each train another model."""
+        rank, size = world()
+        state = self._start_here(model, optimizer, scheduler, scaler) if rank == 0 else TrainState()
+        if size == 1:
+            return state
+        self.restored = from_lead_object(self.restored)
+        if not self.restored:  # every rank from the same seeded initial weights
+            return state
+        shared = from_lead_object(_on_cpu({
+            "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+            "scaler": scaler.state_dict() if scaler.is_enabled() else None,
+            "state": asdict(state)} if rank == 0 else None))
+        if rank > 0:
+            model.load_state_dict(shared["model"])
+            optimizer.load_state_dict(shared["optimizer"])
+            scheduler.load_state_dict(shared["scheduler"])
+            if shared["scaler"]:
+                scaler.load_state_dict(shared["scaler"])
+            state = TrainState(**shared["state"])
+        return state
+
+    def _start_here(self, model: torch.nn.Module, optimizer, scheduler, scaler) -> TrainState:
         plan = plan_start(self.out_dir, self.config_hash, self.best_required)
         if plan.reason:
             log.warning("%s", plan.reason)

@@ -31,6 +31,7 @@ import os
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -88,6 +89,15 @@ def from_lead(values: Sequence[float]) -> list[float]:
     tensor = torch.tensor(list(values), dtype=torch.float64)
     dist.broadcast(tensor, src=0, group=control_group())
     return tensor.tolist()
+
+
+def from_lead_object(obj: Any) -> Any:
+    """Rank 0's ``obj`` (any picklable value, tensors on the CPU) on every rank; every rank must ask."""
+    if world()[1] == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0, group=control_group())
+    return box[0]
 
 
 def wait_for_lead() -> None:

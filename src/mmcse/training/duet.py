@@ -425,7 +425,7 @@ def train_duet(
                               best_required=best_checkpoint_files(cfg.train.method), writes=lead)
     state = checkpoints.start(model, optimizer, scheduler, scaler)
     if checkpoints.restored and state.step >= total:  # finished before: its checked best/ is the result
-        return finished(state, checkpoints.best)
+        return finished(state, checkpoints.best, lead)
     resumed_from = state.step if state.step else None
     if pixels:  # the CNN learns only once the fine-tuning has started (frozen: no graph through it at all)
         model.cnn.requires_grad_(finetune_epochs > 0 and state.step > frozen_steps)
@@ -539,4 +539,4 @@ def train_duet(
             crops.close()
     flush()
     wait_for_lead()  # rank 0's last save is on disk before any rank reports the run finished
-    return finished(state, checkpoints.best)
+    return finished(state, checkpoints.best, lead)

@@ -385,7 +385,7 @@ def train(
     checkpoints = Checkpoints(out_dir, run_definition_hash(cfg), save_best, writes=lead)
     state = checkpoints.start(student, optimizer, scheduler, scaler)
     if checkpoints.restored and state.step >= total:  # finished before: its checked best/ is the result
-        return finished(state, checkpoints.best)
+        return finished(state, checkpoints.best, lead)
     resumed_from = state.step if state.step else None
     watch = DivergenceWatch(device)
 
@@ -502,13 +502,14 @@ def train(
     finally:
         bar.close()
     wait_for_lead()  # rank 0's last save is on disk before any rank reports the run finished
-    return finished(state, checkpoints.best)
+    return finished(state, checkpoints.best, lead)
 
 
-def finished(state: TrainState, best_dir: Path) -> TrainResult:
+def finished(state: TrainState, best_dir: Path, lead: bool = True) -> TrainResult:
     """The result of a finished run; one without a best checkpoint (no dev evaluation gave a finite
-    score) is an error, not a result without a model."""
-    if state.best_step < 0 or not best_dir.is_dir():
+    score) is an error, not a result without a model. A rank other than 0 (``lead`` false) does not look:
+    rank 0 wrote ``best_dir``, maybe on another machine's disk."""
+    if lead and (state.best_step < 0 or not best_dir.is_dir()):
         raise TrainingDiverged(f"{best_dir}: no dev evaluation of this run gave a finite score (the model returns "
                                "the same or non-finite vectors), so there is no best checkpoint")
     return TrainResult(state.best_score, state.best_step, state.step, best_dir, state.history)
