@@ -50,7 +50,8 @@ def parts(device: str, quick: bool, out: Path) -> list[tuple[str, list[str], int
         loop += ["--steps", "10", "--eval-steps", "10", "--bare-steps", "5", "--profile-repeats", "1"]
     bf16 = "bf16" if device == "cuda" else "fp32"
     return [
-        ("pytest", [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/cuda",
+        # -o addopts=: in this process, pytest-xdist not needed (pyproject's addopts name its -n)
+        ("pytest", [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "tests/cuda",
                     "tests/training/test_step_devices.py"], 150),
         ("step_bf16", [*step, "--precision", bf16, *sizes, *repeats, "--json", str(out / "step_bf16.json")], 110),
         # the same steps with torch's NaN fill of new tensors (what train ran before deterministic_kernels)

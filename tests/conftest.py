@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import copy
 import os
+import runpy
 import shutil
+import signal
 import sqlite3
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,12 @@ import sqlalchemy
 import torch
 import yaml
 from mlflow.store.db import utils as mlflow_db
+
+from mmcse import stopping
+
+# tests.durations: every run's per-test seconds (.pytest-durations.json) and a summary at the end; pytester: the
+# plugin's own test
+pytest_plugins = ["tests.durations", "pytester"]
 
 REPO = Path(__file__).resolve().parents[1]
 SENTEVAL = Path(os.environ.get("MMCSE_SENTEVAL_DIR", REPO.parent / "shared" / "data" / "senteval"))
@@ -27,6 +36,38 @@ TINY_MODEL = {
     "max_seq_len": 32,
     "proj_dim": 32,
 }
+
+
+def pytest_addoption(parser) -> None:
+    parser.addoption("--real-data-full", action="store_true",
+                     help="score the whole SentEval sets in tests/evaluation/test_real_eval.py against the reference "
+                          "numbers (about 6 min on 2 cores) instead of every 10th item against a direct computation")
+
+
+def pytest_configure(config) -> None:
+    """Under pytest-xdist (``-n N``) each worker gets an equal share of the cores for torch, and so do the stages
+    its tests start (OMP_NUM_THREADS): N workers of 2 threads each on 2 cores spin against each other and took
+    twice the CPU time (measured: the fast tier 5.4 min with 2 threads a worker, 2.7 with 1, 4.2 serial)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+    if workers > 1:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook; a machine without the plugin runs with -o addopts=
+def pytest_xdist_auto_num_workers(config) -> int:
+    """``-n auto``: one worker per core, at most 4 (each holds torch, MLflow and a prepared project; the
+    end-to-end tests start processes of their own)."""
+    return max(1, min(os.cpu_count() or 1, 4))
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """The slow tier first: pytest-xdist hands out files in this order (pyproject's ``--dist loadfile
+    --no-loadscope-reorder``: a file's tests on one worker, so a module-scoped fixture is set up once), and the
+    long end-to-end files started first leave the many short files to fill both workers at the end. Stable: a
+    file's tests keep their order within a tier."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 # Every device this machine has: the loss, objective and step tests run once per entry.
@@ -112,6 +153,29 @@ def params_copy(root: Path) -> Path:
     for folder in ("ablations", "profiles", "recipes"):
         shutil.copytree(REPO / folder, root / folder)
     return root
+
+
+def stage_here(name: str, cwd: Path, capsys=None) -> subprocess.CompletedProcess:
+    """``stages/<name>.py`` run in this process in ``cwd`` as its own process would run it (``__main__``, through
+    `mmcse.entry.run_entry`: an expected error is one line on stderr and exit status 2), for the tests that need
+    one process's behaviour only: a stage process pays ~8 s of imports (torch, transformers, MLflow) before its
+    first line. With ``capsys`` the result carries what it printed."""
+    if capsys is not None:
+        capsys.readouterr()
+    before, handlers = os.getcwd(), {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    os.chdir(cwd)
+    try:
+        runpy.run_path(str(REPO / "stages" / f"{name}.py"), run_name="__main__")
+        code = 0
+    except SystemExit as stopped:
+        code = stopped.code if isinstance(stopped.code, int) else 1
+    finally:
+        os.chdir(before)
+        for number, handler in handlers.items():  # the stage installed its own (`mmcse.stopping`)
+            signal.signal(number, handler)
+        stopping.reset()
+    out = capsys.readouterr() if capsys is not None else None
+    return subprocess.CompletedProcess([name], code, out.out if out else "", out.err if out else "")
 
 
 def prepare_project(root: Path, raw: dict) -> Path:

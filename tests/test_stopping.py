@@ -24,7 +24,7 @@ from mmcse.experiments.params import load_config
 from mmcse.io import hold_outputs
 from mmcse.pipeline.paths import Paths
 from mmcse.pipeline.train import run_train
-from tests.conftest import REPO
+from tests.conftest import REPO, stage_here
 
 
 @pytest.fixture
@@ -130,29 +130,29 @@ def test_a_second_stage_on_the_same_output_fails_at_once_naming_the_first(tmp_pa
         pass
 
 
-@pytest.mark.slow  # two stage processes on the prepared project
-def test_the_train_stage_refuses_to_start_while_another_one_runs(project):
+@pytest.mark.slow  # a stage process on the prepared project (the second start, refused, in this one)
+def test_the_train_stage_refuses_to_start_while_another_one_runs(project, capsys):
     import yaml
 
     raw = yaml.safe_load((project / "params.yaml").read_text())
     raw["train"].update(epochs=1000, max_steps=8000, eval_steps=4000, checkpoint_steps=4000)  # still running then
     (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    log = project / "first.log"
     first = subprocess.Popen([sys.executable, str(REPO / "stages/train.py")], cwd=project, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             stdout=open(log, "w"), stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + 120
-        while time.time() < deadline and not list((project / "mlruns").glob("records/train-*.json")):
-            time.sleep(0.2)  # the first stage holds models/student and has opened its run
-        second = subprocess.run([sys.executable, str(REPO / "stages/train.py")], cwd=project, env=env,
-                                capture_output=True, text=True, timeout=120)
+        while time.time() < deadline and first.poll() is None and "train mcse:" not in log.read_text():
+            time.sleep(0.2)  # the first stage holds models/student and trains (its progress bar is up)
+        second = stage_here("train", project, capsys)  # in this process: the first holds the outputs
         assert second.returncode == 2
         assert second.stderr.strip().startswith(f"error: {Paths.of(load_config(project / 'params.yaml')).student}: "
                                                 f"in use by the train stage (pid {first.pid}")
         first.send_signal(signal.SIGTERM)
         first.wait(60)
         assert first.returncode == 128 + signal.SIGTERM  # stopped at a resume point
-        assert "error: stopped on SIGTERM: resume point written at step " in first.stdout.read()
+        assert "error: stopped on SIGTERM: resume point written at step " in log.read_text()
     finally:
         if first.poll() is None:
             first.kill()

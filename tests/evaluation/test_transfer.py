@@ -3,14 +3,13 @@ penalty grid, early stopping) and its accuracy on problems whose answer is known
 
 import json
 import shutil
-import subprocess
-import sys
 from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
+from mmcse.cli import main
 from mmcse.config import TransferConfig
 from mmcse.data.senteval import TransferExample, read_transfer_task
 from mmcse.evaluation.transfer import L2_PENALTIES, LogisticProbe, evaluate_transfer, probe_task, task_features
@@ -184,8 +183,10 @@ def test_evaluate_transfer_encodes_each_sentence_once_and_averages():
     assert result.primary == round((result.scores["CR"] + result.scores["MRPC"]) / 2, 2)
 
 
-@pytest.mark.slow  # the console script on SentEval's own TREC and STS16 files (a subprocess, 20 s)
-def test_cli_scores_transfer_tasks(tmp_path, transfer_dir):
+@pytest.mark.slow  # `mmcse eval` on SentEval's own TREC and STS16 files (encodes ~1,000 real sentences)
+def test_cli_scores_transfer_tasks(tmp_path, transfer_dir, capsys):
+    """In this process (`mmcse.cli.main`, the console script's function; the script itself starts in
+    tests/evaluation/test_sts.py)."""
     src = transfer_dir / "downstream" / "TREC"
     trec = tmp_path / "downstream" / "TREC"
     trec.mkdir(parents=True)
@@ -195,23 +196,17 @@ def test_cli_scores_transfer_tasks(tmp_path, transfer_dir):
     trec.joinpath("TREC_10.label").write_bytes(b"".join(test_lines[::5]))
     shutil.copytree(transfer_dir / "downstream" / "STS" / "STS16-en-test",
                     tmp_path / "downstream" / "STS" / "STS16-en-test")
-    out = subprocess.run(
-        [sys.executable, "-m", "mmcse.cli", "eval", "--model", "packaged:all-MiniLM-L6-v2",
-         "--senteval-dir", str(tmp_path), "--pooler", "avg", "--transfer", "--kfold", "2"],
-        capture_output=True, text=True, timeout=600,
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    scores = json.loads(out.stdout)
+    main(["eval", "--model", "packaged:all-MiniLM-L6-v2", "--senteval-dir", str(tmp_path), "--pooler", "avg",
+          "--transfer", "--kfold", "2"])
+    scores = json.loads(capsys.readouterr().out)
     # one STS task and one transfer task: each is its average, reported once (one name per number)
     assert set(scores) == {"avg", "transfer_avg"}
     assert scores["transfer_avg"] > 60  # TREC's 6 classes; the majority class of the test subset is ~ 25 %
 
-    missing = subprocess.run(
-        [sys.executable, "-m", "mmcse.cli", "eval", "--model", "packaged:all-MiniLM-L6-v2",
-         "--senteval-dir", str(tmp_path), "--transfer", "MR"],
-        capture_output=True, text=True, timeout=120,
-    )
-    assert missing.returncode == 2 and "MR" in missing.stderr and "present: TREC" in missing.stderr
+    with pytest.raises(SystemExit) as missing:
+        main(["eval", "--model", "packaged:all-MiniLM-L6-v2", "--senteval-dir", str(tmp_path), "--transfer", "MR"])
+    err = capsys.readouterr().err
+    assert missing.value.code == 2 and "MR" in err and "present: TREC" in err
 
 
 @pytest.mark.slow  # encodes real TREC sentences (~6 s); the probe's own tests above stay fast

@@ -174,7 +174,9 @@ def test_a_paper_shaped_row_runs_end_to_end(project, capsys, nothing_downloaded)
         "description: DALR Table 1's first row alone\nreference: SimCSE (wiki)\nvariants:\n"
         "  SimCSE (wiki): {train.method: simcse, data.pairs: none}\n")
     with pytest.raises(SystemExit) as stopped:
-        main(["preflight", "--params", str(project / "params.yaml"), "--preset", "one-row", "--steps", "2"])
+        # 2 synthetic items for its teachers' cache check (its real-architecture paths: test_preflight_cache.py)
+        main(["preflight", "--params", str(project / "params.yaml"), "--preset", "one-row", "--steps", "2",
+              "--cache-items", "2"])
     text = capsys.readouterr().out
     assert stopped.value.code == 0
     assert "SimCSE (wiki)" in text and " ran " in text

@@ -12,9 +12,13 @@ pytestmark = pytest.mark.slow  # a Prefect test server per module
 
 @pytest.fixture(scope="module")
 def harness():
+    from prefect.logging.configuration import setup_logging
     from prefect.testing.utilities import prefect_test_harness
 
     with prefect_test_harness(server_startup_timeout=120):
+        # Prefect's console handler keeps the sys.stderr of the moment it is made; made here, it is the session's
+        # (made by the first flow run, it was that test's capsys stream, closed when the test ended)
+        setup_logging()
         yield
 
 

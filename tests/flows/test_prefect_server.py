@@ -1,44 +1,30 @@
-"""A real Prefect server on loopback: pool `gpu`, deployment `ablations`, a worker, one run."""
+"""A real Prefect server on loopback, as a user brings it up: `mmcse prefect up` (server, pools `gpu` and `head`,
+every deployment, the workers), one run of the deployment `ablations` on its worker, `mmcse prefect down`."""
 
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from pathlib import Path
+
+import psutil
 import pytest
 import yaml
 
-from tests.flows.prefect_server import copy_deployments, prefect_server
+from tests.flows.prefect_server import copy_deployments, free_port
 
 pytestmark = pytest.mark.slow
 
 
-def test_deployment_runs_to_completion_on_a_worker(project):
+def test_mmcse_prefect_up_brings_everything_up_in_order_runs_the_ablations_deployment_and_down(project):
+    """`mmcse prefect up`: the server (waited for), both pools, every deployment, the workers, with no
+    connection error on the way; a second `up` reuses what runs; the `ablations` deployment (prefect.yaml's
+    concurrency limit) runs to completion on its `gpu` worker, as the command's last line says to run it;
+    `down` stops it all."""
     raw = yaml.safe_load((project / "params.yaml").read_text())
     raw["ablate"]["seeds"] = [1]
     (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    copy_deployments(project)
-
-    with prefect_server(project) as server:
-        server.cli("work-pool", "create", "gpu", "--type", "process")
-        server.cli("deploy", "--name", "ablations")
-        inspected = server.cli("deployment", "inspect", "ablations/ablations")
-        assert "'global_concurrency_limit'" in inspected and "'limit': 4" in inspected  # from prefect.yaml
-        server.worker("gpu", "worker")
-        out = server.cli("deployment", "run", "ablations/ablations", "--watch")
-        assert "Completed" in out
-    table = (project / "ablation" / "ablation.md").read_text()
-    assert "| mcse |" in table and "| simcse |" in table and "failed" not in table
-
-
-def test_mmcse_prefect_up_brings_everything_up_in_order_and_down(project):
-    """`mmcse prefect up`: the server (waited for), both pools, every deployment, the workers, with no
-    connection error on the way; a second `up` reuses what runs; `down` stops it all."""
-    import json
-    import os
-    import subprocess
-    import sys
-    import urllib.request
-
-    import psutil
-
-    from tests.flows.prefect_server import free_port
-
     copy_deployments(project)
     port = free_port()
     env = {**os.environ, "PREFECT_HOME": str(project / ".prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
@@ -72,6 +58,17 @@ def test_mmcse_prefect_up_brings_everything_up_in_order_and_down(project):
         again = subprocess.run(up, cwd=project, env=env, capture_output=True, text=True, timeout=600)
         assert again.returncode == 0 and "already answering" in again.stdout and "(present)" in again.stdout
         assert json.loads((project / ".prefect-up/pids.json").read_text()) == recorded  # nothing started twice
+
+        prefect = [str(Path(sys.executable).parent / "prefect"), "--no-prompt"]
+        at_server = {**env, "PREFECT_API_URL": api}  # what `up`'s last line says to export
+        inspected = subprocess.run([*prefect, "deployment", "inspect", "ablations/ablations"], cwd=project,
+                                   env=at_server, capture_output=True, text=True, timeout=300)
+        assert "'global_concurrency_limit'" in inspected.stdout and "'limit': 4" in inspected.stdout  # prefect.yaml
+        ran = subprocess.run([*prefect, "deployment", "run", "ablations/ablations", "--watch"], cwd=project,
+                             env=at_server, capture_output=True, text=True, timeout=600)
+        assert ran.returncode == 0 and "Completed" in ran.stdout, ran.stdout[-3000:] + ran.stderr[-3000:]
+        table = (project / "ablation" / "ablation.md").read_text()
+        assert "| mcse |" in table and "| simcse |" in table and "failed" not in table
     finally:
         down = subprocess.run([sys.executable, "-m", "mmcse.cli", "prefect", "down"], cwd=project, env=env,
                               capture_output=True, text=True, timeout=300)

@@ -2,7 +2,6 @@
 loss, read back from MLflow, goes down. Only image–caption batches (a 4-sentence corpus),
 so every step carries every term and an epoch's mean loss compares like with like."""
 
-import runpy
 import sqlite3
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import pytest
 import yaml
 
 from mmcse import tracking
-from tests.conftest import REPO, prepare_project, repo_params, shrink
+from tests.conftest import prepare_project, repo_params, shrink, stage_here
 
 EPOCH = 6  # 48 pairs / batch 8
 
@@ -46,7 +45,7 @@ def test_method_loss_goes_down_through_the_train_stage(pairs_only_project, metho
         raw["loss"][section].update(values)
     raw["base"]["models_dir"] = f"models-{method}{'-' + '-'.join(extra) if extra else ''}"
     Path("params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    runpy.run_path(str(REPO / "stages/train.py"), run_name="__main__")
+    assert stage_here("train", pairs_only_project).returncode == 0
 
     run_id = tracking.folder_run_id(Path(raw["base"]["models_dir"], "student"))
     with sqlite3.connect("mlruns/mlflow.db") as db:

@@ -182,31 +182,6 @@ def test_mlflow_views_show_the_scores_without_configuring(repo_copy, tmp_path):
         ui.wait(timeout=30)
 
 
-def test_dvc_exp_run_reruns_only_what_changed(repo_copy):
-    root, env = repo_copy
-    log = _run(["dvc", "exp", "run", "-S", "loss.lambda_img=0.05"], root, env)
-    for unchanged in ("download", "detect_objects", "cache_teachers"):
-        assert f"Stage '{unchanged}' didn't change, skipping" in log
-    assert "Running stage 'train'" in log
-    shown = subprocess.run(["dvc", "exp", "show", "--json"], cwd=root, env=env, capture_output=True,
-                           text=True, check=True).stdout
-    assert '"test_avg"' in shown and "0.05" in shown
-    # `mmcse runs`: the experiments at a glance in 200 columns (dvc exp show lists ~400 there)
-    table = _run([sys.executable, "-m", "mmcse.cli", "runs", "--width", "200"], root, env)
-    lines = table.splitlines()
-    assert max(len(line) for line in lines) <= 200 and lines[0].split()[:4] == ["experiment", "created", "method",
-                                                                               "changed"]
-    exp_record = json.loads(shown)[1]["experiments"][0]["revs"][0]
-    # the experiment and the workspace it left behind, each with the param it changed against the commit
-    (exp_line,) = [line for line in lines if line.startswith(exp_record["name"] + " ")]
-    assert "loss.lambda_img=0.05" in exp_line and "loss.lambda_img=0.05" in next(
-        line for line in lines if line.startswith("workspace "))
-    test_avg = exp_record["data"]["metrics"]["metrics/eval.json"]["data"]["test_avg"]
-    assert "best_dev_sts" in lines[0] and "test_avg" in lines[0] and f"{test_avg:.2f}" in exp_line
-    _run(["dvc", "plots", "show", "-o", "dvc_plots"], root, env)
-    assert (root / "dvc_plots/index.html").stat().st_size > 1000
-
-
 @pytest.mark.parametrize("bad", ["loss.kdmcse.threshold=1.5", "train.method=foo"])
 def test_an_invalid_value_through_dvc_fails_first_and_loses_nothing(repo_copy, bad):
     """`dvc exp run -S` with a bad value: the check_params stage fails before DVC removes any
@@ -256,29 +231,51 @@ def test_a_failed_download_through_dvc_keeps_the_data_that_was_there(repo_copy):
         _run(["git", "checkout", "--", "params.yaml"], root, env)
 
 
-def test_an_interrupted_dvc_exp_run_ablation_reuses_its_finished_jobs(repo_copy):
-    """Issue 33.8: Ctrl-C in `dvc exp run` after the first new job finished; the same `dvc exp run`
-    again restores ablation/ from its commit, and the finished job comes back from data/jobs instead of
-    being trained again."""
+def test_dvc_exp_run_reruns_only_what_changed_and_after_ctrl_c_reuses_the_finished_jobs(repo_copy):
+    """README's `dvc exp run -S loss.lambda_img=0.05`: the stages upstream of train are skipped, train, evaluate and
+    the ablation run. Issue 33.8: Ctrl-C after the ablation's first new job finished; the same `dvc exp run` again
+    restores ablation/ from its commit, and the finished job comes back from data/jobs instead of being trained
+    again. The finished experiment is then in `dvc exp show`, `mmcse runs` and `dvc plots show`."""
     import signal
 
     root, env = repo_copy
     _run(["git", "add", "-A"], root, env)
     _run(["git", "commit", "-qm", "the pipeline's outputs", "--allow-empty"], root, env)
-    cmd = ["dvc", "exp", "run", "-S", "ablate.seeds=[3]"]  # two new jobs: mcse seed 3, simcse seed 3
+    cmd = ["dvc", "exp", "run", "-S", "loss.lambda_img=0.05"]  # four new jobs: every job reads loss.lambda_img
     exp = subprocess.Popen(cmd, cwd=root, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines, sent = [], False
     for line in exp.stdout:
         lines.append(line)
-        if "[2/2] simcse seed=3: starting" in line and not sent:
+        if "[2/4] mcse seed=2: starting" in line and not sent:
             os.killpg(exp.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches dvc and the stage
             sent = True
     exp.wait(120)
     log = "".join(lines)
-    assert sent and exp.returncode != 0 and "[1/2] mcse seed=3: trained on cpu" in log, log[-3000:]
+    for unchanged in ("download", "detect_objects", "cache_teachers"):
+        assert f"Stage '{unchanged}' didn't change, skipping" in log
+    assert "Running stage 'train'" in log and "Running stage 'evaluate'" in log
+    assert sent and exp.returncode != 0 and "[1/4] mcse seed=1: trained on cpu" in log, log[-3000:]
     assert "Error logging to API" not in log and "ConnectError" not in log  # the server outlived the Ctrl-C
-    assert "[2/2] simcse seed=3: trained" not in log
+    assert "[2/4] mcse seed=2: trained" not in log
     again = _run(cmd, root, env)
-    assert "[1/2] mcse seed=3: reused (finished before)" in again, again[-3000:]
-    assert "[2/2] simcse seed=3: trained on cpu" in again
+    assert "[1/4] mcse seed=1: reused (finished before)" in again, again[-3000:]
+    assert "[2/4] mcse seed=2: trained on cpu" in again
+
+    shown = subprocess.run(["dvc", "exp", "show", "--json"], cwd=root, env=env, capture_output=True,
+                           text=True, check=True).stdout
+    assert '"test_avg"' in shown and "0.05" in shown
+    # `mmcse runs`: the experiments at a glance in 200 columns (dvc exp show lists ~400 there)
+    table = _run([sys.executable, "-m", "mmcse.cli", "runs", "--width", "200"], root, env)
+    lines = table.splitlines()
+    assert max(len(line) for line in lines) <= 200 and lines[0].split()[:4] == ["experiment", "created", "method",
+                                                                               "changed"]
+    exp_record = json.loads(shown)[1]["experiments"][0]["revs"][0]
+    # the experiment and the workspace it left behind, each with the param it changed against the commit
+    (exp_line,) = [line for line in lines if line.startswith(exp_record["name"] + " ")]
+    assert "loss.lambda_img=0.05" in exp_line and "loss.lambda_img=0.05" in next(
+        line for line in lines if line.startswith("workspace "))
+    test_avg = exp_record["data"]["metrics"]["metrics/eval.json"]["data"]["test_avg"]
+    assert "best_dev_sts" in lines[0] and "test_avg" in lines[0] and f"{test_avg:.2f}" in exp_line
+    _run(["dvc", "plots", "show", "-o", "dvc_plots"], root, env)
+    assert (root / "dvc_plots/index.html").stat().st_size > 1000

@@ -7,7 +7,7 @@ import sys
 import pytest
 import yaml
 
-from tests.conftest import REPO
+from tests.conftest import REPO, stage_here
 
 
 def _stage(name, cwd):
@@ -77,10 +77,10 @@ def test_offline_model_id_fails_fast_in_detect(project):
 
 
 @pytest.mark.slow  # end to end: real stages, models or subprocesses (the full suite runs it)
-def test_train_stage_without_upstream_outputs_says_what_to_run(tmp_path):
+def test_train_stage_without_upstream_outputs_says_what_to_run(tmp_path, capsys):
     raw = yaml.safe_load((REPO / "params.yaml").read_text())
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(raw))
-    out = _stage("train", tmp_path)
+    out = stage_here("train", tmp_path, capsys)
     assert out.returncode == 2 and "data/raw (data: missing)" in out.stderr and "dvc repro" in out.stderr
 
 
@@ -95,9 +95,9 @@ def _truncated_teacher_set(project, role="image"):
 
 
 @pytest.mark.slow  # end to end: real stages, models or subprocesses (the full suite runs it)
-def test_train_stage_names_a_truncated_teacher_set_in_one_line(project):
+def test_train_stage_names_a_truncated_teacher_set_in_one_line(project, capsys):
     file, _ = _truncated_teacher_set(project)
-    out = _stage("train", project)
+    out = stage_here("train", project, capsys)
     assert out.returncode == 2 and "Traceback" not in out.stderr
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith(f"error: {file}: truncated: ")
@@ -106,11 +106,13 @@ def test_train_stage_names_a_truncated_teacher_set_in_one_line(project):
 
 
 @pytest.mark.slow  # end to end: real stages, models or subprocesses (the full suite runs it)
-def test_cache_teachers_stage_rebuilds_a_truncated_set(project):
+def test_cache_teachers_stage_rebuilds_a_truncated_set(project, capsys, caplog):
     file, whole = _truncated_teacher_set(project)
-    out = _stage("cache_teachers", project)
+    out = stage_here("cache_teachers", project, capsys)
     assert out.returncode == 0, out.stderr
-    assert f"{file}: truncated: " in out.stderr and "computing it again" in out.stderr
+    # a warning: on stderr in the stage's own process (logging's last resort), in caplog in this one
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any(f"{file}: truncated: " in m and "computing it again" in m for m in warned), warned
     assert (project / file).read_bytes() == whole  # the same features, recomputed
     assert "cache_teachers: image: computed" in out.stderr  # the damaged set was no cache hit
     assert "cache_teachers: object: cached" in out.stderr

@@ -1,5 +1,5 @@
-"""The train stage on several processes (issue 37: ``train.devices: 2``, gloo on this machine's CPUs): the
-same dev scores and weights as one process; a killed rank fails the job, Ctrl-C stops every rank after rank
+"""The train stage on several processes (issue 37: ``train.devices: 2``, ``train.nodes: 2``; gloo on this machine's
+CPUs): the same dev scores and weights as one process; a killed rank fails the job, Ctrl-C stops every rank after rank
 0's resume point, and a rerun resumes all of them from it."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 import yaml
 from safetensors.torch import load_file
 
-from tests.conftest import REPO, prepare_project
+from tests.conftest import REPO, prepare_project, stage_here
 from tests.training.test_duet import duet_params
 
 pytestmark = pytest.mark.slow  # the real stage, torchrun and its processes
@@ -59,15 +59,31 @@ def _dev(project: Path) -> list[tuple[int, float]]:
         return [(int(row["step"]), float(row["dev"])) for row in csv.DictReader(handle)]
 
 
-def test_two_processes_train_as_one(project: Path):
+def test_two_machines_train_as_one_process_and_node_0_alone_writes(project: Path):
+    """``train.nodes: 2`` as a user runs it on two machines (here two checkouts on one): node 0 runs the stage,
+    node 1 joins with ``MMCSE_NODE_RANK=1`` at ``train.master_addr:master_port`` (torchrun's static rendezvous),
+    only node 0's checkout gets outputs, and the two processes train as one: the same dev scores and weights
+    as the stage on one process (the launch on one machine, ``--standalone``, trains in the kill/resume test
+    below; the step's equality on 2 ranks, every method, in tests/training/test_distributed.py)."""
     _params(project)
     one = project.parent / "one"
     shutil.copytree(project, one)
-    _finished(one)
-    _params(project, devices=2)
-    log = _finished(project)
+    assert stage_here("train", one).returncode == 0  # the reference: one process, in this one
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    _params(project, nodes=2, master_addr="127.0.0.1", master_port=port)
+    other = project.parent / "node1"
+    shutil.copytree(project, other)
+    node0 = _stage(project)
+    node1 = subprocess.Popen([sys.executable, str(REPO / "stages/train.py")], cwd=other, text=True,
+                             env={**os.environ, "MMCSE_NODE_RANK": "1"}, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT)
+    log0, log1 = node0.communicate(timeout=600)[0], node1.communicate(timeout=600)[0]
+    assert node0.returncode == 0 and node1.returncode == 0, (log0[-2000:], log1[-2000:])
+    assert not (other / "models").exists() and not (other / "metrics/train.json").exists()
 
-    assert log.count("train mcse: 100%") >= 1 and "[rank1]" not in log  # one progress bar: rank 0's
+    assert log0.count("train mcse: 100%") >= 1 and "[rank1]" not in log0  # one progress bar: rank 0's
     want, got = json.loads((one / "metrics/train.json").read_text()), json.loads(
         (project / "metrics/train.json").read_text())
     assert got.keys() == want.keys() and got["steps"] == want["steps"] == 8
@@ -86,28 +102,6 @@ def test_two_processes_train_as_one(project: Path):
     assert moved > 1e-3  # the weights did train: the agreement above is not that of two untouched models
     (run,) = _runs(project)  # rank 1 opened no run
     assert run.data.tags["mmcse.processes"] == "2" and run.info.status == "FINISHED"
-
-
-def test_two_machines_meet_at_node_0s_address_and_node_0_alone_writes(project: Path):
-    """``train.nodes: 2`` as a user runs it on two machines (here two checkouts on one): node 0 runs the stage,
-    node 1 joins with ``MMCSE_NODE_RANK=1`` at ``train.master_addr:master_port`` (torchrun's static rendezvous),
-    and only node 0's checkout gets outputs."""
-    with socket.socket() as s:  # a free port for the rendezvous
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    _params(project, nodes=2, master_addr="127.0.0.1", master_port=port)
-    other = project.parent / "node1"
-    shutil.copytree(project, other)
-    node0 = _stage(project)
-    node1 = subprocess.Popen([sys.executable, str(REPO / "stages/train.py")], cwd=other, text=True,
-                             env={**os.environ, "MMCSE_NODE_RANK": "1"}, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT)
-    log0, log1 = node0.communicate(timeout=600)[0], node1.communicate(timeout=600)[0]
-    assert node0.returncode == 0 and node1.returncode == 0, (log0[-2000:], log1[-2000:])
-    assert json.loads((project / "metrics/train.json").read_text())["steps"] == 8
-    (run,) = _runs(project)
-    assert run.data.tags["mmcse.processes"] == "2"
-    assert not (other / "models").exists() and not (other / "metrics/train.json").exists()
 
 
 def _rank(stage: subprocess.Popen, rank: int) -> psutil.Process:
@@ -172,11 +166,11 @@ def test_duet_on_two_processes_trains_as_on_one(tmp_path: Path):
     one = tmp_path / "one"
     one.mkdir()
     prepare_project(one, raw)
-    assert subprocess.run([sys.executable, str(REPO / "stages/cache_regions.py")], cwd=one).returncode == 0
+    assert stage_here("cache_regions", one).returncode == 0
     two = tmp_path / "two"
     shutil.copytree(one, two)
     _params(two, devices=2)
-    _finished(one)
+    assert stage_here("train", one).returncode == 0  # the reference: one process, in this one
     log = _finished(two)
     assert "train duet: 100%" in log
     want, got = (json.loads((p / "metrics/train.json").read_text()) for p in (one, two))

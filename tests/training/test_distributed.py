@@ -129,33 +129,38 @@ def _assert_same(got: dict, want: dict, what: str) -> None:
 
 
 CASES = [(m, 0, False) for m in METHODS] + [("dalr", 2, False), ("mcseo", 1, False), ("simcse", 0, True)]
-
-
-@pytest.mark.slow  # two processes, gloo
-def test_two_ranks_make_one_process_step_for_every_method(tmp_path):
-    """Every method (each with its heads and teacher features), DALR and MCSEO with micro-batches (each rank
-    replays its own), SimCSE with its MLM: the loss terms, every gradient and every updated parameter of either
-    rank are one process's at the same global batch."""
-    ranks = _ranks(tmp_path, CASES)
-    for case, *results in zip(CASES, *ranks, strict=True):
-        want = _step(case[0], case[1], (0, 1), case[2])
-        for rank, got in enumerate(results):
-            _assert_same(got, want, f"{case} rank {rank}")
-
-
 RETRIEVAL = [("duet", 0, False), ("vsepp", 0, False)]
 
 
+@pytest.fixture(scope="module")
+def two_ranks(tmp_path_factory) -> dict[tuple[str, int, bool], list[dict]]:
+    """Each case's step on 2 gloo ranks, ``{case: [rank 0's, rank 1's]}``: one start of the two processes for both
+    tests below (each rank pays ~10 s of imports)."""
+    cases = CASES + RETRIEVAL
+    ranks = _ranks(tmp_path_factory.mktemp("ranks"), cases)
+    return {case: list(results) for case, *results in zip(cases, *ranks, strict=True)}
+
+
 @pytest.mark.slow  # two processes, gloo
-def test_two_ranks_make_one_process_step_for_duet_and_vsepp(tmp_path):
+def test_two_ranks_make_one_process_step_for_every_method(two_ranks):
+    """Every method (each with its heads and teacher features), DALR and MCSEO with micro-batches (each rank
+    replays its own), SimCSE with its MLM: the loss terms, every gradient and every updated parameter of either
+    rank are one process's at the same global batch."""
+    for case in CASES:
+        want = _step(case[0], case[1], (0, 1), case[2])
+        for rank, got in enumerate(two_ranks[case]):
+            _assert_same(got, want, f"{case} rank {rank}")
+
+
+@pytest.mark.slow  # two processes, gloo
+def test_two_ranks_make_one_process_step_for_duet_and_vsepp(two_ranks):
     """DUET (BERT's and its own layers' dropout keyed by row, the image and caption of a pair keyed apart) and
     VSE++ on regions: each rank encodes two of the four pairs, the embeddings and box predictions are gathered,
     and the hinge over all four (two captions of one image not each other's negatives), every gradient and
     every updated parameter are one process's."""
-    ranks = _ranks(tmp_path, RETRIEVAL)
-    for case, *results in zip(RETRIEVAL, *ranks, strict=True):
+    for case in RETRIEVAL:
         want = _any_step(case, (0, 1))
-        for rank, got in enumerate(results):
+        for rank, got in enumerate(two_ranks[case]):
             _assert_same(got, want, f"{case} rank {rank}")
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import runpy
 import sqlite3
 from pathlib import Path
 
@@ -35,7 +34,7 @@ from mmcse.training.duet import (
     split_embeddings,
     train_duet,
 )
-from tests.conftest import REPO, TINY_DUET, prepare_project, repo_params, shrink
+from tests.conftest import REPO, TINY_DUET, prepare_project, repo_params, shrink, stage_here
 
 
 def duet_params() -> dict:
@@ -49,15 +48,8 @@ def duet_params() -> dict:
 @pytest.fixture(scope="module")
 def duet_project(tmp_path_factory) -> Path:
     """download, detect_objects, cache_teachers, then the cache_regions stage script."""
-    import os
-
     root = prepare_project(tmp_path_factory.mktemp("duet"), duet_params())
-    cwd = os.getcwd()
-    os.chdir(root)
-    try:
-        runpy.run_path(str(REPO / "stages/cache_regions.py"), run_name="__main__")
-    finally:
-        os.chdir(cwd)
+    assert stage_here("cache_regions", root).returncode == 0
     return root
 
 
@@ -136,8 +128,7 @@ def test_a_saved_duet_loads_to_the_same_embeddings_with_its_layers_still_tied(tm
 
 @pytest.mark.slow  # end to end: real stages, models or subprocesses (the full suite runs it)
 def test_duet_trains_and_evaluates_through_the_stage_scripts(duet_cwd, capsys):
-    runpy.run_path(str(REPO / "stages/train.py"), run_name="__main__")
-    runpy.run_path(str(REPO / "stages/evaluate.py"), run_name="__main__")
+    assert stage_here("train", duet_cwd).returncode == 0 and stage_here("evaluate", duet_cwd).returncode == 0
     summary = json.loads(Path("models/student/summary.json").read_text())
     assert summary["dev_metric"] == "val_rsum" and summary["steps"] == 8
     assert 0 <= summary["best_dev_rsum"] <= 600 and summary["best_dev"] == summary["best_dev_rsum"]

@@ -1,0 +1,218 @@
+"""Where the suite's time goes: a pytest plugin that records every test's time, and a command that reads it.
+
+The plugin (loaded by tests/conftest.py) writes ``.pytest-durations.json`` at the repository root after every run
+(``--durations-file PATH`` elsewhere, ``--durations-file ''`` not at all): per test its setup, call and teardown
+seconds, its outcome and its tier (``slow`` when marked so, else ``fast``), and the session's wall time. At the end
+of a run of 50 tests or more it prints the tiers' totals, the slowest tests and the costliest files
+(``--slowest N`` sets how many, 0 prints nothing). A session fixture's setup is counted in the first test that
+asks for it, as pytest itself counts it.
+
+The command reads such a file again, so a closing note can say where the time went::
+
+    python -m tests.durations                          # .pytest-durations.json: tiers, 30 tests, 15 files
+    python -m tests.durations run.json --top 50 --files 40 --tier slow
+    python -m tests.durations new.json --against old.json   # per file: before, after, difference
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_FILE = REPO / ".pytest-durations.json"
+PHASES = ("setup", "call", "teardown")
+SUMMARY_FROM = 50  # a run of fewer tests (one file, one test) prints no summary unless --slowest is given
+
+
+# --- reading a record -------------------------------------------------------------------------------------------
+
+
+def test_seconds(test: dict) -> float:
+    return sum(test.get(phase, 0.0) for phase in PHASES)
+
+
+def file_of(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def by_file(tests: dict[str, dict]) -> dict[str, tuple[float, int]]:
+    """Each test file's seconds (setup + call + teardown of its tests) and number of tests."""
+    totals: dict[str, list] = defaultdict(lambda: [0.0, 0])
+    for nodeid, test in tests.items():
+        totals[file_of(nodeid)][0] += test_seconds(test)
+        totals[file_of(nodeid)][1] += 1
+    return {name: (seconds, count) for name, (seconds, count) in totals.items()}
+
+
+def by_tier(tests: dict[str, dict]) -> dict[str, tuple[float, int]]:
+    totals: dict[str, list] = {"fast": [0.0, 0], "slow": [0.0, 0]}
+    for test in tests.values():
+        totals[test["tier"]][0] += test_seconds(test)
+        totals[test["tier"]][1] += 1
+    return {tier: (seconds, count) for tier, (seconds, count) in totals.items()}
+
+
+def tier_span(tests: dict[str, dict], tier: str) -> tuple[float, float] | None:
+    """When ``tier``'s first test started and its last one ended, in seconds from the session's start (the
+    phase of the run it took; the tiers overlap where workers run tests of both at once)."""
+    times = [(t["start"], t["stop"]) for t in tests.values() if t["tier"] == tier and "start" in t]
+    return (min(a for a, _ in times), max(b for _, b in times)) if times else None
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:5.1f} min"
+
+
+def summary(record: dict, top: int = 30, files: int = 15, tier: str | None = None) -> list[str]:
+    """The lines printed at the end of a run and by the command."""
+    tests = {k: v for k, v in record["tests"].items() if tier is None or v["tier"] == tier}
+    lines = []
+    wall = record.get("wall_seconds")
+    tiers = by_tier(record["tests"])
+    total = sum(seconds for seconds, _ in tiers.values())
+    head = f"suite: {len(record['tests'])} tests, {_minutes(total).strip()} in tests"
+    if wall is not None:
+        head += f", {_minutes(wall).strip()} wall"
+    workers = record.get("workers", 1)
+    if workers > 1:
+        head += f" ({workers} workers)"
+    lines.append(head)
+    for name, selector in (("slow", "-m slow"), ("fast", '-m "not slow"')):
+        seconds, count = tiers[name]
+        if not count:
+            continue
+        line = f"  {f'{name} tier ({selector}):':<28}{count:5d} tests {_minutes(seconds)} in tests"
+        span = tier_span(record["tests"], name)
+        if span is not None:
+            line += f", ran from {span[0] / 60:.1f} to {span[1] / 60:.1f} min"
+        lines.append(line)
+    ranked = sorted(tests.items(), key=lambda item: -test_seconds(item[1]))[:top]
+    if ranked:
+        lines.append(f"slowest {len(ranked)} tests{f' ({tier} tier)' if tier else ''} (setup + call + teardown):")
+        for nodeid, test in ranked:
+            lines.append(f"  {test_seconds(test):7.1f} s  {test['tier']:4}  {nodeid}")
+    costly = sorted(by_file(tests).items(), key=lambda item: -item[1][0])[:files]
+    if costly:
+        lines.append(f"costliest {len(costly)} files:")
+        for name, (seconds, count) in costly:
+            lines.append(f"  {seconds:7.1f} s  {count:4d} tests  {name}")
+    return lines
+
+
+def comparison(new: dict, old: dict, files: int = 30) -> list[str]:
+    """Per file: seconds before, after and the difference, the largest changes first."""
+    before, after = by_file(old["tests"]), by_file(new["tests"])
+    rows = []
+    for name in set(before) | set(after):
+        was, now = before.get(name, (0.0, 0))[0], after.get(name, (0.0, 0))[0]
+        rows.append((now - was, name, was, now))
+    rows.sort(key=lambda row: row[0])
+    lines = [f"{'before':>9} {'after':>9} {'change':>9}  file"]
+    for change, name, was, now in rows[:files]:
+        lines.append(f"{was:8.1f}s {now:8.1f}s {change:+8.1f}s  {name}")
+    old_total = sum(test_seconds(t) for t in old["tests"].values())
+    new_total = sum(test_seconds(t) for t in new["tests"].values())
+    lines.append(f"{old_total:8.1f}s {new_total:8.1f}s {new_total - old_total:+8.1f}s  all files")
+    return lines
+
+
+def load(path: Path) -> dict:
+    try:
+        record = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise SystemExit(f"{path}: no such file (a pytest run writes it: python -m pytest ...)") from None
+    except json.JSONDecodeError as err:
+        raise SystemExit(f"{path}: not a durations record ({err})") from None
+    if not isinstance(record, dict) or "tests" not in record:
+        raise SystemExit(f"{path}: not a durations record (no 'tests')")
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.durations", description=__doc__.split("\n\n")[0])
+    parser.add_argument("record", nargs="?", type=Path, default=DEFAULT_FILE,
+                        help=f"a run's durations file (default: {DEFAULT_FILE.name} at the repository root)")
+    parser.add_argument("--top", type=int, default=30, help="how many of the slowest tests (default 30)")
+    parser.add_argument("--files", type=int, default=15, help="how many of the costliest files (default 15)")
+    parser.add_argument("--tier", choices=("fast", "slow"), help="only this tier's tests and files")
+    parser.add_argument("--against", type=Path, help="an earlier run's file: per-file differences instead")
+    args = parser.parse_args(argv)
+    record = load(args.record)
+    lines = (comparison(record, load(args.against), args.files) if args.against
+             else summary(record, args.top, args.files, args.tier))
+    print("\n".join(lines))
+    return 0
+
+
+# --- the plugin -------------------------------------------------------------------------------------------------
+
+
+def pytest_addoption(parser) -> None:
+    group = parser.getgroup("durations record (tests/durations.py)")
+    group.addoption("--durations-file", default=str(DEFAULT_FILE),
+                    help="where to write every test's setup/call/teardown seconds ('' writes nothing)")
+    group.addoption("--slowest", type=int, default=None,
+                    help=f"print the tiers' totals and this many slowest tests at the end (default: 30 for a run "
+                         f"of {SUMMARY_FROM} tests or more; 0: none)")
+
+
+class Recorder:
+    def __init__(self, config) -> None:
+        self.config = config
+        self.tests: dict[str, dict] = {}
+        self.started, self.epoch = time.monotonic(), time.time()
+
+    def pytest_runtest_logreport(self, report) -> None:
+        test = self.tests.setdefault(report.nodeid, {"tier": "slow" if "slow" in report.keywords else "fast",
+                                                     "outcome": "passed"})
+        test[report.when] = round(test.get(report.when, 0.0) + report.duration, 4)
+        if report.start:  # epoch seconds (a worker's clock is this machine's)
+            test.setdefault("start", round(report.start - self.epoch, 2))
+            test["stop"] = round(report.stop - self.epoch, 2)
+        if report.failed:
+            test["outcome"] = "failed" if report.when == "call" else "error"
+        elif report.skipped and test["outcome"] == "passed":
+            test["outcome"] = "skipped"
+
+    def record(self) -> dict:
+        workers = getattr(self.config.option, "numprocesses", None) or 1
+        return {"wall_seconds": round(time.monotonic() - self.started, 2), "workers": workers,
+                "cpu_count": os.cpu_count(), "tests": self.tests}
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session) -> None:
+        target = self.config.getoption("durations_file")
+        if not target or not self.tests or hasattr(self.config, "workerinput"):  # xdist: the controller writes
+            return
+        path = Path(target)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(self.record(), indent=1, sort_keys=True))
+        os.replace(tmp, path)
+
+    def pytest_terminal_summary(self, terminalreporter) -> None:
+        if hasattr(self.config, "workerinput") or not self.tests:
+            return
+        top = self.config.getoption("slowest")
+        if top is None:
+            top = 30 if len(self.tests) >= SUMMARY_FROM else 0
+        if top <= 0:
+            return
+        terminalreporter.write_sep("=", "where the time went (python -m tests.durations reads it again)")
+        for line in summary(self.record(), top=top):
+            terminalreporter.write_line(line)
+
+
+def pytest_configure(config) -> None:
+    config.pluginmanager.register(Recorder(config), "mmcse-durations")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
