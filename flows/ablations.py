@@ -169,6 +169,11 @@ def ablation_params(cfg: Config, jobs: list[Job]) -> dict[str, str]:
         "ablation.jobs": str(len(jobs)),
         # rows that are not their paper's and why (the preset's caveats): mmcse report prints them
         "ablation.caveats": json.dumps(cfg.ablate.caveats, ensure_ascii=False),
+        # where paper and authors' code differ, what the table follows (recipe, printed, code): mmcse report
+        # keeps the latest ablation per profile and reading, side by side
+        "ablation.reading": cfg.ablate.reading,
+        # rows the profile cannot train, with what they need (DALR Table 9's RankCSE rows): mmcse report shows them
+        "ablation.skipped": json.dumps(cfg.ablate.skipped, ensure_ascii=False)[:6000],
     }
 
 
@@ -374,6 +379,8 @@ def main(params_path: str) -> None:
     check_stand_ins(cfg, params_path)
     # its first line: how many jobs, and how long they train here (the train stage's measured pace)
     print(f"ablate: {estimate(cfg, [job_config(cfg, job) for job in expand(cfg)]).line()}", flush=True)
+    for variant, why in cfg.ablate.skipped.items():
+        print(f"ablate: row {variant} not run: {why}", flush=True)
     check_api_url()  # an exported PREFECT_API_URL nothing answers: one line, not Prefect's traceback
     stop_stale_temporary_servers()
     claim_temporary_server()

@@ -198,7 +198,7 @@ def _cmd_profile(args: argparse.Namespace) -> None:
 def _cmd_plan(args: argparse.Namespace) -> None:
     from mmcse.experiments.plan import defaults_config, plan, plan_text
 
-    result = plan(args.params, args.preset)
+    result = plan(args.params, args.preset, args.reading)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -516,6 +516,7 @@ def main(argv: list[str] | None = None) -> None:
     pl = sub.add_parser("plan", help="the jobs an ablation would run, each row's configuration; trains nothing")
     pl.add_argument("--preset", default=None, help="an ablation preset (ablations/<name>.yaml); default ablate.preset")
     pl.add_argument("--params", default="params.yaml")
+    pl.add_argument("--reading", default=None, help="recipe, printed or code (default ablate.reading)")
     pl.add_argument("--json", action="store_true", help="every row's whole configuration as JSON")
     pl.set_defaults(func=_cmd_plan)
 

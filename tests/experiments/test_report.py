@@ -1,5 +1,6 @@
 """`mmcse report`: the record of ablation runs in MLflow read back beside the papers' numbers."""
 
+import json
 import math
 import subprocess
 import sys
@@ -23,18 +24,20 @@ def store(tmp_path, monkeypatch):
 
 
 def _ablation(cfg, preset: str, profile: str, reference: str, rows: list[dict], minutes: dict | None = None,
-              test: str = "independent") -> str:
-    """A parent run as `flows.ablations` leaves it: its params, its table, its jobs' runs."""
+              test: str = "independent", params: dict | None = None, tags: dict | None = None) -> str:
+    """A parent run as `flows.ablations` leaves it: its params, its table, its jobs' runs (``tags``: per
+    variant, its jobs' extra tags)."""
     import mlflow
     import pandas as pd
 
     with tracking.run(cfg, "ablate", run_name=f"ablation {preset}") as parent:
         mlflow.log_params({"ablation.preset": preset, "ablation.profile": profile, "ablation.reference": reference,
-                           "ablation.test": test})
+                           "ablation.test": test, **(params or {})})
         mlflow.log_table(pd.DataFrame(rows), artifact_file="ablation_table.json")
         for variant, values in (minutes or {}).items():
             for seed, value in enumerate(values, 1):
-                with tracking.tagged({tracking.VARIANT_TAG: variant, "device": "cuda NVIDIA A100"}), \
+                with tracking.tagged({tracking.VARIANT_TAG: variant, "device": "cuda NVIDIA A100",
+                                      **(tags or {}).get(variant, {})}), \
                         tracking.run(cfg, "ablate", run_name=f"{variant}-seed{seed}",
                                      parent_run_id=parent.info.run_id):
                     mlflow.log_metric(tracking.TRAIN_MINUTES, value)
@@ -87,6 +90,35 @@ def test_training_minutes_come_from_the_jobs_runs(store, tmp_path):
     assert "trained on cuda NVIDIA A100" in coco
     assert "Not run yet: `mmcse profile dalr-flickr-bert && dvc exp run -S ablate.preset=dalr-table7`" in markdown
     assert len(runs) == 1
+
+
+def test_a_table_as_printed_sits_beside_its_recipes_reading_with_marked_rows_and_rows_not_run(store):
+    from mmcse.config.readings import reading_tags, row_reading
+    from mmcse.experiments.report import build_report
+
+    def tags(weight: float) -> dict:
+        return reading_tags("recipe" if weight != 1.0 else "printed",
+                            row_reading({"loss.dalr.consistency_scale": weight, "loss.dalr.info_views": "one"}, "bert"))
+
+    skipped = {"CLIP + SimCSE+RankCSE": "needs a rankcse checkpoint: set teacher_roles.text.rankcse"}
+    rows = [_row("CLIP + SimCSE", 1, avg=(77.0, math.nan, math.nan)),
+            _row("CLIP + SimCSE+DiffCSE", 1, avg=(78.0, math.nan, math.nan))]
+    for reading, weight in (("recipe", 0.01), ("printed", 1.0)):
+        _ablation(store, "dalr-table9", "dalr-flickr-bert", "CLIP + SimCSE+DiffCSE", rows,
+                  minutes={"CLIP + SimCSE": [1.0], "CLIP + SimCSE+DiffCSE": [1.0]}, test="paired",
+                  params={"ablation.reading": reading, "ablation.skipped": json.dumps(skipped)},
+                  tags={"CLIP + SimCSE": tags(weight), "CLIP + SimCSE+DiffCSE": tags(1.0)})
+    markdown, _, runs = build_report(store, "dalr", "table9", root=REPO)
+    assert len(runs) == 2  # the latest per profile and reading: both readings side by side
+    recipe = markdown.split("### flickr-bert, reading recipe")[1].split("###")[0]
+    printed = markdown.split("### flickr-bert, reading printed")[1].split("###")[0]
+    assert "|  | mmcse ◊ | 77.00 (1) |" in recipe and "|  | mmcse | 78.00 (1) |" in recipe
+    assert ("Reading `recipe`; ◊ CLIP + SimCSE departs from its paper as printed at: loss.dalr.consistency_scale: "
+            "code: 0.01 (printed 1.0; printed: dalr.txt Eq. 9 (1); code: src/model_modified.py l.765") in recipe
+    assert "◊" not in printed.split("Reading")[1].split("\n", 1)[1]
+    assert "Reading `printed`: every row follows its paper as printed where paper and code differ." in printed
+    for block in (recipe, printed):  # a row the profile cannot train: not run, and why
+        assert "|  | mmcse | not run: needs a rankcse checkpoint: set teacher_roles.text.rankcse |" in block
 
 
 def test_every_table_is_listed_and_unknown_tables_are_refused(store, tmp_path):
@@ -142,3 +174,11 @@ def test_the_report_runs_on_the_demo_outputs_end_to_end(project, capsys):
         mmcse = demo.splitlines()[demo.splitlines().index(line) + 1]
         assert mmcse.startswith("|  | mmcse |") and mmcse.rstrip(" |").endswith("(1)"), mmcse
     assert (project / "reports/kdmcse-table3.html").read_text().count("<table>") == 2
+    # the demo's params follow the papers as printed at every point where paper and code differ; the job runs say so
+    assert "Reading `recipe`: every row follows its paper as printed where paper and code differ." in demo
+    import mlflow
+
+    jobs = mlflow.search_runs(experiment_names=["mmcse-ablate"], filter_string="tags.`ablation.variant` = 'KDMCSE'",
+                              output_format="list")
+    assert jobs and jobs[0].data.tags["mmcse.reading"] == "recipe"
+    assert jobs[0].data.tags["mmcse.reading.loss.kdmcse.margin_similarity"].startswith("printed: 'cross' (printed")

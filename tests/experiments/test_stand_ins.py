@@ -11,11 +11,14 @@ import yaml
 from mmcse.analysis.papers import load_paper
 from mmcse.analysis.report import Reproduction, RunCell, table_sections
 from mmcse.config import ConfigError
+from mmcse.config.readings import encoder_of, row_reading
+from mmcse.experiments.jobs import expand, job_config, job_identity
 from mmcse.experiments.params import list_presets, load_config
 from mmcse.experiments.plan import plan, plan_text
 from mmcse.experiments.profiles import apply_profile, list_profiles
 from mmcse.experiments.recipes import load_recipes, teacher_roles
 from mmcse.experiments.stand_ins import check_stand_ins, row_stand_ins, stand_ins
+from mmcse.tracking import flatten
 from tests.conftest import REPO, params_copy
 
 MINILM = "packaged:all-MiniLM-L6-v2"
@@ -80,10 +83,25 @@ def test_under_a_dalr_profile_the_roles_are_the_released_checkpoints_of_its_enco
     params.write_text(yaml.safe_dump(raw, sort_keys=False))
     with pytest.raises(ConfigError, match="teachers.joint.image_side.*KDMCSE's soft labels compare the two"):
         load_config(params)
-    # a role the profile does not name stops the table in one line naming it (RankCSE: no checkpoint named)
-    with pytest.raises(ConfigError, match=r"CLIP \+ SimCSE\+RankCSE.*profile dalr-coco-roberta names no text "
-                                          r"teacher role 'rankcse' \(.*profiles/dalr.yaml: teacher_roles.text has "
-                                          r"simcse, diffcse, clip\)"):
+    # a row naming a role the profile lacks is planned as not run, with what it needs; the rest of the table runs
+    # (DALR Table 9: RankCSE has no released checkpoint)
+    table9 = plan(project / "params.yaml", "dalr-table9")
+    assert [r["variant"] for r in table9["rows"]] == [
+        "CLIP + SimCSE", "CLIP + DiffCSE", "CLIP + CLIP", "CLIP + SimCSE+DiffCSE",
+        "ResNet + SimCSE", "ResNet + DiffCSE", "ResNet + CLIP", "ResNet + SimCSE+DiffCSE"]
+    assert [r["variant"] for r in table9["skipped"]] == ["CLIP + SimCSE+RankCSE", "ResNet + SimCSE+RankCSE"]
+    assert re.fullmatch(r"needs a rankcse checkpoint: profile dalr-coco-roberta names no text teacher role "
+                        r"'rankcse' \(.*profiles/dalr.yaml: teacher_roles.text has simcse, diffcse, clip\); to train "
+                        r"this row, add `rankcse: \{teacher: <HF id or local folder>, pooler: <pooler>\}` there",
+                        table9["skipped"][0]["why"])
+    assert table9["jobs"] == 8 * 5
+    assert "\nCLIP + SimCSE+RankCSE: not run: needs a rankcse checkpoint" in plan_text(table9, {})
+    # the table's reference row needing one refuses the table
+    preset = project / "ablations/dalr-table9.yaml"
+    preset.write_text(preset.read_text().replace("reference: CLIP + SimCSE+DiffCSE",
+                                                 "reference: CLIP + SimCSE+RankCSE"))
+    with pytest.raises(ConfigError, match=r"CLIP \+ SimCSE\+RankCSE\): needs a rankcse checkpoint.*\(the table's "
+                                          r"reference row\)"):
         load_config(project / "params.yaml", {"ablate.preset": "dalr-table9"})
 
 
@@ -152,8 +170,9 @@ def test_a_role_entry_that_also_names_its_teacher_or_an_unknown_image_role_is_re
         load_config(params)
     raw["ablate"]["variants"] = {"a": {"teachers.image_role": "vit"}}
     params.write_text(yaml.safe_dump(raw, sort_keys=False))
-    with pytest.raises(ConfigError, match="profile demo names no image teacher role 'vit'.*has clip, resnet\\); "
-                       "to train this row, add `vit: .*` under teacher_roles.image there"):
+    with pytest.raises(ConfigError, match="ablate.variants.a\\): needs a vit image teacher: profile demo names no "
+                       "image teacher role 'vit'.*has clip, resnet\\); to train this row, add `vit: .*` there "
+                       "\\(no row of the table can train under this profile\\)"):
         load_config(params)
 
 
@@ -178,8 +197,10 @@ CAVEATS: dict[str, set[str]] = {}  # every row of every preset is its paper's (D
 @pytest.mark.slow
 def test_every_row_of_every_preset_under_every_paper_profile_is_its_papers_or_says_why(project):
     """Each paper profile × each preset of its paper (and `baselines`): no row trains an offline stand-in
-    unless the preset names why; a role the profile lacks refuses the table in one line (DALR Table 9's
-    RankCSE and ResNet rows); the rows that are not their paper's are exactly those the presets name."""
+    unless the preset names why; a row naming a role the profile lacks is skipped, with what it needs (DALR
+    Table 9's RankCSE rows), the rest of its table planned; within a table every row that reads a point where
+    paper and code differ has the same value; the rows that are not their paper's are exactly those the
+    presets name."""
     refused, caveated = set(), {}
     # one encoder per paper context: a RoBERTa profile differs from its BERT one only in the checkpoints' ids,
     # which the roles test above resolves for both
@@ -190,17 +211,22 @@ def test_every_row_of_every_preset_under_every_paper_profile_is_its_papers_or_sa
         for preset in list_presets(project / "ablations"):
             if not preset.startswith(f"{paper}-") and preset != "baselines":
                 continue
-            try:
-                cfg = load_config(project / "params.yaml", {"ablate.preset": preset})
-            except ConfigError as err:
-                assert re.search(r"names no (text|image) teacher role", str(err)), (profile, preset, str(err))
-                refused.add((profile, preset))
-                continue
+            cfg = load_config(project / "params.yaml", {"ablate.preset": preset})
+            if cfg.ablate.skipped:
+                refused.add((profile, preset, *cfg.ablate.skipped))
+            # one reading per term within a table: every row that reads a point has the same value
+            values: dict[str, set] = {}
+            for job in expand(cfg)[::len(cfg.ablate.seeds)]:  # a row's seeds differ in base.seed alone
+                reads = flatten(job_identity(job_config(cfg, job)))
+                for entry in row_reading(reads, encoder_of(reads["model.name_or_path"])):
+                    values.setdefault(entry["key"], set()).add(repr(entry["value"]))
+            assert {k: v for k, v in values.items() if len(v) > 1} == {}, (profile, preset)
             silent = {row: found for row, found in row_stand_ins(cfg).items() if row not in cfg.ablate.caveats}
             assert silent == {}, (profile, preset)
             if cfg.ablate.caveats:
                 caveated[preset] = set(cfg.ablate.caveats)
-    assert refused == {(p, "dalr-table9") for p in profiles if p.startswith("dalr-")}
+    assert refused == {(p, "dalr-table9", "CLIP + SimCSE+RankCSE", "ResNet + SimCSE+RankCSE")
+                       for p in profiles if p.startswith("dalr-")}
     assert caveated == CAVEATS
 
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from mmcse.analysis.papers import Paper, PaperRow, PaperTable
 
 ALPHA = 0.05  # the significance level of KDMCSE Table 1's marker
+READING_MARK = "◊"  # a row that follows its authors' code (or neither reading) somewhere: a footnote lists where
 DEMO = "demo"
 DEMO_WARNING = ("Demo data: these numbers come from the offline demo world (the packaged MiniLM student, "
                 "synthetic images and captions, a few training steps). They test the pipeline and are NOT "
@@ -49,6 +50,10 @@ class Reproduction:
     # variant -> the offline stand-in teachers it trained with under a paper profile (teachers.stand_ins: allow)
     stand_ins: dict[str, str] = field(default_factory=dict)
     caveats: dict[str, str] = field(default_factory=dict)  # variant -> why it is not its paper's row (the preset's)
+    reading: str = "recipe"  # ablate.reading: recipe, printed or code
+    # variant -> the points where it does not follow its paper as printed (`mmcse.config.readings.points_off_printed`)
+    readings: dict[str, list[str]] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)  # variant -> what it needs to run under this profile
 
     @property
     def block(self) -> str:
@@ -126,6 +131,10 @@ def block_grid(table: PaperTable, paper_rows: dict[str, PaperRow], found: Reprod
             ours = {m: _difference(found.rows, row.difference, m) for m in metrics}
         elif variant in found.rows:
             ours = found.rows[variant]
+        elif variant in found.skipped:
+            grid.append(["" if row else variant, "mmcse", f"not run: {found.skipped[variant]}",
+                         *[""] * (len(metrics) - 1)])
+            continue
         else:
             grid.append(["" if row else variant, "mmcse", "not run yet", *[""] * (len(metrics) - 1)])
             continue
@@ -136,6 +145,8 @@ def block_grid(table: PaperTable, paper_rows: dict[str, PaperRow], found: Reprod
             label += " (not the paper's teacher)"
         if variant in found.caveats:
             label += " (not the paper's row)"
+        if variant in found.readings:
+            label += f" {READING_MARK}"
         grid.append(["" if row else variant, label,
                      *[mmcse_cell(ours.get(m), _digits(row, i), is_reference) for i, m in enumerate(metrics)]])
         if row is not None and not demo:
@@ -163,28 +174,32 @@ def table_sections(paper: Paper, table: PaperTable, found: Sequence[Reproduction
         head.lines.append("The paper prints no numbers for it: the reproduction is the figure (or examples) "
                           "its preset's ablation draws.")
     sections = [head]
-    by_block = {r.block: r for r in found}
     for block, rows in table.blocks.items():
-        run = by_block.get(block)
-        section = Section(f"{block}", level=3)
-        if run is None:
+        runs = [r for r in found if r.block == block]
+        if not runs:
+            section = Section(f"{block}", level=3)
             section.lines.append("Not run yet" + (f": `{_run_command(paper, table, block)}`" if preset_exists else "."))
-        else:
+            section.header, section.rows = block_grid(table, rows, None)
+            sections.append(section)
+        for run in sorted(runs, key=lambda r: READINGS_ORDER.get(r.reading, 9)):
+            shown = len(runs) > 1 or run.reading != "recipe"
+            section = Section(f"{block}" + (f", reading {run.reading}" if shown else ""), level=3)
             section.lines.append(_run_line(run))
             for variant, why in run.caveats.items():
                 section.lines.append(f"Not the paper's row: {variant}: {why}.")
             for variant, teachers in run.stand_ins.items():
                 section.lines.append(f"Not the paper's teacher: row {variant} trained with offline stand-ins "
                                      f"(teachers.stand_ins: allow): {teachers}.")
-        section.header, section.rows = block_grid(table, rows, run)
-        sections.append(section)
+            section.lines += reading_notes(run)
+            section.header, section.rows = block_grid(table, rows, run)
+            sections.append(section)
     first = next(iter(table.blocks.values()), {})
     for run in found:
         if run.block in table.blocks:
             continue
         demo = run.profile == DEMO
         section = Section(f"{run.profile}" + (" (demo data)" if demo else " (no block of the paper's table)"),
-                          level=3, lines=[_run_line(run)])
+                          level=3, lines=[_run_line(run), *reading_notes(run)])
         if demo:
             section.lines.insert(0, f"**{DEMO_WARNING}** Beside them: the paper's first block "
                                     f"({next(iter(table.blocks), 'none')}) for orientation.")
@@ -195,6 +210,18 @@ def table_sections(paper: Paper, table: PaperTable, found: Sequence[Reproduction
         if run.block in table.blocks and run.figures:
             sections.append(Section(f"{run.block}: figures", level=3, figures=run.figures))
     return sections
+
+
+READINGS_ORDER = {"recipe": 0, "printed": 1, "code": 2}
+
+
+def reading_notes(run: Reproduction) -> list[str]:
+    """The footnote of the rows marked `READING_MARK`: per row, each point where it does not follow its paper
+    as printed; or that every row does."""
+    if not run.readings:
+        return [f"Reading `{run.reading}`: every row follows its paper as printed where paper and code differ."]
+    return [f"Reading `{run.reading}`; {READING_MARK} {variant} departs from its paper as printed at: "
+            + "; ".join(points) + "." for variant, points in run.readings.items()]
 
 
 def _run_line(run: Reproduction) -> str:

@@ -130,9 +130,17 @@ class AblateConfig:
     # Rows that are not their paper's row, each with why (a recipe mmcse lacks, a missing term, another
     # caption set): a preset names them; `mmcse plan` and `mmcse report` print them beside the row
     caveats: dict[str, Name] = field(default_factory=dict)
+    # Where a paper's printed text and its authors' code differ (`mmcse.config.readings`): recipe = each point
+    # as its paper's recipe sets it; printed = every row as its paper prints it; code = as its authors' code does
+    reading: Literal["recipe", "printed", "code"] = "recipe"
+    # Rows of the preset the profile cannot train (a teacher role it does not name), each with what it needs:
+    # set when the preset is expanded (`mmcse.experiments.recipes.expand_roles`); plan and report print them
+    skipped: dict[str, Name] = field(default_factory=dict)
 
     def validate(self, where: str) -> None:
         check(len(self.variants) >= 1, where, "ablate.variants", "needs at least one variant")
+        both = sorted(set(self.skipped) & set(self.variants))
+        check(not both, where, "ablate.skipped", f"{both} are also variants: a row is trained or skipped")
         unknown = sorted(set(self.caveats) - set(self.variants))
         check(not unknown, where, "ablate.caveats", f"{unknown} are not variants; variants: {sorted(self.variants)}")
         unknown = sorted(set(self.figures) - set(ABLATION_FIGURES))

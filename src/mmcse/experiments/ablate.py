@@ -16,11 +16,13 @@ from typing import Any
 
 from mmcse import tracking
 from mmcse.config import Config
+from mmcse.config.readings import encoder_of, reading_tags, row_reading
 from mmcse.environment import environment
 from mmcse.experiments.jobs import (
     Job,
     job_config,
     job_hash,
+    job_identity,
     job_run_name,
 )
 from mmcse.experiments.stand_ins import paper_stand_ins
@@ -196,8 +198,10 @@ def run_job(
     # the job's row and seed on its run: `mmcse.experiments.report` reads each row's training minutes
     # (and marks a row trained with allowed stand-in teachers under a paper profile)
     stood_in = paper_stand_ins(job_cfg)
+    # per point where its paper and its authors' code differ, the reading the row follows (mmcse report marks it)
+    reading = row_reading(tracking.flatten(job_identity(job_cfg)), encoder_of(job_cfg.model.name_or_path))
     with tracking.tagged({**where, **(tags or {}), tracking.VARIANT_TAG: job.variant,
-                          tracking.SEED_TAG: str(job.seed),
+                          tracking.SEED_TAG: str(job.seed), **reading_tags(cfg.ablate.reading, reading),
                           **({tracking.STAND_IN_TAG: "; ".join(stood_in)} if stood_in else {})}):
         # found or computed before the job trains (a failure leaves the job's run FAILED)
         upstream = resolve_on_record(job_cfg, paths, cfg.base.seed, "ablate", job_run_name(job), parent_run_id)

@@ -105,6 +105,7 @@ def expand_preset(raw: Mapping[str, Any], root: Path, where: str) -> dict[str, A
         ablate["figure_captions"] = preset["figure_captions"]
     # rows that are not their paper's, with why: every row of a preset is its paper's unless named here
     ablate["caveats"] = preset.get("caveats") or {}
+    ablate["skipped"] = {}  # the rows this profile cannot train (`mmcse.experiments.recipes.expand_roles`)
     if "transfer" in preset:
         if not isinstance(preset["transfer"], bool):
             raise ConfigError(f"{file}: 'transfer' must be true or false, got {preset['transfer']!r}")

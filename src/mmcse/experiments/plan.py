@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from mmcse.config import Config, apply_overrides, parse_config, to_dict
+from mmcse.config.readings import encoder_of, reading_summary, row_reading
 from mmcse.experiments.estimate import estimate
 from mmcse.experiments.jobs import expand, job_config, job_identity
 from mmcse.experiments.params import load_config, read_params
@@ -40,23 +41,27 @@ def defaults_config(params: Path) -> dict[str, Any]:
     return to_dict(parse_config(demo, where=f"{params} with profile {DEMO}"))
 
 
-def plan(params: str | Path = "params.yaml", preset: str | None = None) -> dict[str, Any]:
-    """Every row of the ablation ``params`` describes (``preset``: ``ablate.preset`` replaced), as
-    ``{"profile", "preset", "seeds", "figures", "figure_captions", "jobs", "estimate", "train_minutes",
-    "rows": [{"variant", "method",
-    "recipe", "encoder", "overrides", "recipe_swap", "overrode_recipe", "stand_ins", "caveat",
-    "config", "reads"}]}``: the table's figures and the captions tsne_clusters encodes, how many jobs and how
-    long they train here (`mmcse.experiments.estimate`: one line, and the minutes); per row the variant's
+def plan(params: str | Path = "params.yaml", preset: str | None = None, reading: str | None = None
+         ) -> dict[str, Any]:
+    """Every row of the ablation ``params`` describes (``preset``: ``ablate.preset`` replaced; ``reading``:
+    ``ablate.reading``), as ``{"profile", "preset", "reading", "seeds", "figures", "figure_captions", "jobs",
+    "estimate", "train_minutes", "rows": [{"variant", "method", "recipe", "encoder", "overrides", "recipe_swap",
+    "overrode_recipe", "stand_ins", "caveat", "reading", "config", "reads"}], "skipped": [{"variant", "why"}]}``:
+    the table's figures and the captions tsne_clusters encodes, how many jobs and how long they train here
+    (`mmcse.experiments.estimate`: one line, and the minutes); per row the variant's
     own overrides, what its recipe changes, the recipe values it overrides, the offline stand-in
     teachers it trains with under a paper profile (`mmcse.experiments.stand_ins`: not the paper's
-    row), why the preset says it is not its paper's row (``ablate.caveats``; empty: it is) and its
+    row), why the preset says it is not its paper's row (``ablate.caveats``; empty: it is), per point where
+    its paper and its authors' code differ and its method reads which it follows (`mmcse.config.readings.row_reading`:
+    ``{key, what, value, follows, printed, code, source}``) and its
     whole configuration (its first seed's; seeds differ in ``base.seed`` only) and the part of it its method
-    reads (`mmcse.experiments.jobs.job_identity`: what makes its result). Raises ConfigError on
+    reads (`mmcse.experiments.jobs.job_identity`: what makes its result); ``skipped``: the preset's rows the
+    profile cannot train, each with what it needs (``ablate.skipped``). Raises ConfigError on
     an unknown preset or profile, before any compute."""
     params = Path(params)
-    overrides = {"ablate.preset": preset} if preset else None
-    raw = read_params(params, overrides)
-    cfg: Config = load_config(params, overrides)
+    overrides = {**({"ablate.preset": preset} if preset else {}), **({"ablate.reading": reading} if reading else {})}
+    raw = read_params(params, overrides or None)
+    cfg: Config = load_config(params, overrides or None)
     variants = raw["ablate"]["variants"]
     rows = []
     for job in expand(cfg):
@@ -65,6 +70,7 @@ def plan(params: str | Path = "params.yaml", preset: str | None = None) -> dict[
         own = dict(variants[job.variant] or {})
         info = row_recipe(raw, own, params.parent)
         job_cfg = job_config(cfg, job)
+        reads = {k: v for k, v in job_identity(job_cfg).items() if k != "artifacts"}
         rows.append({
             "variant": job.variant,
             "method": job_cfg.train.method,
@@ -75,19 +81,23 @@ def plan(params: str | Path = "params.yaml", preset: str | None = None) -> dict[
             "overrode_recipe": recipe_conflicts(raw, own, params.parent),
             "stand_ins": paper_stand_ins(job_cfg),
             "caveat": cfg.ablate.caveats.get(job.variant, ""),
+            "reading": row_reading(_flat(reads), encoder_of(job_cfg.model.name_or_path)),
             "config": to_dict(job_cfg),
-            "reads": {k: v for k, v in job_identity(job_cfg).items() if k != "artifacts"},
+            "reads": reads,
         })
     time = estimate(cfg, [job_config(cfg, job) for job in expand(cfg)], params.parent)
-    return {"profile": cfg.base.profile, "preset": cfg.ablate.preset, "seeds": list(cfg.ablate.seeds),
+    return {"profile": cfg.base.profile, "preset": cfg.ablate.preset, "reading": cfg.ablate.reading,
+            "seeds": list(cfg.ablate.seeds),
             "figures": list(cfg.ablate.figures), "figure_captions": cfg.ablate.figure_captions,
-            "jobs": time.jobs, "estimate": time.line(), "train_minutes": time.minutes, "rows": rows}
+            "jobs": time.jobs, "estimate": time.line(), "train_minutes": time.minutes, "rows": rows,
+            "skipped": [{"variant": v, "why": why} for v, why in cfg.ablate.skipped.items()]}
 
 
 def plan_text(result: dict[str, Any], defaults: dict[str, Any]) -> str:
     """The plan as a compact text: per row its method and recipe, the recipe values its variant
     overrides, and every key whose value differs from ``defaults`` (the offline configuration)."""
-    lines = [f"profile {result['profile']}, preset {result['preset']}, seeds {result['seeds']}: "
+    lines = [f"profile {result['profile']}, preset {result['preset']}, reading {result['reading']}, "
+             f"seeds {result['seeds']}: "
              f"{len(result['rows'])} row(s) × {len(result['seeds'])} seed(s)"]
     if result.get("estimate"):
         lines.append(result["estimate"])
@@ -104,12 +114,15 @@ def plan_text(result: dict[str, Any], defaults: dict[str, Any]) -> str:
             lines.append(f"  overrides its recipe: {key}: {was!r} -> {now!r}")
         if row["caveat"]:
             lines.append(f"  not the paper's row: {row['caveat']}")
+        lines.append(f"  reading: {reading_summary(row['reading'])}")
         if row["stand_ins"]:
             allowed = row["config"]["teachers"]["stand_ins"] == "allow"
             lines.append(f"  not the paper's teacher ({'teachers.stand_ins: allow' if allowed else 'refused'}): "
                          + "; ".join(row["stand_ins"]))
         flat = _flat(row["reads"])  # what the row's method reads: a parameter it ignores is not its setting
         for key, value in flat.items():
-            if flat_defaults.get(key) != value:
+            if flat_defaults.get(key) != value and key != "base.seed":  # the seeds are the first line's
                 lines.append(f"  {key}: {json.dumps(value)}")
+    for row in result.get("skipped", []):
+        lines += ["", f"{row['variant']}: not run: {row['why']}"]
     return "\n".join(lines) + "\n"

@@ -36,6 +36,7 @@ from typing import Any
 import yaml
 
 from mmcse.config import Config, ConfigError, apply_overrides, is_fixed, to_dict
+from mmcse.config.readings import READINGS, reading_values
 
 RECIPES_DIR, PROFILES_DIR = "recipes", "profiles"
 DEMO = "demo"
@@ -267,6 +268,7 @@ def expand_recipes(raw: dict[str, Any], root: Path) -> dict[str, Any]:
     variants = (raw.get("ablate") or {}).get("variants") or {}
     if name != DEMO:
         load_profile(str(name), root)  # an unknown profile is named even without an ablation
+    reading = table_reading(raw, root)
     for variant, overrides in list(variants.items()):
         overrides = dict(overrides or {})
         if RECIPE in overrides and not (root / RECIPES_DIR / f"{overrides[RECIPE]}.yaml").is_file():
@@ -275,8 +277,24 @@ def expand_recipes(raw: dict[str, Any], root: Path) -> dict[str, Any]:
                               f"{root / RECIPES_DIR} (recipes: {', '.join(known)})")
         swap = row_recipe(raw, overrides, root)["swap"]
         overrides.pop(RECIPE, None)  # under demo a row keeps params.yaml's values, whatever recipe it names
-        variants[variant] = {**swap, **overrides}
+        variants[variant] = {**swap, **reading, **overrides}
     return raw
+
+
+def table_reading(raw: Mapping[str, Any], root: Path) -> dict[str, Any]:
+    """The reading points' values every row of ``raw``'s table takes (``ablate.reading``,
+    `mmcse.config.readings`): ``printed`` / ``code`` set every point; ``recipe`` sets each point as the recipe
+    of its paper does under a paper profile (so a DALR term weighs the same on every row that has it), and
+    nothing under ``demo`` (every row keeps params.yaml's values). A row's own overrides still win."""
+    reading, name = str(_get(raw, "ablate.reading")), str(_get(raw, PROFILE_KEY))
+    if reading not in READINGS:
+        raise ConfigError(f"ablate.reading: unknown reading {reading!r}; readings: {', '.join(READINGS)}")
+    if reading == "recipe" and name == DEMO:
+        return {}
+    recipes = load_recipes(root)
+    encoder = load_profile(name, root, recipes).encoder if name != DEMO else None
+    settings = {n: r.values(encoder if encoder in r.encoders else None) for n, r in recipes.items()}
+    return reading_values(reading, encoder, settings)
 
 
 @dataclass(frozen=True)
@@ -350,10 +368,32 @@ def _image_role(overrides: dict[str, Any], roles: TeacherRoles, where: str) -> d
     return {**roles.image[role], **overrides}
 
 
+def missing_roles(overrides: Mapping[str, Any], roles: TeacherRoles) -> list[str]:
+    """What a variant needs that profile ``roles`` does not name: one line per missing teacher role, saying
+    where to name it (empty: the row can train)."""
+    out = []
+    text = overrides.get("teachers.text")
+    for entry in text if isinstance(text, list) else []:
+        if isinstance(entry, Mapping) and ROLE in entry and str(entry[ROLE]) not in roles.text:
+            role = str(entry[ROLE])
+            out.append(f"needs a {role} checkpoint: profile {roles.profile} names no text teacher role {role!r} "
+                       f"({roles.file}: teacher_roles.text has {', '.join(roles.text) or 'none'}); to train this "
+                       f"row, add `{role}: {{teacher: <HF id or local folder>, pooler: <pooler>}}` there")
+    if IMAGE_ROLE in overrides and str(overrides[IMAGE_ROLE]) not in roles.image:
+        role = str(overrides[IMAGE_ROLE])
+        out.append(f"needs a {role} image teacher: profile {roles.profile} names no image teacher role {role!r} "
+                   f"({roles.file}: teacher_roles.image has {', '.join(roles.image) or 'none'}); to train this "
+                   f"row, add `{role}: {{<teachers.* key>: <value>, ...}}` there")
+    return out
+
+
 def expand_roles(raw: dict[str, Any], root: Path, where: str = "params.yaml") -> dict[str, Any]:
     """``raw`` (params.yaml, preset and recipes expanded) with every teacher named by its role made the
     current profile's (`teacher_roles`): ``teachers.text`` entries ``{role: …}`` and the variant key
-    ``teachers.image_role``, in params.yaml's own teachers and every ablation variant."""
+    ``teachers.image_role``, in params.yaml's own teachers and every ablation variant. A variant that names
+    a role the profile lacks is taken out of the table into ``ablate.skipped`` (row -> what it needs, e.g. DALR
+    Table 9's RankCSE rows: no checkpoint is released), so the rest of the table runs; a table whose every row,
+    or whose reference row, needs one is refused, naming it."""
     raw = copy.deepcopy(raw)
     variants = (raw.get("ablate") or {}).get("variants") or {}
     teachers = raw.get("teachers") if isinstance(raw.get("teachers"), Mapping) else {}
@@ -368,10 +408,23 @@ def expand_roles(raw: dict[str, Any], root: Path, where: str = "params.yaml") ->
         teachers["text"] = _text_entries(teachers["text"], roles, where)
     for name, overrides in list(variants.items()):
         here = f"{where} (ablate.variants.{name})"
+        missing = missing_roles(dict(overrides or {}), roles)
+        if missing:  # a row the profile cannot train: planned as skipped, with what would make it run
+            del variants[name]
+            raw["ablate"].setdefault("skipped", {})[name] = "; ".join(missing)
+            raw["ablate"].get("caveats", {}).pop(name, None)
+            continue
         overrides = _image_role(dict(overrides or {}), roles, here)
         if "teachers.text" in overrides:
             overrides["teachers.text"] = _text_entries(overrides["teachers.text"], roles, here)
         variants[name] = overrides
+    skipped = raw.get("ablate", {}).get("skipped") or {}
+    reference = raw.get("ablate", {}).get("reference")
+    if skipped and (not variants or reference in skipped):
+        row = reference if reference in skipped else next(iter(skipped))
+        raise ConfigError(f"{where} (ablate.variants.{row}): {skipped[row]}" + (
+            "" if variants else " (no row of the table can train under this profile)") + (
+            " (the table's reference row)" if row == reference and variants else ""))
     return raw
 
 

@@ -23,6 +23,7 @@ from mmcse import tracking
 from mmcse.analysis.papers import Paper, load_paper
 from mmcse.analysis.report import Reproduction, RunCell, paper_report, to_html, to_markdown
 from mmcse.config import Config, ConfigError
+from mmcse.config.readings import READING_TAG, points_off_printed
 from mmcse.experiments.params import list_presets
 from mmcse.io import write_text
 from mmcse.tracking import STAND_IN_TAG, TRAIN_MINUTES, VARIANT_TAG
@@ -66,6 +67,7 @@ def reproduction(client: Any, run: Any, experiment_id: str) -> Reproduction:
     minutes: dict[str, list[float]] = defaultdict(list)
     devices: dict[str, str] = {}
     stand_ins: dict[str, str] = {}
+    readings: dict[str, list[str]] = {}
     jobs = client.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{run.info.run_id}'", max_results=5000)
     for job in jobs:
         variant = job.data.tags.get(VARIANT_TAG)
@@ -77,6 +79,8 @@ def reproduction(client: Any, run: Any, experiment_id: str) -> Reproduction:
             devices[variant] = job.data.tags["device"]
         if STAND_IN_TAG in job.data.tags:
             stand_ins[variant] = job.data.tags[STAND_IN_TAG]
+        if READING_TAG in job.data.tags:
+            readings[variant] = points_off_printed(job.data.tags)
     for variant, values in minutes.items():
         mean = sum(values) / len(values)
         std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else math.nan
@@ -90,6 +94,8 @@ def reproduction(client: Any, run: Any, experiment_id: str) -> Reproduction:
         reference=params.get("ablation.reference", ""), test=params.get("ablation.test", "paired"), rows=rows,
         row_status=row_status, devices=devices, figures=figures, stand_ins=stand_ins,
         caveats=json.loads(params.get("ablation.caveats") or "{}"),
+        reading=params.get("ablation.reading", "recipe"), readings={v: p for v, p in readings.items() if p},
+        skipped=json.loads(params.get("ablation.skipped") or "{}"),
     )
 
 
@@ -100,7 +106,8 @@ def profile_of(run: Any) -> str:
 
 
 def find_reproductions(cfg: Config, preset: str) -> list[Reproduction]:
-    """The latest ablation parent run of ``preset`` per profile (newest first), read back."""
+    """The latest ablation parent run of ``preset`` per profile and reading (``ablation.reading``: a table
+    run as printed sits beside the same table as its recipes run it), newest first, read back."""
 
     tracking.configure(cfg)
     client = mlflow.MlflowClient()
@@ -109,11 +116,11 @@ def find_reproductions(cfg: Config, preset: str) -> list[Reproduction]:
         return []
     runs = client.search_runs([experiment.experiment_id], f"params.`ablation.preset` = '{preset}'",
                               order_by=["attributes.start_time DESC"], max_results=5000)
-    latest: dict[str, Any] = {}
+    latest: dict[tuple[str, str], Any] = {}
     for run in runs:
         if "mlflow.parentRunId" in run.data.tags:  # a job, not an ablation
             continue
-        latest.setdefault(profile_of(run), run)
+        latest.setdefault((profile_of(run), run.data.params.get("ablation.reading", "recipe")), run)
     return [reproduction(client, run, experiment.experiment_id) for run in latest.values()]
 
 

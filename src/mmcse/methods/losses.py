@@ -164,10 +164,11 @@ def kdmcse_term(
 def kdmcse_soft_labels(text: torch.Tensor, image: torch.Tensor) -> dict[str, torch.Tensor]:
     """KDMCSE's soft labels, kdmcse.txt Eq. 7 and App. D Algorithm 1 (``tt_score``, ``tv_score``): the
     cosines α^{t,v}_{ij} = cos(t_i, v_j), α^{t,t}_{ij} = cos(t_i, t_j) and α^{v,v}_{ij} = cos(v_i, v_j)
-    ``(N, N)`` of the caption features ``text (N, k)`` and image features ``image (N, k)``. Algorithm 1
-    takes them on the projections g_φt(t̂), g_φv(v̂); `loss.kdmcse.soft_labels: clip` passes the raw CLIP
-    t̂, v̂. They are labels (threshold filtering, Eq. 8, and the margin's Δ), so no gradient flows
-    through them: the algorithm computes them as scores, and the paper is silent on gradients."""
+    ``(N, N)`` of the caption features ``text (N, k)`` and image features ``image (N, k)``. Eq. 7 and
+    kdmcse-2.txt's Algorithm 1 (``tt_score``, ``tv_score``) take them on the raw CLIP t̂, v̂
+    (`loss.kdmcse.soft_labels: clip`); ``projections`` passes g_φt(t̂), g_φv(v̂) instead. They are labels
+    (threshold filtering, Eq. 8, and the margin's Δ), so no gradient flows through them: the algorithm
+    computes them as scores, and the paper is silent on gradients."""
     with torch.no_grad():
         return {"tv": cosine_matrix(text, image), "tt": cosine_matrix(text, text), "vv": cosine_matrix(image, image)}
 

@@ -12,8 +12,8 @@ def kdmcse_terms(o: Objective, e: StepEmbeddings, generator: torch.Generator | N
     """ℓ^{v'}, ℓ^{t'} (Eq. 9–13) and their mean (Eq. 14). Threshold filtering uses α^{t,v}
     (image term) and α^{t,t} (text term); the margin's Δ uses image–image and caption–caption
     α (``within``, the authors' code) or the same cross-modal α^{t,m} (``cross``). The α are
-    `kdmcse_soft_labels` of the projections g_φt(t̂), g_φv(v̂) (Algorithm 1) or, with
-    ``soft_labels: clip``, of the raw CLIP features."""
+    `kdmcse_soft_labels` of the raw CLIP features t̂, v̂ (``soft_labels: clip``: Eq. 7, kdmcse-2.txt's
+    Algorithm 1) or, with ``soft_labels: projections``, of g_φt(t̂), g_φv(v̂)."""
     k, tau = o.loss.kdmcse, o.loss.temperature_img
     s1, s2 = need(e.s1, "s1", "kdmcse"), need(e.s2, "s2", "kdmcse")
     g_t = need(e.teacher_text, "teacher_text", "kdmcse")  # (N, p) g_φt(t̂)

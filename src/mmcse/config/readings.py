@@ -1,0 +1,145 @@
+"""Where a paper's printed text and its authors' released code differ: each such point as a setting.
+
+A **reading point** is one parameter whose value the printed paper gives one way and the authors' code
+another (docs/methods.md, "Paper and code, side by side"). params.yaml's default of every point is the
+printed value; a recipe (`recipes/<paper>.yaml`) may take the code's, and a table is run under one of
+three **readings** (``ablate.reading``): ``recipe`` (each point as the recipe of its paper sets it),
+``printed`` (every point as printed) or ``code`` (every point as the authors' code has it).
+
+A point belongs to the paper whose equation it concerns (``loss.dalr.*`` to DALR, whichever method's row
+reads it), so within one table every row that reads a point has the same value (a DALR term on a KDMCSE
+row weighs as on the DALR row). A point applies to a row when the row's method reads its key
+(`mmcse.experiments.jobs.job_identity`); `row_reading` says, per point, which reading the row follows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+READINGS = ("recipe", "printed", "code")
+
+
+@dataclass(frozen=True)
+class ReadingPoint:
+    paper: str  # the recipe that decides its ``recipe`` reading (recipes/<paper>.yaml)
+    key: str
+    what: str
+    printed: Any
+    code: Any  # a value, or one per encoder ({"bert": ..., "roberta": ...})
+    printed_source: str
+    code_source: str
+
+    def code_value(self, encoder: str | None) -> Any:
+        """The code's value for ``encoder`` (a per-encoder value with no encoder known: BERT's, the papers'
+        main encoder)."""
+        if isinstance(self.code, Mapping):
+            return self.code[encoder if encoder in self.code else "bert"]
+        return self.code
+
+    def source(self) -> str:
+        return f"printed: {self.printed_source}; code: {self.code_source}"
+
+
+READING_POINTS: tuple[ReadingPoint, ...] = (
+    ReadingPoint("kdmcse", "loss.kdmcse.margin_similarity", "similarity behind Δ of the image term",
+                 "cross", "within", "kdmcse.txt §3.3 (Eq. 12–13: α^{t,v})",
+                 "src/model.py l.286 (slabels=vv_scores)"),
+    ReadingPoint("kdmcse", "loss.kdmcse.pair_objective", "an image–caption batch's objective",
+                 "kdmcse", "simcse_plus_kdmcse", "kdmcse.txt App. D Algorithm 1 (ℓ^KDMCSE alone)",
+                 "src/train_mix.py l.441–442 (SimCSE + λ·ℓ^KDMCSE)"),
+    ReadingPoint("kdmcse", "loss.kdmcse.text_batches", "the objective of text-only batches",
+                 "simcse", "angular_margin", "kdmcse.txt App. D Algorithm 1 (SimCSE)",
+                 "src/model.py l.243 (a constant angular margin on every negative)"),
+    ReadingPoint("dalr", "loss.dalr.simcse_on_pairs", "SimCSE's L_text on image–caption batches",
+                 False, True, "dalr.txt Eq. 14 (absent)", "src/train_mix.py l.542 (weight 1)"),
+    ReadingPoint("dalr", "loss.dalr.info_views", "views of L_info", "one", "mean",
+                 "dalr.txt Eq. 4 (s^z alone)", "src/model_modified.py l.764 (the mean of both views)"),
+    ReadingPoint("dalr", "loss.dalr.info_weight", "weight of L_info", 1.0, 0.1,
+                 "dalr.txt Eq. 14 (1)", "src/model_modified.py l.765 (inside cross_loss, λ = 0.1)"),
+    ReadingPoint("dalr", "loss.dalr.consistency_scale", "L_cons's factor in L_CML", 1.0, 0.01,
+                 "dalr.txt Eq. 9 (1)", "src/model_modified.py l.765 (0.01 * loss_consistency)"),
+    ReadingPoint("dalr", "loss.dalr.info_margin", "a margin on L_info", False, True,
+                 "dalr.txt Eq. 4 (none)", "src/model_modified.py l.761 (KDMCSE's adaptive margin)"),
+    ReadingPoint("dalr", "loss.dalr.mismatch", "mismatched pairs of L_cons", "derangement", "roll",
+                 "dalr.txt §3.2 ('shuffling images')", "src/model_modified.py l.495 (the images rolled by 5)"),
+    ReadingPoint("dalr", "loss.dalr.teacher_space", "the targets Q^{t2t}, Q^{v2v}", "projected", "raw",
+                 "dalr.txt Eq. 3, 7 (h^t = g_φt(f_t(t)), h^v)",
+                 "src/model_modified.py l.741–745 (the raw teacher and CLIP image features)"),
+    ReadingPoint("simcse", "loss.simcse.mlm_head", "the LM head of the MLM objective", "pretrained",
+                 {"bert": "new", "roberta": "pretrained"}, "SimCSE App. E (not printed: the checkpoint's own)",
+                 "simcse/models.py BertForCL (a new lm_head for BERT; RoBERTa's own)"),
+)
+POINTS_BY_KEY = {p.key: p for p in READING_POINTS}
+
+
+def reading_values(reading: str, encoder: str | None, recipe_settings: Mapping[str, Mapping[str, Any]]
+                   ) -> dict[str, Any]:
+    """The value of every reading point under ``reading``: ``printed``, ``code`` (for ``encoder``), or
+    ``recipe``: each point as ``recipe_settings[<its paper>]`` sets it (recipes/<paper>.yaml's values for the
+    encoder; a point its recipe leaves alone is not set, i.e. params.yaml's value holds)."""
+    if reading not in READINGS:
+        raise ValueError(f"unknown reading {reading!r}; readings: {', '.join(READINGS)}")
+    if reading == "printed":
+        return {p.key: p.printed for p in READING_POINTS}
+    if reading == "code":
+        return {p.key: p.code_value(encoder) for p in READING_POINTS}
+    return {p.key: recipe_settings[p.paper][p.key] for p in READING_POINTS
+            if p.key in recipe_settings.get(p.paper, {})}
+
+
+def encoder_of(model_name: str) -> str:
+    """The recipes' encoder group of a student (``roberta`` for a RoBERTa checkpoint, else ``bert``): which
+    per-encoder code value holds."""
+    return "roberta" if "roberta" in model_name.lower() else "bert"
+
+
+def follows(point: ReadingPoint, value: Any, encoder: str | None) -> str:
+    """``printed``, ``code`` or ``neither`` (a row that sets the point to a third value)."""
+    if value == point.printed:
+        return "printed"
+    return "code" if value == point.code_value(encoder) else "neither"
+
+
+def row_reading(reads: Mapping[str, Any], encoder: str | None) -> list[dict[str, Any]]:
+    """One entry per reading point a row reads (``reads``: its flat dotted keys and values, the keys its
+    method reads): ``{key, what, value, follows, printed, code, source}``."""
+    out = []
+    for point in READING_POINTS:
+        if point.key in reads:
+            value = reads[point.key]
+            out.append({"key": point.key, "what": point.what, "value": value,
+                        "follows": follows(point, value, encoder), "printed": point.printed,
+                        "code": point.code_value(encoder), "source": point.source()})
+    return out
+
+
+def reading_summary(entries: list[dict[str, Any]]) -> str:
+    """One line: ``as printed`` when a row follows the printed text at every point it reads, else the
+    points where it does not (``loss.dalr.info_weight: 0.1 (code; printed 1.0)``)."""
+    off = [e for e in entries if e["follows"] != "printed"]
+    if not off:
+        return "as printed" + ("" if entries else " (no point where paper and code differ)")
+    return "; ".join(f"{e['key']}: {e['value']!r} ({e['follows']}; printed {e['printed']!r})" for e in off)
+
+
+READING_TAG = "mmcse.reading"  # an ablation job's run: the table's reading; `READING_TAG.<key>` per point
+
+
+def reading_tags(reading: str, entries: list[dict[str, Any]]) -> dict[str, str]:
+    """The MLflow tags of a job's run: the table's reading, and per point the row reads ``<follows>: <value>
+    (printed <value>; <sources>)``."""
+    tags = {READING_TAG: reading}
+    for e in entries:
+        tags[f"{READING_TAG}.{e['key']}"] = (f"{e['follows']}: {e['value']!r} (printed {e['printed']!r}; "
+                                             f"{e['source']})")[:5000]
+    return tags
+
+
+def points_off_printed(tags: Mapping[str, str]) -> list[str]:
+    """From a job run's tags (`reading_tags`): ``<key>: <what the tag says>`` for every point the row does not
+    follow as printed (empty: the row is the paper as printed)."""
+    prefix = READING_TAG + "."
+    return [f"{k[len(prefix):]}: {v}" for k, v in sorted(tags.items())
+            if k.startswith(prefix) and not v.startswith("printed:")]
