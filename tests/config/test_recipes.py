@@ -215,3 +215,20 @@ def test_a_declared_recipe_override_reaches_every_row(project):
 def test_the_demo_profile_names_every_owned_key():
     demo = yaml.safe_load((REPO / "profiles" / "demo.yaml").read_text())["common"]
     assert set(owned_keys(REPO)) - {"base.profile"} == set(demo)
+
+
+def test_sentence_encoder_profiles_train_on_flickr30k_entities_split_and_kdmcse_rows_its_scripts_epochs(project):
+    """The papers' 29,783 Flickr30k training images (Flickr30k Entities' train.txt); DUET keeps Karpathy's;
+    KDMCSE's rows train its authors' scripts' 3 epochs, DALR Table 7's at DALR's 4 (its App. C)."""
+    params = project / "params.yaml"
+    for name in list_profiles(project):
+        apply_profile(params, name)
+        split = load_config(params).data.flickr_split
+        paper = name.split("-")[0]
+        assert split == ("entities" if paper in ("dalr", "kdmcse", "mcseo") else "karpathy"), name
+    apply_profile(params, "kdmcse-flickr-bert")
+    rows = {r["variant"]: r["config"]["train"] for r in plan(params, "kdmcse-table1")["rows"]}
+    assert (rows["KDMCSE"]["epochs"], rows["KDMCSE"]["batch_size"]) == (3, 64)
+    apply_profile(params, "dalr-flickr-bert")
+    rows = {r["variant"]: r["config"]["train"] for r in plan(params, "dalr-table7")["rows"]}
+    assert {v: (t["epochs"], t["batch_size"]) for v, t in rows.items()} == {"KDMCSE": (4, 128), "DALR": (4, 128)}

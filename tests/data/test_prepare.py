@@ -440,3 +440,58 @@ def test_a_karpathy_archive_with_one_data_set_writes_that_ones_test_captions(tmp
         {"image_id": "flickr30k-5", "caption": "A test image ."}]
     assert not (tmp_path / "raw/test_captions/coco.jsonl").exists() and "test_captions_coco" not in manifest["counts"]
     assert json.loads(flickr)["images"][4]["split"] == "test"
+
+
+def test_flickr30k_entities_split_trains_validates_and_tests_on_its_own_lists_with_its_sentences(tmp_path):
+    """data.flickr_split: entities (KDMCSE / MCSE / MCSEO: 29,783 training images): the split lists decide
+    which image trains, validates and tests, and each image's captions are its Sentences file's, the phrase
+    markup removed; a listed image without a Sentences file is skipped and counted."""
+    from mmcse.config import ConfigError, parse_config
+    from mmcse.data.prepare import prepare_data
+    from mmcse.io import read_jsonl
+    from tests.data.served import make_zip
+
+    folder, dl = _karpathy_folder(tmp_path), tmp_path / "dl"
+    sentences = {1: "[/EN#1/people A man] rides .\n[/EN#2/animals A horse] runs  fast .\n", 3: "Three .\n",
+                 2: "Two on [/EN#4/scene grass] .\n", 4: "Four .\n", 5: "Five .\n", 7: "Seven .\n"}
+    (folder / "annotations.zip").write_bytes(make_zip(
+        {f"annotations/Sentences/{k}.txt": v.encode() for k, v in sentences.items()}))
+    lists = {"train": "1\n3\n9\n", "val": "2\n4\n", "test": "7\n5\n"}  # 9: no Sentences file
+    for split, text in lists.items():
+        (folder / f"{split}.txt").write_text(text)
+    data = _real(folder, pairs="flickr30k", flickr_split="entities", val_images=0)
+    sources = {"flickr30k_entities": {"path": str(folder / "annotations.zip")},
+               **{f"entities_{s}": {"path": str(folder / f"{s}.txt")} for s in lists}}
+    data = parse_config({"data": {**_as_raw(data), "sources": {**_as_raw(data)["sources"], **sources}}}).data
+    manifest = prepare_data(data, 0, tmp_path / "raw", dl)
+    raw = tmp_path / "raw"
+    assert [r["image_id"] for r in read_jsonl(raw / "images.jsonl")] == ["flickr30k-1", "flickr30k-3"]
+    assert [p["caption"] for p in read_jsonl(raw / "pairs.jsonl")] == ["A man rides .", "A horse runs fast .",
+                                                                      "Three ."]
+    assert [r["image_id"] for r in read_jsonl(raw / "retrieval/val_images.jsonl")] == ["flickr30k-2", "flickr30k-4"]
+    # Karpathy's test image 5 and his val image 7 are Entities' test split, in its list's order
+    assert [r["image_id"] for r in read_jsonl(raw / "retrieval/images.jsonl")] == ["flickr30k-7", "flickr30k-5"]
+    assert read_jsonl(raw / "retrieval/captions.jsonl")[0] == {"image_id": "flickr30k-7", "caption": "Seven ."}
+    assert manifest["counts"]["captions_missing"] == 1
+    assert {"entities_train", "entities_val", "entities_test", "flickr30k_entities"} <= set(manifest["sources"])
+    # a damaged list names its file and line; restval is no split of Entities'
+    (folder / "val.txt").write_text("2\nflickr30k-4\n")
+    with pytest.raises(ValueError, match=r"val.txt:2: not a Flickr30k image id: 'flickr30k-4'"):
+        prepare_data(data, 0, tmp_path / "again", dl)
+    with pytest.raises(ConfigError, match="data.splits.*no restval"):
+        parse_config({"data": {"pairs": "flickr30k", "flickr_split": "entities", "splits": ["train", "restval"]}})
+
+
+def _as_raw(data) -> dict:
+    from mmcse.config import to_dict
+
+    return to_dict(data)
+
+
+def test_the_declared_entities_lists_are_the_published_files():
+    """The split lists' digests are declared (29,783 / 1,000 / 1,000 ids), as every fetched source's should be."""
+    from mmcse.config import DataConfig
+
+    s = DataConfig().sources
+    for spec in (s.entities_train, s.entities_val, s.entities_test):
+        assert spec.url.startswith("https://github.com/BryanPlummer/flickr30k_entities/raw/") and len(spec.sha256) == 64

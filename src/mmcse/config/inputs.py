@@ -99,6 +99,17 @@ class SourcesConfig:
     # Flickr30k Entities: Sentences/<id>.txt phrase markup + Annotations/<id>.xml boxes
     flickr30k_entities: SourceConfig = field(default_factory=lambda: SourceConfig(
         url="https://github.com/BryanPlummer/flickr30k_entities/raw/master/annotations.zip"))
+    # Flickr30k Entities' split lists (one image id a line: 29,783 / 1,000 / 1,000), the split the
+    # sentence-encoder papers train on (data.flickr_split: entities)
+    entities_train: SourceConfig = field(default_factory=lambda: SourceConfig(
+        url="https://github.com/BryanPlummer/flickr30k_entities/raw/master/train.txt",
+        sha256="7fac836ec29afdbda7396fe5473c4156908d60d248cae75892f5a94f08016516"))
+    entities_val: SourceConfig = field(default_factory=lambda: SourceConfig(
+        url="https://github.com/BryanPlummer/flickr30k_entities/raw/master/val.txt",
+        sha256="764e1d2b2bae38bde75f8edda435a7ad20d404e83b77233934844f6a7dbccd9a"))
+    entities_test: SourceConfig = field(default_factory=lambda: SourceConfig(
+        url="https://github.com/BryanPlummer/flickr30k_entities/raw/master/test.txt",
+        sha256="58c576ebf3af64f346cc3e2ede7eb66523ab172b45c8b42414daa9f2914047e1"))
     wiki1m: SourceConfig = field(default_factory=lambda: SourceConfig(
         hub="princeton-nlp/datasets-for-simcse", file="wiki1m_for_simcse.txt"))
     # SimCSE's copy of the SentEval data: downstream/{STS,SICK,MR,CR,SUBJ,MPQA,SST,TREC,MRPC}
@@ -142,6 +153,11 @@ class DataConfig:
     # data.image_limit pairs.
     pairs: Literal["demo", "flickr30k", "coco", "cc12m", "none"] = "demo"
     splits: list[Str] = field(default_factory=lambda: ["train"])  # coco papers: train + restval
+    # Flickr30k's split, wherever Flickr30k is read (training pairs, retrieval val and test): karpathy =
+    # Karpathy's (29,000 / 1,014 / 1,000 images, captions from his file); entities = Flickr30k Entities'
+    # (29,783 / 1,000 / 1,000, captions from its Sentences files: sources.entities_* + sources.flickr30k_entities),
+    # the split KDMCSE, MCSE and MCSEO train on
+    flickr_split: Literal["karpathy", "entities"] = "karpathy"
     # first N images of the chosen splits; cc12m: the subset size
     image_limit: Annotated[Int, Field(ge=0, description="0: all")] = 0
     # cc12m: which block of data.image_limit pairs, in shard order (KDMCSE Table 4's subsets 1 and 2)
@@ -173,6 +189,9 @@ class DataConfig:
         for split in self.splits:
             check(split in KARPATHY_SPLITS, where, "data.splits",
                    f"unknown split {split!r}; valid: {', '.join(KARPATHY_SPLITS)}")
+        if self.flickr_split == "entities" and self.pairs == "flickr30k":
+            check("restval" not in self.splits, where, "data.splits",
+                  "Flickr30k Entities' split has train, val and test (no restval)")
         check("test" not in self.splits or self.pairs == "demo", where, "data.splits",
                "must not include test: Karpathy's test split is the retrieval test set (evaluate.retrieval)")
         if self.pairs == "cc12m":

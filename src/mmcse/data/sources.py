@@ -142,6 +142,8 @@ def find_named(folder: Path, name: str, want_dir: bool = False) -> Path:
 
 @dataclass(frozen=True)
 class KarpathyImage:
+    """One listed image of a split (Karpathy's, or Flickr30k Entities' with its Sentences' captions)."""
+
     image_id: str  # flickr30k-<stem> | coco-<cocoid>
     filename: str
     folder: str  # COCO: train2014 / val2014 (which archive holds the file); Flickr30k: ""
@@ -256,6 +258,51 @@ def entities_for(folder: Path, stem: str) -> tuple[list[EntityCaption], dict[str
     return [parse_entities_sentence(ln) for ln in lines], parse_entities_boxes(annotations)
 
 
+ENTITIES_SPLITS = ("train", "val", "test")
+
+
+def read_entities_split(path: Path, split: str) -> list[str]:
+    """The image ids (file stems) of one of Flickr30k Entities' split lists, in file order; a line that is
+    not an image id is an error naming the file and line."""
+    ids = []
+    for number, line in enumerate(path.read_text(encoding="utf8").splitlines(), 1):
+        if not line.strip():
+            continue
+        if not line.strip().isdigit():
+            raise ValueError(f"{path}:{number}: not a Flickr30k image id: {line.strip()!r} (a {split}.txt of "
+                             "Flickr30k Entities lists one numeric id a line)")
+        ids.append(line.strip())
+    return ids
+
+
+def entities_images(cfg: DataConfig, downloads: Path) -> tuple[list[KarpathyImage], Path, dict[str, Any], int]:
+    """The Flickr30k images of ``cfg.splits`` under Flickr30k Entities' split (``data.flickr_split:
+    entities``): its split lists (``data.sources.entities_<split>``, digests declared) and each image's five
+    captions from its ``Sentences/<id>.txt`` (``data.sources.flickr30k_entities``, the phrase markup removed),
+    as MCSE's preprocess/prepare_flickr.py reads them. Returns the images, the Entities folder, the sources'
+    manifest records and how many listed images have no Sentences file (skipped, counted)."""
+    sources: dict[str, Any] = {}
+    fetched = extracted_source(cfg.sources.flickr30k_entities, "flickr30k_entities", downloads)
+    sources["flickr30k_entities"] = fetched.record
+    folder = find_named(fetched.path, "Sentences", want_dir=True).parent
+    images, missing = [], 0
+    for split in [s for s in ENTITIES_SPLITS if s in cfg.splits]:
+        listed = fetch_source(getattr(cfg.sources, f"entities_{split}"), f"entities_{split}", downloads)
+        sources[f"entities_{split}"] = listed.record
+        for stem in read_entities_split(listed.path, split):
+            sentences = folder / "Sentences" / f"{stem}.txt"
+            if not sentences.is_file():
+                log.warning("%s: listed in Flickr30k Entities' %s split but absent; skipped", sentences, split)
+                missing += 1
+                continue
+            lines = [ln.strip() for ln in sentences.read_text(encoding="utf8").splitlines() if ln.strip()]
+            captions = tuple(" ".join(parse_entities_sentence(ln).text.split()) for ln in lines)
+            if not captions or not all(captions):
+                raise ValueError(f"{sentences}: image {stem} has an empty caption or none")
+            images.append(KarpathyImage(f"flickr30k-{stem}", f"{stem}.jpg", "", split, captions))
+    return images, folder, sources, missing
+
+
 # --------------------------------------------------------------------------- pairs
 
 
@@ -320,9 +367,13 @@ def real_pairs(cfg: DataConfig, out: Path, downloads: Path, allow_empty: bool = 
     ``allow_empty`` splits without images return no images instead of an error."""
     dataset = cfg.pairs
     sources: dict[str, Any] = {}
-    splits = extracted_source(cfg.sources.karpathy_splits, "karpathy_splits", downloads)
-    sources["karpathy_splits"] = splits.record
-    entries = read_karpathy(find_named(splits.path, f"dataset_{dataset}.json"), dataset, cfg.splits)
+    entities, captions_missing = None, 0
+    if dataset == "flickr30k" and cfg.flickr_split == "entities":
+        entries, entities, sources, captions_missing = entities_images(cfg, downloads)
+    else:
+        splits = extracted_source(cfg.sources.karpathy_splits, "karpathy_splits", downloads)
+        sources["karpathy_splits"] = splits.record
+        entries = read_karpathy(find_named(splits.path, f"dataset_{dataset}.json"), dataset, cfg.splits)
     if cfg.image_limit:
         entries = entries[: cfg.image_limit]
     if not entries:
@@ -344,15 +395,17 @@ def real_pairs(cfg: DataConfig, out: Path, downloads: Path, allow_empty: bool = 
             sources[name] = fetched.record
             roots[folder] = find_named(fetched.path, folder, want_dir=True)
 
-    entities = None
+    boxes_from = None
     if cfg.annotations == "flickr30k_entities":
-        fetched = extracted_source(cfg.sources.flickr30k_entities, "flickr30k_entities", downloads)
-        sources["flickr30k_entities"] = fetched.record
-        entities = find_named(fetched.path, "Sentences", want_dir=True).parent
+        if entities is None:
+            fetched = extracted_source(cfg.sources.flickr30k_entities, "flickr30k_entities", downloads)
+            sources["flickr30k_entities"] = fetched.record
+            entities = find_named(fetched.path, "Sentences", want_dir=True).parent
+        boxes_from = entities
 
     images, pairs = [], []
     report: dict[str, Any] = {"sources": sources, "images_missing": 0, "images_unreadable": 0,
-                              "images_without_entities": 0}
+                              "images_without_entities": 0, "captions_missing": captions_missing}
     # An extracted folder never changes (it is redone when its archive does), so each image is
     # hashed and decoded once: a rerun over 120k COCO images reads the verdicts instead.
     verdicts = {folder: _Verdicts(root, Path(downloads).resolve() in root.resolve().parents)
@@ -360,7 +413,9 @@ def real_pairs(cfg: DataConfig, out: Path, downloads: Path, allow_empty: bool = 
     for entry in tqdm(entries, desc=f"download: {dataset} images", unit="img"):
         src = roots[entry.folder] / entry.filename
         if not src.is_file():
-            log.warning("%s: listed in the Karpathy split but not in the image archive; skipped", src)
+            log.warning("%s: listed in the %s split but not in the image archive; skipped", src,
+                        "Flickr30k Entities" if dataset == "flickr30k" and cfg.flickr_split == "entities"
+                        else "Karpathy")
             report["images_missing"] += 1
             continue
         record = verdicts[entry.folder].inspect(src, decode=cfg.verify_images)
@@ -372,8 +427,8 @@ def real_pairs(cfg: DataConfig, out: Path, downloads: Path, allow_empty: bool = 
         row: dict[str, Any] = {"image_id": entry.image_id, "file": rel, "split": entry.split,
                                "sha256": record["sha256"], "bytes": record["bytes"]}
         captions = [(text, []) for text in entry.captions]
-        if entities is not None:
-            found = entities_for(entities, Path(entry.filename).stem)
+        if boxes_from is not None:
+            found = entities_for(boxes_from, Path(entry.filename).stem)
             if found is None:
                 report["images_without_entities"] += 1
             else:
