@@ -134,14 +134,16 @@ def test_the_command_on_the_demo_prints_its_table(project, capsys, monkeypatch):
               "--cache-items", "2"])
     text = capsys.readouterr().out
     assert stopped.value.code == 0
-    assert re.search(r"\nMCSE +mcse +32x32 ran +1\.0 GiB +\d+\.\d\d +- +-\n", text), text
-    assert "total: no projection: the rows' data is not downloaded here" in text
+    assert re.search(r"\nMCSE +mcse +32x32 ran +1\.0 GiB +\d+\.\d\d +20 +\d+\.\d min\n", text), text
+    assert re.search(r"total: about \d+\.\d min of training on this device", text)  # the demo's own sizes
+    assert "projected from the sources' published sizes, not downloaded here: MCSE" in text
     assert re.search(r"MCSE: a resume point of 0\.\d GiB written and read back in \d+\.\d s", text)
     # the row's teacher caches: the demo's encoders on 2 synthetic items
     assert "teacher caches: the cache_teachers stage's encoders on 2 synthetic items" in text
-    assert "rows MCSE: ran, peak 1.0 GiB, no projection (the data is not downloaded here)" in text
-    assert re.search(r"\n +text avg +packaged:all-MiniLM-L6-v2 +real +\d+\.\d{4} +\d+\.\d\d  pairs, corpus_sentences\n",
-                     text)
+    assert re.search(r"rows MCSE: ran, peak 1\.0 GiB, about \d+\.\d min to cache the data at its published size", text)
+    # MCSE's terms read the image set alone: no text-teacher or joint set is built for it
+    assert re.search(r"\n +image +colour-edge-grid +none +\d+\.\d{4} +\d+\.\d\d  images, retrieval_images\n", text)
+    assert "packaged:all-MiniLM-L6-v2" not in text and "joint" not in text
 
 
 @pytest.mark.slow  # two row processes
@@ -160,7 +162,8 @@ def test_the_command_on_the_demo_reports_each_row_and_a_crashing_one_fails_alone
     ran, failed = rows["MCSE"], rows["new"]
     assert ran["status"] == "ran" and ran["weights"] == "real" and ran["peak_bytes"] > 2**20 and ran["step_seconds"] > 0
     assert (ran["batch_size"], ran["max_seq_len"]) == (32, 32)  # the demo row's own shapes
-    assert ran["training_steps"] is None and ran["projected_minutes"] is None  # no data downloaded in this copy
+    # no data downloaded in this copy: projected from the demo world's own sizes (its parameters)
+    assert ran["counts_from"] == "published sizes" and ran["training_steps"] > 0 and ran["projected_minutes"] > 0
     assert failed["status"] == "failed" and "not in mmcse's architecture table" in failed["error"]
 
 
@@ -183,6 +186,10 @@ def test_a_paper_shaped_row_runs_end_to_end(project, capsys, nothing_downloaded)
     assert "random weights: wiring, memory and time only (bert-base-uncased)" in text
     # BERT-base's resume point: 110M fp32 weights and two AdamW moments, about 1.2 GiB
     assert re.search(r"SimCSE \(wiki\): a resume point of 1\.[23] GiB written and read back", text)
+    # nothing downloaded: its steps come from Wiki1M's published 1,000,000 sentences, 3 epochs at batch 64
+    assert re.search(r"\nSimCSE \(wiki\) +simcse +64x32 +ran .* 46875 ", text), text
+    assert "projected from the sources' published sizes, not downloaded here: SimCSE (wiki)" in text
+    assert "teacher caches" not in text  # SimCSE's terms read no teacher feature: no set is built for it
 
 
 def _killed_child(config, steps, conn, **_) -> None:

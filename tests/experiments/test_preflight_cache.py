@@ -41,9 +41,14 @@ def test_the_word_tokenizer_gives_each_word_one_id_between_the_familys_special_i
 
 
 def test_the_demos_teacher_caches_are_the_stages_functions_on_the_synthetic_items(project):
-    """The demo's encoders are here (colour-edge grid, the packaged MiniLM, the CCA): every set the stage builds
-    is built, at its encoder's width, with the counts its projection multiplies."""
-    job = load_config(project / "params.yaml")
+    """The demo's encoders are here (colour-edge grid, the packaged MiniLM, the CCA): every set a DALR row's
+    terms read is built (the CCA joint teacher needs the image and its text teacher's sets), at its encoder's
+    width, with the counts its projection multiplies; an MCSE row's terms read the image set alone."""
+    from mmcse.config import with_overrides
+
+    mcse = load_config(project / "params.yaml")
+    assert mcse.train.method == "mcse" and [s["set"] for s in pc.teacher_cache_check(mcse, 2)["sets"]] == ["image"]
+    job = with_overrides(mcse, {"train.method": "dalr"}, where="test")
     out = pc.teacher_cache_check(job, 6)
     sets = {s["set"]: s for s in out["sets"]}
     t = job.teachers
@@ -118,3 +123,5 @@ def test_a_paper_profiles_teachers_not_here_are_built_at_their_architectures(pro
     assert got[("text cls_before_pooler", "voidism/diffcse-bert-base-uncased-sts")] == (768, "random")
     assert got[("joint text", "openai/clip-vit-base-patch32")] == (512, "random")
     assert got[("joint image", "openai/clip-vit-base-patch32")] == (512, "random")
+    # DALR's terms read no image-encoder set: the demo's colour-edge grid is not built under a paper profile
+    assert not any(s["set"] == "image" for s in out["sets"])

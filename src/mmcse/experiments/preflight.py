@@ -45,10 +45,12 @@ import torch
 from mmcse.config import Config, parse_config, to_dict, with_overrides
 from mmcse.config.inputs import JOINT_TEXT_TEACHER
 from mmcse.config.training import RETRIEVAL_METHODS
+from mmcse.data.sizes import published_counts
 from mmcse.experiments.estimate import downloaded_counts, job_steps
 from mmcse.experiments.jobs import expand, job_config
 from mmcse.experiments.params import load_config
 from mmcse.experiments.preflight_cache import caches_text, projected_minutes, teacher_cache_check
+from mmcse.experiments.stand_ins import used_sets
 from mmcse.hub import local_model
 from mmcse.methods.objectives import Objective, active_terms, needed_features
 from mmcse.models.architectures import model_config, projection_width, text_width
@@ -407,9 +409,17 @@ def row_jobs(cfg: Config) -> list[tuple[str, Config]]:
     return list(rows.items())
 
 
-def training_steps(job: Config, params: Config, root: Path, counts: dict[str, int] | None) -> int | None:
-    """The row's optimizer steps where this machine downloaded its data (else None)."""
-    return None if counts is None else job_steps(job, params, root, counts)
+DOWNLOADED, PUBLISHED = "downloaded", "published sizes"
+
+
+def row_counts(job: Config, params: Config, downloaded: dict[str, int] | None
+               ) -> tuple[dict[str, int] | None, str | None]:
+    """What a row's data counts, and from where: the download stage's counts where this machine downloaded the
+    row's data (params.yaml's), else its sources' published sizes (`mmcse.data.sizes`), else nothing known."""
+    if downloaded is not None and job.data == params.data:
+        return downloaded, DOWNLOADED
+    published = published_counts(job.data)
+    return (published, PUBLISHED) if published is not None else (None, None)
 
 
 def dev_evaluations(job: Config, total: int, counts: dict[str, int]) -> int:
@@ -424,19 +434,26 @@ def dev_evaluations(job: Config, total: int, counts: dict[str, int]) -> int:
     return scores * math.ceil(items / job.evaluate.batch_size)
 
 
-def teacher_caches(jobs: list[tuple[str, Config]], items: int, counts: dict[str, int] | None,
+def teacher_caches(jobs: list[tuple[str, Config]], items: int, params: Config, downloaded: dict[str, int] | None,
                    timeout: float | None = None, progress: Any = None) -> list[dict[str, Any]]:
-    """`teacher_cache_check` once per distinct ``teachers`` section among the sentence encoders' rows, each in
-    a process of its own: ``[{"rows", "status", "sets", "peak_bytes", "projected_minutes"}]``."""
+    """`teacher_cache_check` once per distinct ``teachers`` section and used sets (`used_sets`) among the sentence
+    encoders' rows that read a teacher feature, each in a process of its own: ``[{"rows", "status", "sets",
+    "peak_bytes", "projected_minutes"}]``."""
     groups: dict[str, list[tuple[str, Config]]] = {}
     for name, job in jobs:
-        if job.train.method not in RETRIEVAL_METHODS:  # DUET, VSE++ and VSRN read regions, not teachers
-            groups.setdefault(json.dumps(to_dict(job)["teachers"], sort_keys=True), []).append((name, job))
+        used = used_sets(job)
+        # DUET, VSE++ and VSRN read regions, not teachers; a row whose terms read no teacher feature (SimCSE)
+        # needs no set, and a row builds only the sets its terms read (no stand-in nobody trains on)
+        if job.train.method not in RETRIEVAL_METHODS and any(used.values()):
+            key = json.dumps({"teachers": to_dict(job)["teachers"], "sets": used}, sort_keys=True)
+            groups.setdefault(key, []).append((name, job))
     out = []
     for group in groups.values():
         result = check_in_process(group[0][1], items, timeout, check=teacher_cache_check)
+        counts, counted = row_counts(group[0][1], params, downloaded)
         minutes = projected_minutes(result["sets"], counts) if result["status"] == "ran" else None
-        out.append({"rows": [name for name, _ in group], "projected_minutes": minutes, **result})
+        out.append({"rows": [name for name, _ in group], "projected_minutes": minutes,
+                    "counts_from": counted if minutes is not None else None, **result})
         if progress:
             progress(out[-1])
     return out
@@ -455,12 +472,13 @@ def preflight(params: str | Path = "params.yaml", preset: str | None = None, ste
     params = Path(params)
     cfg = load_config(params, {"ablate.preset": preset} if preset else None)
     root = params.parent
-    counts = downloaded_counts(cfg, root)
+    downloaded = downloaded_counts(cfg, root)
     rows = []
     jobs = row_jobs(cfg)
     for name, job in jobs:
         result = preflight_row(job, steps, timeout)
-        total = training_steps(job, cfg, root, counts)
+        counts, counted = row_counts(job, cfg, downloaded)
+        total = job_steps(job, job, root, counts) if counts is not None else None
         minutes = None
         if result["status"] == "ran" and total is not None:
             seconds = result["step_seconds"] * total
@@ -473,12 +491,13 @@ def preflight(params: str | Path = "params.yaml", preset: str | None = None, ste
         # a row that ran names what it built (``result``'s model): VSE++ and VSRN read no model.name_or_path
         row = {"row": name, "method": job.train.method, "model": job.model.name_or_path,
                "batch_size": job.train.batch_size, "max_seq_len": job.model.max_seq_len,
-               "precision": job.train.precision, "training_steps": total, "projected_minutes": minutes, **result}
+               "precision": job.train.precision, "training_steps": total, "projected_minutes": minutes,
+               "counts_from": counted if total is not None else None, **result}
         rows.append(row)
         if progress:
             progress(row)
     known = [r["projected_minutes"] for r in rows if r["projected_minutes"] is not None]
-    caches = teacher_caches(jobs, cache_items, counts, timeout, progress) if cache_items else []
+    caches = teacher_caches(jobs, cache_items, cfg, downloaded, timeout, progress) if cache_items else []
     cached = [c["projected_minutes"] for c in caches if c["projected_minutes"] is not None]
     return {"profile": cfg.base.profile, "preset": cfg.ablate.preset, "device": describe_device(cfg),
             "steps": steps, "rows": rows, "total_minutes": sum(known) if known else None,
@@ -543,9 +562,12 @@ def preflight_text(result: dict[str, Any]) -> str:
         if "finetune_step_seconds" in r:
             notes.append(f"{r['row']}: fine-tuning steps {r['finetune_step_seconds']:.2f} s each")
     total = result["total_minutes"]
-    lines += ["", "total: " + ("no projection: the rows' data is not downloaded here (their step counts are unknown)"
-                               if total is None else f"about {_minutes(total)} of training on this device "
-                               "(steps and dev evaluations)")]
+    published = sorted({r["row"] for r in result["rows"] if r.get("counts_from") == PUBLISHED})
+    lines += ["", "total: " + ("no projection: the rows' data sizes are unknown (not downloaded here, and no "
+                               "published size)" if total is None else f"about {_minutes(total)} of training on "
+                               "this device (steps and dev evaluations)")]
+    if published:
+        lines.append(f"projected from the sources' published sizes, not downloaded here: {', '.join(published)}")
     caches = caches_text(result.get("teacher_caches", []), result.get("cache_items", 0), _size)
     return "\n".join(lines + ([""] + notes if notes else []) + caches)
 

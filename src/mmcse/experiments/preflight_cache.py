@@ -28,6 +28,7 @@ from PIL import Image
 from mmcse.config import Config
 from mmcse.config.inputs import JOINT_TEXT_TEACHER
 from mmcse.errors import ModelUnavailableError
+from mmcse.experiments.stand_ins import used_sets
 from mmcse.hub import local_model
 from mmcse.models.architectures import model_config
 from mmcse.models.device import resolve_device
@@ -154,6 +155,7 @@ def teacher_cache_check(job: Config, items: int) -> dict[str, Any]:
     if items < 2:
         raise ValueError(f"--cache-items {items}: an item's time is measured between 1 and at least 2 items")
     t, j = job.teachers, job.teachers.joint
+    used = used_sets(job)  # only the sets the row's terms read
     device = resolve_device(job.base.device)
     sets: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="mmcse-preflight-cache-") as tmp:
@@ -176,20 +178,22 @@ def teacher_cache_check(job: Config, items: int) -> dict[str, Any]:
                          "counted": counted})
             return np.asarray(store.features)
 
-        real_image = None if t.image_encoder == "colour-edge-grid" else True  # weight-free, or ResNet-50's
-        try:
-            described, encode = image_encoder(t, device, download=False)  # ResNet-50's weights if they are here
-        except ModelUnavailableError:
-            described, encode = image_encoder(dataclasses.replace(t, image_weights="random"), device)
-            real_image = False
-        image = record("image", described["name"], real_image, ["images", "retrieval_images"],
-                       marginal(lambda n: encode(files[:n], "synthetic images"), items))
+        image = None
+        if used["image"]:
+            real_image = None if t.image_encoder == "colour-edge-grid" else True  # weight-free, or ResNet-50's
+            try:
+                described, encode = image_encoder(t, device, download=False)  # ResNet-50's weights if they are here
+            except ModelUnavailableError:
+                described, encode = image_encoder(dataclasses.replace(t, image_weights="random"), device)
+                real_image = False
+            image = record("image", described["name"], real_image, ["images", "retrieval_images"],
+                           marginal(lambda n: encode(files[:n], "synthetic images"), items))
 
         wanted: dict[str, list[str]] = {}  # every text teacher's poolers: one forward a model, as the stage
-        for teacher in t.text:
+        for teacher in t.text if used["text"] else []:
             if teacher.teacher != JOINT_TEXT_TEACHER:
                 wanted.setdefault(teacher.teacher, []).append(teacher.pooler)
-        if j.kind == "cca" and j.text_pooler not in wanted.setdefault(j.text_teacher, []):
+        if used["cca_text"] and j.text_pooler not in wanted.setdefault(j.text_teacher, []):
             wanted[j.text_teacher].append(j.text_pooler)
         text: dict[tuple[str, str], np.ndarray] = {}
         for name, poolers in wanted.items():
@@ -203,6 +207,8 @@ def teacher_cache_check(job: Config, items: int) -> dict[str, Any]:
                 text[(name, pooler)] = record(f"text {pooler}", name, real, ["pairs", "corpus_sentences"],
                                               (out[pooler], per_item, fixed) if i == 0 else (out[pooler], 0.0, 0.0))
 
+        if not used["joint"]:
+            return {"items": items, "sets": sets}
         if j.kind == "cca":  # fitted on the training pairs' text-teacher and image features, once
             source = text[(j.text_teacher, j.text_pooler)]
             fitted, seconds = _seconds(lambda: fit_cca(source, image, j.dim, j.regularization))
@@ -252,9 +258,10 @@ def caches_text(caches: Sequence[dict[str, Any]], items: int, size: Callable[[in
             lines.append(f"{head} ({c['error']})")
             continue
         minutes = c["projected_minutes"]
+        said = "the downloaded data" if c.get("counts_from") == "downloaded" else "the data at its published size"
         lines.append(f"{head}, peak {size(c.get('peak_bytes'))}, " + (
-            "no projection (the data is not downloaded here)" if minutes is None
-            else f"about {minutes:.1f} min to cache the downloaded data on this device (object crops not counted)"))
+            "no projection (the data's size is unknown here)" if minutes is None
+            else f"about {minutes:.1f} min to cache {said} on this device (object crops not counted)"))
         lines.append(f"    {'set':<24} {'model':<46} {'weights':<8} {'s/item':>8} {'fixed s':>8}  over")
         for s in c["sets"]:
             lines.append(f"    {s['set'][:24]:<24} {s['model'][:46]:<46} {s['weights']:<8} "

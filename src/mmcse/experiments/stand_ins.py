@@ -30,6 +30,18 @@ def used_teacher_groups(cfg: Config) -> set[str]:
     return groups
 
 
+def used_sets(cfg: Config) -> dict[str, bool]:
+    """Which of the cache_teachers stage's sets ``cfg``'s terms read (`used_teacher_groups`): ``image`` (the
+    image encoder's, also behind a CCA joint teacher or an image-only v̂), ``text`` (the text teachers'),
+    ``cca_text`` (the text teacher a CCA joint teacher is fitted on) and ``joint`` (the joint teacher's)."""
+    t, groups = cfg.teachers, used_teacher_groups(cfg)
+    text = "text_teachers" in groups
+    joint = "joint" in groups or (text and any(x.teacher == JOINT_TEXT_TEACHER for x in t.text))
+    cca = joint and t.joint.kind == "cca"
+    image = bool(groups & {"image", "objects"}) or cca or (joint and t.joint.image_side == "image_encoder")
+    return {"image": image, "text": text, "cca_text": cca, "joint": joint}
+
+
 def stand_ins(cfg: Config) -> list[str]:
     """The offline stand-ins among the teachers ``cfg`` trains with, each as ``key: what stands in``."""
     t, groups = cfg.teachers, used_teacher_groups(cfg)
