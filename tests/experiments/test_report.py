@@ -69,13 +69,18 @@ def test_the_report_reads_the_latest_ablation_of_each_profile(store, tmp_path):
     # beside the paper's 78.6 / 81.3: mmcse's mean ± std (runs), the table's own test's marker, Δ
     assert "| KDMCSE | paper (KDMCSE-BERT) | 74.4 | 83.1 | 76.3 | 83.7 | 78.8 | 81.3 | 73.0 | 78.6 |" in text
     assert "|  | mmcse | — | — | — | — | — | 81.0 ± 0.5 (5) | — | 78.9 ± 0.4 (5) |" in text
-    assert "|  | Δ |  |  |  |  |  | -0.3 |  | +0.3 |" in text
+    assert "|  | Δ |  |  |  |  |  | -0.3 consistent |  | +0.3 consistent |" in text
+    # w/o AdapACSE's STS-B: 80.9 ± 0.2 over 5 seeds against the printed 80.5: t = 0.4 / (0.2/√5) = 4.5, p = 0.01
+    assert "|  | Δ |  |  |  |  |  | +0.4 higher |  | -0.2 consistent |" in text
+    assert "**Verdict: 3 of 4 cells consistent with the paper** (α = 0.05" in text
     assert "|  | mmcse | — | — | — | — | — | 80.9 ± 0.2 (5) | — | 78.0* ± 0.3 (5) |" in text  # p 0.01 on avg
     assert "(independent t-test) against KDMCSE" in text
     # the same report, as one page, in the files and on the ablation run it read
     assert "78.0* ± 0.3 (5)" in files["html"].read_text()
     logged = {a.path for a in mlflow.MlflowClient().list_artifacts(new, "report")}
     assert logged == {"report/kdmcse-table3.md", "report/kdmcse-table3.html"}
+    metrics = mlflow.MlflowClient().get_run(new).data.metrics  # the table's verdict, on the ablation it read
+    assert (metrics["verdict/table3_consistent"], metrics["verdict/table3_cells"]) == (3, 4)
 
 
 def test_training_minutes_come_from_the_jobs_runs(store, tmp_path):

@@ -37,7 +37,7 @@ PAPERS_DIR = "papers"
 PAPERS = ("dalr", "kdmcse", "mcseo", "duet")
 TABLE_KEY = re.compile(r"(table|fig)(\d+)")
 PAPER_FIELDS = ("paper", "text", "second_text", "tables")
-TABLE_FIELDS = ("title", "source", "preset", "columns", "blocks", "order")
+TABLE_FIELDS = ("title", "source", "preset", "columns", "blocks", "order", "runs")
 ROW_FIELDS = ("line", "label", "cells", "ocr", "not_reproduced", "difference", "second_copy")
 CELL = re.compile(r"([-+]?\d+(?:\.\d+)?)(\*?)(?:±(\d+(?:\.\d+)?))?")
 # the numbers of a line of the text copy: a decimal comma is what the copy printed, kept as printed
@@ -116,6 +116,7 @@ class PaperTable:
     columns: dict[str, str]  # the paper's header -> the metric
     blocks: dict[str, dict[str, PaperRow]]
     order: str = "printed"
+    runs: int | None = None  # how many runs each printed mean ± std is over (None: the paper does not say)
 
     @property
     def kind(self) -> str:
@@ -213,7 +214,11 @@ def _table(paper: str, key: str, raw: Any, where: str) -> PaperTable:
                                   "the block")
     if blocks and not columns:
         raise ConfigError(f"{where}: cells need columns")
-    return PaperTable(key, str(raw.get("title", key)), str(raw.get("source", "")), preset, columns, blocks, order)
+    runs = raw.get("runs")
+    if runs is not None and (not isinstance(runs, int) or isinstance(runs, bool) or runs < 2):
+        raise ConfigError(f"{where}.runs: the number of runs behind a printed mean ± std (≥ 2), got {runs!r}")
+    return PaperTable(key, str(raw.get("title", key)), str(raw.get("source", "")), preset, columns, blocks, order,
+                      runs)
 
 
 def load_paper(name: str, root: Path | str = ".") -> Paper:

@@ -14,7 +14,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from mmcse.analysis.papers import Paper, PaperRow, PaperTable
+from mmcse.analysis.papers import Cell, Paper, PaperRow, PaperTable
+from mmcse.analysis.statistics import VERDICT_TESTS, reproduction_verdict
 
 ALPHA = 0.05  # the significance level of KDMCSE Table 1's marker
 READING_MARK = "◊"  # a row that follows its authors' code (or neither reading) somewhere: a footnote lists where
@@ -94,10 +95,47 @@ def mmcse_cell(cell: RunCell | None, digits: int, reference: bool) -> str:
     return f"{_fmt(cell.mean, digits)}{marker}{spread} ({cell.n})"
 
 
-def delta(paper: float | None, ours: RunCell | None, digits: int) -> str:
+def delta(paper: float | None, ours: RunCell | None, digits: int, verdict: dict | None = None) -> str:
     if paper is None or ours is None or not math.isfinite(ours.mean):
         return ""
-    return f"{ours.mean - paper:+.{digits}f}"
+    return f"{ours.mean - paper:+.{digits}f}" + (f" {verdict['verdict']}" if verdict else "")
+
+
+NO_VERDICT_METRICS = ("train_minutes",)  # a device's minutes are compared, not tested for reproduction
+
+
+def cell_verdict(table: PaperTable, cell: Cell, metric: str, ours: RunCell | None) -> dict | None:
+    """Whether mmcse's cell reproduces the paper's printed one (`reproduction_verdict`: Welch's test where the
+    table prints a std over a known number of runs, else against the spread of mmcse's seeds); None where no
+    test can be made (no printed value, fewer than 2 seeds, a difference row, training minutes)."""
+    if cell.mean is None or ours is None or metric in NO_VERDICT_METRICS:
+        return None
+    return reproduction_verdict(cell.mean, cell.std, table.runs, ours.mean, ours.std, ours.n)
+
+
+def verdict_counts(table: PaperTable, paper_rows: dict[str, PaperRow], found: Reproduction) -> tuple[int, int]:
+    """``(consistent cells, cells with a verdict)`` of one block."""
+    verdicts = []
+    for variant, row in paper_rows.items():
+        if row.not_reproduced or row.difference or variant not in found.rows:
+            continue
+        for i, metric in enumerate(table.columns.values()):
+            v = cell_verdict(table, row.cells[i], metric, found.rows[variant].get(metric))
+            if v is not None:
+                verdicts.append(v["verdict"])
+    return verdicts.count("consistent"), len(verdicts)
+
+
+def verdict_lines(table: PaperTable, paper_rows: dict[str, PaperRow], found: Reproduction) -> list[str]:
+    """The block's verdict and the test behind it, stated under its table."""
+    consistent, n = verdict_counts(table, paper_rows, found)
+    if not n:
+        return ["Verdict: none yet (a cell needs at least 2 seeds and a printed value)."]
+    test = VERDICT_TESTS["welch"] if table.runs else VERDICT_TESTS["one-sample"]
+    return [f"**Verdict: {consistent} of {n} cells consistent with the paper** (α = {ALPHA}; beside each Δ: "
+            "consistent, lower or higher). Test: " + test + (f"; the paper's cells are over {table.runs} runs"
+            if table.runs else "") + ". Assumed: each side's runs are a normal sample, and the paper's printed "
+            "numbers are exact (they are rounded to the digits shown)."]
 
 
 def _difference(rows: dict[str, dict[str, RunCell]], pair: tuple[str, str], metric: str) -> RunCell | None:
@@ -150,7 +188,9 @@ def block_grid(table: PaperTable, paper_rows: dict[str, PaperRow], found: Reprod
         grid.append(["" if row else variant, label,
                      *[mmcse_cell(ours.get(m), _digits(row, i), is_reference) for i, m in enumerate(metrics)]])
         if row is not None and not demo:
-            grid.append(["", "Δ", *[delta(row.cells[i].mean, ours.get(m), _digits(row, i))
+            verdicts = [None if row.difference else cell_verdict(table, row.cells[i], m, ours.get(m))
+                        for i, m in enumerate(metrics)]
+            grid.append(["", "Δ", *[delta(row.cells[i].mean, ours.get(m), _digits(row, i), verdicts[i])
                                     for i, m in enumerate(metrics)]])
     return header, grid
 
@@ -191,6 +231,8 @@ def table_sections(paper: Paper, table: PaperTable, found: Sequence[Reproduction
                 section.lines.append(f"Not the paper's teacher: row {variant} trained with offline stand-ins "
                                      f"(teachers.stand_ins: allow): {teachers}.")
             section.lines += reading_notes(run)
+            if table.columns:
+                section.lines += verdict_lines(table, rows, run)
             section.header, section.rows = block_grid(table, rows, run)
             sections.append(section)
     first = next(iter(table.blocks.values()), {})

@@ -114,3 +114,42 @@ def paired_significance(
         return out
 
     return _against_reference(results, reference, metrics, cell)
+
+
+# --------------------------------------------------------------------------- reproduced or not
+
+VERDICTS = ("consistent", "lower", "higher")
+VERDICT_TESTS = {
+    "welch": "Welch's t-test from summary statistics (scipy.stats.ttest_ind_from_stats, unequal variances): "
+             "mmcse's mean ± std over its seeds against the paper's printed mean ± std over its printed number of "
+             "runs, two-sided",
+    "one-sample": "one-sample t-test of mmcse's seeds against the paper's printed mean (the paper prints no std, "
+                  "or not over how many runs): t = (mean − paper) / (std / √n), n − 1 degrees of freedom, two-sided",
+}
+
+
+def reproduction_verdict(paper_mean: float, paper_std: float | None, paper_runs: int | None,
+                         mean: float, std: float, n: int, alpha: float = ALPHA) -> dict[str, Any] | None:
+    """Whether mmcse's cell (``mean`` ± ``std`` over ``n`` seeds) reproduces the paper's: ``{"verdict":
+    consistent | lower | higher, "test": welch | one-sample, "p"}``. Welch's test where the paper prints a std
+    and its number of runs (`VERDICT_TESTS`), else a one-sample test against the spread of mmcse's own seeds;
+    ``consistent`` when p ≥ ``alpha``, else ``lower`` / ``higher`` by the sign of mean − paper. None where no
+    test can be made (fewer than 2 seeds). Both assume each side's runs are a normal sample."""
+    if n < 2 or not math.isfinite(mean) or not math.isfinite(std):
+        return None
+    if paper_std is not None and paper_runs is not None and paper_runs >= 2:
+        test = "welch"
+        if std == 0 and paper_std == 0:
+            p = 1.0 if mean == paper_mean else 0.0
+        else:
+            p = float(stats.ttest_ind_from_stats(mean, std, n, paper_mean, paper_std, paper_runs,
+                                                 equal_var=False).pvalue)
+    else:
+        test = "one-sample"
+        if std == 0:
+            p = 1.0 if mean == paper_mean else 0.0
+        else:
+            t = (mean - paper_mean) / (std / math.sqrt(n))
+            p = float(2 * stats.t.sf(abs(t), n - 1))
+    verdict = "consistent" if p >= alpha else ("lower" if mean < paper_mean else "higher")
+    return {"verdict": verdict, "test": test, "p": p}

@@ -21,7 +21,7 @@ import mlflow
 
 from mmcse import tracking
 from mmcse.analysis.papers import Paper, load_paper
-from mmcse.analysis.report import Reproduction, RunCell, paper_report, to_html, to_markdown
+from mmcse.analysis.report import Reproduction, RunCell, paper_report, to_html, to_markdown, verdict_counts
 from mmcse.config import Config, ConfigError
 from mmcse.config.readings import READING_TAG, points_off_printed
 from mmcse.experiments.params import list_presets
@@ -148,6 +148,24 @@ def build_report(cfg: Config, paper_name: str, table: str | None = None,
     return to_markdown(sections), to_html(sections, title), runs
 
 
+def verdict_metrics(cfg: Config, paper_name: str, table: str | None = None, root: Path | str = "."
+                    ) -> dict[str, dict[str, float]]:
+    """Per ablation run the report reads: ``verdict/<table>_consistent`` and ``verdict/<table>_cells`` of its
+    block (`mmcse.analysis.report.verdict_counts`), for MLflow."""
+    paper = load_paper(paper_name, root)
+    keys = table_keys(paper, table)
+    out: dict[str, dict[str, float]] = {}
+    for key, t in paper.tables.items():
+        if (keys is not None and key not in keys) or not t.columns:
+            continue
+        for run in find_reproductions(cfg, t.preset):
+            if run.block in t.blocks:
+                consistent, cells = verdict_counts(t, t.blocks[run.block], run)
+                out.setdefault(run.run_id, {}).update({f"verdict/{key}_consistent": consistent,
+                                                       f"verdict/{key}_cells": cells})
+    return out
+
+
 def write_report(cfg: Config, paper_name: str, table: str | None = None, out_dir: Path | str = REPORT_DIR,
                  root: Path | str = ".", log: bool = True) -> dict[str, Path]:
     """``<out_dir>/<paper>[-<table>].{md,html}`` (atomic writes); with ``log`` also under ``report/`` in
@@ -160,7 +178,10 @@ def write_report(cfg: Config, paper_name: str, table: str | None = None, out_dir
     write_text(files["html"], page)
     if log and runs:
         client = mlflow.MlflowClient()
+        verdicts = verdict_metrics(cfg, paper_name, table, root)
         for run_id in runs:
             for path in files.values():
                 client.log_artifact(run_id, str(path), "report")
+            for name, value in verdicts.get(run_id, {}).items():  # k of n cells consistent with the paper
+                client.log_metric(run_id, name, value)
     return files
