@@ -57,6 +57,7 @@ def minilm(tmp_path_factory):
 @pytest.mark.parametrize("pooler", ["cls_before_pooler", pytest.param("avg", marks=pytest.mark.slow),
                                     pytest.param("avg_first_last", marks=pytest.mark.slow),
                                     pytest.param("avg_top2", marks=pytest.mark.slow),
+                                    pytest.param("avg_embeddings_last", marks=pytest.mark.slow),
                                     pytest.param("cls", marks=pytest.mark.slow)])
 def test_exported_minilm_encodes_as_text_encoder(minilm, pooler):
     tasks = _sts_tasks()
@@ -80,10 +81,10 @@ def test_layer_poolers_really_read_the_hidden_states(minilm):
     """avg_first_last / avg_top2 differ from avg (a missing hidden-state path would fall back to it)."""
     sentences = _sentences(_sts_tasks(8))
     vectors = {}
-    for pooler in ("avg", "avg_first_last", "avg_top2", "cls", "cls_before_pooler"):
+    for pooler in ("avg", "avg_first_last", "avg_top2", "avg_embeddings_last", "cls", "cls_before_pooler"):
         export_sentence_transformers(minilm, pooler)
         vectors[pooler] = _st_encoder(minilm)(sentences)
-    for pooler in ("avg_first_last", "avg_top2"):
+    for pooler in ("avg_first_last", "avg_top2", "avg_embeddings_last"):
         assert np.abs(vectors[pooler] - vectors["avg"]).max() > 1e-2, pooler
     assert np.abs(vectors["cls"] - vectors["cls_before_pooler"]).max() > 1e-2
     # avg_top2 by hand: masked mean of (hidden_states[-2] + hidden_states[-1]) / 2
@@ -96,6 +97,8 @@ def test_layer_poolers_really_read_the_hidden_states(minilm):
     mask = batch["attention_mask"].unsqueeze(-1).float()
     direct = (((hs[-2] + hs[-1]) / 2) * mask).sum(1) / mask.sum(1)
     np.testing.assert_allclose(vectors["avg_top2"][:3], direct.numpy(), rtol=0, atol=1e-5)
+    embeddings_last = (((hs[0] + hs[-1]) / 2) * mask).sum(1) / mask.sum(1)  # SimCSE's evaluation.py of 2021
+    np.testing.assert_allclose(vectors["avg_embeddings_last"][:3], embeddings_last.numpy(), rtol=0, atol=1e-5)
 
 
 def test_exported_length_truncates_as_text_encoder(minilm):

@@ -12,7 +12,10 @@ from mmcse.config.checks import check, fail
 from mmcse.config.declared import SECTION, Bool, Int, Name, NonNegativeInt, PositiveInt, Str
 from mmcse.config.inputs import TRANSFER_TASKS
 
-POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2")
+# avg_embeddings_last: the embedding layer's output and the last layer averaged, "first-last avg." as SimCSE's
+# evaluation.py computed it when SimCSE's paper printed its first-last rows (hidden_states[0]; fixed to the first
+# layer, hidden_states[1], in 2022: princeton-nlp/SimCSE 206d7ae, #133, #285)
+POOLERS = ("cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2", "avg_embeddings_last")
 
 
 @dataclass(frozen=True)
@@ -63,7 +66,7 @@ class NdcgConfig:
 @dataclass(frozen=True)
 class EvaluateConfig:
     __pydantic_config__ = SECTION
-    pooler: Literal["cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2"] = (
+    pooler: Literal["cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2", "avg_embeddings_last"] = (
         "cls_before_pooler"
     )
     batch_size: PositiveInt = 128

@@ -11,8 +11,8 @@ module into an HF model folder (an mmcse student checkpoint, or any BERT-style e
 - ``cls``: ``Pooling("cls")`` then ``Dense`` + Tanh holding the student's MLP (``heads.safetensors``)
   or, for a plain HF encoder, its BERT pooler, which ``TextEncoder`` takes as ``pooler_output``;
 - ``avg``: ``Pooling("mean")``, the masked mean of the last layer;
-- ``avg_first_last`` / ``avg_top2``: ``WeightedLayerPooling`` with weight 1 on the two layers of
-  :func:`mmcse.models.student.pool` (hidden_states[1] and [-1], or [-2] and [-1]) and 0 elsewhere, giving
+- ``avg_first_last`` / ``avg_top2`` / ``avg_embeddings_last``: ``WeightedLayerPooling`` with weight 1 on the
+  two layers of :func:`mmcse.models.student.pool` (hidden_states[1], [-2] or [0], and [-1]) and 0 elsewhere, giving
   their token-wise mean, then ``Pooling("mean")``; the hidden states come from
   ``config_kwargs.output_hidden_states`` in ``sentence_bert_config.json``.
 
@@ -50,6 +50,7 @@ _DENSE = "sentence_transformers.base.modules.dense.Dense"
 # BERT-family encoders whose HF pooler is dense + tanh over the first token (TextEncoder's `cls`
 # of a plain HF model reads that pooler_output)
 _TANH_POOLER_TYPES = ("bert", "roberta", "xlm-roberta", "camembert")
+LAYER_POOLERS = ("avg_first_last", "avg_top2", "avg_embeddings_last")  # two hidden states averaged
 
 
 def _hf_pooler_weights(folder: Path) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -149,10 +150,10 @@ def export_sentence_transformers(
     length = min(max_seq_len, getattr(tokenizer, "model_max_length", max_seq_len) or max_seq_len)
 
     modules: list[tuple[str, object | None]] = [(_TRANSFORMER, None)]
-    if pooler in ("avg_first_last", "avg_top2"):
+    if pooler in LAYER_POOLERS:
         # mmcse.models.student.pool: masked_mean((hidden_states[a] + hidden_states[-1]) / 2); hidden_states has
-        # layers + 1 entries (embeddings first), a = 1 (first layer) or layers - 1 (second to last)
-        first = 1 if pooler == "avg_first_last" else layers - 1
+        # layers + 1 entries (embeddings first), a = 1 (first layer), 0 (embeddings) or layers - 1 (second to last)
+        first = {"avg_first_last": 1, "avg_embeddings_last": 0}.get(pooler, layers - 1)
         weights = torch.tensor([1.0 if i in (first, layers) else 0.0 for i in range(first, layers + 1)])
         modules.append((_LAYERS, WeightedLayerPooling(hidden, num_hidden_layers=layers, layer_start=first,
                                                       layer_weights=torch.nn.Parameter(weights))))
@@ -172,7 +173,7 @@ def export_sentence_transformers(
         entries.append({"idx": idx, "name": str(idx), "path": path, "type": type_ref})
 
     bert_config: dict[str, object] = {"max_seq_length": length, "do_lower_case": False}
-    if pooler in ("avg_first_last", "avg_top2"):
+    if pooler in LAYER_POOLERS:
         bert_config["config_kwargs"] = {"output_hidden_states": True}
     if student:  # load_student reads the backbone without its (never trained, unsaved) HF pooler
         bert_config["model_kwargs"] = {"add_pooling_layer": False}

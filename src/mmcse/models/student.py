@@ -167,6 +167,8 @@ def pool(
         return masked_mean(last, attention_mask)
     if pooler == "avg_first_last":
         return masked_mean((hidden_states[1] + last) / 2.0, attention_mask)
+    if pooler == "avg_embeddings_last":  # SimCSE's evaluation.py as released with its paper: hidden_states[0]
+        return masked_mean((hidden_states[0] + last) / 2.0, attention_mask)
     if pooler == "avg_top2":
         return masked_mean((hidden_states[-2] + last) / 2.0, attention_mask)
     raise ValueError(f"unknown pooler {pooler!r}; poolers: {', '.join(POOLERS)}")
