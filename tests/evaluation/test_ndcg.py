@@ -1,5 +1,6 @@
-"""Graded NDCG@k (DUET/TERAN) against a direct transcription, hand-checked cases, ROUGE-L relevance
-against rouge-score itself, the relevance cache, and the SPICE path (fail-fast and a fake java)."""
+"""Graded NDCG@k (DUET/TERAN) against a direct transcription, hand-checked cases, the caption-to-image ROUGE-L
+relevance against a transcription of TERAN's coco-caption ROUGE-L, the relevance cache, and the SPICE path
+(fail-fast and a fake java)."""
 
 import json
 import math
@@ -9,13 +10,12 @@ import sys
 
 import numpy as np
 import pytest
-from rouge_score.rouge_scorer import RougeScorer
 
 from mmcse.evaluation import ndcg
 from mmcse.evaluation.ndcg import (
     PRIMARY,
     SpiceUnavailable,
-    caption_relevance,
+    image_relevance,
     ndcg_fold_mean,
     ndcg_metrics,
     ndcg_per_query,
@@ -25,16 +25,16 @@ from mmcse.evaluation.ndcg import (
 )
 
 
-def transcribed(image_emb, text_emb, text_image, pair_rel, k, exclude_zero=True):
-    """The protocol written out: relevance of caption c to image i is the best S[c, c'] over the
-    captions c' of i; rank by cosine (ties: least relevant first), DCG with gain 2^r - 1 and
-    discount log2(rank + 1), ideal DCG from the whole gallery sorted, mean over non-zero NDCGs."""
+def transcribed(image_emb, text_emb, text_image, image_rel, k, exclude_zero=True):
+    """The protocol written out: caption c's relevance to image i is R[c][i]; rank by cosine (ties: least
+    relevant first), DCG with gain 2^r - 1 and discount log2(rank + 1), ideal DCG from the whole gallery
+    sorted, mean over non-zero NDCGs."""
     images = [x / np.linalg.norm(x) for x in np.asarray(image_emb, dtype=float)]
     texts = [x / np.linalg.norm(x) for x in np.asarray(text_emb, dtype=float)]
     n_img, n_txt = len(images), len(texts)
 
     def rel(c, i):
-        return max(float(pair_rel[c][c2]) for c2 in range(n_txt) if text_image[c2] == i)
+        return float(image_rel[c][i])
 
     def dcg(gains):
         return sum((2.0 ** g - 1.0) / math.log2(pos + 2) for pos, g in enumerate(gains[:k]))
@@ -60,36 +60,36 @@ def random_case(seed, n_img=9, sparse=False):
     rng.shuffle(owner)  # captions of an image are not contiguous
     images = rng.normal(size=(n_img, 6))
     texts = images[owner] + rng.normal(scale=1.2, size=(owner.size, 6))
-    pair_rel = rng.uniform(size=(owner.size, owner.size))  # not symmetric: orientation matters
+    image_rel = rng.uniform(size=(owner.size, n_img))  # (N_txt, N_img)
     if sparse:
-        pair_rel = np.where(rng.uniform(size=pair_rel.shape) < 0.08, pair_rel, 0.0)
-    np.fill_diagonal(pair_rel, 1.0)
-    return images, texts, owner, pair_rel.astype(np.float32)
+        image_rel = np.where(rng.uniform(size=image_rel.shape) < 0.08, image_rel, 0.0)
+    image_rel[np.arange(owner.size), owner] = 1.0  # a caption is one of its own image's references
+    return images, texts, owner, image_rel.astype(np.float32)
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 @pytest.mark.parametrize("k", [1, 4, 25])
 def test_matches_the_transcription_in_both_directions(seed, k):
-    images, texts, owner, pair_rel = random_case(seed)
-    got = ndcg_metrics(images, texts, owner, {"rouge_l": pair_rel}, k=k, block=4)
-    i2t, t2i, _, _ = transcribed(images, texts, owner.tolist(), pair_rel.tolist(), k)
+    images, texts, owner, image_rel = random_case(seed)
+    got = ndcg_metrics(images, texts, owner, {"rouge_l": image_rel}, k=k, block=4)
+    i2t, t2i, _, _ = transcribed(images, texts, owner.tolist(), image_rel.tolist(), k)
     assert got[f"i2t_NDCG{k}_rouge_l"] == pytest.approx(i2t)
     assert got[f"t2i_NDCG{k}_rouge_l"] == pytest.approx(t2i)
     assert got[f"NDCG{k}_rouge_l"] == pytest.approx((i2t + t2i) / 2)
     assert 0.05 < i2t < 0.999 and 0.05 < t2i < 0.999  # the case is not trivial
     # the block size changes nothing
-    assert ndcg_metrics(images, texts, owner, {"rouge_l": pair_rel}, k=k, block=1000) == pytest.approx(got)
+    assert ndcg_metrics(images, texts, owner, {"rouge_l": image_rel}, k=k, block=1000) == pytest.approx(got)
 
 
 def test_zero_ndcg_queries_are_left_out_of_the_mean_like_teran_unless_asked():
-    images, texts, owner, pair_rel = random_case(3, n_img=12, sparse=True)
-    _, _, i2t_all, t2i_all = transcribed(images, texts, owner.tolist(), pair_rel.tolist(), 2)
+    images, texts, owner, image_rel = random_case(3, n_img=12, sparse=True)
+    _, _, i2t_all, t2i_all = transcribed(images, texts, owner.tolist(), image_rel.tolist(), 2)
     assert 0.0 in t2i_all  # some query has nothing relevant in its top 2
     for exclude in (True, False):
-        got = ndcg_metrics(images, texts, owner, {"spice": pair_rel}, k=2, exclude_zero=exclude)
-        i2t, t2i, _, _ = transcribed(images, texts, owner.tolist(), pair_rel.tolist(), 2, exclude_zero=exclude)
+        got = ndcg_metrics(images, texts, owner, {"spice": image_rel}, k=2, exclude_zero=exclude)
+        i2t, t2i, _, _ = transcribed(images, texts, owner.tolist(), image_rel.tolist(), 2, exclude_zero=exclude)
         assert (got["i2t_NDCG2_spice"], got["t2i_NDCG2_spice"]) == pytest.approx((i2t, t2i))
-    per_query = ndcg_per_query(images, texts, owner, {"spice": pair_rel}, k=2)["spice"]
+    per_query = ndcg_per_query(images, texts, owner, {"spice": image_rel}, k=2)["spice"]
     np.testing.assert_allclose(per_query[0], i2t_all)
     np.testing.assert_allclose(per_query[1], t2i_all)
 
@@ -97,8 +97,7 @@ def test_zero_ndcg_queries_are_left_out_of_the_mean_like_teran_unless_asked():
 def test_perfect_ranking_scores_one_and_keys_name_both_kinds():
     images = np.eye(4)
     owner = np.array([0, 0, 1, 2, 3, 3])
-    same = owner[:, None] == owner[None, :]
-    rel = np.where(same, 1.0, 0.2).astype(np.float32)
+    rel = np.where(owner[:, None] == np.arange(4)[None, :], 1.0, 0.2).astype(np.float32)  # (6, 4)
     got = ndcg_metrics(images, images[owner], owner, {"rouge_l": rel, "spice": rel})
     assert got == {f"{d}NDCG25_{kind}": 1.0 for kind in ("rouge_l", "spice") for d in ("i2t_", "t2i_", "")}
     assert PRIMARY == "NDCG25_rouge_l" and PRIMARY in got
@@ -131,27 +130,27 @@ def test_tied_scores_count_against_the_model():
     want = (0.0 + g / math.log2(3) + 1 / 2) / (1 + g / math.log2(3))  # ranked .0, .5, 1 vs 1, .5, 0
     assert t2i[0] == pytest.approx(want)
     # with the cut inside the tie group (k=2 of 4 tied items) too
-    images, texts, owner4, pair_rel = np.ones((4, 3)), np.ones((8, 3)), np.repeat(np.arange(4), 2), None
-    pair_rel = np.random.default_rng(5).uniform(size=(8, 8)).astype(np.float32)
-    got = ndcg_metrics(images, texts, owner4, {"rouge_l": pair_rel}, k=2)
-    i2t, t2i_mean, _, _ = transcribed(images, texts, owner4.tolist(), pair_rel.tolist(), 2)
+    images, texts, owner4 = np.ones((4, 3)), np.ones((8, 3)), np.repeat(np.arange(4), 2)
+    image_rel = np.random.default_rng(5).uniform(size=(8, 4)).astype(np.float32)
+    got = ndcg_metrics(images, texts, owner4, {"rouge_l": image_rel}, k=2)
+    i2t, t2i_mean, _, _ = transcribed(images, texts, owner4.tolist(), image_rel.tolist(), 2)
     assert (got["i2t_NDCG2_rouge_l"], got["t2i_NDCG2_rouge_l"]) == pytest.approx((i2t, t2i_mean))
 
 
 def test_k_larger_than_the_gallery_ranks_the_whole_gallery():
-    images, texts, owner, pair_rel = random_case(2, n_img=3)
-    got25 = ndcg_metrics(images, texts, owner, {"rouge_l": pair_rel}, k=25)
-    got_n = ndcg_metrics(images, texts, owner, {"rouge_l": pair_rel}, k=owner.size)
+    images, texts, owner, image_rel = random_case(2, n_img=3)
+    got25 = ndcg_metrics(images, texts, owner, {"rouge_l": image_rel}, k=25)
+    got_n = ndcg_metrics(images, texts, owner, {"rouge_l": image_rel}, k=owner.size)
     assert list(got25.values()) == pytest.approx(list(got_n.values()))
-    i2t, t2i, _, _ = transcribed(images, texts, owner.tolist(), pair_rel.tolist(), 25)
+    i2t, t2i, _, _ = transcribed(images, texts, owner.tolist(), image_rel.tolist(), 25)
     assert (got25["i2t_NDCG25_rouge_l"], got25["t2i_NDCG25_rouge_l"]) == pytest.approx((i2t, t2i))
 
 
 def test_identical_captions_make_the_other_image_fully_relevant():
-    captions = ["A dog runs on the grass.", "a dog runs on the grass", "A cat sleeps on a red sofa."]
+    captions = ["A dog runs on the grass.", "a dog runs on the grass.", "A cat sleeps on a red sofa."]
     owner = [0, 1, 2]
-    rel = caption_relevance(captions, "rouge_l")
-    assert rel[0, 1] == pytest.approx(1.0)
+    rel = image_relevance(captions, owner, "rouge_l")
+    assert rel[0, 1] == pytest.approx(1.0)  # lower-cased, the same tokens
     # image 0 retrieves caption 1 (of image 1) first; caption 0 retrieves image 1 first
     images = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
     texts = np.array([[0.6, 1.0, 0.0], [0.9, 1.0, 0.0], [0.0, 0.0, 1.0]])
@@ -162,13 +161,13 @@ def test_identical_captions_make_the_other_image_fully_relevant():
 
 
 def test_fold_mean_averages_folds_with_their_own_captions():
-    images, texts, owner, pair_rel = random_case(4, n_img=10)
+    images, texts, owner, image_rel = random_case(4, n_img=10)
     folds = [range(0, 5), range(5, 10)]
-    got = ndcg_fold_mean(images, texts, owner, {"rouge_l": pair_rel}, folds, k=3)
+    got = ndcg_fold_mean(images, texts, owner, {"rouge_l": image_rel}, folds, k=3)
     want = []
     for fold in folds:
         keep = [j for j in range(owner.size) if fold.start <= owner[j] < fold.stop]
-        sub = [[pair_rel[a][b] for b in keep] for a in keep]
+        sub = [[image_rel[a][i] for i in fold] for a in keep]
         want.append(transcribed(images[fold.start:fold.stop], texts[keep], [owner[j] - fold.start for j in keep],
                                 sub, 3)[:2])
     assert got["i2t_NDCG3_rouge_l"] == pytest.approx(np.mean([w[0] for w in want]))
@@ -190,53 +189,77 @@ CAPTIONS = [
 ]
 
 
-def test_rouge_l_relevance_equals_rouge_score():
-    scorer = RougeScorer(["rougeL"])
-    got = caption_relevance(CAPTIONS, "rouge_l")
-    assert got.dtype == np.float32 and got.shape == (len(CAPTIONS), len(CAPTIONS))
-    for a, cand in enumerate(CAPTIONS):
-        for b, ref in enumerate(CAPTIONS):
-            want = scorer.score(ref, cand)["rougeL"].fmeasure  # score(target, prediction)
-            assert got[a, b] == pytest.approx(want, abs=1e-6), (cand, ref)
-    np.testing.assert_array_equal(got, got.T)
-    assert got[0, 0] == 1.0 and got[4, 4] == 0.0 and 0 < got[0, 1] < 1
+OWNERS = [0, 0, 1, 1, 2, 2, 3, 4, 4]  # the image of each caption above
 
 
-def test_rouge_l_relevance_on_random_captions_matches_a_sample(monkeypatch):
+def coco_rouge_l(candidate: str, refs: list[str], beta: float = 1.2) -> float:
+    """TERAN's evaluate_utils/rouge.py (coco-caption's ROUGE-L) written out: lower-cased tokens split on single
+    spaces, the LCS by dynamic programming, best precision and best recall over the references, F_beta."""
+    def lcs(a, b):
+        table = [[0] * (len(b) + 1) for _ in range(len(a) + 1)]
+        for i in range(1, len(a) + 1):
+            for j in range(1, len(b) + 1):
+                table[i][j] = table[i - 1][j - 1] + 1 if a[i - 1] == b[j - 1] else max(table[i - 1][j], table[i][j - 1])
+        return table[-1][-1]
+
+    c = candidate.lower().split(" ")
+    prec = max(lcs(r.lower().split(" "), c) / len(c) for r in refs)
+    rec = max(lcs(r.lower().split(" "), c) / len(r.lower().split(" ")) for r in refs)
+    return (1 + beta ** 2) * prec * rec / (rec + beta ** 2 * prec) if prec and rec else 0.0
+
+
+def test_rouge_l_relevance_is_teran_s_multi_reference_rouge_l():
+    got = image_relevance(CAPTIONS, OWNERS, "rouge_l")
+    assert got.dtype == np.float32 and got.shape == (len(CAPTIONS), 5)
+    for c, cand in enumerate(CAPTIONS):
+        for i in range(5):
+            refs = [r for r, o in zip(CAPTIONS, OWNERS, strict=True) if o == i]
+            assert got[c, i] == pytest.approx(coco_rouge_l(cand, refs), abs=1e-6), (cand, refs)
+    assert got[0, 0] == got[1, 0] == got[4, 2] == 1.0 and 0 < got[2, 0] < 1  # a caption is among its refs
+    # the whole reference set at once: not the best single reference's F
+    refs = [CAPTIONS[0], CAPTIONS[1]]
+    single = max(coco_rouge_l("a man in a street", [r]) for r in refs)
+    assert image_relevance(["a man in a street", *refs], [1, 0, 0], "rouge_l")[0, 0] >= single
+
+
+def test_rouge_l_relevance_on_random_captions_matches_the_transcription(monkeypatch):
     rng = np.random.default_rng(0)
     words = [f"w{i}" for i in range(40)]
-    captions = [" ".join(rng.choice(words, size=rng.integers(0, 30))) for _ in range(120)]
-    got = caption_relevance(captions, "rouge_l")
+    captions = [" ".join(rng.choice(words, size=rng.integers(1, 30))) for _ in range(120)]
+    owner = np.concatenate([np.arange(30), rng.integers(0, 30, size=90)])
+    got = image_relevance(captions, owner, "rouge_l")
     monkeypatch.delattr(np, "bitwise_count", raising=False)  # the SWAR popcount of numpy < 2
-    np.testing.assert_array_equal(caption_relevance(captions, "rouge_l"), got)
-    scorer = RougeScorer(["rougeL"])
-    for a, b in rng.integers(0, len(captions), size=(150, 2)):
-        assert got[a, b] == pytest.approx(scorer.score(captions[b], captions[a])["rougeL"].fmeasure, abs=1e-6)
+    np.testing.assert_array_equal(image_relevance(captions, owner, "rouge_l"), got)
+    for c, i in rng.integers(0, 30, size=(60, 2)) * [4, 1]:
+        refs = [captions[j] for j in range(len(captions)) if owner[j] == i]
+        assert got[c, i] == pytest.approx(coco_rouge_l(captions[c], refs), abs=1e-6)
 
 
 # ----------------------------------------------------------------------------- cache
 
 
 def test_cache_is_reused_keyed_by_captions_and_kind(tmp_path, monkeypatch):
-    first = relevance_matrix(CAPTIONS, "rouge_l", tmp_path)
-    path = tmp_path / f"rouge_l-{relevance_key(CAPTIONS, 'rouge_l')}.npy"
+    first = relevance_matrix(CAPTIONS, OWNERS, "rouge_l", tmp_path)
+    path = tmp_path / f"rouge_l-{relevance_key(CAPTIONS, OWNERS, 'rouge_l')}.npy"
     assert path.is_file() and [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary left
 
     def fail(*args):
         raise AssertionError("recomputed although cached")
 
-    monkeypatch.setattr(ndcg, "caption_relevance", fail)
-    np.testing.assert_array_equal(relevance_matrix(CAPTIONS, "rouge_l", tmp_path), first)
-    assert relevance_key(CAPTIONS, "rouge_l") != relevance_key(CAPTIONS[::-1], "rouge_l")
-    assert relevance_key(CAPTIONS, "rouge_l") != relevance_key(CAPTIONS, "spice")
+    monkeypatch.setattr(ndcg, "image_relevance", fail)
+    np.testing.assert_array_equal(relevance_matrix(CAPTIONS, OWNERS, "rouge_l", tmp_path), first)
+    assert relevance_key(CAPTIONS, OWNERS, "rouge_l") != relevance_key(CAPTIONS[::-1], OWNERS, "rouge_l")
+    assert relevance_key(CAPTIONS, OWNERS, "rouge_l") != relevance_key(CAPTIONS, OWNERS, "spice")
+    other = [0, 1, 1, 1, 2, 2, 3, 4, 4]  # the same captions of other images: another key
+    assert relevance_key(CAPTIONS, OWNERS, "rouge_l") != relevance_key(CAPTIONS, other, "rouge_l")
     with pytest.raises(AssertionError, match="recomputed"):
-        relevance_matrix(CAPTIONS[:-1], "rouge_l", tmp_path)  # other captions: another key
+        relevance_matrix(CAPTIONS[:-1], OWNERS[:-1], "rouge_l", tmp_path)  # other captions: another key
 
 
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "shape", "values"])
 def test_corrupt_cache_is_rebuilt(tmp_path, damage):
-    want = relevance_matrix(CAPTIONS, "rouge_l", tmp_path)
-    path = tmp_path / f"rouge_l-{relevance_key(CAPTIONS, 'rouge_l')}.npy"
+    want = relevance_matrix(CAPTIONS, OWNERS, "rouge_l", tmp_path)
+    path = tmp_path / f"rouge_l-{relevance_key(CAPTIONS, OWNERS, 'rouge_l')}.npy"
     if damage == "truncate":
         path.write_bytes(path.read_bytes()[:-20])
     elif damage == "garbage":
@@ -245,7 +268,7 @@ def test_corrupt_cache_is_rebuilt(tmp_path, damage):
         np.save(path, np.zeros((3, 3), dtype=np.float32))
     else:
         np.save(path, np.full(want.shape, np.nan, dtype=np.float32))
-    np.testing.assert_array_equal(relevance_matrix(CAPTIONS, "rouge_l", tmp_path), want)
+    np.testing.assert_array_equal(relevance_matrix(CAPTIONS, OWNERS, "rouge_l", tmp_path), want)
     np.testing.assert_array_equal(np.load(path), want)  # the file is whole again
 
 
@@ -256,7 +279,7 @@ def test_spice_fails_fast_naming_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setattr(ndcg, "_spice_dir", lambda: tmp_path)  # a SPICE folder without its jars
     monkeypatch.setenv("PATH", str(tmp_path))  # and no java
     with pytest.raises(SpiceUnavailable) as err:
-        relevance_matrix(CAPTIONS, "spice", tmp_path / "cache")
+        relevance_matrix(CAPTIONS, OWNERS, "spice", tmp_path / "cache")
     text = str(err.value)
     for needed in ("stanford-corenlp-3.6.0.jar", "stanford-corenlp-3.6.0-models.jar", "spice-1.0.jar",
                    'pip install -e ".[spice]"', "get_stanford_models", "java (not on PATH)", "rouge_l"):
@@ -272,16 +295,15 @@ items = json.load(open(args[args.index("-Xmx8G") + 2]))
 log = open({log!r}, "a")
 out = []
 for item in reversed(items):  # SPICE need not keep the input order
-    assert len(item["refs"]) == 1
-    a, b = set(item["test"].split()), set(item["refs"][0].split())
+    a, b = set(item["test"].split()), set(w for r in item["refs"] for w in r.split())  # the refs' union
     f = len(a & b) / len(a | b) if a and b else None  # json-simple writes NaN as null
     out.append({{"image_id": item["image_id"], "scores": {{"All": {{"f": f, "pr": f, "re": f}}}}}})
-    log.write(item["test"] + "|" + item["refs"][0] + "\\n")
+    log.write(item["test"] + "|" + "/".join(item["refs"]) + "\\n")
 json.dump(out, open(args[args.index("-out") + 1], "w"))
 """
 
 
-def test_spice_relevance_with_a_fake_java_reads_per_pair_scores(tmp_path, monkeypatch):
+def test_spice_relevance_with_a_fake_java_scores_each_caption_against_each_images_references(tmp_path, monkeypatch):
     bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
     bin_dir.mkdir()
     java = bin_dir / "java"
@@ -290,18 +312,20 @@ def test_spice_relevance_with_a_fake_java_reads_per_pair_scores(tmp_path, monkey
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setattr(ndcg, "_spice_missing", lambda: [])
     monkeypatch.setattr(ndcg, "_spice_dir", lambda: tmp_path)
-    monkeypatch.setattr(ndcg, "SPICE_CHUNK", 4)  # 10 pairs of 4 captions: three runs
-    captions = ["a dog runs", "a dog sleeps", "", "cat on mat"]
-    got = relevance_matrix(captions, "spice", tmp_path / "cache")
+    monkeypatch.setattr(ndcg, "SPICE_CHUNK", 4)  # 4 captions x 3 images: three runs
+    captions, owner = ["a dog runs", "a dog sleeps", "", "cat on mat"], [0, 0, 1, 2]
+    got = relevance_matrix(captions, owner, "spice", tmp_path / "cache")
 
-    def jaccard(a, b):
-        a, b = set(a.split()), set(b.split())
+    def jaccard(a, refs):
+        a, b = set(a.split()), {w for r in refs for w in r.split()}
         return len(a & b) / len(a | b) if a and b else 0.0
 
-    want = np.array([[jaccard(a, b) for b in captions] for a in captions], dtype=np.float32)
+    refs = [[c for c, o in zip(captions, owner, strict=True) if o == i] for i in range(3)]
+    want = np.array([[jaccard(a, refs[i]) for i in range(3)] for a in captions], dtype=np.float32)
     np.testing.assert_allclose(got, want, rtol=1e-6)
-    assert len(log.read_text().splitlines()) == 10  # each unordered pair (diagonal included) once
-    assert (tmp_path / "cache" / f"spice-{relevance_key(captions, 'spice')}.npy").is_file()
+    assert len(log.read_text().splitlines()) == 12  # each caption against each image's references together
+    assert "a dog runs|a dog runs/a dog sleeps" in log.read_text().splitlines()
+    assert (tmp_path / "cache" / f"spice-{relevance_key(captions, owner, 'spice')}.npy").is_file()
 
 
 def test_parse_spice_output_places_by_image_id_and_reads_nan_as_zero():
@@ -323,7 +347,7 @@ def test_parse_spice_output_places_by_image_id_and_reads_nan_as_zero():
     ("owner_range", r"captions \[3\] name images outside 0..2"),
     ("owner_float", "integer image indices"),
     ("bare_image", r"images without a caption: \[2\]"),
-    ("rel_shape", r"relevance\['rouge_l'\] has shape \(3, 3\), expected \(4, 4\)"),
+    ("rel_shape", r"relevance\['rouge_l'\] has shape \(4, 4\), expected \(4, 3\)"),
     ("rel_values", r"relevance\['rouge_l'\]: values must be finite"),
     ("rel_kind", "unknown kind"),
     ("rel_empty", "no matrix given"),
@@ -332,7 +356,7 @@ def test_parse_spice_output_places_by_image_id_and_reads_nan_as_zero():
 def test_bad_input_is_one_clear_error(case, message):
     images, texts = np.eye(3), np.eye(3)[[0, 1, 2, 2]]
     owner = np.array([0, 1, 2, 2])
-    rel = {"rouge_l": np.eye(4, dtype=np.float32)}
+    rel = {"rouge_l": np.eye(4, 3, dtype=np.float32)}
     k = 25
     if case == "nan_image":
         images[1, 0] = np.nan
@@ -349,11 +373,11 @@ def test_bad_input_is_one_clear_error(case, message):
     elif case == "bare_image":
         owner = np.array([0, 1, 1, 0])
     elif case == "rel_shape":
-        rel = {"rouge_l": np.eye(3, dtype=np.float32)}
+        rel = {"rouge_l": np.eye(4, dtype=np.float32)}
     elif case == "rel_values":
-        rel = {"rouge_l": np.full((4, 4), 2.0, dtype=np.float32)}
+        rel = {"rouge_l": np.full((4, 3), 2.0, dtype=np.float32)}
     elif case == "rel_kind":
-        rel = {"bleu": np.eye(4, dtype=np.float32)}
+        rel = {"bleu": np.eye(4, 3, dtype=np.float32)}
     elif case == "rel_empty":
         rel = {}
     else:
@@ -364,9 +388,11 @@ def test_bad_input_is_one_clear_error(case, message):
 
 def test_bad_relevance_requests_are_refused_before_compute(tmp_path):
     with pytest.raises(ValueError, match="relevance kind 'bleu'"):
-        relevance_matrix(CAPTIONS, "bleu", tmp_path)
+        relevance_matrix(CAPTIONS, OWNERS, "bleu", tmp_path)
     with pytest.raises(ValueError, match="captions: empty"):
-        caption_relevance([], "rouge_l")
+        image_relevance([], [], "rouge_l")
     with pytest.raises(ValueError, match=r"entries \[1\] are not strings"):
-        caption_relevance(["a", None], "rouge_l")
+        image_relevance(["a", None], [0, 0], "rouge_l")
+    with pytest.raises(ValueError, match="each with at least one caption"):
+        image_relevance(["a", "b"], [0, 2], "rouge_l")
     assert not any(tmp_path.iterdir())

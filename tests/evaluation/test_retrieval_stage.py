@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from mmcse.cli import main
-from mmcse.evaluation.ndcg import caption_relevance, ndcg_metrics
+from mmcse.evaluation.ndcg import image_relevance, ndcg_metrics
 from mmcse.experiments.params import load_config
 from mmcse.io import read_json, read_jsonl, write_jsonl
 from mmcse.methods.objectives import Objective, image_head
@@ -75,8 +75,8 @@ def test_recall_is_that_of_the_trained_heads_on_the_test_images(project, method,
     for key, value in want.items():
         assert scores[f"demo_{key}"] == pytest.approx(value, abs=1e-6), key
     assert 0 < scores["demo_rsum"] < 600
-    # graded NDCG@25 on the same embeddings, ROUGE-L relevance between the test captions
-    relevance = {"rouge_l": caption_relevance([r["caption"] for r in rows], "rouge_l")}
+    # graded NDCG@25 on the same embeddings, ROUGE-L relevance of each test caption to each test image
+    relevance = {"rouge_l": image_relevance([r["caption"] for r in rows], owner, "rouge_l")}
     for key, value in ndcg_metrics(image_emb, texts, owner, relevance, k=25).items():
         assert scores[f"demo_{key}"] == pytest.approx(value, abs=1e-6), key
     assert 0 < scores["demo_NDCG25_rouge_l"] <= 1

@@ -4,21 +4,19 @@ DUET (Table 1, "NDCG_ROUGE", "NDCG_SPICE") follows Messina et al., *Fine-grained
 Alignment for Cross-Modal Retrieval using Transformer Encoders* (TERAN): recall counts only the
 exact ground truth, NDCG also rewards retrieving items whose captions *say the same thing*.
 
-Protocol as implemented here (facts from TERAN's evaluation code, differences marked DEVIATION):
+Protocol as implemented here (facts from TERAN's evaluation code):
 
 * **Relevance of a caption to an image.** TERAN stores one matrix ``(N_txt, N_img)``: the score
-  of caption *c* (the candidate) against the captions of image *I* (the references). The same
-  matrix serves both directions: image→text reads the column of the query image (relevance of
-  every gallery caption to it), text→image reads the row of the query caption (relevance of
-  every gallery image to it). The query's own ground truth is therefore relevant (1.0 under
-  ROUGE-L: the caption is one of its image's references).
-  DEVIATION: TERAN scores a caption against all references of an image at once (coco-caption's
-  ROUGE-L: lower-cased whitespace tokens, best precision and best recall over the references,
-  F with beta = 1.2; SPICE with the union of the references' scene graphs). Here relevance is
-  built from caption *pairs* (`caption_relevance`, ``(N_txt, N_txt)``: rouge-score's ROUGE-L F1,
-  or SPICE's F of one candidate against one reference) and reduced to images by the **max over
-  the image's captions**: ``rel(c, I) = max_{c' of I} S[c, c']``. One pair matrix then serves
-  any image subset (COCO 1K folds) and the image side of every query.
+  of caption *c* (the candidate) against the captions of image *I* (all of them at once, as the
+  references of a captioning metric; TERAN's evaluate_utils/compute_relevance.py). The same matrix
+  serves both directions: image→text reads the column of the query image (relevance of every gallery
+  caption to it), text→image reads the row of the query caption (relevance of every gallery image to
+  it). The query's own ground truth is therefore relevant (1.0 under ROUGE-L: the caption is one of
+  its image's references). ``rouge_l``: coco-caption's ROUGE-L as TERAN's evaluate_utils/rouge.py
+  computes it: tokens are the lower-cased caption split on single spaces, P = max over the references
+  of LCS / |c|, R = max of LCS / |r|, F = (1 + β²)·P·R / (R + β²·P) with β = 1.2 (0 when P or R is 0).
+  ``spice``: SPICE's F of the caption against the image's references together (the union of their
+  scene graphs), pycocoevalcap's jar.
 * **Gain and discount.** ``DCG@k = sum_{r=1..k} (2^rel_r - 1) / log2(r + 1)`` over the top k of
   the ranking (exponential gain, log2 discount with rank 1 undiscounted).
 * **Ideal DCG.** The same sum over the gallery's k largest relevances in decreasing order (all
@@ -37,10 +35,11 @@ reported (``i2t_NDCG25_rouge_l``, ``t2i_NDCG25_rouge_l``) and their mean
 (``NDCG25_rouge_l``, the PRIMARY metric: ROUGE-L needs no Java, SPICE does), with ``_spice``
 keys when a SPICE relevance is given.
 
-Relevance computation scales to Flickr30k test (5000 captions, 12.5M pairs): ROUGE-L tokenizes
-each caption once with rouge-score's own tokenizer and computes every LCS with a bit-parallel
-algorithm (Hyyrö 2004) vectorised over all partners of a caption; SPICE runs pycocoevalcap's
-SPICE jar on chunks of pairs. `relevance_matrix` caches the result keyed by the captions.
+Relevance computation scales to Flickr30k test (5000 captions, 12.5M caption pairs): ROUGE-L
+tokenizes each caption once and computes every caption pair's LCS with a bit-parallel algorithm
+(Hyyrö 2004) vectorised over all partners of a caption, then takes each image's best precision and
+recall over its captions; SPICE runs pycocoevalcap's SPICE jar on chunks of (caption, image's
+references) items. `relevance_matrix` caches the result keyed by the captions and their images.
 """
 
 from __future__ import annotations
@@ -57,7 +56,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
-from rouge_score.tokenizers import DefaultTokenizer
 from tqdm.auto import tqdm
 
 from mmcse.errors import SpiceUnavailable
@@ -71,7 +69,7 @@ K = 25
 KINDS = ("rouge_l", "spice")
 PRIMARY = ndcg_key(K, "rouge_l")
 # bumped when the way a relevance matrix is computed changes: old cache files stop matching
-RELEVANCE_VERSION = 1
+RELEVANCE_VERSION = 2  # 2: caption-to-image relevance (TERAN's multi-reference ROUGE-L / SPICE)
 SPICE_JARS = ("spice-1.0.jar", "lib/stanford-corenlp-3.6.0.jar", "lib/stanford-corenlp-3.6.0-models.jar")
 SPICE_CHUNK = 200_000  # caption pairs per SPICE run: bounds the JSON files and the JVM heap
 SPICE_MAX_JAVA = 14  # SPICE 1.0 writes -out through Nashorn (gone in Java 15); its LMDB cache fails on 16+
@@ -100,20 +98,30 @@ def _check_captions(captions: Sequence[str]) -> list[str]:
     return captions
 
 
-def caption_relevance(captions: Sequence[str], kind: str) -> np.ndarray:
-    """Relevance between captions ``(N_txt, N_txt)`` float32 in [0, 1]: ``S[c, c']`` scores
-    caption c (candidate) against caption c' (reference).
+ROUGE_BETA = 1.2  # coco-caption's ROUGE-L (TERAN's evaluate_utils/rouge.py): recall weighed 1.2 over precision
 
-    ``kind="rouge_l"``: rouge-score's ``RougeScorer(["rougeL"])`` F-measure (its tokenizer, no
-    stemming); symmetric, each unordered pair computed once. ``kind="spice"``: SPICE's F-score of
-    one candidate against one reference (pycocoevalcap's jar; needs Java and the CoreNLP jars,
-    checked first: `SpiceUnavailable`).
-    """
+
+def _check_owners(text_image: Sequence[int], n_txt: int) -> np.ndarray:
+    owner = np.asarray(text_image)
+    if owner.shape != (n_txt,) or not np.issubdtype(owner.dtype, np.integer):
+        raise ValueError(f"text_image: expected {n_txt} integer image indices, got {owner.dtype} {owner.shape}")
+    if n_txt and (owner.min() < 0 or np.setdiff1d(np.arange(owner.max() + 1), owner).size):
+        raise ValueError("text_image: images must be 0..N_img-1, each with at least one caption")
+    return owner.astype(np.int64)
+
+
+def image_relevance(captions: Sequence[str], text_image: Sequence[int], kind: str) -> np.ndarray:
+    """Relevance of every caption to every image ``(N_txt, N_img)`` float32 in [0, 1]: ``R[c, I]`` scores
+    caption c (candidate) against all captions of image I (references; ``text_image[j]``: the image of
+    caption j), as TERAN does (module docstring). ``kind="rouge_l"``: coco-caption's multi-reference
+    ROUGE-L (β = 1.2); ``kind="spice"``: SPICE's F against the references together (pycocoevalcap's jar;
+    needs Java and the CoreNLP jars, checked first: `SpiceUnavailable`)."""
     _check_kind(kind)
     captions = _check_captions(captions)
+    owner = _check_owners(text_image, len(captions))
     if kind == "spice":
-        return _spice_relevance(captions)
-    return _rouge_l_relevance(captions)
+        return _spice_relevance(captions, owner)
+    return _rouge_l_relevance(captions, owner)
 
 
 _SWAR = [np.uint64(v) for v in (0x5555555555555555, 0x3333333333333333, 0x0F0F0F0F0F0F0F0F, 0x0101010101010101)]
@@ -147,10 +155,13 @@ def _lcs_bigint(a: Sequence[int], others: Sequence[Sequence[int]]) -> list[int]:
     return out
 
 
-def _rouge_l_relevance(captions: list[str]) -> np.ndarray:
-    tokenizer = DefaultTokenizer(use_stemmer=False)
-    vocab: dict[str, int] = {}  # id 0: padding (never matches)
-    ids = [[vocab.setdefault(t, len(vocab) + 1) for t in tokenizer.tokenize(c)] for c in captions]
+def teran_tokens(caption: str) -> list[str]:
+    """coco-caption's ROUGE-L tokens as TERAN's rouge.py makes them: lower-cased, split on single spaces."""
+    return caption.lower().split(" ")
+
+
+def lcs_lengths(ids: list[list[int]]) -> np.ndarray:
+    """``(N, N)`` uint16 LCS length of every pair of token-id sequences (id 0 never matches)."""
     n = len(ids)
     lengths = np.array([len(t) for t in ids], dtype=np.int64)
     perm = np.argsort(-lengths, kind="stable")  # longest first: a row's partners are never longer
@@ -159,8 +170,8 @@ def _rouge_l_relevance(captions: list[str]) -> np.ndarray:
     for col, c in enumerate(perm):
         tokens_t[: lengths[c], col] = ids[c]
     sorted_len = lengths[perm]
-    mask_of = np.zeros(len(vocab) + 1, dtype=np.uint64)  # token id -> bits of its positions in the row caption
-    out = np.zeros((n, n), dtype=np.float32)
+    mask_of = np.zeros(max((max(t, default=0) for t in ids), default=0) + 1, dtype=np.uint64)  # token -> bits
+    out = np.zeros((n, n), dtype=np.uint16)
     with tqdm(total=n * (n + 1) // 2, desc="ROUGE-L relevance", unit="pair", unit_scale=True) as bar:
         for p in range(n):
             a, m = ids[perm[p]], int(sorted_len[p])
@@ -179,15 +190,25 @@ def _rouge_l_relevance(captions: list[str]) -> np.ndarray:
                 low = np.uint64((1 << m) - 1) if m < 64 else np.iinfo(np.uint64).max
                 lcs = m - _popcount(v & low)
                 mask_of[a] = 0
-            # rouge-score's F: P = lcs / len(prediction), R = lcs / len(target), F = 2PR / (P + R)
-            with np.errstate(divide="ignore", invalid="ignore"):
-                prec = lcs / part_len
-                rec = lcs / m if m else np.zeros_like(prec)
-                f = np.where(lcs > 0, 2 * prec * rec / (prec + rec), 0.0).astype(np.float32)
-            out[perm[p], partners] = f
-            out[partners, perm[p]] = f
+            out[perm[p], partners] = np.minimum(lcs, np.iinfo(np.uint16).max)
+            out[partners, perm[p]] = out[perm[p], partners]
             bar.update(n - p)
     return out
+
+
+def _rouge_l_relevance(captions: list[str], owner: np.ndarray) -> np.ndarray:
+    vocab: dict[str, int] = {}  # id 0: padding (never matches)
+    ids = [[vocab.setdefault(t, len(vocab) + 1) for t in teran_tokens(c)] for c in captions]
+    lcs = lcs_lengths(ids).astype(np.float64)  # (N, N) candidate c by reference c'
+    length = np.array([len(t) for t in ids], dtype=np.float64)  # (N,) never 0: "".split(" ") is [""]
+    by_image = np.argsort(owner, kind="stable")  # references grouped by image
+    starts = np.searchsorted(owner[by_image], np.arange(int(owner.max()) + 1))
+    prec = np.maximum.reduceat(lcs[:, by_image] / length[:, None], starts, axis=1)  # (N_txt, N_img) best P
+    rec = np.maximum.reduceat(lcs[:, by_image] / length[by_image][None, :], starts, axis=1)  # best R
+    b2 = ROUGE_BETA ** 2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        f = np.where((prec > 0) & (rec > 0), (1 + b2) * prec * rec / (rec + b2 * prec), 0.0)
+    return f.astype(np.float32)
 
 
 def _spice_dir() -> Path | None:
@@ -245,53 +266,55 @@ def parse_spice_output(results: list[dict], n_items: int) -> np.ndarray:
     return f
 
 
-def _spice_relevance(captions: list[str]) -> np.ndarray:
+def _spice_relevance(captions: list[str], owner: np.ndarray) -> np.ndarray:
     missing = _spice_missing()
     if missing:
         raise SpiceUnavailable(f"SPICE relevance cannot run: missing {'; '.join(missing)}. {SPICE_INSTALL}")
     spice_dir = _spice_dir()
     assert spice_dir is not None
-    n = len(captions)
-    rows, cols = np.triu_indices(n)  # each unordered pair once (SPICE's F of a pair is symmetric
-    # up to its synonym matching); the row caption is the candidate, the column one the reference
-    out = np.zeros((n, n), dtype=np.float32)
+    n_txt, n_img = len(captions), int(owner.max()) + 1
+    refs = [[] for _ in range(n_img)]  # each image's captions: the references of every candidate
+    for c, i in zip(captions, owner.tolist(), strict=True):
+        refs[i].append(c)
+    out = np.zeros((n_txt, n_img), dtype=np.float32)
+    total = n_txt * n_img  # item k: caption k // n_img against the references of image k % n_img
     with tempfile.TemporaryDirectory(prefix="spice-") as tmp, \
-            tqdm(total=rows.size, desc="SPICE relevance", unit="pair", unit_scale=True) as bar:
+            tqdm(total=total, desc="SPICE relevance", unit="item", unit_scale=True) as bar:
         work = Path(tmp)
         parse_cache = work / "cache"  # one parse per caption across all chunks of this call
         parse_cache.mkdir()
-        for start in range(0, rows.size, SPICE_CHUNK):
-            r, c = rows[start : start + SPICE_CHUNK], cols[start : start + SPICE_CHUNK]
+        for start in range(0, total, SPICE_CHUNK):
+            items = range(start, min(start + SPICE_CHUNK, total))
             in_path, out_path = work / "in.json", work / "out.json"
-            in_path.write_text(json.dumps([{"image_id": i, "test": captions[a], "refs": [captions[b]]}
-                                           for i, (a, b) in enumerate(zip(r.tolist(), c.tolist(), strict=True))]))
+            in_path.write_text(json.dumps([{"image_id": k - start, "test": captions[k // n_img],
+                                            "refs": refs[k % n_img]} for k in items]))
             subprocess.run(["java", "-jar", "-Xmx8G", str(spice_dir / SPICE_JARS[0]), str(in_path),
                             "-cache", str(parse_cache), "-out", str(out_path), "-silent"], cwd=spice_dir, check=True)
-            f = parse_spice_output(json.loads(out_path.read_text()), r.size).astype(np.float32)
-            out[r, c] = f
-            out[c, r] = f
-            bar.update(r.size)
+            f = parse_spice_output(json.loads(out_path.read_text()), len(items)).astype(np.float32)
+            out.reshape(-1)[start : start + len(items)] = f
+            bar.update(len(items))
     return out
 
 
 # ----------------------------------------------------------------------------- cache
 
 
-def relevance_key(captions: Sequence[str], kind: str) -> str:
-    """SHA-256 of the kind, the computation version and the captions in order."""
-    payload = json.dumps({"kind": kind, "version": RELEVANCE_VERSION, "captions": list(captions)})
+def relevance_key(captions: Sequence[str], text_image: Sequence[int], kind: str) -> str:
+    """SHA-256 of the kind, the computation version, the captions in order and each caption's image."""
+    payload = json.dumps({"kind": kind, "version": RELEVANCE_VERSION, "captions": list(captions),
+                          "images": [int(i) for i in text_image]})
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
-def _load_cached(path: Path, n: int) -> np.ndarray | None:
+def _load_cached(path: Path, shape: tuple[int, int]) -> np.ndarray | None:
     try:
         rel = np.load(path, mmap_mode="r")
     except (OSError, ValueError, EOFError) as err:
         log.warning("%s: unreadable relevance cache (%s); computing it again", path, err)
         return None
-    if rel.dtype != np.float32 or rel.shape != (n, n):
+    if rel.dtype != np.float32 or rel.shape != shape:
         log.warning("%s: relevance cache is %s %s, expected float32 %s; computing it again",
-                    path, rel.dtype, rel.shape, (n, n))
+                    path, rel.dtype, rel.shape, shape)
         return None
     if not (np.isfinite(rel).all() and rel.min(initial=0.0) >= 0.0 and rel.max(initial=0.0) <= 1.0):
         log.warning("%s: relevance cache holds values outside [0, 1]; computing it again", path)
@@ -299,17 +322,18 @@ def _load_cached(path: Path, n: int) -> np.ndarray | None:
     return rel
 
 
-def relevance_matrix(captions: Sequence[str], kind: str, cache_dir: Path) -> np.ndarray:
-    """`caption_relevance` through a cache: ``cache_dir/<kind>-<sha256>.npy`` (atomic write),
-    reused when it reads back as float32 ``(N, N)`` in [0, 1], rebuilt when corrupt."""
+def relevance_matrix(captions: Sequence[str], text_image: Sequence[int], kind: str, cache_dir: Path) -> np.ndarray:
+    """`image_relevance` through a cache: ``cache_dir/<kind>-<sha256>.npy`` (atomic write), reused when it
+    reads back as float32 ``(N_txt, N_img)`` in [0, 1], rebuilt when corrupt."""
     _check_kind(kind)
     captions = _check_captions(captions)
-    path = Path(cache_dir) / f"{kind}-{relevance_key(captions, kind)}.npy"
+    owner = _check_owners(text_image, len(captions))
+    path = Path(cache_dir) / f"{kind}-{relevance_key(captions, owner, kind)}.npy"
     if path.is_file():
-        cached = _load_cached(path, len(captions))
+        cached = _load_cached(path, (len(captions), int(owner.max()) + 1))
         if cached is not None:
             return cached
-    rel = caption_relevance(captions, kind)
+    rel = image_relevance(captions, owner, kind)
     with atomic_path(path) as tmp, open(tmp, "wb") as handle:
         np.save(handle, rel)
     return rel
@@ -346,9 +370,9 @@ def _validate(image_emb: np.ndarray, text_emb: np.ndarray, text_image: Sequence[
     for kind, rel in relevance.items():
         if kind not in KINDS:
             raise ValueError(f"relevance[{kind!r}]: unknown kind, expected one of {', '.join(KINDS)}")
-        if rel.shape != (n_txt, n_txt):
-            raise ValueError(f"relevance[{kind!r}] has shape {rel.shape}, expected ({n_txt}, {n_txt}): "
-                             "caption-by-caption, in the order of text_emb")
+        if rel.shape != (n_txt, n_img):
+            raise ValueError(f"relevance[{kind!r}] has shape {rel.shape}, expected ({n_txt}, {n_img}): "
+                             "caption-by-image, in the order of text_emb and image_emb")
         if not (np.isfinite(rel).all() and rel.min() >= 0.0 and rel.max() <= 1.0):
             raise ValueError(f"relevance[{kind!r}]: values must be finite and in [0, 1]")
     if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
@@ -403,32 +427,26 @@ def ndcg_per_query(image_emb: np.ndarray, text_emb: np.ndarray, text_image: Sequ
     """NDCG@k of every query: ``{kind: (i2t (N_img,), t2i (N_txt,))}`` (module docstring).
 
     ``image_emb (N_img, d)``, ``text_emb (N_txt, d)``, ``text_image[j]``: the image of caption
-    j; ``relevance[kind]``: a `caption_relevance` matrix ``(N_txt, N_txt)`` over those captions.
+    j; ``relevance[kind]``: an `image_relevance` matrix ``(N_txt, N_img)`` of those captions and images.
     Queries run ``block`` at a time: at most ``block x max(N_img, N_txt)`` scores exist at once.
     """
     image_emb, text_emb = np.asarray(image_emb), np.asarray(text_emb)
-    owner = _validate(image_emb, text_emb, text_image, relevance, k, block)
+    _validate(image_emb, text_emb, text_image, relevance, k, block)
     n_img, n_txt = image_emb.shape[0], text_emb.shape[0]
     img, txt = unit_rows(image_emb), unit_rows(text_emb)
-    by_image = np.argsort(owner, kind="stable")  # (N_txt,) captions grouped by image
-    starts = np.searchsorted(owner[by_image], np.arange(n_img))  # (N_img,) first of each image's group
-    ends = np.append(starts[1:], n_txt)
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for kind, pair_rel in relevance.items():
+    for kind, image_rel in relevance.items():
         i2t = np.empty(n_img)
         for a in range(0, n_img, block):
             b = min(a + block, n_img)
             sim = img[a:b] @ txt.T  # (b-a, N_txt) cosine of these images with every caption
-            cols = by_image[starts[a] : ends[b - 1]]  # captions of images a..b-1, grouped
-            # rel(caption c, image i) = max over captions c' of i of S[c, c']: (N_txt, b-a) -> (b-a, N_txt)
-            rel = np.maximum.reduceat(np.asarray(pair_rel[:, cols]), starts[a:b] - starts[a], axis=1).T
-            rel = rel.astype(np.float64)
+            rel = np.asarray(image_rel[:, a:b], dtype=np.float64).T  # (b-a, N_txt) each caption's relevance
             i2t[a:b] = _ndcg(_retrieved_gains(sim, rel, k), rel, k)
         t2i = np.empty(n_txt)
         for a in range(0, n_txt, block):
             b = min(a + block, n_txt)
             sim = txt[a:b] @ img.T  # (b-a, N_img)
-            rel = np.maximum.reduceat(np.asarray(pair_rel[a:b])[:, by_image], starts, axis=1).astype(np.float64)
+            rel = np.asarray(image_rel[a:b], dtype=np.float64)  # (b-a, N_img)
             t2i[a:b] = _ndcg(_retrieved_gains(sim, rel, k), rel, k)
         out[kind] = (i2t, t2i)
     return out
@@ -453,12 +471,12 @@ def ndcg_fold_mean(image_emb: np.ndarray, text_emb: np.ndarray, text_image: Sequ
                    relevance: dict[str, np.ndarray], folds: Sequence[range], k: int = K, block: int = 1024, *,
                    exclude_zero: bool = True) -> dict[str, float]:
     """Mean of `ndcg_metrics` over image folds (COCO 1K: `retrieval.coco_1k_folds`), each with its
-    own images' captions and the relevance between those captions."""
+    own images' captions and their relevance to its images."""
     owner = np.asarray(text_image, dtype=np.int64)
     per_fold = []
     for images in folds:
         keep = np.flatnonzero((owner >= images.start) & (owner < images.stop))
-        sub = {kind: np.asarray(rel)[np.ix_(keep, keep)] for kind, rel in relevance.items()}
+        sub = {kind: np.asarray(rel)[keep, images.start:images.stop] for kind, rel in relevance.items()}
         per_fold.append(ndcg_metrics(np.asarray(image_emb)[images.start:images.stop], np.asarray(text_emb)[keep],
                                      owner[keep] - images.start, sub, k, block, exclude_zero=exclude_zero))
     return {key: float(np.mean([f[key] for f in per_fold])) for key in per_fold[0]}

@@ -239,7 +239,8 @@ def evaluate_duet(cfg: Config, paths: Paths, model_dir: Path, region_sets: dict[
     block = cfg.evaluate.retrieval.block_size
     scores = test_set_metrics(set_name, image_emb, text_emb, split.text_image, block)
     if cfg.evaluate.ndcg.relevance:
-        relevance = {kind: relevance_for(paths, split.captions, kind) for kind in cfg.evaluate.ndcg.relevance}
+        relevance = {kind: relevance_for(paths, split.captions, split.text_image, kind)
+                     for kind in cfg.evaluate.ndcg.relevance}
         scores |= test_set_ndcg(set_name, image_emb, text_emb, split.text_image, relevance, cfg.evaluate.ndcg.k,
                                 block)
     r = cfg.evaluate.retrieval
@@ -299,7 +300,8 @@ def retrieval_test_set(cfg: Config, paths: Paths, encoder: Any, raw: Path, teach
     head = image_head(Objective.of(cfg)) if head == "config" else head
     test_set = evaluate_test_set(cfg.evaluate, encoder, raw, folders, manifest["retrieval_set"], head)
     if test_set.image_emb is not None and cfg.evaluate.ndcg.relevance:
-        relevance = {kind: relevance_for(paths, test_set.captions, kind) for kind in cfg.evaluate.ndcg.relevance}
+        relevance = {kind: relevance_for(paths, test_set.captions, test_set.text_image, kind)
+                     for kind in cfg.evaluate.ndcg.relevance}
         test_set.scores |= test_set_ndcg(test_set.set_name, test_set.image_emb, test_set.text_emb,
                                          test_set.text_image, relevance, cfg.evaluate.ndcg.k,
                                          cfg.evaluate.retrieval.block_size)
