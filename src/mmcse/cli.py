@@ -206,6 +206,8 @@ def _cmd_plan(args: argparse.Namespace) -> None:
 
 
 def _cmd_preflight(args: argparse.Namespace) -> None:
+    from mmcse.experiments.params import check_preset_name
+    check_preset_name(args.params, args.preset)  # an unknown preset is said before torch is imported
     from mmcse.experiments.preflight import failed_rows, preflight, preflight_json, preflight_text, progress_line
 
     shown = None if args.json else lambda row: print(progress_line(row), file=sys.stderr, flush=True)
@@ -441,8 +443,6 @@ def _cmd_ui(args: argparse.Namespace) -> None:
         raise SystemExit(1)
     except KeyboardInterrupt:
         stopping = True
-    else:
-        stopping = False
     finally:
         for p in procs.values():
             if p.poll() is None:

@@ -187,3 +187,10 @@ def test_every_retrieval_column_a_paper_maps_is_a_key_the_evaluation_writes(pair
     mapped = {m for paper in list_papers() for table in load_paper(paper).tables.values()
               for m in table.columns.values() if any(m.startswith(f"{n}_") for n in names)}
     assert mapped <= written and (mapped or pairs == "demo")  # DALR Table 4 (flickr30k), DUET Tables 1-2 (coco)
+
+
+def test_a_paper_name_is_a_name_not_a_path(tmp_path):
+    (tmp_path / "papers").mkdir()
+    (tmp_path / "evil.yaml").write_text("paper: outside\ntables: {}\n")
+    with pytest.raises(ConfigError, match="no paper file"):
+        load_paper("../evil", tmp_path)

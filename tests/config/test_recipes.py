@@ -232,3 +232,10 @@ def test_sentence_encoder_profiles_train_on_flickr30k_entities_split_and_kdmcse_
     apply_profile(params, "dalr-flickr-bert")
     rows = {r["variant"]: r["config"]["train"] for r in plan(params, "dalr-table7")["rows"]}
     assert {v: (t["epochs"], t["batch_size"]) for v, t in rows.items()} == {"KDMCSE": (4, 128), "DALR": (4, 128)}
+
+
+def test_a_preset_name_is_a_name_not_a_path(project):
+    """Presets are confined to their folder as profiles are: `mmcse plan --preset ../../evil` reads nothing outside."""
+    (project.parent / "evil.yaml").write_text("description: outside\nvariants: {a: {train.method: simcse}}\n")
+    with pytest.raises(ConfigError, match=r"ablate.preset.*no preset file .*presets: baselines"):
+        plan(project / "params.yaml", "../evil")

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import math
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -197,3 +199,53 @@ def _killed_child(config, steps, conn, **_) -> None:
     import signal
 
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _hanging_child(config, steps, conn, scratch=None, **_) -> None:
+    import pathlib
+    import time
+
+    (pathlib.Path(scratch) / "half-built-cache").mkdir()  # what a row leaves when it is stopped mid-way
+    time.sleep(600)
+
+
+def test_a_row_past_its_timeout_is_named_timed_out_and_leaves_no_temporary_folder(project, monkeypatch, tmp_path):
+    import tempfile
+
+    monkeypatch.setattr(pf, "_child", _hanging_child)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # where the row's scratch folder is made
+    out = pf.check_in_process(load_config(project / "params.yaml"), steps=2, timeout=3)
+    assert out["status"] == "failed" and out["timed_out"] and not out["out_of_memory"]
+    assert out["error"] == "timed out: no result after --timeout 3 s (the row was stopped)"
+    assert list(scratch.iterdir()) == []  # the killed row's temporary files are gone with it
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ({"steps": 0}, "--steps 0: at least 2"), ({"steps": 1}, "--steps 1: at least 2"),
+    ({"timeout": 1}, "--timeout 1: at least 30 s"), ({"timeout": 0}, "--timeout 0: at least 30 s"),
+])
+def test_bad_arguments_are_refused_before_any_row_runs(project, monkeypatch, args, message):
+    monkeypatch.setattr(pf, "preflight_row", lambda *a, **k: pytest.fail("a row ran"))
+    with pytest.raises(ValueError, match=message):
+        pf.preflight(project / "params.yaml", **args)
+
+
+def test_when_no_row_ran_the_total_says_so():
+    rows = [{"row": "A", "method": "mcse", "batch_size": 8, "max_seq_len": 32, "status": "failed", "error": "boom",
+             "projected_minutes": None, "training_steps": 100, "counts_from": "downloaded"}]
+    text = pf.preflight_text({"profile": "demo", "preset": "p", "device": "CPU", "steps": 2, "rows": rows,
+                              "total_minutes": None})
+    assert "total: no projection: no row ran (their errors are below)" in text and "A: boom" in text
+
+
+def test_an_unknown_or_outside_preset_is_refused_before_torch_is_imported(project):
+    (project.parent / "evil.yaml").write_text("variants: {a: {}}\n")
+    probe = ("import sys\nfrom mmcse.cli import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
+             "    print('exit', e.code, 'torch' in sys.modules)\n")
+    for name in ("no-such", "../evil"):
+        run = subprocess.run([sys.executable, "-c", probe, "preflight", "--params", str(project / "params.yaml"),
+                              "--preset", name], capture_output=True, text=True, cwd=project)
+        assert "exit 2 False" in run.stdout, run.stdout + run.stderr
+        assert f"--preset {name!r}: no preset file" in run.stderr and "presets: baselines" in run.stderr

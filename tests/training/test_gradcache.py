@@ -148,7 +148,11 @@ def test_the_keyed_masks_keep_one_minus_p_independently():
      ({"micro_batch": 8, "dropout_rng": "per_row", "method": "duet"},
       "key 'train.micro_batch': is for the sentence encoders"),
      ({"dropout_rng": "per_row", "method": "vsepp"}, "key 'train.dropout_rng': per_row keys the dropout"),
-     ({"micro_batch": -1}, "train.micro_batch")],
+     ({"micro_batch": -1}, "train.micro_batch"),
+     # a micro-batch that covers the batch pays two passes for nothing
+     ({"micro_batch": 32, "batch_size": 32, "dropout_rng": "per_row"},
+      "key 'train.micro_batch': 32 covers the whole batch (train.batch_size 32)"),
+     ({"micro_batch": 64, "batch_size": 32, "dropout_rng": "per_row"}, "64 covers the whole batch")],
 )
 def test_settings_gradient_caching_cannot_honour_are_refused_in_one_line(train, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):

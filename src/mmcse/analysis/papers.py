@@ -224,7 +224,7 @@ def _table(paper: str, key: str, raw: Any, where: str) -> PaperTable:
 def load_paper(name: str, root: Path | str = ".") -> Paper:
     """``papers/<name>.yaml`` under ``root``, checked: one line naming the file and key on error."""
     file = Path(root) / PAPERS_DIR / f"{name}.yaml"
-    if not file.is_file():
+    if name not in list_papers(root):  # a name, not a path: nothing outside papers/ is read
         raise ConfigError(f"no paper file {file}; papers: {', '.join(list_papers(root)) or 'none'}")
     raw = _mapping(yaml.safe_load(file.read_text(encoding="utf-8")), str(file))
     _known(raw, PAPER_FIELDS, str(file))

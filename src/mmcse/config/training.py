@@ -185,6 +185,9 @@ class TrainConfig:
               "and caption models end to end on the batch, without gradient caching: set it to 0")
         check(self.method in ("duet", *SENTENCE_ENCODERS) or self.dropout_rng == "torch", where, "train.dropout_rng",
               f"per_row keys the dropout of the sentence encoders and DUET; {self.method}'s models have none to key")
+        check(self.micro_batch < self.batch_size, where, "train.micro_batch",
+              f"{self.micro_batch} covers the whole batch (train.batch_size {self.batch_size}): gradient caching would "
+              "pay its two passes for nothing; set 0 (one pass) or a size below the batch")
         check(self.micro_batch == 0 or self.dropout_rng == "per_row", where, "train.micro_batch",
               "needs train.dropout_rng: per_row (each micro-batch's second pass must draw its first pass's "
               "dropout masks, so the update equals the whole batch's)")

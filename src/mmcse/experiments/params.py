@@ -48,6 +48,19 @@ def list_presets(folder: Path) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
 
 
+def check_preset_name(params: str | Path, name: str | None) -> None:
+    """``name`` is a preset of ``params``' presets folder (None: params.yaml's own), said before a command
+    imports anything heavy; raises ConfigError listing the presets."""
+    if name is None:
+        return
+    params = Path(params)
+    raw = yaml.safe_load(params.read_text()) if params.is_file() else {}
+    folder = params.parent / str(((raw or {}).get("ablate") or {}).get("presets_dir", AblateConfig.presets_dir))
+    if name not in list_presets(folder):
+        raise ConfigError(f"--preset {name!r}: no preset file {folder / f'{name}.yaml'}; presets: "
+                          f"{', '.join(list_presets(folder)) or 'none'}")
+
+
 PRESET_KEYS = ("description", "base", "reference", "variants", "plot_x", "seeds", "transfer", "metric", "test",
                "rows_of", "figures", "sentences", "figure_captions", "caveats")
 
@@ -57,7 +70,7 @@ def read_preset(folder: Path, name: str, where: str, seen: tuple[str, ...] = ())
     this file does not set itself (a table that repeats another's rows on other data, e.g. DALR
     Table 8 = Table 3 on wiki+coco)."""
     file = folder / f"{name}.yaml"
-    if not file.is_file():
+    if name not in list_presets(folder):  # a name, not a path: nothing outside the presets folder is read
         fail(where, "ablate.preset" if not seen else f"{folder / seen[-1]}.yaml: rows_of",
              f"no preset file {file}; presets: {', '.join(list_presets(folder)) or 'none'}")
     preset = dict(read_keyed_yaml(file, PRESET_KEYS))

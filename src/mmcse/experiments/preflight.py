@@ -34,6 +34,7 @@ import multiprocessing as mp
 import os
 import platform
 import resource
+import shutil
 import statistics
 import tempfile
 import time
@@ -68,6 +69,8 @@ from mmcse.training.duet import duet_architecture, duet_optimizer_step, vsepp_ar
 from mmcse.training.loop import build_optimizer, is_out_of_memory, optimizer_step
 
 RANDOM = "random weights: wiring, memory and time only"
+MIN_STEPS = 2  # the first step is not timed
+MIN_TIMEOUT = 30  # seconds: a row's process imports torch and builds its models before it steps
 WORD_VOCABULARY = 10_000  # VSE++ / VSRN without the data here: about COCO's words seen 4 times
 OBJECTS_PER_SENTENCE = 3  # MCSEO: object–phrase pairs per caption in a synthetic batch
 # a model family's mask token and special ids (the tokenizer's) when no tokenizer is on the machine
@@ -331,9 +334,12 @@ def _peak(device: torch.device) -> tuple[int, str]:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024, "peak resident set"  # Linux: KiB
 
 
-def _child(config: dict[str, Any], steps: int, conn: Any, check: Any = None, start_method: str | None = None) -> None:
+def _child(config: dict[str, Any], steps: int, conn: Any, check: Any = None, start_method: str | None = None,
+           scratch: str | None = None) -> None:
     if start_method:  # the stages' own (a spawned child defaults to spawn): their loaders' workers start as there
         mp.set_start_method(start_method, force=True)
+    if scratch:  # the row's temporary folders inside the parent's, which removes it however the row ends
+        tempfile.tempdir = scratch
     try:
         job = parse_config(config, where="preflight row")
         out = (check or run_row)(job, steps)
@@ -353,19 +359,28 @@ def check_in_process(job: Config, steps: int, timeout: float | None = None, chec
     receive, send = ctx.Pipe(duplex=False)
     # not a daemon: a check may start its own workers (the teachers' image DataLoader); killed below if it hangs
     own = {"check": check, "start_method": mp.get_start_method()} if check else {}
-    process = ctx.Process(target=_child, args=(to_dict(job), steps, send), kwargs=own)
+    scratch = tempfile.mkdtemp(prefix="mmcse-preflight-row-")
+    process = ctx.Process(target=_child, args=(to_dict(job), steps, send), kwargs={**own, "scratch": scratch})
     process.start()
     send.close()
+    timed_out = False
     try:
         try:  # a child that dies (killed for memory) closes the pipe: EOF, not a hang
-            result = receive.recv() if receive.poll(timeout) else None
+            if receive.poll(timeout):
+                result = receive.recv()
+            else:
+                result, timed_out = None, True
         except EOFError:
             result = None
         process.join(5)
-    finally:  # timed out, or preflight interrupted: the check does not outlive it
+    finally:  # timed out, or preflight interrupted: the check does not outlive it, nor do its temporary files
         if process.is_alive():
             process.kill()
             process.join()
+        shutil.rmtree(scratch, ignore_errors=True)
+    if timed_out:
+        return {"status": "failed", "out_of_memory": False, "timed_out": True,
+                "error": f"timed out: no result after --timeout {timeout:g} s (the row was stopped)"}
     if result is None:
         code = process.exitcode
         killed = code is not None and code < 0
@@ -469,6 +484,12 @@ def preflight(params: str | Path = "params.yaml", preset: str | None = None, ste
     if cache_items < 0 or cache_items == 1:
         raise ValueError(f"cache_items={cache_items}: 0 (no teacher-cache check) or at least 2 (an item's time is "
                          "measured between 1 item and that many)")
+    if steps < MIN_STEPS:
+        raise ValueError(f"--steps {steps}: at least {MIN_STEPS} (the first step is not timed: it builds kernels "
+                         "and caches)")
+    if timeout is not None and timeout < MIN_TIMEOUT:
+        raise ValueError(f"--timeout {timeout:g}: at least {MIN_TIMEOUT} s (a row's process imports torch and builds "
+                         "its models before its first step), or leave it out: no limit")
     params = Path(params)
     cfg = load_config(params, {"ablate.preset": preset} if preset else None)
     root = params.parent
@@ -563,9 +584,13 @@ def preflight_text(result: dict[str, Any]) -> str:
             notes.append(f"{r['row']}: fine-tuning steps {r['finetune_step_seconds']:.2f} s each")
     total = result["total_minutes"]
     published = sorted({r["row"] for r in result["rows"] if r.get("counts_from") == PUBLISHED})
-    lines += ["", "total: " + ("no projection: the rows' data sizes are unknown (not downloaded here, and no "
-                               "published size)" if total is None else f"about {_minutes(total)} of training on "
-                               "this device (steps and dev evaluations)")]
+    if total is not None:
+        said = f"about {_minutes(total)} of training on this device (steps and dev evaluations)"
+    elif not any(r["status"] == "ran" for r in result["rows"]):
+        said = "no projection: no row ran (their errors are below)"
+    else:
+        said = "no projection: the rows' data sizes are unknown (not downloaded here, and no published size)"
+    lines += ["", "total: " + said]
     if published:
         lines.append(f"projected from the sources' published sizes, not downloaded here: {', '.join(published)}")
     caches = caches_text(result.get("teacher_caches", []), result.get("cache_items", 0), _size)
