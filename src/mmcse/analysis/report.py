@@ -55,6 +55,8 @@ class Reproduction:
     # variant -> the points where it does not follow its paper as printed (`mmcse.config.readings.points_off_printed`)
     readings: dict[str, list[str]] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)  # variant -> what it needs to run under this profile
+    # variant -> the uncommitted code changes its jobs trained with (their commit is not what made them)
+    uncommitted: dict[str, str] = field(default_factory=dict)
 
     @property
     def block(self) -> str:
@@ -185,6 +187,8 @@ def block_grid(table: PaperTable, paper_rows: dict[str, PaperRow], found: Reprod
             label += " (not the paper's row)"
         if variant in found.readings:
             label += f" {READING_MARK}"
+        if variant in found.uncommitted:
+            label += " (uncommitted code)"
         grid.append(["" if row else variant, label,
                      *[mmcse_cell(ours.get(m), _digits(row, i), is_reference) for i, m in enumerate(metrics)]])
         if row is not None and not demo:
@@ -231,6 +235,8 @@ def table_sections(paper: Paper, table: PaperTable, found: Sequence[Reproduction
                 section.lines.append(f"Not the paper's teacher: row {variant} trained with offline stand-ins "
                                      f"(teachers.stand_ins: allow): {teachers}.")
             section.lines += reading_notes(run)
+            for variant, changes in run.uncommitted.items():
+                section.lines.append(f"Uncommitted code: row {variant} trained with uncommitted changes in {changes}.")
             if table.columns:
                 section.lines += verdict_lines(table, rows, run)
             section.header, section.rows = block_grid(table, rows, run)

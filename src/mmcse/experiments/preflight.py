@@ -366,10 +366,8 @@ def check_in_process(job: Config, steps: int, timeout: float | None = None, chec
     timed_out = False
     try:
         try:  # a child that dies (killed for memory) closes the pipe: EOF, not a hang
-            if receive.poll(timeout):
-                result = receive.recv()
-            else:
-                result, timed_out = None, True
+            timed_out = not receive.poll(timeout)
+            result = None if timed_out else receive.recv()
         except EOFError:
             result = None
         process.join(5)

@@ -26,7 +26,7 @@ from mmcse.config import Config, ConfigError
 from mmcse.config.readings import READING_TAG, points_off_printed
 from mmcse.experiments.params import list_presets
 from mmcse.io import write_text
-from mmcse.tracking import STAND_IN_TAG, TRAIN_MINUTES, VARIANT_TAG
+from mmcse.tracking import CHANGED_TAG, COMMIT_TAG, DIRTY_TAG, STAND_IN_TAG, TRAIN_MINUTES, VARIANT_TAG
 
 TABLE_ARTIFACT = "ablation_table.json"
 FIGURES = "figures"  # the parent run's figures: ablation.png, and those of ablate.figures
@@ -68,6 +68,7 @@ def reproduction(client: Any, run: Any, experiment_id: str) -> Reproduction:
     devices: dict[str, str] = {}
     stand_ins: dict[str, str] = {}
     readings: dict[str, list[str]] = {}
+    uncommitted: dict[str, str] = {}
     jobs = client.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{run.info.run_id}'", max_results=5000)
     for job in jobs:
         variant = job.data.tags.get(VARIANT_TAG)
@@ -81,6 +82,9 @@ def reproduction(client: Any, run: Any, experiment_id: str) -> Reproduction:
             stand_ins[variant] = job.data.tags[STAND_IN_TAG]
         if READING_TAG in job.data.tags:
             readings[variant] = points_off_printed(job.data.tags)
+        if job.data.tags.get(DIRTY_TAG) == "true":  # trained from a checkout whose code differed from its commit
+            uncommitted[variant] = (f"{job.data.tags.get(CHANGED_TAG, 'unknown files')} (commit "
+                                    f"{job.data.tags.get(COMMIT_TAG, 'unknown')[:7]})")
     for variant, values in minutes.items():
         mean = sum(values) / len(values)
         std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else math.nan
@@ -95,7 +99,7 @@ def reproduction(client: Any, run: Any, experiment_id: str) -> Reproduction:
         row_status=row_status, devices=devices, figures=figures, stand_ins=stand_ins,
         caveats=json.loads(params.get("ablation.caveats") or "{}"),
         reading=params.get("ablation.reading", "recipe"), readings={v: p for v, p in readings.items() if p},
-        skipped=json.loads(params.get("ablation.skipped") or "{}"),
+        skipped=json.loads(params.get("ablation.skipped") or "{}"), uncommitted=uncommitted,
     )
 
 

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import ast
 import functools
+import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from mmcse.io import sha256_file, sha256_json
 
@@ -117,3 +119,27 @@ def changed_code(recorded: Mapping[str, str] | None, current: Mapping[str, str],
     differ = sorted(p for p in set(recorded) | set(current) if recorded.get(p) != current.get(p))
     more = f" and {len(differ) - shown} more" if len(differ) > shown else ""
     return ", ".join(differ[:shown]) + more
+
+
+REPO = PACKAGE.parents[1]  # the checkout mmcse runs from (src/mmcse -> the repository)
+# what a run's code is made of beyond params.yaml and the data: the library, the stages and flows, the install
+CODE_PATHS = ("src", "stages", "flows", "pyproject.toml", "requirements.lock")
+
+
+def source_state(root: Path = REPO) -> dict[str, Any]:
+    """The checkout's code as git sees it: ``{"commit": HEAD or "unknown", "dirty": True | False | None,
+    "changed": [paths under `CODE_PATHS` that differ from HEAD, untracked ones included]}`` (None and no
+    commit outside a git checkout). A run made from a dirty tree is not its commit's run."""
+    def git(*args: str) -> str | None:
+        try:
+            out = subprocess.run(["git", *args], cwd=root, capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        return out.stdout if out.returncode == 0 else None
+
+    head = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=all", "--", *CODE_PATHS)
+    if head is None or status is None:
+        return {"commit": "unknown", "dirty": None, "changed": []}
+    changed = sorted({line[3:].split(" -> ")[-1].strip('"') for line in status.splitlines() if line.strip()})
+    return {"commit": head.strip(), "dirty": bool(changed), "changed": changed}

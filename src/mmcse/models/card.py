@@ -12,6 +12,7 @@ output: ``.dvcignore``) whenever it scores a model, and into the MLflow model it
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import yaml
 from mmcse.config import Config, to_dict
 from mmcse.data.senteval import STS_TASKS, TRANSFER_TASKS
 from mmcse.environment import describe
+from mmcse.integrity.code import TRAINING_CODE, code_digest, code_files, source_state
 from mmcse.io import tracked, write_text
 
 CARD = "README.md"
@@ -91,7 +93,7 @@ def _eval_results(scores: dict[str, float]) -> list[Any]:
 
 
 def model_card(cfg: Config, scores: dict[str, float], environment: dict[str, str], commit: str,
-               model_name: str = "mmcse sentence encoder") -> str:
+               model_name: str = "mmcse sentence encoder", changed: Sequence[str] = (), code: str = "") -> str:
     """The card's text for a model trained with ``cfg`` and scored ``scores`` (bare score names, as
     `mmcse.pipeline.evaluate.run_evaluate` returns them) in ``environment`` (`mmcse.environment.environment`)."""
     from huggingface_hub import ModelCardData
@@ -127,7 +129,8 @@ def model_card(cfg: Config, scores: dict[str, float], environment: dict[str, str
         "R@K ×100.", "",
         "| score | value |", "|---|---|", rows, "",
         "## Training", "",
-        f"- mmcse commit: `{commit}`",
+        f"- mmcse commit: `{commit}`" + (f", **with uncommitted changes in** {', '.join(changed)}" if changed else ""),
+        *([f"- training code digest: `{code}`"] if code else []),
         f"- environment: {describe(environment)}",
         f"- seed {cfg.base.seed}, {cfg.train.epochs} epoch(s) (max_steps {cfg.train.max_steps}), batch "
         f"{cfg.train.batch_size}, learning rate {cfg.train.learning_rate}, precision {cfg.train.precision}", "",
@@ -140,7 +143,15 @@ def model_card(cfg: Config, scores: dict[str, float], environment: dict[str, str
 
 def write_model_card(folder: str | Path, cfg: Config, scores: dict[str, float], environment: dict[str, str],
                      commit: str | None = None) -> Path:
-    """``folder/README.md`` (`model_card`), written atomically; returns its path."""
+    """``folder/README.md`` (`model_card`), written atomically; returns its path. Without ``commit`` the card
+    names the checkout's commit, any uncommitted change to its code (`source_state`: a model made from a dirty
+    tree is not its commit's model) and the digest of the training code."""
     path = Path(folder) / CARD
-    write_text(path, model_card(cfg, scores, environment, commit or mmcse_commit()))
+    changed: list[str] = []
+    code = ""
+    if commit is None:
+        state = source_state()
+        commit, changed = state["commit"], state["changed"]
+        code = code_digest(code_files(TRAINING_CODE))[:16]
+    write_text(path, model_card(cfg, scores, environment, commit, changed=changed, code=code))
     return path

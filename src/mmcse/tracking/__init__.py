@@ -21,6 +21,7 @@ from mlflow.exceptions import MlflowException
 from mmcse.config import Config, to_dict
 from mmcse.environment import TAG_PREFIX, describe, environment_tags
 from mmcse.errors import StageError
+from mmcse.integrity.code import TRAINING_CODE, code_digest, code_files, source_state
 from mmcse.io import ensure_sqlite_parent, sha256_json, write_json
 
 # Tags added to every run started (not resumed) inside `tagged(...)`: where a job ran
@@ -392,6 +393,21 @@ def end_stale_runs(experiment_id: str, job: str, keep: str | None = None) -> lis
     return ended
 
 
+COMMIT_TAG, DIRTY_TAG, CHANGED_TAG, CODE_TAG = "mmcse.commit", "mmcse.dirty", "mmcse.changed", "mmcse.code_digest"
+
+
+def provenance_tags() -> dict[str, str]:
+    """What code made a run, beside MLflow's own source tags: the commit, whether the checkout's code differed
+    from it and which files (`mmcse.integrity.code.source_state`), and the digest of the training code this
+    process imported (`code_digest`: the same code gives the same digest, committed or not)."""
+    state = source_state()
+    tags = {COMMIT_TAG: state["commit"], DIRTY_TAG: {True: "true", False: "false", None: "unknown"}[state["dirty"]],
+            CODE_TAG: code_digest(code_files(TRAINING_CODE))[:16]}
+    if state["changed"]:
+        tags[CHANGED_TAG] = ", ".join(state["changed"])[:5000]
+    return tags
+
+
 @contextlib.contextmanager
 def run(
     cfg: Config,
@@ -419,7 +435,7 @@ def run(
         tags = {**extra, **(tags or {})}
     env = environment_tags(cfg.base.device)
     if run_id is None:
-        tags = {**env, **(tags or {})}
+        tags = {**env, **provenance_tags(), **(tags or {})}
     if job is not None:
         tags = {**(tags or {}), JOB_TAG: job, "mmcse.host": socket.gethostname(), "mmcse.pid": str(os.getpid())}
         end_stale_runs(exp_id, job, keep=run_id)
