@@ -285,3 +285,30 @@ def test_a_diverged_trial_fails_as_such_and_the_study_goes_on(project, monkeypat
     assert summary["trials"] == 0 and summary["best_value"] is None
     said = capsys.readouterr().err
     assert len(re.findall(r"trial \d: training diverged at step \d+: .*; the study goes on", said)) == 2
+
+
+def test_a_stopped_trials_parameters_are_queued_and_a_rerun_trains_them_first(tmp_path):
+    """Issue 53.13: Ctrl-C (or SIGTERM) mid-trial ends it FAIL, and its parameters are what the next ask gives."""
+    url = f"sqlite:///{tmp_path}/optuna.db"
+    rdb = optuna.storages.RDBStorage(url, heartbeat_interval=1, grace_period=5)
+    study = optuna.create_study(study_name="stopped", storage=rdb, direction="maximize")
+    trial = study.ask()
+    x = trial.suggest_float("x", 0.0, 1.0)
+
+    def stopped(_trial):
+        raise KeyboardInterrupt
+
+    said = []
+    with pytest.raises(KeyboardInterrupt):
+        sweep._run_trial(study, rdb, trial, stopped, "stopped", 4, say=said.append)
+    assert said[-1] == ("[sweep stopped] trial 0 stopped: its parameters are queued, and a rerun trains them first "
+                        "(the study still ends at 4 finished trials)")
+    states = [t.state for t in study.trials]
+    assert states == [TrialState.FAIL, TrialState.WAITING]
+    rerun = study.ask()  # the rerun takes the queued parameters first, and is stopped again
+    assert rerun.suggest_float("x", 0.0, 1.0) == x
+    with pytest.raises(KeyboardInterrupt):
+        sweep._run_trial(study, rdb, rerun, stopped, "stopped", 4, say=said.append)
+    assert [t.state for t in study.trials] == [TrialState.FAIL, TrialState.FAIL, TrialState.WAITING]
+    again = study.ask()
+    assert again.suggest_float("x", 0.0, 1.0) == x and again.user_attrs[sweep.REQUEUED_ATTR] == 1

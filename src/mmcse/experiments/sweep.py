@@ -52,6 +52,7 @@ POLL_SECONDS = 5.0
 HEARTBEAT_ATTR = "mmcse.heartbeat"  # user attr: this trial's heartbeats are kept (see _next_trial)
 # Towards n_trials count finished trials and running ones (another worker's trial will finish).
 # Not WAITING (enqueued) ones: `study.ask` hands those out first, so they are run, not skipped.
+REQUEUED_ATTR = "mmcse.requeued_from"  # a trial whose parameters are those of a stopped one (its number)
 COUNTED_STATES = ("COMPLETE", "PRUNED", "RUNNING")  # names: optuna is imported lazily
 WAIT = object()  # _next_trial: no trial for now, look again
 # A trial whose training diverged (`mmcse.errors.TrainingDiverged`) ends FAIL with this user attr (the
@@ -278,6 +279,13 @@ def _run_trial(study: Any, rdb: Any, trial: Any, objective: Any, study_name: str
     if isinstance(error, TrainingDiverged):  # a failed trial, not a failed sweep
         (say or _say)(f"[sweep {study_name}] trial {frozen.number}: {error}; the study goes on")
     elif error is not None:
+        if isinstance(error, KeyboardInterrupt) and frozen.state == TrialState.FAIL:
+            # stopped, not failed: its parameters are asked again first (study.ask takes a WAITING trial first)
+            waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
+            if not any(frozen.params in (w.params, w.system_attrs.get("fixed_params")) for w in waiting):
+                study.enqueue_trial(frozen.params, user_attrs={REQUEUED_ATTR: frozen.number})
+            (say or _say)(f"[sweep {study_name}] trial {frozen.number} stopped: its parameters are queued, and a "
+                          f"rerun trains them first (the study still ends at {n_trials} finished trials)")
         raise error
 
 
