@@ -42,9 +42,9 @@ from mmcse.experiments.ablate import (
     record_result,
     remember_parent,
     run_job,
+    start_line,
 )
 from mmcse.experiments.ablation_record import log_ablation, log_ablation_figures
-from mmcse.experiments.estimate import estimate
 from mmcse.experiments.jobs import Job, ablation_hash, expand, job_config, job_hash, parent_run_name
 from mmcse.experiments.params import check_params, load_config
 from mmcse.experiments.prefect_server import (
@@ -377,8 +377,8 @@ def main(params_path: str) -> None:
     behind is stopped first (`mmcse.experiments.prefect_server`); then the flow."""
     cfg = check_params(params_path)
     check_stand_ins(cfg, params_path)
-    # its first line: how many jobs, and how long they train here (the train stage's measured pace)
-    print(f"ablate: {estimate(cfg, [job_config(cfg, job) for job in expand(cfg)]).line()}", flush=True)
+    # its first line: how many jobs, how many are reused, and how long the rest train here (the train stage's pace)
+    print(f"ablate: {start_line(cfg)}", flush=True)
     for variant, why in cfg.ablate.skipped.items():
         print(f"ablate: row {variant} not run: {why}", flush=True)
     check_api_url()  # an exported PREFECT_API_URL nothing answers: one line, not Prefect's traceback

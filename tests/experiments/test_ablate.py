@@ -409,3 +409,37 @@ def test_a_finished_job_survives_its_folder_being_restored_to_an_older_output(pr
     again = run_job(cfg, job, project / "ablation")
     assert again["skipped"] and again["scores"] == first["scores"]
     assert (project / "ablation/mcse/seed1/best/checkpoint.json").is_file()
+
+
+def test_the_first_line_counts_only_the_jobs_it_will_train(monkeypatch, tmp_path):
+    """Issue 53: jobs finished before with the same configuration and code are reused, and the line says so."""
+    from mmcse.experiments import ablate
+
+    monkeypatch.chdir(tmp_path)
+    cfg = with_overrides(_cfg(), {"ablate.seeds": [1, 2]})
+    jobs = expand(cfg)
+    by_folder = {job.folder(tmp_path).parts[-2:]: job for job in jobs}  # (row, seed) -> job
+    finished = {jobs[0].folder(tmp_path).parts[-2:], jobs[1].folder(tmp_path).parts[-2:]}
+    looked_up = []
+
+    def finished_result(folder, config_hash, store=None):
+        job = by_folder[folder.parts[-2:]]
+        looked_up.append(config_hash == job_hash(job_config(cfg, job), cfg.base.seed))
+        return {"status": "ok"} if folder.parts[-2:] in finished else None
+
+    class Estimated:
+        def __init__(self, n):
+            self.n = n
+
+        def line(self):
+            return f"{self.n} job(s) to train"
+
+    monkeypatch.setattr(ablate, "finished_result", finished_result)
+    monkeypatch.setattr(ablate, "estimate", lambda params, todo: Estimated(len(todo)))
+    n = len(jobs)
+    assert ablate.start_line(cfg) == f"{n} job(s): 2 finished before, reused; the rest: {n - 2} job(s) to train"
+    assert looked_up and all(looked_up)  # each job looked up by its own configuration's hash
+    finished |= set(by_folder)
+    assert ablate.start_line(cfg) == f"{n} job(s): all {n} finished before, reused; nothing to train"
+    finished.clear()
+    assert ablate.start_line(cfg) == f"{n} job(s) to train"

@@ -18,8 +18,10 @@ from mmcse import tracking
 from mmcse.config import Config
 from mmcse.config.readings import encoder_of, reading_tags, row_reading
 from mmcse.environment import environment
+from mmcse.experiments.estimate import estimate
 from mmcse.experiments.jobs import (
     Job,
+    expand,
     job_config,
     job_hash,
     job_identity,
@@ -261,3 +263,19 @@ def record_result(root: Path, job: Job, result: dict[str, Any]) -> None:
 
 def failed_result(job: Job, error: BaseException | str) -> dict[str, Any]:
     return {"variant": job.variant, "seed": job.seed, "status": "failed", "error": str(error)[:500]}
+
+
+def start_line(cfg: Config) -> str:
+    """The ablate stage's first line: its jobs, how many finished before with the same configuration and code
+    (reused, not trained again), and how long the rest train here (`mmcse.experiments.estimate`)."""
+    paths = Paths.of(cfg)
+    jobs = expand(cfg)
+    todo = [job_config(cfg, job) for job in jobs
+            if finished_result(job.folder(paths.ablations), job_hash(job_config(cfg, job), cfg.base.seed),
+                               paths.jobs) is None]
+    reused = len(jobs) - len(todo)
+    if not todo:
+        return f"{len(jobs)} job(s): all {reused} finished before, reused; nothing to train"
+    line = estimate(cfg, todo).line()
+    return line if not reused else f"{len(jobs)} job(s): {reused} finished before, reused; the rest: {line}"
+
