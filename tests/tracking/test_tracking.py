@@ -31,6 +31,25 @@ def test_run_status_follows_how_the_block_ended(project):
     assert mlflow.active_run() is None
 
 
+def test_a_run_continued_to_finished_no_longer_says_why_an_earlier_attempt_ended(project):
+    """Issue 53.7: the end reason of a failed attempt moves to mmcse.end_reason.earlier when the run continues."""
+    cfg = load_config("params.yaml")
+    run_id = None
+    for err in (RuntimeError("Connection reset by peer"), KeyboardInterrupt("stopped on SIGTERM")):
+        with pytest.raises(type(err)):
+            with tracking.run(cfg, "t", run_name="resumed", run_id=run_id) as r:  # the second continues the first
+                run_id = r.info.run_id
+                raise err
+    tags = mlflow.get_run(run_id).data.tags
+    assert tags[tracking.END_REASON_TAG] == "stopped on SIGTERM"
+    assert tags[tracking.EARLIER_END_TAG] == "RuntimeError: Connection reset by peer"
+    with tracking.run(cfg, "t", run_id=run_id):
+        pass
+    run = mlflow.get_run(run_id)
+    assert run.info.status == "FINISHED" and tracking.END_REASON_TAG not in run.data.tags
+    assert run.data.tags[tracking.EARLIER_END_TAG] == ("RuntimeError: Connection reset by peer; stopped on SIGTERM")
+
+
 def test_a_failed_child_run_leaves_its_parent_running(project):
     cfg = load_config("params.yaml")
     with tracking.run(cfg, "t", run_name="parent") as parent:

@@ -449,6 +449,7 @@ def run(
     )
     if run_id is not None:
         note_resumed_environment(run_id, env)
+        retire_end_reason(run_id)
     try:
         yield active
     except BaseException as err:
@@ -478,6 +479,20 @@ def end_reason(err: BaseException) -> str:
         return f"stopped (exit {err.code})" if not isinstance(err.code, str) else f"stopped: {err.code}"
     text = str(err).strip().splitlines()[0] if str(err).strip() else ""
     return f"{type(err).__name__}: {text}"[:500]
+
+
+EARLIER_END_TAG = "mmcse.end_reason.earlier"  # why earlier attempts of a continued run ended, oldest first
+
+
+def retire_end_reason(run_id: str) -> None:
+    """A continued run's tags describe its last attempt: why an earlier attempt ended (``mmcse.end_reason``)
+    moves to ``mmcse.end_reason.earlier``, so a run resumed to FINISHED does not still say it failed."""
+    client = mlflow.MlflowClient()
+    tags = client.get_run(run_id).data.tags
+    if END_REASON_TAG in tags:
+        earlier = "; ".join(x for x in (tags.get(EARLIER_END_TAG), tags[END_REASON_TAG]) if x)
+        client.set_tag(run_id, EARLIER_END_TAG, earlier[-5000:])
+        client.delete_tag(run_id, END_REASON_TAG)
 
 
 RESUMED_ENV_TAG = "env.resumed_under"
