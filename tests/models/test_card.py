@@ -8,8 +8,9 @@ import yaml
 from huggingface_hub import ModelCard
 
 from mmcse.config import Config, to_dict, with_overrides
+from mmcse.integrity.code import source_state
 from mmcse.io import tracked
-from mmcse.models.card import PAPERS, mmcse_commit, model_card, write_model_card
+from mmcse.models.card import PAPERS, model_card, write_model_card
 
 ENV = {"python": "3.11.7", "torch": "2.9.0", "cuda": "cpu", "transformers": "5.0.0", "numpy": "2.0.0",
        "device": "cpu (test)", "lock_sha256": "ab" * 32, "locked": "yes"}
@@ -49,6 +50,6 @@ def test_a_packaged_or_local_base_is_no_hub_id_and_the_demo_score_is_its_one_res
 
 
 def test_the_commit_is_this_checkouts_or_unknown(tmp_path):
-    commit = mmcse_commit()
+    commit = source_state()["commit"]
     assert commit == "unknown" or len(commit) == 40
-    assert mmcse_commit(tmp_path) == "unknown"
+    assert source_state(tmp_path)["commit"] == "unknown"

@@ -71,7 +71,6 @@ READING_POINTS: tuple[ReadingPoint, ...] = (
                  {"bert": "new", "roberta": "pretrained"}, "SimCSE App. E (not printed: the checkpoint's own)",
                  "simcse/models.py BertForCL (a new lm_head for BERT; RoBERTa's own)"),
 )
-POINTS_BY_KEY = {p.key: p for p in READING_POINTS}
 
 
 def reading_values(reading: str, encoder: str | None, recipe_settings: Mapping[str, Mapping[str, Any]]

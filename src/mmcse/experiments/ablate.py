@@ -269,13 +269,11 @@ def start_line(cfg: Config) -> str:
     """The ablate stage's first line: its jobs, how many finished before with the same configuration and code
     (reused, not trained again), and how long the rest train here (`mmcse.experiments.estimate`)."""
     paths = Paths.of(cfg)
-    jobs = expand(cfg)
-    todo = [job_config(cfg, job) for job in jobs
-            if finished_result(job.folder(paths.ablations), job_hash(job_config(cfg, job), cfg.base.seed),
-                               paths.jobs) is None]
+    jobs = [(job, job_config(cfg, job)) for job in expand(cfg)]
+    todo = [job_cfg for job, job_cfg in jobs
+            if finished_result(job.folder(paths.ablations), job_hash(job_cfg, cfg.base.seed), paths.jobs) is None]
     reused = len(jobs) - len(todo)
     if not todo:
         return f"{len(jobs)} job(s): all {reused} finished before, reused; nothing to train"
     line = estimate(cfg, todo).line()
     return line if not reused else f"{len(jobs)} job(s): {reused} finished before, reused; the rest: {line}"
-

@@ -138,9 +138,10 @@ def table_keys(paper: Paper, table: str | None) -> list[str] | None:
     return [key]
 
 
-def build_report(cfg: Config, paper_name: str, table: str | None = None,
-                 root: Path | str = ".") -> tuple[str, str, list[str]]:
-    """The report's Markdown and HTML, and the ablation runs it read."""
+def _report(cfg: Config, paper_name: str, table: str | None, root: Path | str
+            ) -> tuple[str, str, list[str], dict[str, dict[str, float]]]:
+    """`build_report`, and per ablation run it read ``verdict/<table>_consistent`` and ``verdict/<table>_cells``
+    of its block (`mmcse.analysis.report.verdict_counts`), from the same reproductions."""
     paper = load_paper(paper_name, root)
     keys = table_keys(paper, table)
     presets = set(list_presets(Path(root) / cfg.ablate.presets_dir))
@@ -149,25 +150,21 @@ def build_report(cfg: Config, paper_name: str, table: str | None = None,
     sections = paper_report(paper, found, presets, keys)
     title = f"mmcse report: {paper.name}" + (f" {keys[0]}" if keys else "")
     runs = sorted({r.run_id for rs in found.values() for r in rs})
-    return to_markdown(sections), to_html(sections, title), runs
-
-
-def verdict_metrics(cfg: Config, paper_name: str, table: str | None = None, root: Path | str = "."
-                    ) -> dict[str, dict[str, float]]:
-    """Per ablation run the report reads: ``verdict/<table>_consistent`` and ``verdict/<table>_cells`` of its
-    block (`mmcse.analysis.report.verdict_counts`), for MLflow."""
-    paper = load_paper(paper_name, root)
-    keys = table_keys(paper, table)
-    out: dict[str, dict[str, float]] = {}
-    for key, t in paper.tables.items():
-        if (keys is not None and key not in keys) or not t.columns:
-            continue
-        for run in find_reproductions(cfg, t.preset):
-            if run.block in t.blocks:
+    verdicts: dict[str, dict[str, float]] = {}
+    for key, reproductions in found.items():
+        t = paper.tables[key]
+        for run in reproductions:
+            if t.columns and run.block in t.blocks:
                 consistent, cells = verdict_counts(t, t.blocks[run.block], run)
-                out.setdefault(run.run_id, {}).update({f"verdict/{key}_consistent": consistent,
-                                                       f"verdict/{key}_cells": cells})
-    return out
+                verdicts.setdefault(run.run_id, {}).update({f"verdict/{key}_consistent": consistent,
+                                                            f"verdict/{key}_cells": cells})
+    return to_markdown(sections), to_html(sections, title), runs, verdicts
+
+
+def build_report(cfg: Config, paper_name: str, table: str | None = None,
+                 root: Path | str = ".") -> tuple[str, str, list[str]]:
+    """The report's Markdown and HTML, and the ablation runs it read."""
+    return _report(cfg, paper_name, table, root)[:3]
 
 
 def write_report(cfg: Config, paper_name: str, table: str | None = None, out_dir: Path | str = REPORT_DIR,
@@ -175,14 +172,13 @@ def write_report(cfg: Config, paper_name: str, table: str | None = None, out_dir
     """``<out_dir>/<paper>[-<table>].{md,html}`` (atomic writes); with ``log`` also under ``report/`` in
     each ablation run the report read."""
 
-    markdown, page, runs = build_report(cfg, paper_name, table, root)
+    markdown, page, runs, verdicts = _report(cfg, paper_name, table, root)
     stem = paper_name + (f"-{table_keys(load_paper(paper_name, root), table)[0]}" if table else "")
     files = {"md": Path(out_dir) / f"{stem}.md", "html": Path(out_dir) / f"{stem}.html"}
     write_text(files["md"], markdown)
     write_text(files["html"], page)
     if log and runs:
         client = mlflow.MlflowClient()
-        verdicts = verdict_metrics(cfg, paper_name, table, root)
         for run_id in runs:
             for path in files.values():
                 client.log_artifact(run_id, str(path), "report")

@@ -44,17 +44,15 @@ def used_sets(cfg: Config) -> dict[str, bool]:
 
 def stand_ins(cfg: Config) -> list[str]:
     """The offline stand-ins among the teachers ``cfg`` trains with, each as ``key: what stands in``."""
-    t, groups = cfg.teachers, used_teacher_groups(cfg)
+    t, groups, used = cfg.teachers, used_teacher_groups(cfg), used_sets(cfg)
     found = []
-    joint_used = "joint" in groups
-    if "text_teachers" in groups:
+    if used["text"]:
         for i, teacher in enumerate(t.text):
             if teacher.teacher.startswith(PACKAGED):
                 found.append(f"teachers.text[{i}]: {teacher.teacher} ({teacher.pooler})")
-            joint_used |= teacher.teacher == JOINT_TEXT_TEACHER
-    if joint_used and t.joint.kind == "cca":
+    if used["cca_text"]:
         found.append(f"teachers.joint: a CCA fitted on {t.joint.text_teacher} and {t.image_encoder} features")
-    image_side = joint_used and t.joint.image_side == "image_encoder"  # v̂: the image encoder's (image-only teacher)
+    image_side = used["joint"] and t.joint.image_side == "image_encoder"  # v̂: the image encoder's (image-only teacher)
     if (groups & {"image", "objects"} or image_side) and t.image_encoder == "colour-edge-grid":
         found.append("teachers.image_encoder: colour-edge-grid")
     if cfg.train.method in RETRIEVAL_METHODS and cfg.regions.source == "grid" and cfg.regions.grid_weights == "random":

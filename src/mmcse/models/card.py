@@ -11,7 +11,6 @@ output: ``.dvcignore``) whenever it scores a model, and into the MLflow model it
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -55,16 +54,6 @@ PAPERS: dict[str, tuple[str, str]] = {
 
 # data.pairs / data.corpus → the Hub dataset a card names (the sources mmcse reads them from)
 HUB_DATASETS = {"flickr30k": "nlphuji/flickr30k", "wiki1m": "princeton-nlp/datasets-for-simcse"}
-
-
-def mmcse_commit(root: Path | None = None) -> str:
-    """The git commit of the checkout mmcse runs from (``unknown`` outside a git checkout)."""
-    where = root or Path(__file__).resolve().parents[3]
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
-    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else "unknown"
 
 
 def _eval_results(scores: dict[str, float]) -> list[Any]:
