@@ -218,3 +218,15 @@ def test_no_module_is_over_600_lines():
     long = {str(p.relative_to(SRC)): n for p in (SRC / "mmcse").rglob("*.py")
             if (n := len(p.read_text().splitlines())) > 600}
     assert not long, f"modules over 600 lines: {long}"
+
+
+@pytest.mark.parametrize(("stage", "kinds"), [("evaluate", ("outs", "metrics", "plots")),
+                                             ("train", ("metrics", "plots"))])
+def test_a_killed_train_or_evaluate_leaves_the_previous_results_in_the_workspace(stage, kinds):
+    """Issues 53.3 and 53.9: DVC deletes a stage's outputs before it runs unless they persist, so a killed
+    `dvc repro` or `dvc exp run` left metrics/eval.json, metrics/train.json and the plots gone from the
+    workspace (tracked files). They persist; each is replaced whole once its stage has the new one."""
+    for kind in kinds:
+        for out in STAGES[stage][kind]:
+            ((path, spec),) = out.items() if isinstance(out, dict) else ((out, {}),)
+            assert spec.get("persist") is True, f"{stage}: DVC deletes {path} before the stage runs"

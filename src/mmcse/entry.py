@@ -19,7 +19,7 @@ from mmcse.errors import (
     TrainingDiverged,
     TrainingOutOfMemory,
 )
-from mmcse.experiments.params import load_config
+from mmcse.experiments.params import leftover_note, load_config
 from mmcse.io import hold_outputs
 from mmcse.pipeline.paths import Paths
 from mmcse.processes import holds_outputs
@@ -66,6 +66,8 @@ def run_entry(fn: Callable[[], object], stage: str = "", params: str = "params.y
     except (ConfigError, ModelUnavailableError, DownloadError, FileNotFoundError, ValueError, KeyError,
             PrecisionError, TrainingOutOfMemory, TrainingDiverged, StageError) as err:
         print(f"error: {err}", file=sys.stderr)
+        if isinstance(err, ConfigError) and (note := leftover_note(params)):
+            print(note, file=sys.stderr)
         raise SystemExit(2) from None
     except stopping.StopRequested as err:
         print(f"error: {err}", file=sys.stderr)

@@ -174,12 +174,30 @@ def sha256_json(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()
 
 
+def project_home() -> Path:
+    """The project's own workspace, where what must outlive one run is kept (the MLflow store, finished
+    ablation jobs, resume points). ``dvc exp run --temp`` and queued experiments (`dvc queue start`) run
+    in a copy under ``.dvc/tmp/exps/`` that DVC deletes afterwards; DVC gives every stage ``DVC_ROOT``,
+    the repository the experiment was started from, so a run made in a copy lands in the project."""
+    root = os.environ.get("DVC_ROOT")
+    if root and Path(root).is_dir():
+        return Path(root).resolve()
+    return Path.cwd()
+
+
+def at_home(path: str | Path) -> Path:
+    """``path`` when absolute, else under `project_home`."""
+    path = Path(path)
+    return path if path.is_absolute() else project_home() / path
+
+
 def ensure_sqlite_parent(url: str) -> str:
     """Create the folder of a relative ``sqlite:///path/db`` URL (SQLite will not) and return
-    it made absolute against the cwd: MLflow and SQLAlchemy cache stores by URL, so a relative
-    URL reused from another working directory would write into the first one's database."""
+    it made absolute against the project (`project_home`: the cwd, or the workspace a DVC experiment
+    copy was made from): MLflow and SQLAlchemy cache stores by URL, so a relative URL reused from
+    another working directory would write into the first one's database."""
     if url.startswith("sqlite:///") and not url.startswith("sqlite:////"):
-        path = Path(url[len("sqlite:///") :]).resolve()
+        path = at_home(url[len("sqlite:///") :]).resolve()
         path.parent.mkdir(parents=True, exist_ok=True)
         return f"sqlite:///{path}"
     return url

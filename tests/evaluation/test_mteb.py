@@ -317,3 +317,14 @@ def test_the_revision_is_the_seals_configuration_or_the_hub_snapshots_commit(tmp
     assert model_revision(trained) == "0123456789ab"
     assert model_revision(snapshot) == "4f2a9c"
     assert model_revision(tmp_path / "hub") is None and model_revision("packaged:all-MiniLM-L6-v2") is None
+
+
+def test_a_build_a_killed_evaluation_left_is_removed_by_the_next_one(tmp_path):
+    """Issue 53.9: kill -9 runs no `finally`, so the build beside metrics/mteb stays; the next
+    evaluation removes it (and the dvc.yaml outputs persist, so the kill left the previous results)."""
+    folder = tmp_path / "mteb"
+    (tmp_path / ".mteb.k1ll3d").mkdir()
+    (tmp_path / ".mteb.k1ll3d" / "half.json").write_text("{")
+    with results_folder(folder, "mmcse/simcse", {"revision": "abc"}, ["TinySTS"]) as build:
+        (build / "results").mkdir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mteb"]

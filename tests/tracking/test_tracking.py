@@ -399,3 +399,30 @@ def test_a_store_that_stays_locked_stops_training_after_a_resume_point(project, 
     again = run_train(cfg, Paths.of(cfg), out_dir=project / "b", progress=False)
     assert again["steps"] == 8
     assert mlflow.get_run(again["run_id"]).data.tags["mmcse.resumed_from_step"] == str(step)
+
+
+def test_a_run_made_in_a_dvc_experiments_copy_lands_in_the_project(tmp_path, monkeypatch):
+    """Issue 53.11: `dvc exp run --temp` and `dvc queue` workers run each stage in a copy under
+    .dvc/tmp/exps/ that DVC deletes afterwards, with DVC_ROOT naming the project. The store, the artifacts,
+    the finished jobs and the records of which run holds a folder are the project's, and a folder is
+    recorded by its place in the workspace, so the workspace finds a run its copy made."""
+    from pathlib import Path
+
+    from mmcse.config import Config
+    from mmcse.io import at_home, ensure_sqlite_parent
+    from mmcse.pipeline.paths import Paths
+
+    home, copy = tmp_path / "project", tmp_path / "project/.dvc/tmp/exps/tmpabc"
+    copy.mkdir(parents=True)
+    monkeypatch.chdir(copy)
+    monkeypatch.setenv("DVC_ROOT", str(home))
+    assert ensure_sqlite_parent("sqlite:///mlruns/mlflow.db") == f"sqlite:///{home.resolve()}/mlruns/mlflow.db"
+    assert at_home("mlruns/artifacts") == home.resolve() / "mlruns/artifacts"
+    cfg = Config()
+    assert Paths.of(cfg).jobs == home.resolve() / "data/jobs" and Paths.of(cfg).student == Path("models/student")
+    tracking.remember_run("models/student", "run-in-the-copy", config_hash="h")
+    assert (home / "mlruns/records").is_dir() and not (copy / "mlruns").exists()
+    monkeypatch.chdir(home)
+    monkeypatch.delenv("DVC_ROOT")
+    assert tracking.remembered_run("models/student", config_hash="h")["run_id"] == "run-in-the-copy"
+    assert ensure_sqlite_parent("sqlite:///mlruns/mlflow.db") == f"sqlite:///{home.resolve()}/mlruns/mlflow.db"

@@ -157,3 +157,19 @@ def test_the_keyed_masks_keep_one_minus_p_independently():
 def test_settings_gradient_caching_cannot_honour_are_refused_in_one_line(train, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         parse_config({"model": copy.deepcopy(TINY_MODEL), "train": train})
+
+
+def test_a_micro_batch_that_does_not_divide_the_batch_says_how_the_last_pass_is_cut():
+    """Issue 53.10: the note's numbers are the passes `CachedTokens` makes (two rows a sentence)."""
+    from mmcse.training.gradcache import passes_note
+
+    for batch, micro, processes in ((6, 4, 1), (64, 24, 1), (64, 12, 2), (65, 16, 1)):
+        share = batch // processes
+        cuts = [c.stop - c.start for c in CachedTokens(None, 0, 2 * micro)._chunks(2 * share)]
+        full, last = divmod(share, micro)
+        assert cuts == [2 * micro] * full + [2 * last]
+        note = passes_note(batch, micro, processes)
+        assert note.startswith(f"train.micro_batch {micro} does not divide the {share} sentences each process")
+        assert note.endswith(f"each batch in {full} pass{'es' if full > 1 else ''} of {micro} and a last one of {last}")
+    assert passes_note(64, 16) is None and passes_note(64, 0) is None and passes_note(64, 16, 2) is None
+    assert "over 2 processes" in passes_note(64, 12, 2)

@@ -481,3 +481,38 @@ def test_the_step_schedule_divides_the_rate_by_ten_every_n_epochs_and_clipping_b
 
     with pytest.raises(ConfigError, match="train.warmup_ratio.*step schedule"):
         with_overrides(cfg, {"train.warmup_ratio": 0.1})
+
+
+def test_a_resume_point_replaced_by_a_checkout_is_put_back_from_its_kept_copy(project, caplog):
+    """Issue 53.2: `dvc exp run` checks every output out of its commit before it reproduces, which replaces
+    an interrupted run's folder with the committed model (another configuration's). The resume point is
+    kept outside the folder (hard links under data/resume), put back, and the rerun continues from it; a
+    finished run leaves no kept copy behind."""
+    import shutil
+
+    cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 8, "train.eval_steps": 4,
+                                                        "train.checkpoint_steps": 4})
+    committed = train(with_overrides(cfg, {"train.learning_rate": 1e-4}), "data/raw", "data/teachers",
+                      project / "committed", progress=False)
+    assert committed.steps == 8 and not any((project / "data/resume").iterdir())  # finished: nothing kept
+    steps = []
+
+    def kill_at_8(step, score):
+        steps.append(step)
+        if step == 8:
+            raise Killed
+
+    with pytest.raises(Killed):
+        train(cfg, "data/raw", "data/teachers", project / "m", on_eval=kill_at_8, progress=False)
+    (kept,) = (project / "data/resume").iterdir()
+    assert json.loads((kept / "last/state.json").read_text())["step"] == 4
+    assert (kept / "last/student.safetensors").stat().st_ino == (project / "m/last/student.safetensors").stat().st_ino
+    shutil.rmtree(project / "m")  # DVC's forced checkout: the folder is the commit's again
+    shutil.copytree(project / "committed", project / "m")
+    steps.clear()
+    with caplog.at_level("INFO"):
+        resumed = train(cfg, "data/raw", "data/teachers", project / "m", on_eval=lambda s, _: steps.append(s),
+                        progress=False)
+    assert steps == [8] and resumed.steps == 8  # continued from step 4, not retrained from 0
+    assert f"the resume point of step 4 put back into {project / 'm'} from {kept}" in caplog.text
+    assert not kept.exists()

@@ -265,6 +265,8 @@ def results_folder(folder: Path | None, model_name: str, details: dict[str, Any]
         return
     folder = Path(folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
+    for stale in folder.parent.glob(f".{folder.name}.*"):  # builds a killed evaluation left (no finally ran)
+        shutil.rmtree(stale, ignore_errors=True)
     build = build_dir(folder.parent, f".{folder.name}.")
     try:
         yield build

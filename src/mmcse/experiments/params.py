@@ -139,3 +139,48 @@ def check_params(path: str | Path = "params.yaml") -> Config:
         for value in values:
             with_overrides(cfg, {key: value}, where=f"{path} (sweep.space.{key}: {value!r})")
     return cfg
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(tree, Mapping) or not tree:
+        return {prefix: tree} if prefix else {}
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
+    return out
+
+
+def uncommitted_params(path: str | Path = "params.yaml") -> list[str]:
+    """``key=value (committed: old)`` for each value of ``path`` that differs from the last commit's
+    (``git show HEAD:<path>``); empty when they agree or there is no commit to compare with. `dvc exp run -S`
+    writes its values into the workspace's file and leaves them there when the experiment fails, so the
+    next ``-S`` is checked together with every earlier failed one."""
+    import subprocess  # noqa: PLC0415 (only when a parameter error is reported)
+
+    path = Path(path)
+    try:
+        shown = subprocess.run(["git", "show", f"HEAD:./{path.name}"], cwd=path.parent.resolve(),
+                               capture_output=True, text=True, timeout=30)
+        if shown.returncode != 0:
+            return []
+        committed, current = _flat(yaml.safe_load(shown.stdout)), _flat(yaml.safe_load(path.read_text()))
+    except (OSError, subprocess.SubprocessError, yaml.YAMLError):
+        return []
+    missing = object()
+
+    def shown(value: Any) -> str:
+        text = str(value)
+        return text if len(text) <= 60 else text[:57] + "..."
+
+    return [f"{key}={shown(current.get(key, '(removed)'))} (committed: {shown(committed.get(key, '(none)'))})"
+            for key in sorted(committed.keys() | current.keys())
+            if committed.get(key, missing) != current.get(key, missing)]
+
+
+def leftover_note(path: str | Path = "params.yaml") -> str | None:
+    """The line that goes with a parameter error when ``path`` holds uncommitted values (`uncommitted_params`)."""
+    changed = uncommitted_params(path)
+    if not changed:
+        return None
+    return (f"note: {path} differs from the last commit at {', '.join(changed)}; a failed `dvc exp run -S` "
+            f"leaves its values there and the next -S is checked with them: `git checkout {path}` drops them")

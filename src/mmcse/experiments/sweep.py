@@ -37,7 +37,7 @@ from mmcse.config import RETRIEVAL_METHODS, Config, with_overrides
 from mmcse.errors import StageError, TrainingDiverged
 from mmcse.experiments.upstream import resolve_on_record
 from mmcse.integrity.code import TRAINING_CODE, changed_code, code_digest, code_files
-from mmcse.io import ensure_sqlite_parent
+from mmcse.io import at_home, ensure_sqlite_parent
 from mmcse.methods.objectives import Objective, check_sweep_space
 from mmcse.models.device import device_tags
 from mmcse.pipeline.train import run_train
@@ -102,8 +102,8 @@ def run_sweep(
     study_name = study_name or cfg.sweep.study_name
     storage_url = ensure_sqlite_parent(storage or cfg.sweep.storage)
     # Workers started together would race to create the SQLite schemas: serialise the setup.
-    Path("mlruns").mkdir(exist_ok=True)
-    with FileLock(str(Path("mlruns") / ".sweep-setup.lock")), warnings.catch_warnings():
+    at_home("mlruns").mkdir(exist_ok=True)
+    with FileLock(str(at_home("mlruns") / ".sweep-setup.lock")), warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeat_interval
         rdb = optuna.storages.RDBStorage(
             storage_url, engine_kwargs={"pool_pre_ping": True},
@@ -462,5 +462,5 @@ def trial_lock(storage_url: str, study_name: str) -> AbstractContextManager[Any]
         "different hosts may together run a few trials more than n_trials (use SQLite or PostgreSQL)",
         stacklevel=2,
     )
-    Path("mlruns").mkdir(exist_ok=True)
-    return FileLock(str(Path("mlruns") / f".sweep-{key & 0xFFFFFFFF:08x}.lock"))
+    at_home("mlruns").mkdir(exist_ok=True)
+    return FileLock(str(at_home("mlruns") / f".sweep-{key & 0xFFFFFFFF:08x}.lock"))

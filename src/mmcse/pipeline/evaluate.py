@@ -210,10 +210,15 @@ def record_evaluation(cfg: Config, scores: dict[str, float], run_id: str | None,
                 mlflow.set_tag("mmcse.model_uri", log_mlflow_model(*model))
     if plots_dir is not None:
         save_figure(sts_scatter, plots_dir / "sts_scatter.png")
+        # the stage's outputs persist (dvc.yaml): one this evaluation does not make must not stay as an older one's
         if examples:
             write_text(plots_dir / "sentence_retrieval.md", examples)
+        else:
+            (plots_dir / "sentence_retrieval.md").unlink(missing_ok=True)
         if tsne is not None:
             save_figure(tsne, plots_dir / "tsne.png")
+        else:
+            (plots_dir / "tsne.png").unlink(missing_ok=True)
     else:
         plt.close(sts_scatter)
 

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mmcse.config import Config
+from mmcse.io import at_home
 
 # Written by the check_params stage once params.yaml is valid; every other stage depends on it
 # (dvc.yaml), so DVC runs the check before it removes any stage's outputs.
@@ -29,6 +30,8 @@ class Paths:
     # finished ablation jobs by configuration hash, outside every DVC output: `dvc exp run` restores the
     # ablation/ output from its commit, this store survives it (`mmcse.experiments.ablate.finished_result`)
     jobs: Path
+    # resume points kept outside every DVC output too, by configuration (`mmcse.training.checkpoints.kept_dir`)
+    resume: Path
 
     @classmethod
     def of(cls, cfg: Config, root: str | Path = ".") -> Paths:
@@ -45,7 +48,9 @@ class Paths:
             ablations=root / "ablation",
             relevance=data / "relevance",
             regions=data / cfg.regions.cache_dir,
-            jobs=data / "jobs",
+            # the project's (`mmcse.io.at_home`), also when DVC runs the stage in an experiment's copy
+            jobs=at_home(data / "jobs"),
+            resume=at_home(data / "resume"),
         )
 
     def written_by(self, stage: str) -> tuple[Path, ...]:

@@ -22,7 +22,7 @@ from mmcse.config import Config, to_dict
 from mmcse.environment import TAG_PREFIX, describe, environment_tags
 from mmcse.errors import StageError
 from mmcse.integrity.code import TRAINING_CODE, code_digest, code_files, source_state
-from mmcse.io import ensure_sqlite_parent, sha256_json, write_json
+from mmcse.io import at_home, ensure_sqlite_parent, sha256_json, write_json
 
 # Tags added to every run started (not resumed) inside `tagged(...)`: where a job ran
 # (device, CUDA_VISIBLE_DEVICES, Prefect flow run) reaches the runs that library code starts.
@@ -234,7 +234,7 @@ def experiment(cfg: Config, name: str) -> str:
         mark_model_training(found.experiment_id, found.tags, name)
         return found.experiment_id
     kind = {EXPERIMENT_KIND_TAG: EXPERIMENT_KIND, DESCRIPTION_TAG: experiment_description(name)}
-    artifacts = Path("mlruns") / "artifacts"
+    artifacts = at_home("mlruns") / "artifacts"  # the project's, also from a DVC experiment's copy
     if cfg.base.mlflow_tracking_uri.startswith("sqlite:///mlruns/"):
         artifacts.mkdir(parents=True, exist_ok=True)
         try:
@@ -281,12 +281,22 @@ TRAIN_MINUTES = "train_minutes"
 EVAL_MINUTES = "eval_minutes"  # wall-clock minutes of a checkpoint's test evaluation, on its training run
 # Which MLflow run holds a folder's record. Run ids are random, so they stay out of every DVC-tracked
 # output (models/student, ablation/): a fresh clone's `dvc repro` then reproduces dvc.lock. One small
-# file per (kind, folder) under mlruns/ (git-ignored, beside the default SQLite store).
+# file per (kind, folder) under the project's mlruns/ (git-ignored, beside the default SQLite store).
 RUN_RECORDS = Path("mlruns") / "records"
 
 
-def _record_file(folder: str | Path, kind: str) -> Path:
-    return RUN_RECORDS / f"{kind}-{sha256_json(str(Path(folder).resolve()))[:20]}.json"
+def folder_key(folder: str | Path) -> str:
+    """A folder as its records know it: relative to the cwd when inside it (a stage's output reads the
+    same in the workspace and in a DVC experiment's copy of it), else absolute."""
+    resolved = Path(folder).resolve()
+    try:
+        return f"./{resolved.relative_to(Path.cwd().resolve())}"
+    except ValueError:
+        return str(resolved)
+
+
+def _record_file(folder: str | Path, kind: str, key: str | None = None) -> Path:
+    return at_home(RUN_RECORDS) / f"{kind}-{sha256_json(key or folder_key(folder))[:20]}.json"
 
 
 def remember_run(folder: str | Path, run_id: str, kind: str = "train", config_hash: str | None = None,
@@ -300,7 +310,7 @@ def remember_run(folder: str | Path, run_id: str, kind: str = "train", config_ha
     runs = dict(previous.get("runs") or {})
     if config_hash is not None:
         runs[config_hash] = run_id
-    write_json(_record_file(folder, kind), {"folder": str(Path(folder).resolve()), "kind": kind,
+    write_json(_record_file(folder, kind), {"folder": folder_key(folder), "kind": kind,
                                             "run_id": run_id, **({"runs": runs} if runs else {}), **extra})
 
 
@@ -308,10 +318,12 @@ def remembered_run(folder: str | Path, kind: str = "train", config_hash: str | N
     """What `remember_run` recorded for ``folder`` (None: nothing, or an unreadable record); with
     ``config_hash``, the run remembered for that configuration only (``{"run_id": ...}``, or None)."""
 
-    try:
-        record = json.loads(_record_file(folder, kind).read_text())
-    except (OSError, ValueError):
-        return None
+    record = None
+    # (records written before they were keyed relative to the project: by the absolute path)
+    for key in dict.fromkeys((folder_key(folder), str(Path(folder).resolve()))):
+        with contextlib.suppress(OSError, ValueError):
+            record = json.loads(_record_file(folder, kind, key).read_text())
+            break
     if not isinstance(record, dict) or not isinstance(record.get("run_id"), str):
         return None
     if config_hash is None:

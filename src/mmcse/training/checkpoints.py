@@ -10,6 +10,12 @@ or missing ``best/``, a ``best/`` that is not the step the resume point calls be
 by code that has been edited since (a loss, the loop: DVC reruns the stage, and the stage must not stop
 at yesterday's weights) is never taken for this run's result. The best weights are held in memory and
 written together with the next resume point, so on disk the two always agree (`Checkpoints`).
+
+Both are also kept, as hard links, outside the folder (`kept_dir`, under the project's data folder):
+`dvc exp run` checks every output out of its commit before it reproduces, which replaces an
+interrupted run's ``last/`` with the committed one; the kept copy puts it back (`restore_kept`), so
+"rerun to continue" holds under `dvc repro`, `dvc exp run` and a queued experiment alike. A finished
+run's kept copy is removed (`Checkpoints.finish`): it is kept only while there is something to resume.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import errno
 import json
 import logging
 import math
+import os
 import shutil
 import zipfile
 from collections.abc import Callable, Sequence
@@ -40,9 +47,9 @@ from mmcse.integrity.files import (
     read_seal,
     seal_folder,
 )
-from mmcse.io import follow_umask, sha256_json, swap_in_dir
+from mmcse.io import at_home, follow_umask, sha256_json, swap_in_dir
 from mmcse.models.student import HEADS_FILE, HEADS_META
-from mmcse.tracking import remembered_run
+from mmcse.tracking import folder_key, remembered_run
 from mmcse.training.distributed import from_lead_object, world
 
 log = logging.getLogger(__name__)
@@ -223,6 +230,53 @@ def release_resume_point(out_dir: Path) -> int:
     return freed
 
 
+def kept_dir(cfg: Config, out_dir: Path, config_hash: str) -> Path:
+    """Where the resume point of the run of ``config_hash`` in ``out_dir`` is kept outside every DVC
+    output: ``<project>/<base.data_dir>/resume/<run>-<folder>`` (`mmcse.io.at_home`: the workspace's,
+    also when DVC runs the stage in an experiment's copy; the folder as the records name it)."""
+    return (at_home(Path(cfg.base.data_dir) / "resume")
+            / f"{config_hash[:16]}-{sha256_json(folder_key(out_dir))[:8]}")
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)  # the same bytes, no more disk (the writers replace files, never rewrite them)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def keep_resume_point(out_dir: Path, kept: Path) -> None:
+    """``out_dir``'s ``best/`` and ``last/`` mirrored into ``kept`` (hard links, swapped in whole)."""
+    tmp = _fresh_tmp(kept)
+    try:
+        tmp.mkdir(parents=True)
+        for name in ("best", "last"):
+            if (out_dir / name).is_dir():
+                shutil.copytree(out_dir / name, tmp / name, copy_function=_link_or_copy)
+        swap_in_dir(tmp, kept)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def restore_kept(out_dir: Path, config_hash: str, kept: Path) -> str | None:
+    """Put the kept resume point of ``config_hash`` (`keep_resume_point`) back into ``out_dir`` when it is
+    ahead of what the folder holds (another configuration's ``last/``, as DVC's checkout leaves it, or an
+    earlier step); returns what was done, None when nothing was. `plan_start` then checks it like any."""
+    meta = _state(kept / "last")
+    if meta is None or meta.get("config_hash") != config_hash or _resume_point_problem(kept / "last"):
+        return None
+    own = _state(out_dir / "last")
+    if own is not None and own.get("config_hash") == config_hash and own.get("step", -1) >= meta["step"]:
+        return None
+    for name in ("best", "last"):
+        if (kept / name).is_dir():
+            tmp = _fresh_tmp(out_dir / name)
+            shutil.copytree(kept / name, tmp, copy_function=_link_or_copy)
+            swap_in_dir(tmp, out_dir / name)
+    return f"the resume point of step {meta['step']} put back into {out_dir} from {kept}"
+
+
 # --------------------------------------------------------------------------- reading
 
 
@@ -366,8 +420,9 @@ class Checkpoints:
     writes the model (its weights set to the best ones) with whatever travels with it into ``tmp``."""
 
     def __init__(self, out_dir: Path, config_hash: str, save_best: Callable[[Path, TrainState], None],
-                 best_required: Sequence[str] = BEST_REQUIRED, writes: bool = True) -> None:
+                 best_required: Sequence[str] = BEST_REQUIRED, writes: bool = True, kept: Path | None = None) -> None:
         self.out_dir, self.config_hash, self.save_best = Path(out_dir), config_hash, save_best
+        self.kept = kept  # `kept_dir`: the copy outside the DVC output (None: none kept)
         # false: a rank other than 0 of a job on several processes, which keeps the run's state (the best
         # score and step) but holds and writes no weights: rank 0 writes them
         self.writes = writes
@@ -403,6 +458,8 @@ class Checkpoints:
         return state
 
     def _start_here(self, model: torch.nn.Module, optimizer, scheduler, scaler) -> TrainState:
+        if self.kept is not None and (restored := restore_kept(self.out_dir, self.config_hash, self.kept)):
+            log.info("%s", restored)
         plan = plan_start(self.out_dir, self.config_hash, self.best_required)
         if plan.reason:
             log.warning("%s", plan.reason)
@@ -440,6 +497,15 @@ class Checkpoints:
         check_finite(model.state_dict(), "model", state.step)
         self.write_best(model, state)
         save_resume_point(self.last, model, optimizer, scheduler, scaler, state, self.config_hash)
+        if self.kept is not None:
+            keep_resume_point(self.out_dir, self.kept)
+
+    def finish(self, result: Any) -> Any:
+        """``result`` (the finished run's, `mmcse.training.loop.finished`), once the kept copy is removed:
+        nothing is left to resume, and a finished folder's result is the DVC output's."""
+        if self.kept is not None and self.writes:
+            shutil.rmtree(self.kept, ignore_errors=True)
+        return result
 
 
 # --------------------------------------------------------------------------- the MLflow run
@@ -457,13 +523,16 @@ class ResumeDecision:
     reason: str = ""
 
 
-def resume_point_run(out_dir: Path, cfg: Config, best_required: Sequence[str] = ()) -> ResumeDecision:
+def resume_point_run(out_dir: Path, cfg: Config, best_required: Sequence[str] = (),
+                     kept: Path | None = None) -> ResumeDecision:
     """Whether ``train`` will continue this configuration's resume point in ``out_dir`` (`plan_start`),
     so the caller continues that MLflow run only for a true resume of the same configuration, and starts
     a new one when training restarts from step 0. The run id is the folder's remembered run of this
     configuration (`mmcse.tracking.remembered_run`), not part of the resume point: a tracked output holds
     nothing random. ``best_required``: the files a best checkpoint must hold (default: a student's)."""
     config_hash = run_definition_hash(cfg)
+    if kept is not None:  # (DVC's checkout replaced it: put back first, so the decision is about it)
+        restore_kept(out_dir, config_hash, kept)
     plan = plan_start(out_dir, config_hash, best_required or BEST_REQUIRED)
     record = remembered_run(out_dir, config_hash=config_hash)
     remembered = record["run_id"] if record else None

@@ -56,7 +56,7 @@ from mmcse.models.vocabulary import word_tokenizer
 from mmcse.models.vsepp import VseppModel
 from mmcse.models.vsrn import VsrnModel
 from mmcse.teachers.encoders import build_resnet50, resolve_resnet50
-from mmcse.training.checkpoints import Checkpoints, TrainState, run_definition_hash
+from mmcse.training.checkpoints import Checkpoints, TrainState, kept_dir, run_definition_hash
 from mmcse.training.distributed import any_rank, from_lead, wait_for_lead, world
 from mmcse.training.divergence import DivergenceWatch
 from mmcse.training.duet_step import RetrievalModel, duet_optimizer_step
@@ -421,11 +421,12 @@ def train_duet(
     # processes rank 0 alone evaluates, holds and writes them, the others take its val score
     rank, size = world()
     lead = rank == 0
-    checkpoints = Checkpoints(out_dir, run_definition_hash(cfg), save_best,
-                              best_required=best_checkpoint_files(cfg.train.method), writes=lead)
+    config_hash = run_definition_hash(cfg)
+    checkpoints = Checkpoints(out_dir, config_hash, save_best, best_required=best_checkpoint_files(cfg.train.method),
+                              writes=lead, kept=kept_dir(cfg, out_dir, config_hash))
     state = checkpoints.start(model, optimizer, scheduler, scaler)
     if checkpoints.restored and state.step >= total:  # finished before: its checked best/ is the result
-        return finished(state, checkpoints.best, lead)
+        return checkpoints.finish(finished(state, checkpoints.best, lead))
     resumed_from = state.step if state.step else None
     if pixels:  # the CNN learns only once the fine-tuning has started (frozen: no graph through it at all)
         model.cnn.requires_grad_(finetune_epochs > 0 and state.step > frozen_steps)
@@ -539,4 +540,4 @@ def train_duet(
             crops.close()
     flush()
     wait_for_lead()  # rank 0's last save is on disk before any rank reports the run finished
-    return finished(state, checkpoints.best, lead)
+    return checkpoints.finish(finished(state, checkpoints.best, lead))

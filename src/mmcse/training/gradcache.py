@@ -42,6 +42,20 @@ def direct_tokens(student: Student, seed: int) -> TokenEncoder:
     return encode
 
 
+def passes_note(batch_size: int, micro_batch: int, processes: int = 1) -> str | None:
+    """How a batch is cut when ``micro_batch`` does not divide the sentences a process encodes per batch
+    (``batch_size`` over ``processes``): full passes and a smaller last one (`CachedTokens` cuts in
+    order), so a reader of the log knows the last pass is not the size asked for; None when it divides."""
+    share = batch_size // processes
+    if not micro_batch or share % micro_batch == 0:
+        return None
+    full, last = divmod(share, micro_batch)
+    over = f" over {processes} processes" if processes > 1 else ""
+    return (f"train.micro_batch {micro_batch} does not divide the {share} sentences each process encodes per batch "
+            f"(train.batch_size {batch_size}{over}): each batch in {full} pass{'es' if full > 1 else ''} of "
+            f"{micro_batch} and a last one of {last}")
+
+
 @dataclass
 class CachedTokens:
     """A `TokenEncoder` that runs the rows ``rows_per_pass`` at a time without a graph (step 1) and

@@ -53,10 +53,10 @@ from mmcse.models.precision import (
 )
 from mmcse.models.student import Student, load_backbone, load_mlm_head, load_tokenizer, save_student
 from mmcse.training.batches import PAIR, TEXT, Batches, BatchFeatures, TrainData, check_inputs
-from mmcse.training.checkpoints import Checkpoints, TrainState, run_definition_hash
+from mmcse.training.checkpoints import Checkpoints, TrainState, kept_dir, run_definition_hash
 from mmcse.training.distributed import ShardedTokens, any_rank, average_gradients, from_lead, wait_for_lead, world
 from mmcse.training.divergence import DivergenceWatch
-from mmcse.training.gradcache import CachedTokens, TokenEncoder, direct_tokens
+from mmcse.training.gradcache import CachedTokens, TokenEncoder, direct_tokens, passes_note
 
 log = logging.getLogger(__name__)
 
@@ -321,6 +321,8 @@ def train(
     check_inputs(data_dir, teachers_dir, manifest, shared_teachers)
     device = resolve_device(cfg.base.device)
     check_precision(cfg.train.precision, device)
+    if (note := passes_note(cfg.train.batch_size, cfg.train.micro_batch, world()[1])) and world()[0] == 0:
+        log.warning("%s", note)
     data = TrainData.load(data_dir, teachers_dir, objects_dir, manifest, shared_teachers)
     # the dev geometry needs positive pairs (gold >= 4) and two sentences: refused before any compute
     check_sts_geometry(data.dev, POSITIVE_GOLD, str(data_dir / "sts" / "dev.jsonl"))
@@ -382,10 +384,12 @@ def train(
     # holds the best weights and writes, and the others take its dev score (`mmcse.training.distributed`)
     rank, size = world()
     lead = rank == 0
-    checkpoints = Checkpoints(out_dir, run_definition_hash(cfg), save_best, writes=lead)
+    config_hash = run_definition_hash(cfg)
+    checkpoints = Checkpoints(out_dir, config_hash, save_best, writes=lead,
+                              kept=kept_dir(cfg, out_dir, config_hash))
     state = checkpoints.start(student, optimizer, scheduler, scaler)
     if checkpoints.restored and state.step >= total:  # finished before: its checked best/ is the result
-        return finished(state, checkpoints.best, lead)
+        return checkpoints.finish(finished(state, checkpoints.best, lead))
     resumed_from = state.step if state.step else None
     watch = DivergenceWatch(device)
 
@@ -502,7 +506,7 @@ def train(
     finally:
         bar.close()
     wait_for_lead()  # rank 0's last save is on disk before any rank reports the run finished
-    return finished(state, checkpoints.best, lead)
+    return checkpoints.finish(finished(state, checkpoints.best, lead))
 
 
 def finished(state: TrainState, best_dir: Path, lead: bool = True) -> TrainResult:
