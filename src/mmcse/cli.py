@@ -231,10 +231,10 @@ def _cmd_schema(args: argparse.Namespace) -> None:
 def _cmd_runs(args: argparse.Namespace) -> None:
     import shutil
 
-    from mmcse.experiments.runs import experiments_table, read_experiments
+    from mmcse.experiments.runs import experiments_table, read_experiments, read_provenance
 
-    width = args.width or shutil.get_terminal_size((200, 24)).columns
-    print(experiments_table(read_experiments(Path(args.repo)), width), end="")
+    exps, width = read_experiments(Path(args.repo)), args.width or shutil.get_terminal_size((200, 24)).columns
+    print(experiments_table(exps, width, read_provenance(exps, Path(args.repo))), end="")
 
 
 def _cmd_report(args: argparse.Namespace) -> None:

@@ -48,3 +48,39 @@ def test_the_table_fits_the_width_and_keeps_the_names_in_every_block():
     assert all("tidy-lamb" in b and "wise-yawl" in b for b in blocks)
     wide = experiments_table(EXPS, width=200)
     assert "\n\n" not in wide.strip() and "66.90" in wide and "train.method=simcse" in wide
+
+
+def _lock(student_out: str, student_used: str, ablate_lambda: float) -> dict:
+    return {"schema": "2.0", "stages": {
+        "train": {"deps": [{"path": "data/raw", "md5": "raw.dir"}],
+                  "params": {"params.yaml": {"loss": {"lambda_img": 0.05}, "train": {"method": "mcse"}}},
+                  "outs": [{"path": "models/student", "md5": student_out}, {"path": "metrics/train.json", "md5": "t"}]},
+        "evaluate": {"deps": [{"path": "models/student", "md5": student_used}],
+                     "outs": [{"path": "metrics/eval.json", "md5": "e"}]},
+        "ablate": {"deps": [{"path": "data/raw", "md5": "raw.dir"}],
+                   "params": {"params.yaml": {"loss.lambda_img": ablate_lambda}},
+                   "outs": [{"path": "metrics/ablate.json", "md5": "a"}]},
+        "download": {"outs": [{"path": "data/raw", "md5": "raw.dir"}]}}}
+
+
+def test_scores_an_experiment_did_not_make_are_starred_and_changed_code_is_named():
+    """Issue 53.12: `dvc exp run train` leaves the commit's metrics/eval.json and ablate.json in the experiment;
+    its dvc.lock records evaluate on the commit's model and ablate on the commit's params, so those scores
+    are starred and the note says why. Issue 53.1: a row whose code is not its commit's names the files."""
+    from mmcse.experiments.runs import INHERITED_NOTE, stale_stages
+
+    exp_params = EXPS[1]["experiments"][0]["revs"][0]["data"]["params"]["params.yaml"]["data"]
+    assert stale_stages(_lock("new.dir", "old.dir", 0.1), exp_params) == {"evaluate", "ablate"}
+    assert stale_stages(_lock("new.dir", "new.dir", 0.05), exp_params) == set()
+    downstream = _lock("new.dir", "new.dir", 0.05)
+    downstream["stages"]["train"]["deps"][0]["md5"] = "older-raw.dir"  # train did not run: what reads it neither
+    assert stale_stages(downstream, exp_params) == {"train", "evaluate"}
+    provenance = {"tidy-lamb": {"lock": _lock("new.dir", "old.dir", 0.1), "code": ["src/mmcse/methods/losses.py"]},
+                  "workspace": {"lock": {}, "code": ["src/mmcse/training/loop.py", "stages/train.py"]}}
+    header, rows = experiment_rows(EXPS, provenance)
+    assert header[4] == "code" and rows[2][4] == "changed: losses.py" and rows[0][4] == "uncommitted: loop.py, train.py"
+    assert rows[1][4] == "—" and rows[3][4] == "—"
+    assert rows[2][5:] == ["71.20", "66.90*", "0.55*", "30.50*", "66.90*", "65.90*"]  # train ran: its score is its own
+    assert not any(c.endswith("*") for row in rows if row[0] != "tidy-lamb" for c in row[5:])
+    text = experiments_table(EXPS, 200, provenance)
+    assert text.endswith(INHERITED_NOTE + "\n") and INHERITED_NOTE not in experiments_table(EXPS, 200)

@@ -7,6 +7,13 @@ experiment: its name, when it ran, the method, the params it changed against its
 and the headline scores: the best dev score (metrics/train.json), the test STS average, each
 test set's rsum and NDCG mean (metrics/eval.json, `mmcse.evaluation.names`) and the ablation's
 primary metric per variant (metrics/ablate.json).
+
+A score is an experiment's own only when the stage that writes it ran on what the experiment changed:
+an experiment that ran only ``train`` still holds the commit's metrics/eval.json. Its dvc.lock says so
+(`stale_stages`: a stage whose recorded deps are not its upstream's outputs, or whose params are not
+the experiment's), and such a score is starred. A row whose code differs from its baseline commit (an
+experiment made from a dirty tree; the workspace's uncommitted edits) names the files in a ``code``
+column.
 """
 
 from __future__ import annotations
@@ -17,13 +24,20 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from mmcse.analysis.tables import terminal_table
 from mmcse.evaluation.names import display_name, is_headline
+from mmcse.integrity.code import CODE_PATHS
 from mmcse.tracking import flatten
 
 TRAIN, EVAL, ABLATE = "metrics/train.json", "metrics/eval.json", "metrics/ablate.json"
+WRITTEN_BY = {TRAIN: "train", EVAL: "evaluate", ABLATE: "ablate"}  # the stage each metrics file comes from
 DEV_SCORES = ("best_dev_sts", "best_dev_rsum")
 MAX_CHANGED = 60  # characters of the changed-params cell
+INHERITED = "*"
+INHERITED_NOTE = ("* not this experiment's score: the stage that writes it did not run after what it depends on "
+                  "changed (the baseline's file, left in place)")
 
 
 def read_experiments(repo: Path = Path(".")) -> list[dict[str, Any]]:
@@ -32,6 +46,69 @@ def read_experiments(repo: Path = Path(".")) -> list[dict[str, Any]]:
     if out.returncode != 0:
         raise RuntimeError(f"dvc exp show failed in {repo.resolve()}: {out.stderr.strip()[-2000:]}")
     return json.loads(out.stdout)
+
+
+def _git(repo: Path, *args: str) -> str | None:
+    out = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True)
+    return out.stdout if out.returncode == 0 else None
+
+
+def read_provenance(exps: Sequence[dict[str, Any]], repo: Path = Path(".")) -> dict[str, dict[str, Any]]:
+    """Per row of `experiment_rows`: ``lock`` (its dvc.lock: the workspace's file, a commit's or an
+    experiment's from git) and ``code`` (the files under `mmcse.integrity.code.CODE_PATHS` that differ from
+    its baseline commit: the workspace's uncommitted ones, an experiment's against the commit it ran on)."""
+    def lock_at(rev: str) -> dict[str, Any]:
+        return yaml.safe_load(_git(repo, "show", f"{rev}:dvc.lock") or "{}") or {}
+
+    found: dict[str, dict[str, Any]] = {}
+    for base in exps:
+        if base.get("rev") == "workspace":
+            lock_text = (repo / "dvc.lock").read_text() if (repo / "dvc.lock").is_file() else None
+            status = _git(repo, "status", "--porcelain", "--untracked-files=all", "--", *CODE_PATHS) or ""
+            code = sorted({line[3:].split(" -> ")[-1].strip('"') for line in status.splitlines() if line.strip()})
+            found["workspace"] = {"lock": yaml.safe_load(lock_text or "{}") or {}, "code": code}
+            continue
+        rev = str(base.get("rev"))
+        found[base.get("name") or rev[:7]] = {"lock": lock_at(rev), "code": []}
+        for exp in base.get("experiments") or []:
+            tip = (exp.get("revs") or [{}])[0]
+            tip_rev = str(tip.get("rev", ""))
+            diff = _git(repo, "diff", "--name-only", rev, tip_rev, "--", *CODE_PATHS) or ""
+            found[tip.get("name") or tip_rev[:7]] = {"lock": lock_at(tip_rev),
+                                                     "code": sorted(f for f in diff.splitlines() if f.strip())}
+    return found
+
+
+def _value_at(tree: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return None
+        tree = tree[part]
+    return tree
+
+
+def stale_stages(lock: dict[str, Any], params: dict[str, Any]) -> set[str]:
+    """The stages of ``lock`` (a dvc.lock) whose outputs were not made from what the same lock and
+    ``params`` (params.yaml's tree) say they depend on: a dep another stage writes recorded with another hash
+    than that stage's output, a param recorded with another value, or an upstream stage that is stale."""
+    stages = lock.get("stages") or {}
+    made_by = {out.get("path"): (name, out.get("md5")) for name, stage in stages.items()
+               for out in stage.get("outs") or []}
+    stale: set[str] = set()
+    changed = True
+    while changed:  # until no upstream's staleness reaches another stage
+        changed = False
+        for name, stage in stages.items():
+            if name in stale:
+                continue
+            deps = [made_by.get(dep.get("path")) + (dep.get("md5"),) for dep in stage.get("deps") or []
+                    if dep.get("path") in made_by]
+            recorded = ((stage.get("params") or {}).get("params.yaml") or {}).items()
+            if (any(upstream in stale or made != used for upstream, made, used in deps)
+                    or any(_value_at(params, key) != value for key, value in recorded)):
+                stale.add(name)
+                changed = True
+    return stale
 
 
 def _entries(exps: Sequence[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any], dict[str, Any] | None]]:
@@ -59,11 +136,15 @@ def _fmt(value: Any) -> str:
     return f"{value:.2f}" if isinstance(value, int | float) and not isinstance(value, bool) else "—"
 
 
-def experiment_rows(exps: Sequence[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+def experiment_rows(exps: Sequence[dict[str, Any]],
+                    provenance: dict[str, dict[str, Any]] | None = None) -> tuple[list[str], list[list[str]]]:
     """The table's header and rows (`read_experiments`): experiment, created, method, changed
-    params (``key=value``, against the experiment's baseline commit), then one column per headline
-    score that any row holds."""
+    params (``key=value``, against the experiment's baseline commit), the code files that differ from it
+    (a ``code`` column, when any row's do: `read_provenance`), then one column per headline score that any
+    row holds, `INHERITED`-starred where the row's lock says the stage writing it did not run on its state."""
+    provenance = provenance or {}
     entries = list(_entries(exps))
+    with_code = any(p.get("code") for p in provenance.values())
     scores: list[str] = []
     for _, data, _ in entries:
         train, test = _metrics(data, TRAIN), _metrics(data, EVAL)
@@ -74,7 +155,8 @@ def experiment_rows(exps: Sequence[dict[str, Any]]) -> tuple[list[str], list[lis
     for _, data, _ in entries:
         variants += [v for v in _metrics(data, ABLATE).get("variants", {}) if v not in variants]
     ablate_metric = next((_metrics(d, ABLATE).get("metric") for _, d, _ in entries if _metrics(d, ABLATE)), None)
-    header = ["experiment", "created", "method", "changed params", *[display_name(s) for s in scores],
+    header = ["experiment", "created", "method", "changed params", *(["code"] if with_code else []),
+              *[display_name(s) for s in scores],
               *[f"{v} ({display_name(ablate_metric or 'ablation')})" for v in variants]]
     rows = []
     for name, data, baseline in entries:
@@ -87,16 +169,30 @@ def experiment_rows(exps: Sequence[dict[str, Any]]) -> tuple[list[str], list[lis
         train, test, ablate = _metrics(data, TRAIN), _metrics(data, EVAL), _metrics(data, ABLATE)
         created = str(data.get("timestamp") or "")[:16].replace("T", " ")
         row = [name, created, str(params.get("train.method", "—")), changed or "—"]
-        row += [_fmt(train.get(s, test.get(s))) for s in scores]
-        row += [_fmt((ablate.get("variants", {}).get(v) or {}).get("mean")) for v in variants]
+        own = provenance.get(name) or {}
+        if with_code:
+            code = ", ".join(Path(f).name for f in own.get("code") or [])
+            code = code if len(code) <= MAX_CHANGED else code[: MAX_CHANGED - 1] + "…"
+            row.append(("uncommitted: " if name == "workspace" else "changed: ") + code if code else "—")
+        stale = stale_stages(own.get("lock") or {}, ((data.get("params") or {}).get("params.yaml") or {}).get("data")
+                             or {}) if own.get("lock") else set()
+
+        def cell(value: Any, path: str, stale: set[str] = stale) -> str:
+            shown = _fmt(value)
+            return shown + INHERITED if WRITTEN_BY[path] in stale and shown != "—" else shown
+
+        row += [cell(train[s], TRAIN) if s in train else cell(test.get(s), EVAL) for s in scores]
+        row += [cell((ablate.get("variants", {}).get(v) or {}).get("mean"), ABLATE) for v in variants]
         rows.append(row)
     return header, rows
 
 
-def experiments_table(exps: Sequence[dict[str, Any]], width: int = 200) -> str:
+def experiments_table(exps: Sequence[dict[str, Any]], width: int = 200,
+                      provenance: dict[str, dict[str, Any]] | None = None) -> str:
     """`experiment_rows` as aligned text no wider than ``width`` (wide column sets wrap into
-    blocks that each start with the experiment's name)."""
-    header, rows = experiment_rows(exps)
+    blocks that each start with the experiment's name), with `INHERITED_NOTE` under it when a score is starred."""
+    header, rows = experiment_rows(exps, provenance)
     markdown = "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header),
                           *("| " + " | ".join(c.replace("|", "/") for c in row) + " |" for row in rows)])
-    return terminal_table(markdown + "\n", width)
+    starred = any(c.endswith(INHERITED) for row in rows for c in row[4:])
+    return terminal_table(markdown + "\n", width) + (INHERITED_NOTE + "\n" if starred else "")

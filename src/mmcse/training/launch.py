@@ -8,15 +8,26 @@ several, every machine runs the same entry point with the same params.yaml; each
 torchrun's static rendezvous meets at ``train.master_addr:train.master_port`` (node 0's address). The launching
 process holds the stage's outputs, forwards a stop (SIGTERM, Ctrl-C) to the job's processes once, so they
 agree on a step, rank 0 writes a resume point and all stop, and fails with the job's exit status.
+
+What the user sees is what one process would print, and one line when the job stops: torchrun's own output (its
+OMP_NUM_THREADS banner, its ChildFailedError traceback) and every rank's copy of the stop's reason go to a log
+file (``mlruns/launch/``) that the last line names; the ranks' other lines are passed through as they come.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import psutil
 import torch
@@ -24,6 +35,7 @@ import torch
 from mmcse import stopping
 from mmcse.config import ConfigError, TrainConfig
 from mmcse.errors import StageError
+from mmcse.io import at_home
 from mmcse.processes import NODE_RANK, launched
 
 
@@ -77,13 +89,78 @@ def torchrun_command(train: TrainConfig, device_name: str, entry: Sequence[str])
     return command + list(entry)
 
 
+RANK_LINE = re.compile(r"^\[[A-Za-z_]*(\d+)\]:(.*)$")  # torchrun --tee: "[default1]:<the line>"
+ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
+LAUNCH_LOGS = Path("mlruns") / "launch"
+
+
+@dataclass
+class LaunchOutput:
+    """torchrun's output, line by line: every line to ``log``; a rank's lines without their ``[defaultN]:``
+    prefix to the console, but its ``error:`` lines, which are kept per rank for the launcher's one line."""
+
+    log: Path
+    errors: dict[int, str] = field(default_factory=dict)  # local rank -> its last "error: ..." line
+
+    def take(self, line: str, handle) -> None:
+        handle.write(line)
+        ranked = RANK_LINE.match(line.rstrip("\n"))
+        if ranked is None:
+            return  # torchrun's own: the banner, its warnings, its traceback (the log keeps them)
+        rank, text = int(ranked.group(1)), ranked.group(2)
+        if not text.strip():
+            return
+        if text.startswith("error: "):
+            self.errors[rank] = text.removeprefix("error: ")
+        else:
+            print(text, flush=True)
+
+    def failure(self, code: int) -> str:
+        """The one line for a job that failed with torchrun status ``code``: which rank failed first
+        (torchrun's root cause) and how: its own error, or the signal that killed it."""
+        report = self.log.read_text(errors="replace") if self.log.is_file() else ""
+        found = ROOT_CAUSE.search(report)
+        where = f"torchrun's report: {self.log}"
+        if found is None:
+            return f"the job's processes failed (torchrun exit status {code}; {where})"
+        rank, exit_code = int(found.group(1)), int(found.group(2))
+        if rank in self.errors:
+            return f"rank {rank} failed: {self.errors[rank]} ({where})"
+        if exit_code < 0:
+            try:
+                how = signal.Signals(-exit_code).name
+            except ValueError:
+                how = f"signal {-exit_code}"
+            return (f"rank {rank} was killed by {how} and printed no error; the job's other processes were stopped "
+                    f"({where})")
+        return f"rank {rank} exited with status {exit_code} and printed no error ({where})"
+
+
 def run_launched(command: Sequence[str]) -> None:
     """Run a torchrun ``command`` to its end. The first SIGTERM / Ctrl-C is passed once to the job's
     processes (not to torchrun, which would kill them 30 s later, maybe inside a save), which stop together
-    after a resume point; a second stops everything at once. Raises `StageError` when the job failed (its
-    processes printed why) and `stopping.StopRequested` when it was stopped."""
+    after a resume point; a second stops everything at once. Raises `StageError` when the job failed (naming
+    the rank that failed first and how) and `stopping.StopRequested` when it was stopped (rank 0's reason):
+    one line either way, torchrun's report in the log file it names (`LaunchOutput`)."""
+    log_dir = at_home(LAUNCH_LOGS)
+    log_dir.mkdir(parents=True, exist_ok=True)
+    output = LaunchOutput(log_dir / f"{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log")
+    # the ranks' own files: torchrun tees them to its output with a rank prefix (without a folder of ours it
+    # would leave one under /tmp per run)
+    ranks_dir = Path(tempfile.mkdtemp(prefix="mmcse-ranks-"))
+    at = list(command).index("torch.distributed.run") + 1
+    command = [*command[:at], f"--log-dir={ranks_dir}", "--redirects=3", "--tee=3", *command[at:]]
     # its own session: Ctrl-C at a terminal reaches this process alone, which passes it on once
-    proc = subprocess.Popen(list(command), start_new_session=True)
+    proc = subprocess.Popen(command, start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, errors="replace", bufsize=1)
+
+    def read() -> None:
+        with open(output.log, "w") as handle:
+            for line in proc.stdout:
+                output.take(line, handle)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     forwarded = False
     try:
         with stopping.graceful():
@@ -100,9 +177,11 @@ def run_launched(command: Sequence[str]) -> None:
         if proc.poll() is None:  # stopped at once: the job's whole session
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        reader.join(timeout=10)
+        shutil.rmtree(ranks_dir, ignore_errors=True)
     if stopping.requested():
-        raise stopping.stop_exception("the job's processes stopped together after rank 0's last resume point; "
-                                      "rerun to continue from it")
+        reason = re.sub(r"^stopped on [A-Z]+: ", "", output.errors.get(0, "")) or (
+            "the job's processes stopped together after rank 0's last resume point; rerun to continue from it")
+        raise stopping.stop_exception(f"{reason} (every process stopped; their output: {output.log})")
     if code != 0:
-        raise StageError(f"the job's processes failed (torchrun exit status {code}); the failing rank's error "
-                         "is printed above")
+        raise StageError(output.failure(code))
