@@ -279,3 +279,97 @@ def test_dvc_exp_run_reruns_only_what_changed_and_after_ctrl_c_reuses_the_finish
     assert "best_dev_sts" in lines[0] and "test_avg" in lines[0] and f"{test_avg:.2f}" in exp_line
     _run(["dvc", "plots", "show", "-o", "dvc_plots"], root, env)
     assert (root / "dvc_plots/index.html").stat().st_size > 1000
+
+
+def _commit_workspace(root, env):
+    _run(["git", "checkout", "--", "params.yaml"], root, env)
+    _run(["git", "add", "-A"], root, env)
+    _run(["git", "commit", "-qm", "the workspace as it stands", "--allow-empty"], root, env)
+
+
+def _runs_with(root: Path, key: str, value: str) -> list[tuple[str, str, dict]]:
+    """(run id, status, tags) of the project store's runs whose param ``key`` is ``value``."""
+    with sqlite3.connect(root / "mlruns/mlflow.db") as db:
+        found = db.execute("select r.run_uuid, r.status from runs r join params p on p.run_uuid = r.run_uuid "
+                           "where p.key = ? and p.value = ?", (key, value)).fetchall()
+        return [(run_id, status, dict(db.execute("select key, value from tags where run_uuid=?", (run_id,))))
+                for run_id, status in found]
+
+
+def test_two_failed_dvc_exp_runs_in_a_row_name_the_values_the_first_left_behind(repo_copy):
+    """Issue 53.6: DVC leaves a failed experiment's -S values in params.yaml, so the second -S is checked with the
+    first one's; its error says so, naming both keys with their committed values and how to drop them."""
+    root, env = repo_copy
+    _commit_workspace(root, env)
+    try:
+        for bad in ("train.devices=0", "train.dropout_rng=bogus"):
+            out = subprocess.run(["dvc", "exp", "run", "-S", bad, "check_params"], cwd=root, env=env,
+                                 capture_output=True, text=True, timeout=300)
+            assert out.returncode != 0
+        log = out.stdout + out.stderr
+        (note,) = [line for line in log.splitlines() if line.startswith("note: params.yaml differs")]
+        assert "train.devices=0 (committed: 1)" in note and "train.dropout_rng=bogus (committed: " in note
+        assert note.endswith("`git checkout params.yaml` drops them")
+    finally:
+        _run(["git", "checkout", "--", "params.yaml"], root, env)
+
+
+def test_queued_experiments_land_in_the_projects_store_and_runs_stars_what_they_did_not_make(repo_copy):
+    """Issue 53.11: two experiments queued and run by `dvc queue start -j 2` (each in a copy under .dvc/tmp/exps
+    that DVC deletes) log their MLflow runs into the project's store. Issue 53.12: they ran only train, so
+    `mmcse runs` stars the evaluate scores they hold (the commit's), and not their own dev scores."""
+    root, env = repo_copy
+    _commit_workspace(root, env)
+    for rate in ("0.002", "0.003"):
+        _run(["dvc", "exp", "run", "--queue", "-S", f"train.learning_rate={rate}", "train"], root, env)
+    _run(["dvc", "queue", "start", "-j", "2"], root, env)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        status = _run(["dvc", "queue", "status"], root, env)
+        if "Queued" not in status and "Running" not in status:
+            break
+        time.sleep(3)
+    assert status.count("Success") >= 2, status
+    for rate in ("0.002", "0.003"):
+        ((_, state, _),) = _runs_with(root, "train.learning_rate", rate)
+        assert state == "FINISHED"
+    assert not list((root / ".dvc/tmp").rglob("mlflow.db"))
+    table = _run([sys.executable, "-m", "mmcse.cli", "runs", "--width", "400"], root, env)
+    header, *rows = table.splitlines()
+    queued = [row.split() for row in rows if "train.learning_rate=0.00" in row]
+    assert len(queued) == 2 and 0 < header.index("best_dev_sts") < header.index("test_avg"), table
+    for cells in queued:  # ... changed params, best_dev_sts (train ran: its own), test_avg (evaluate did not)
+        at = next(i for i, c in enumerate(cells) if c.startswith("train.learning_rate="))
+        assert not cells[at + 1].endswith("*") and cells[at + 2].endswith("*"), table
+    assert "* not this experiment's score" in table
+
+
+def test_dvc_exp_run_resumes_the_training_it_interrupted_in_the_same_mlflow_run(repo_copy):
+    """Issue 53.2: `dvc exp run` checks models/student out of the commit before it reproduces, which replaced the
+    resume point SIGTERM had written; the kept copy (data/resume) is put back, the rerun continues from that step
+    in the run the interrupted one began (KILLED, then FINISHED), and nothing is left kept once it finished."""
+    import signal
+
+    root, env = repo_copy
+    _commit_workspace(root, env)
+    cmd = ["dvc", "exp", "run", "-S", "train.max_steps=160", "-S", "train.eval_steps=80", "train"]
+    exp = subprocess.Popen(cmd, cwd=root, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.monotonic() + 300
+    while not any((root / "data/resume").glob("*/last/state.json")) and time.monotonic() < deadline:
+        assert exp.poll() is None, exp.communicate()[0][-3000:]
+        time.sleep(0.2)
+    os.killpg(exp.pid, signal.SIGTERM)
+    log = exp.communicate(timeout=120)[0]
+    assert exp.returncode != 0 and "rerun to continue from it" in log, log[-3000:]
+    stopped = int(re.search(r"resume point written at step (\d+)", log).group(1))
+    assert 0 < stopped < 160
+    ((run_id, state, _),) = _runs_with(root, "train.max_steps", "160")
+    assert state == "KILLED"
+
+    again = _run(cmd, root, env)
+    assert "retrained from step 0" not in again, again[-3000:]
+    ((resumed_id, state, tags),) = _runs_with(root, "train.max_steps", "160")
+    assert (resumed_id, state, tags.get("mmcse.resumed_from_step")) == (run_id, "FINISHED", str(stopped)), again[-3000:]
+    assert json.loads((root / "metrics/train.json").read_text())["steps"] > stopped  # (the data's epochs end first)
+    assert not any((root / "data/resume").iterdir())
