@@ -122,3 +122,45 @@ def test_a_rank_other_than_0_keeps_the_runs_best_but_writes_nothing(tmp_path: Pa
     assert (state.best_score, state.best_step) == (3.0, 0) and checkpoints.best_weights is None
     checkpoints.save(model, None, None, None, state)
     assert list(tmp_path.iterdir()) == [] and written == []
+
+
+REPORT = """Traceback (most recent call last):
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+Failures:
+[1]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 2398)  (SIGTERM)
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-28_05:40:25
+  rank      : {rank} (local_rank: {rank})
+  exitcode  : {code} (pid: 2399)  (SIGKILL)
+"""
+
+
+@pytest.mark.parametrize(("rank", "code", "lines", "summary"), [
+    (1, -9, [], "rank 1 was killed by SIGKILL and printed no error; the job's other processes were stopped"),
+    (1, 3, [], "rank 1 exited with status 3 and printed no error"),
+    (1, 1, ["[default1]:error: train.batch_size is too large\n"], "rank 1 failed: train.batch_size is too large"),
+    (0, 1, ["[default0]:[rank0]: Traceback (most recent call last):\n", "[default0]:[rank0]:   File \"x.py\"\n",
+            "[default0]:[rank0]: RuntimeError: Connection reset by peer\n"],
+     "rank 0 failed: RuntimeError: Connection reset by peer"),
+])
+def test_a_failed_job_is_one_line_naming_the_rank_that_failed_first_and_how(tmp_path, capsys, rank, code, lines,
+                                                                            summary):
+    """Issues 53.4 and 53.7: torchrun's banner and report and the ranks' error lines stay in the log; the ranks'
+    other lines reach the console without their prefix; the line names the root cause's rank and how it ended."""
+    output = launch.LaunchOutput(tmp_path / "launch.log")
+    with open(output.log, "w") as handle:
+        for line in ["*****\n", "Setting OMP_NUM_THREADS environment variable for each process to be 1\n",
+                     "[default0]:train mcse: 5%[default0]:\n", "[default0]:train mcse: 10%\n", "[default1]:\n",
+                     "[default0]:Exception ignored in atexit callback: <function dump_compile_times>\n",
+                     "[default0]:Traceback (most recent call last):\n", "[default0]:  File \"utils.py\", line 967\n",
+                     "[default0]:mmcse.stopping.StopRequested: stopped on SIGTERM\n", *lines,
+                     *REPORT.format(rank=rank, code=code).splitlines(keepends=True)]:
+            output.take(line, handle)
+    assert capsys.readouterr().out == "train mcse: 5%\ntrain mcse: 10%\n"
+    assert output.failure(1) == f"{summary} (torchrun's report: {output.log})"
+    assert "Root Cause" in output.log.read_text() and "OMP_NUM_THREADS" in output.log.read_text()
+    (tmp_path / "launch.log").write_text("no report\n")
+    assert output.failure(1).startswith("the job's processes failed (torchrun exit status 1; torchrun's report: ")

@@ -90,6 +90,12 @@ def torchrun_command(train: TrainConfig, device_name: str, entry: Sequence[str])
 
 
 RANK_LINE = re.compile(r"^\[[A-Za-z_]*(\d+)\]:(.*)$")  # torchrun --tee: "[default1]:<the line>"
+RANK_TRACEBACK = re.compile(r"^\[rank\d+\]:")  # torch's prefix on what an uncaught exception prints in a rank
+TEE_PREFIX = re.compile(r"\[default\d+\]:")  # inside a line: a progress bar's redraws joined by torchrun
+# the first line of a traceback Python prints itself (an uncaught exception, an exception in an atexit callback),
+# and the lines inside one that are not indented
+TRACEBACK_START = ("Traceback (most recent call last):", "Exception ignored in")
+TRACEBACK_INSIDE = ("During handling of the above exception", "The above exception was the direct cause", "Traceback")
 ROOT_CAUSE = re.compile(r"Root Cause.*?rank\s*:\s*(\d+).*?exitcode\s*:\s*(-?\d+)", re.S)
 LAUNCH_LOGS = Path("mlruns") / "launch"
 
@@ -97,21 +103,33 @@ LAUNCH_LOGS = Path("mlruns") / "launch"
 @dataclass
 class LaunchOutput:
     """torchrun's output, line by line: every line to ``log``; a rank's lines without their ``[defaultN]:``
-    prefix to the console, but its ``error:`` lines, which are kept per rank for the launcher's one line."""
+    prefix to the console, but its ``error:`` lines and an uncaught exception's traceback, which are kept per
+    rank for the launcher's one line."""
 
     log: Path
     errors: dict[int, str] = field(default_factory=dict)  # local rank -> its last "error: ..." line
+    uncaught: dict[int, str] = field(default_factory=dict)  # local rank -> the last line of its traceback
+    in_traceback: set[int] = field(default_factory=set)  # ranks whose lines are inside a traceback now
 
     def take(self, line: str, handle) -> None:
         handle.write(line)
         ranked = RANK_LINE.match(line.rstrip("\n"))
         if ranked is None:
             return  # torchrun's own: the banner, its warnings, its traceback (the log keeps them)
-        rank, text = int(ranked.group(1)), ranked.group(2)
+        rank, text = int(ranked.group(1)), TEE_PREFIX.sub("", ranked.group(2))
         if not text.strip():
             return
         if text.startswith("error: "):
             self.errors[rank] = text.removeprefix("error: ")
+        elif RANK_TRACEBACK.match(text):  # an uncaught exception's traceback: its last line says what it was
+            if RANK_TRACEBACK.sub("", text).strip():
+                self.uncaught[rank] = RANK_TRACEBACK.sub("", text).strip()
+        elif text.startswith(TRACEBACK_START) or (rank in self.in_traceback and (
+                text[0].isspace() or text.startswith(TRACEBACK_INSIDE))):
+            self.in_traceback.add(rank)
+        elif rank in self.in_traceback:  # the exception's own line ends the traceback
+            self.in_traceback.discard(rank)
+            self.uncaught[rank] = text.strip()
         else:
             print(text, flush=True)
 
@@ -124,8 +142,8 @@ class LaunchOutput:
         if found is None:
             return f"the job's processes failed (torchrun exit status {code}; {where})"
         rank, exit_code = int(found.group(1)), int(found.group(2))
-        if rank in self.errors:
-            return f"rank {rank} failed: {self.errors[rank]} ({where})"
+        if rank in self.errors or rank in self.uncaught:
+            return f"rank {rank} failed: {self.errors.get(rank) or self.uncaught[rank]} ({where})"
         if exit_code < 0:
             try:
                 how = signal.Signals(-exit_code).name
