@@ -5,6 +5,7 @@ then the whole checked (`mmcse.config.parse_config`)."""
 from __future__ import annotations
 
 import copy
+import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -155,8 +156,6 @@ def uncommitted_params(path: str | Path = "params.yaml") -> list[str]:
     (``git show HEAD:<path>``); empty when they agree or there is no commit to compare with. `dvc exp run -S`
     writes its values into the workspace's file and leaves them there when the experiment fails, so the
     next ``-S`` is checked together with every earlier failed one."""
-    import subprocess  # noqa: PLC0415 (only when a parameter error is reported)
-
     path = Path(path)
     try:
         shown = subprocess.run(["git", "show", f"HEAD:./{path.name}"], cwd=path.parent.resolve(),
