@@ -221,10 +221,10 @@ def test_no_module_is_over_600_lines():
 
 
 @pytest.mark.parametrize(("stage", "kinds"), [("evaluate", ("outs", "metrics", "plots")),
-                                             ("train", ("metrics", "plots"))])
+                                             ("train", ("metrics", "plots")), ("ablate", ("metrics", "plots"))])
 def test_a_killed_train_or_evaluate_leaves_the_previous_results_in_the_workspace(stage, kinds):
     """Issues 53.3 and 53.9: DVC deletes a stage's outputs before it runs unless they persist, so a killed
-    `dvc repro` or `dvc exp run` left metrics/eval.json, metrics/train.json and the plots gone from the
+    `dvc repro` or `dvc exp run` left metrics/eval.json, metrics/train.json, ablate.json and the plots gone from the
     workspace (tracked files). They persist; each is replaced whole once its stage has the new one."""
     for kind in kinds:
         for out in STAGES[stage][kind]:
