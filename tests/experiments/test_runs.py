@@ -84,3 +84,14 @@ def test_scores_an_experiment_did_not_make_are_starred_and_changed_code_is_named
     assert not any(c.endswith("*") for row in rows if row[0] != "tidy-lamb" for c in row[5:])
     text = experiments_table(EXPS, 200, provenance)
     assert text.endswith(INHERITED_NOTE + "\n") and INHERITED_NOTE not in experiments_table(EXPS, 200)
+
+
+def test_a_param_dvc_lock_holds_as_yaml_1_1_reads_it_is_the_same_value():
+    """PyYAML keeps dvc.lock's ``3e-05`` a string; DVC's own record (YAML 1.2) has the float: not a change."""
+    from mmcse.experiments.runs import stale_stages
+
+    lock = {"stages": {"train": {"params": {"params.yaml": {"train.learning_rate": "3e-05",
+                                                            "model": {"lr": "1e-4", "name": "bert"}}}}}}
+    assert stale_stages(lock, {"train": {"learning_rate": 3e-05}, "model": {"lr": 1e-4, "name": "bert"}}) == set()
+    assert stale_stages(lock, {"train": {"learning_rate": 1e-4}, "model": {"lr": 1e-4, "name": "bert"}}) == {"train"}
+    assert stale_stages(lock, {"train": {"learning_rate": 3e-05}, "model": {"lr": 1e-4, "name": "x"}}) == {"train"}

@@ -87,6 +87,21 @@ def _value_at(tree: Any, dotted: str) -> Any:
     return tree
 
 
+def _same(a: Any, b: Any) -> bool:
+    """Equal as params: YAML 1.1 (PyYAML, reading dvc.lock here) keeps ``3e-05`` a string where DVC's YAML
+    1.2 reads a float, so a number and a string that reads as that number are the same value."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, str) != isinstance(b, str) and not isinstance(a, bool) and not isinstance(b, bool):
+        try:
+            return float(a) == float(b)
+        except (TypeError, ValueError):
+            return False
+    return a == b
+
+
 def stale_stages(lock: dict[str, Any], params: dict[str, Any]) -> set[str]:
     """The stages of ``lock`` (a dvc.lock) whose outputs were not made from what the same lock and
     ``params`` (params.yaml's tree) say they depend on: a dep another stage writes recorded with another hash
@@ -105,7 +120,7 @@ def stale_stages(lock: dict[str, Any], params: dict[str, Any]) -> set[str]:
                     if dep.get("path") in made_by]
             recorded = ((stage.get("params") or {}).get("params.yaml") or {}).items()
             if (any(upstream in stale or made != used for upstream, made, used in deps)
-                    or any(_value_at(params, key) != value for key, value in recorded)):
+                    or any(not _same(_value_at(params, key), value) for key, value in recorded)):
                 stale.add(name)
                 changed = True
     return stale
