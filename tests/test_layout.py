@@ -32,7 +32,7 @@ LAYERS = [
     ["integrity", "tracking"],
     ["config"],
     ["environment"],
-    ["io", "errors", "hub", "stopping", "processes"],
+    ["io", "errors", "hub", "stopping", "processes", "records"],
 ]
 RANK = {package: rank for rank, packages in enumerate(LAYERS) for package in packages}
 
@@ -230,3 +230,21 @@ def test_a_killed_train_or_evaluate_leaves_the_previous_results_in_the_workspace
         for out in STAGES[stage][kind]:
             ((path, spec),) = out.items() if isinstance(out, dict) else ((out, {}),)
             assert spec.get("persist") is True, f"{stage}: DVC deletes {path} before the stage runs"
+
+
+@pytest.mark.parametrize(("module", "not_loaded"), [
+    ("mmcse.cli", {"torch", "transformers", "mlflow"}),
+    ("mmcse.experiments.runs", {"torch", "transformers", "mlflow", "pandas", "matplotlib"}),
+    ("mmcse.experiments.estimate", {"torch", "transformers", "mlflow"}),
+    # (torch still: a job's identity runs the loss terms on a probe batch, `objective_keys`)
+    ("mmcse.experiments.plan", {"transformers", "mlflow", "matplotlib"}),
+])
+def test_a_command_loads_what_it_uses(module, not_loaded):
+    """Issue 54: `mmcse runs` reads DVC's record and prints text; a plan counts steps and reads the pace from the
+    run's record beside the store. Neither loads the libraries that train or track (seconds each)."""
+    import subprocess
+    import sys
+
+    code = f"import sys, {module}; print(sorted(m for m in {sorted(not_loaded)!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr[-2000:]

@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from mmcse import cli, tracking
+from mmcse.analysis import views
 from mmcse.experiments.params import load_config
 from tests.conftest import REPO
 
@@ -27,7 +28,7 @@ def params(tmp_path, monkeypatch) -> Path:
 
 def test_ui_commands_serve_the_project_stores_on_localhost(params):
     cfg = load_config("params.yaml")
-    commands = cli.ui_commands(cfg, port=5123, dashboard_port=8123, dashboard="/opt/bin/optuna-dashboard")
+    commands = views.ui_commands(cfg, port=5123, dashboard_port=8123, dashboard="/opt/bin/optuna-dashboard")
     assert commands == {
         "mlflow": [sys.executable, "-m", "mlflow", "server",
                    "--backend-store-uri", f"sqlite:///{params}/mlruns/mlflow.db",
@@ -36,7 +37,7 @@ def test_ui_commands_serve_the_project_stores_on_localhost(params):
         "optuna": ["/opt/bin/optuna-dashboard", f"sqlite:///{params}/mlruns/optuna.db",
                    "--host", "127.0.0.1", "--port", "8123"],
     }
-    assert list(cli.ui_commands(cfg)) == ["mlflow"]  # optuna-dashboard not installed: MLflow only
+    assert list(views.ui_commands(cfg)) == ["mlflow"]  # optuna-dashboard not installed: MLflow only
 
 
 def test_ui_commands_keep_a_server_store_as_given(params):
@@ -44,7 +45,7 @@ def test_ui_commands_keep_a_server_store_as_given(params):
     raw["base"]["mlflow_tracking_uri"] = "postgresql+psycopg://mmcse@db:5432/mlflow"
     raw["sweep"]["storage"] = "postgresql+psycopg://mmcse@db:5432/optuna"
     Path("params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    commands = cli.ui_commands(load_config("params.yaml"), dashboard="optuna-dashboard")
+    commands = views.ui_commands(load_config("params.yaml"), dashboard="optuna-dashboard")
     assert commands["mlflow"][4:] == ["--backend-store-uri", "postgresql+psycopg://mmcse@db:5432/mlflow",
                                       "--host", "127.0.0.1", "--port", "5000", "--workers", "1"]
     assert commands["optuna"][1] == "postgresql+psycopg://mmcse@db:5432/optuna"
@@ -162,8 +163,8 @@ def test_the_real_mlflow_server_lists_mmcse_experiments_in_the_training_view(par
     port = _free_port()
     log = params / "mlflow-server.log"
     with log.open("w") as sink:  # a file, not a pipe: an unread pipe would block the server
-        proc = subprocess.Popen(cli.ui_commands(cfg, port=port)["mlflow"], stdout=sink, stderr=sink,
-                                env={**os.environ, **cli.UI_MLFLOW_ENV})
+        proc = subprocess.Popen(views.ui_commands(cfg, port=port)["mlflow"], stdout=sink, stderr=sink,
+                                env={**os.environ, **views.UI_MLFLOW_ENV})
     try:
         request = urllib.request.Request(
             f"http://127.0.0.1:{port}/api/2.0/mlflow/experiments/search", method="POST",

@@ -333,10 +333,6 @@ def _cmd_figures_thresholds(args: argparse.Namespace) -> None:
     print(json.dumps({k: round(v, 4) for k, v in stats.items()}, indent=2))
 
 
-UI_HOST = "127.0.0.1"  # the UIs have no login: this machine only (an SSH tunnel reaches them from elsewhere)
-# The MLflow server's background job runner (GenAI scorers, trace archival: 7 extra processes) is
-# off for `mmcse ui`: nothing of mmcse uses it, and the server starts in about half the time.
-UI_MLFLOW_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 UI_SERVER_NAMES = {"mlflow": "MLflow", "optuna": "optuna-dashboard"}  # as `mmcse ui` names them when it stops
 
 
@@ -349,32 +345,6 @@ def _optuna_dashboard_executable() -> str | None:
         return None
     beside = Path(sys.executable).parent / "optuna-dashboard"
     return str(beside) if beside.is_file() else shutil.which("optuna-dashboard")
-
-
-def ui_commands(cfg: Config, port: int = 5000, dashboard_port: int = 8080,
-                dashboard: str | None = None) -> dict[str, list[str]]:
-    """The argument lists `mmcse ui` starts: ``mlflow`` (``mlflow server`` on the project's store,
-    ``base.mlflow_tracking_uri``, with artifacts under ``mlruns/artifacts`` where `tracking.experiment`
-    puts them) and, given the ``dashboard`` executable, ``optuna`` (optuna-dashboard on
-    ``sweep.storage``); both bound to `UI_HOST`. Relative SQLite paths are made absolute here.
-    The MLflow server is started with `UI_MLFLOW_ENV` added to the environment."""
-    from mmcse.io import ensure_sqlite_parent
-
-    tracking_uri = ensure_sqlite_parent(cfg.base.mlflow_tracking_uri)
-    # one worker process: one user's browser; 4 (MLflow's default) take twice as long to start
-    mlflow_cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri,
-                  "--host", UI_HOST, "--port", str(port), "--workers", "1"]
-    if cfg.base.mlflow_tracking_uri.startswith("sqlite:///mlruns/"):
-        # runs logged by mmcse name their artifact folder themselves; an experiment made in the UI
-        # gets its artifacts next to them
-        artifacts = (Path("mlruns") / "artifacts").resolve()
-        artifacts.mkdir(parents=True, exist_ok=True)
-        mlflow_cmd += ["--artifacts-destination", artifacts.as_uri()]
-    commands = {"mlflow": mlflow_cmd}
-    if dashboard is not None:
-        commands["optuna"] = [dashboard, ensure_sqlite_parent(cfg.sweep.storage), "--host", UI_HOST,
-                              "--port", str(dashboard_port)]
-    return commands
 
 
 def _start(cmd: list[str], env: dict[str, str] | None) -> subprocess.Popen[bytes]:
@@ -406,7 +376,7 @@ def _cmd_ui(args: argparse.Namespace) -> None:
     import subprocess
     import time
 
-    from mmcse.analysis.views import write_headline_views
+    from mmcse.analysis.views import UI_HOST, UI_MLFLOW_ENV, ui_commands, write_headline_views
     from mmcse.experiments.params import load_config
     from mmcse.tracking import experiment_urls, latest_ablation_url, ui_url
 
@@ -458,10 +428,18 @@ def _cmd_ui(args: argparse.Namespace) -> None:
         print(f"\nstopped {' and '.join(UI_SERVER_NAMES.get(name, name) for name in procs)}", flush=True)
 
 
+class _Version(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        from mmcse.integrity.code import version_line  # (git, only when asked)
+
+        parser.exit(message=version_line() + "\n")
+
+
 def main(argv: list[str] | None = None) -> None:
     from mmcse.config import POOLERS
 
     parser = argparse.ArgumentParser(prog="mmcse", description="multimodal sentence embeddings workflow")
+    parser.add_argument("--version", action=_Version, nargs=0, help="the package's version and its commit")
     sub = parser.add_subparsers(dest="command", required=True)
 
     ev = sub.add_parser("eval", help="SentEval STS (transfer, MTEB tasks) of any HF / sentence-transformers model")

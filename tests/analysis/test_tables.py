@@ -242,7 +242,7 @@ def test_log_ablation_puts_p_values_into_mlflow(tmp_path, monkeypatch):
 
 
 def test_a_wide_table_prints_as_aligned_blocks_within_120_columns():
-    from mmcse.analysis.tables import terminal_table
+    from mmcse.analysis.text import terminal_table
 
     header = ["variant", *[f"column_number_{i}_with_a_long_name" for i in range(9)], "status"]
     rows = [["mcse", *[f"{i}.00 ± 0.1{i}" for i in range(9)], "ok"], ["a longer row name", *["—"] * 9, "failed"]]

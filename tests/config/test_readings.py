@@ -10,6 +10,7 @@ import yaml
 
 from mmcse.cli import main as cli_main
 from mmcse.config import Config, ConfigError, to_dict, with_overrides
+from mmcse.config.coercion import flatten
 from mmcse.config.readings import (
     READING_POINTS,
     READING_TAG,
@@ -24,7 +25,6 @@ from mmcse.experiments.params import load_config
 from mmcse.experiments.plan import plan, plan_text
 from mmcse.experiments.profiles import apply_profile
 from mmcse.experiments.recipes import load_recipes
-from mmcse.tracking import flatten
 from tests.conftest import REPO, params_copy
 
 DALR_PRINTED = {"simcse_on_pairs": False, "info_views": "one", "info_weight": 1.0, "consistency_scale": 1.0}

@@ -11,6 +11,7 @@ import yaml
 from mmcse.analysis.papers import load_paper
 from mmcse.analysis.report import Reproduction, RunCell, table_sections
 from mmcse.config import ConfigError
+from mmcse.config.coercion import flatten
 from mmcse.config.readings import encoder_of, row_reading
 from mmcse.experiments.jobs import expand, job_config, job_identity
 from mmcse.experiments.params import list_presets, load_config
@@ -18,7 +19,6 @@ from mmcse.experiments.plan import plan, plan_text
 from mmcse.experiments.profiles import apply_profile, list_profiles
 from mmcse.experiments.recipes import load_recipes, teacher_roles
 from mmcse.experiments.stand_ins import check_stand_ins, row_stand_ins, stand_ins
-from mmcse.tracking import flatten
 from tests.conftest import REPO, params_copy
 
 MINILM = "packaged:all-MiniLM-L6-v2"

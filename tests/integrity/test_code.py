@@ -56,3 +56,20 @@ def test_the_training_code_is_what_the_train_stage_depends_on():
     assert not uncovered
     assert {"mmcse/training/loop.py", "mmcse/methods/terms/dalr.py", "mmcse/methods/terms/simcse.py"} <= set(files)
     assert "mmcse/evaluation/figures.py" not in files and "mmcse/cli.py" not in files
+
+
+def test_mmcse_version_names_the_package_and_the_commit_its_code_is():
+    """Issue 56.3: `mmcse --version` answers (argparse said a command was missing), with the commit and, on a
+    tree with uncommitted code, the files."""
+    import subprocess
+    import sys
+    from importlib import metadata
+
+    from mmcse.integrity.code import source_state
+
+    out = subprocess.run([sys.executable, "-m", "mmcse.cli", "--version"], capture_output=True, text=True,
+                         timeout=60, cwd=REPO)
+    state = source_state()
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"mmcse {metadata.version('mmcse')} (commit {state['commit'][:12]}")
+    assert ("uncommitted changes in" in out.stdout) == bool(state["changed"])

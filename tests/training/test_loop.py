@@ -6,9 +6,9 @@ from safetensors.torch import load_file
 
 from mmcse.config import with_overrides
 from mmcse.experiments.params import load_config
-from mmcse.training.batches import PAIR, TEXT, alternation_schedule
 from mmcse.training.checkpoints import release_resume_point
 from mmcse.training.loop import train
+from mmcse.training.schedule import PAIR, TEXT, alternation_schedule
 
 
 def test_alternation_schedule_matches_mcse():

@@ -10,12 +10,14 @@ scores (`mmcse.evaluation.names.is_headline`).
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import mlflow
 
 from mmcse.config import Config
 from mmcse.evaluation.names import is_headline
+from mmcse.io import at_home, ensure_sqlite_parent
 from mmcse.tracking import HEADLINE_VIEW, SEED_TAG, SHARED_VIEW_TAG, VARIANT_TAG, configure
 
 # Which columns, in this order, where the experiment's runs have them: the method and seed, the
@@ -64,3 +66,33 @@ def write_headline_views(cfg: Config) -> dict[str, list[str]]:
     configure(cfg)
     found = mlflow.search_experiments(filter_string=f"name LIKE '{cfg.base.experiment_prefix}-%'")
     return {exp.name: set_headline_view(exp.experiment_id) for exp in found}
+
+
+UI_HOST = "127.0.0.1"  # the UIs have no login: this machine only (an SSH tunnel reaches them from elsewhere)
+# The MLflow server's background job runner (GenAI scorers, trace archival: 7 extra processes) is
+# off for `mmcse ui`: nothing of mmcse uses it, and the server starts in about half the time.
+UI_MLFLOW_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+
+
+def ui_commands(cfg: Config, port: int = 5000, dashboard_port: int = 8080,
+                dashboard: str | None = None) -> dict[str, list[str]]:
+    """The argument lists `mmcse ui` starts: ``mlflow`` (``mlflow server`` on the project's store,
+    ``base.mlflow_tracking_uri``, with artifacts under ``mlruns/artifacts`` where `tracking.experiment`
+    puts them) and, given the ``dashboard`` executable, ``optuna`` (optuna-dashboard on
+    ``sweep.storage``); both bound to `UI_HOST`. Relative SQLite paths are made absolute here.
+    The MLflow server is started with `UI_MLFLOW_ENV` added to the environment."""
+    tracking_uri = ensure_sqlite_parent(cfg.base.mlflow_tracking_uri)
+    # one worker process: one user's browser; 4 (MLflow's default) take twice as long to start
+    mlflow_cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri,
+                  "--host", UI_HOST, "--port", str(port), "--workers", "1"]
+    if cfg.base.mlflow_tracking_uri.startswith("sqlite:///mlruns/"):
+        # runs logged by mmcse name their artifact folder themselves; an experiment made in the UI
+        # gets its artifacts next to them
+        artifacts = at_home("mlruns/artifacts").resolve()
+        artifacts.mkdir(parents=True, exist_ok=True)
+        mlflow_cmd += ["--artifacts-destination", artifacts.as_uri()]
+    commands = {"mlflow": mlflow_cmd}
+    if dashboard is not None:
+        commands["optuna"] = [dashboard, ensure_sqlite_parent(cfg.sweep.storage), "--host", UI_HOST,
+                              "--port", str(dashboard_port)]
+    return commands

@@ -36,7 +36,7 @@ from mmcse.config.runs import (
     SweepConfig,
     TransferConfig,
 )
-from mmcse.config.schema import Config, parse_config, with_overrides
+from mmcse.config.schema import Config, parse_config, reads_pixels, with_overrides
 from mmcse.config.training import (
     LAUNCH_KEYS,
     RETRIEVAL_METHODS,
@@ -60,5 +60,5 @@ __all__ = [
     "ModelConfig", "NdcgConfig", "RegionsConfig", "RetrievalConfig", "SourceConfig", "SourcesConfig", "SweepConfig",
     "TeachersConfig", "TextTeacherConfig", "TrainConfig", "TransferConfig", "VseppModelConfig", "VsrnModelConfig",
     "apply_overrides",
-    "check_variable_keys", "is_fixed", "parse_config", "to_dict", "with_overrides",
+    "check_variable_keys", "is_fixed", "parse_config", "reads_pixels", "to_dict", "with_overrides",
 ]

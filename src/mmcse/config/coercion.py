@@ -65,3 +65,15 @@ def deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
         else:
             out[key] = copy.deepcopy(value)
     return out
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A configuration tree as dotted keys (``train.method``); ablation variants and a sweep space stay whole."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict) and value and key not in ("variants", "space"):
+            out.update(flatten(value, name))
+        else:
+            out[name] = value
+    return out

@@ -50,6 +50,11 @@ class Config:
             resolve_path(raw, key, where=f"{where} (sweep.space)")
 
 
+def reads_pixels(cfg: Config) -> bool:
+    """True when ``cfg`` trains VSE++ with its CNN in the loop (no region set: the images' pixels)."""
+    return cfg.train.method == "vsepp" and cfg.model.vsepp.image_input == "pixels"
+
+
 def validate_sections(cfg: Config, where: str, sections: Iterable[dataclasses.Field]) -> None:
     """Each section's cross-field rules (its ``validate``; types and bounds were checked as it was built)."""
     for f in sections:

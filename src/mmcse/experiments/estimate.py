@@ -1,6 +1,7 @@
 """How long an ablation will take on this machine, said before it starts (`mmcse plan`, the ablate
-stage's first line): the train stage's last measured pace (its MLflow run's ``train_minutes`` over its
-steps) times each job's steps, plus that run's evaluation minutes per job. A job's steps follow from its
+stage's first line): the train stage's last measured pace (its run's ``train_minutes`` over its steps, as
+its record beside the MLflow store keeps them: `mmcse.records`, no MLflow loaded) times each job's steps,
+plus that run's evaluation minutes per job. A job's steps follow from its
 data's size, known here when the job trains on the data the download stage made for params.yaml; a job
 on other data (another data set, a caption choice) has no estimate and is counted as such."""
 
@@ -9,17 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import mlflow
-from mlflow.exceptions import MlflowException
-
-from mmcse import tracking
-from mmcse.config import Config
+from mmcse.config import Config, reads_pixels
 from mmcse.config.training import RETRIEVAL_METHODS
 from mmcse.integrity.keys import artifact_keys
 from mmcse.io import read_json
 from mmcse.pipeline.paths import Paths
-from mmcse.training.batches import Batches
-from mmcse.training.duet import reads_pixels
+from mmcse.records import remembered_run
+from mmcse.training.schedule import batches_per_epoch
 
 
 @dataclass(frozen=True)
@@ -42,14 +39,11 @@ def measured_pace(cfg: Config, root: str | Path = ".") -> Pace | None:
     paths = Paths.of(cfg, Path(root))
     try:
         steps = int(read_json(paths.student / "summary.json")["steps"])
-        run_id = tracking.folder_run_id(paths.student)
-        tracking.configure(cfg)
-        metrics = mlflow.MlflowClient().get_run(run_id).data.metrics
-    except (OSError, ValueError, KeyError, MlflowException):
+        record = remembered_run(paths.student) or {}
+        minutes, eval_minutes = float(record.get("train_minutes") or 0.0), float(record.get("eval_minutes") or 0.0)
+    except (OSError, ValueError, KeyError, TypeError):
         return None
-    minutes = metrics.get(tracking.TRAIN_MINUTES)
-    return Pace(float(minutes), steps, float(metrics.get(tracking.EVAL_MINUTES, 0.0))) if minutes and steps > 0 \
-        else None
+    return Pace(minutes, steps, eval_minutes) if minutes > 0 and steps > 0 else None
 
 
 def downloaded_counts(params: Config, root: str | Path = ".") -> dict[str, int] | None:
@@ -74,8 +68,7 @@ def job_steps(job: Config, params: Config, root: str | Path = ".",
         if job.train.method in RETRIEVAL_METHODS:  # image–caption pairs only, full batches (`train_duet`)
             per_epoch = int(counts["pairs"]) // job.train.batch_size
         else:
-            per_epoch = len(Batches(int(counts["corpus_sentences"]), int(counts["pairs"]), job.train.batch_size,
-                                    job.base.seed))
+            per_epoch = batches_per_epoch(int(counts["corpus_sentences"]), int(counts["pairs"]), job.train.batch_size)
     except (TypeError, ValueError, KeyError):
         return None
     finetune = job.model.vsepp.finetune_epochs if reads_pixels(job) else 0  # VSE++'s fine-tuning epochs follow

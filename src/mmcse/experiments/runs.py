@@ -26,10 +26,10 @@ from typing import Any
 
 import yaml
 
-from mmcse.analysis.tables import terminal_table
+from mmcse.analysis.text import terminal_table
+from mmcse.config.coercion import flatten
 from mmcse.evaluation.names import display_name, is_headline
 from mmcse.integrity.code import CODE_PATHS
-from mmcse.tracking import flatten
 
 TRAIN, EVAL, ABLATE = "metrics/train.json", "metrics/eval.json", "metrics/ablate.json"
 WRITTEN_BY = {TRAIN: "train", EVAL: "evaluate", ABLATE: "ablate"}  # the stage each metrics file comes from

@@ -13,6 +13,7 @@ import ast
 import functools
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -143,3 +144,18 @@ def source_state(root: Path = REPO) -> dict[str, Any]:
         return {"commit": "unknown", "dirty": None, "changed": []}
     changed = sorted({line[3:].split(" -> ")[-1].strip('"') for line in status.splitlines() if line.strip()})
     return {"commit": head.strip(), "dirty": bool(changed), "changed": changed}
+
+
+def version_line() -> str:
+    """What `mmcse --version` says: the installed package's version and the commit its code is, with the
+    files that differ from it (`source_state`)."""
+    try:
+        version = metadata.version("mmcse")
+    except metadata.PackageNotFoundError:
+        version = "(not installed)"
+    state = source_state()
+    if state["dirty"] is None:
+        return f"mmcse {version} (not a git checkout: {REPO})"
+    changed = state["changed"]
+    dirty = f", uncommitted changes in {', '.join(changed[:5])}{' …' if len(changed) > 5 else ''}" if changed else ""
+    return f"mmcse {version} (commit {state['commit'][:12]}{dirty})"

@@ -164,11 +164,14 @@ def run_evaluate(
     if published and (Path(model_dir) / "train_state.json").is_file():  # mmcse trained it: the card says how
         write_model_card(model_dir, cfg, scores, environment(cfg.base.device))
     model = (model_dir, [p.s1 for pairs in tasks.values() for p in pairs[:2]]) if published else None
+    minutes = (time.perf_counter() - started) / 60.0
     record_evaluation(cfg, scores, run_id, experiment_name, plots_dir, examples, fig, tsne,
                       {"evaluation/sts_predictions.json": predictions}, model=model,
                       folders={"mteb": mteb_dir} if mteb_dir is not None and mteb_tasks else None,
                       tags={COLLAPSED_TAG: collapsed_message(result.collapsed)} if result.collapsed else None,
-                      minutes=(time.perf_counter() - started) / 60.0)
+                      minutes=minutes)
+    if run_id:  # beside the run's record too: a plan's estimate reads it without MLflow
+        tracking.note_run(Path(model_dir).parent, eval_minutes=minutes)
     return scores
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import mlflow
 
 from mmcse import tracking
-from mmcse.config import RETRIEVAL_METHODS, Config, ConfigError
+from mmcse.config import RETRIEVAL_METHODS, Config, ConfigError, reads_pixels
 from mmcse.evaluation.plots import geometry_trajectory, save_figure, training_curves
 from mmcse.integrity.keys import Upstream, artifact_keys, artifact_tags, require_top_level
 from mmcse.io import atomic_path, tracked, write_json
@@ -24,7 +24,7 @@ from mmcse.tracking import TRAIN_MINUTES
 from mmcse.training.batches import check_inputs
 from mmcse.training.checkpoints import kept_dir, resume_point_run, run_definition_hash
 from mmcse.training.distributed import joined, world
-from mmcse.training.duet import best_checkpoint_files, reads_pixels, train_duet
+from mmcse.training.duet import best_checkpoint_files, train_duet
 from mmcse.training.launch import check_split, needs_launch, processes
 from mmcse.training.loop import train
 
@@ -174,6 +174,7 @@ def train_tracked(
             mlflow.log_artifact(str(save_figure(fig, out_dir / name)), "figures")
         minutes = before + (time.perf_counter() - started) / 60.0
         mlflow.log_metric(TRAIN_MINUTES, minutes)
+        tracking.note_run(out_dir, train_minutes=minutes)  # the pace a plan estimates from (no MLflow to read it)
         best_geometry = {f"best_{k}": v for k, v in result.best_geometry.items()}  # best_dev_alignment, ...
         dev_key = "best_dev_rsum" if duet else "best_dev_sts"  # val R@K rsum | dev STS Spearman ×100
         mlflow.log_metrics({dev_key: result.best_score, "best_step": result.best_step, **best_geometry})

@@ -23,29 +23,7 @@ from mmcse.evaluation.sts import group_by_task
 from mmcse.io import read_json, read_jsonl
 from mmcse.models.tokens import TokenTable, cached_tokens, to_device
 from mmcse.teachers.cache import FeatureStore
-
-TEXT, PAIR = "text", "pair"
-
-
-def alternation_schedule(n_text: int, n_pair: int) -> list[str]:
-    """One epoch's batch kinds: after every ``n_text // n_pair`` text batches one pair batch.
-
-    Text batches left over once the pair batches run out come at the end; with more
-    pair than text batches (ratio 0) the kinds alternate until the text runs out.
-    """
-    if n_pair == 0:
-        return [TEXT] * n_text
-    ratio = max(n_text // n_pair, 1)
-    schedule: list[str] = []
-    text_left, pair_left = n_text, n_pair
-    while text_left or pair_left:
-        take = min(ratio, text_left)
-        schedule += [TEXT] * take
-        text_left -= take
-        if pair_left:
-            schedule.append(PAIR)
-            pair_left -= 1
-    return schedule
+from mmcse.training.schedule import PAIR, TEXT, alternation_schedule, full_batches
 
 
 def teacher_set_folder(name: str, teachers_dir: Path, teacher_dirs: Sequence[Path] = ()) -> Path:
@@ -250,11 +228,7 @@ class Batches:
     def __init__(self, n_text_items: int, n_pair_items: int, batch_size: int, seed: int):
         self.batch_size, self.seed = batch_size, seed
         self.n_text_items, self.n_pair_items = n_text_items, n_pair_items
-        self.n_text, self.n_pair = n_text_items // batch_size, n_pair_items // batch_size
-        if self.n_text + self.n_pair == 0:
-            raise ValueError(
-                f"train.batch_size={batch_size} exceeds both the corpus ({n_text_items}) and the pairs ({n_pair_items})"
-            )
+        self.n_text, self.n_pair = full_batches(n_text_items, n_pair_items, batch_size)
         self.schedule = alternation_schedule(self.n_text, self.n_pair)
 
     def __len__(self) -> int:

@@ -39,7 +39,7 @@ from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
 from mmcse import stopping
-from mmcse.config import Config, DuetModelConfig, VseppModelConfig, VsrnModelConfig
+from mmcse.config import Config, DuetModelConfig, VseppModelConfig, VsrnModelConfig, reads_pixels
 from mmcse.data.images import ImagePixels, OneAhead
 from mmcse.detection.regions import RegionStore
 from mmcse.errors import StageError, TrainingOutOfMemory
@@ -107,11 +107,6 @@ def vsepp_architecture(v: VseppModelConfig, region_dim: int, tokenizer: Any, cnn
     pixels = {"cnn": cnn, "crop_size": v.crop_size} if cnn else {}
     return {"vocab_size": len(tokenizer), "region_dim": int(region_dim), "word_dim": v.word_dim,
             "joint_dim": v.joint_dim, "gru_layers": v.gru_layers, "pad_id": int(tokenizer.pad_token_id)} | pixels
-
-
-def reads_pixels(cfg: Config) -> bool:
-    """True when ``cfg`` trains VSE++ with its CNN in the loop (no region set: the images' pixels)."""
-    return cfg.train.method == "vsepp" and cfg.model.vsepp.image_input == "pixels"
 
 
 def vsrn_architecture(v: VsrnModelConfig, region_dim: int, tokenizer: Any, pairs: str) -> dict[str, Any]:

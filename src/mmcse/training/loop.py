@@ -52,11 +52,12 @@ from mmcse.models.precision import (
     grad_scaler,
 )
 from mmcse.models.student import Student, load_backbone, load_mlm_head, load_tokenizer, save_student
-from mmcse.training.batches import PAIR, TEXT, Batches, BatchFeatures, TrainData, check_inputs
+from mmcse.training.batches import Batches, BatchFeatures, TrainData, check_inputs
 from mmcse.training.checkpoints import Checkpoints, TrainState, kept_dir, run_definition_hash
 from mmcse.training.distributed import ShardedTokens, any_rank, average_gradients, from_lead, wait_for_lead, world
 from mmcse.training.divergence import DivergenceWatch
 from mmcse.training.gradcache import CachedTokens, TokenEncoder, direct_tokens, passes_note
+from mmcse.training.schedule import PAIR, TEXT
 
 log = logging.getLogger(__name__)
 
