@@ -432,7 +432,8 @@ class _Version(argparse.Action):
     def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
         from mmcse.integrity.code import version_line  # (git, only when asked)
 
-        parser.exit(message=version_line() + "\n")
+        print(version_line())
+        parser.exit()
 
 
 def main(argv: list[str] | None = None) -> None:
