@@ -191,3 +191,16 @@ def test_the_report_runs_on_the_demo_outputs_end_to_end(project, capsys):
                               output_format="list")
     assert jobs and jobs[0].data.tags["mmcse.reading"] == "recipe"
     assert jobs[0].data.tags["mmcse.reading.loss.kdmcse.margin_similarity"].startswith("printed: 'cross' (printed")
+
+
+def test_a_tables_report_leaves_git_status_clean_and_the_stages_reports_tracked(store, tmp_path):
+    """Issue 56.4: `mmcse report kdmcse --table 3` wrote reports/kdmcse-table3.{md,html} as untracked files; one
+    table's report is git-ignored, the report stage's whole papers (reports/<paper>.*) stay tracked."""
+    from mmcse.experiments.report import write_report
+
+    files = write_report(store, "kdmcse", "3", tmp_path, REPO, log=False)
+    names = [f"reports/{files['md'].name}", f"reports/{files['html'].name}"]
+    assert names == ["reports/kdmcse-table3.md", "reports/kdmcse-table3.html"]
+    ignored = subprocess.run(["git", "check-ignore", *names, "reports/kdmcse.md", "reports/kdmcse.html"], cwd=REPO,
+                             capture_output=True, text=True).stdout.split()
+    assert ignored == names
