@@ -29,9 +29,9 @@ from mmcse.analysis.tables import (
     aggregate,
     environment_notes,
     table_metric,
-    terminal_table,
     write_table,
 )
+from mmcse.analysis.text import terminal_table
 from mmcse.config import Config
 from mmcse.errors import TrainingDiverged
 from mmcse.experiments.ablate import (

@@ -248,3 +248,42 @@ def test_a_command_loads_what_it_uses(module, not_loaded):
     code = f"import sys, {module}; print(sorted(m for m in {sorted(not_loaded)!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.returncode == 0 and out.stdout.strip() == "[]", out.stdout + out.stderr[-2000:]
+
+
+def _top_level_names(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign | ast.AnnAssign):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, ast.If | ast.Try):  # names bound under a guard (TYPE_CHECKING, an optional import)
+            names |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+            names |= {(a.asname or a.name).split(".")[0] for n in ast.walk(node)
+                      if isinstance(n, ast.Import | ast.ImportFrom) for a in n.names}
+    return names
+
+
+def test_every_name_imported_from_mmcse_exists_there():
+    """A name moved to another module (a function split out of a heavy one) is found by its importers in
+    stages/, flows/ and benchmarks/ too, which the fast tier does not import: every `from mmcse.x import y`
+    names something x defines, imports, or a submodule of x."""
+    missing = []
+    for path in [*SRC.rglob("*.py"), *(REPO / "stages").glob("*.py"),
+                 *(REPO / "flows").glob("*.py"), *(REPO / "benchmarks").glob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("mmcse")
+                    and node.level == 0):
+                continue
+            base = SRC / node.module.replace(".", "/")
+            target = base / "__init__.py" if base.is_dir() else base.with_suffix(".py")
+            defined = _top_level_names(target)
+            for alias in node.names:
+                if alias.name not in defined and not (base / f"{alias.name}.py").is_file() \
+                        and not (base / alias.name).is_dir():
+                    missing.append(f"{path.relative_to(REPO)}: {node.module}.{alias.name}")
+    assert not missing, missing
