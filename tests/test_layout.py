@@ -32,7 +32,7 @@ LAYERS = [
     ["integrity", "tracking"],
     ["config"],
     ["environment"],
-    ["io", "errors", "hub", "stopping", "processes", "records"],
+    ["io", "errors", "hub", "stopping", "processes", "records", "progress"],
 ]
 RANK = {package: rank for rank, packages in enumerate(LAYERS) for package in packages}
 

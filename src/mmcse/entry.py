@@ -23,6 +23,7 @@ from mmcse.experiments.params import leftover_note, load_config
 from mmcse.io import hold_outputs
 from mmcse.pipeline.paths import Paths
 from mmcse.processes import holds_outputs
+from mmcse.progress import log_lines
 
 
 def quiet_libraries() -> None:
@@ -57,6 +58,11 @@ def run_entry(fn: Callable[[], object], stage: str = "", params: str = "params.y
     quiet_libraries()
     stopping.install()
     stopping.watch_parent()
+    with log_lines():  # progress bars as whole lines when stderr is a log, not a terminal (`mmcse.progress`)
+        _run_entry(fn, stage, params)
+
+
+def _run_entry(fn: Callable[[], object], stage: str, params: str) -> None:
     try:
         holds: Sequence[Path] = ()
         if stage and holds_outputs():  # not a process of a job on several (`mmcse.processes`)

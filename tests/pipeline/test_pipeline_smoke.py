@@ -72,6 +72,8 @@ def test_every_long_stage_says_what_it_is_doing_and_the_table_fits_120_columns(r
     root, _ = repo_copy
     log = (root / "repro.log").read_text()
     assert "evaluate: 100%" in log and "STS test (1 task)" in log and "dev geometry" in log  # evaluate's bar
+    # issue 56.5: a bar in a log is whole lines (a tenth or 30 s apart), not a kilobyte of carriage returns
+    assert "\r" not in log and max(len(line) for line in log.split("\n")) <= 500
     jobs = re.findall(r"\[(\d)/4\] (\w+) seed=(\d): (starting|trained on cpu in [\d.]+ min, avg -?[\d.]+)", log)
     assert [(n, v, s) for n, v, s, what in jobs if what == "starting"] == [
         ("1", "mcse", "1"), ("2", "mcse", "2"), ("3", "simcse", "1"), ("4", "simcse", "2")]
