@@ -73,3 +73,30 @@ def test_on_a_terminal_or_twice_nothing_is_wrapped(monkeypatch):
         for _ in tqdm(range(3), desc="x", file=sys.stderr):
             pass
     assert not isinstance(sys.stderr, LogLines)
+
+
+def test_a_bar_that_says_it_does_something_else_gets_a_line_and_its_last_state_one():
+    out, clock = io.StringIO(), Clock()
+    log = LogLines(out, every=30.0, clock=clock)
+    for line in ("evaluate:   0%|  | 0/4 [00:00<?, ?evaluator/s]",
+                 "evaluate:   0%|  | 0/4 [00:00<?, ?evaluator/s, STS test (1 task)]",
+                 "evaluate:   0%|  | 0/4 [00:01<?, ?evaluator/s, STS test (1 task)]",  # the clock alone: not a line
+                 "evaluate: 100%|##| 4/4 [00:02<00:00, 2.1evaluator/s, done]",
+                 "evaluate: 100%|##| 4/4 [00:02<00:00, 1.9evaluator/s, done]"):  # close(): the rate again
+        log.write("\r" + line)
+    log.write("\n")
+    assert out.getvalue().splitlines() == [
+        "evaluate:   0%|  | 0/4 [00:00<?, ?evaluator/s]",
+        "evaluate:   0%|  | 0/4 [00:00<?, ?evaluator/s, STS test (1 task)]",
+        "evaluate: 100%|##| 4/4 [00:02<00:00, 2.1evaluator/s, done]"]
+
+
+def test_the_next_bar_of_the_same_name_starts_its_own_lines():
+    out, clock = io.StringIO(), Clock()
+    log = LogLines(out, every=30.0, clock=clock)
+    for _job in range(2):  # two ablation jobs: two "train" bars, one after the other
+        for step in (0, 5, 10):
+            log.write(f"\rtrain: {step * 10:3d}%|#| {step}/10 [00:0{step}<00:00, 1.0it/s]")
+        log.write("\n")
+    assert [line.split("|")[0] for line in out.getvalue().splitlines()] == ["train:   0%", "train:  50%",
+                                                                           "train: 100%"] * 2
