@@ -77,6 +77,9 @@ def test_plan_lists_only_what_a_rows_method_reads(tmp_path):
     for folder in ("recipes", "profiles", "ablations"):
         (tmp_path / folder).symlink_to(REPO / folder)
     result = plan(params, "baselines")
+    # issue 56.6: every seed a row runs (its config is the first seed's)
+    assert all(row["seeds"] == result["seeds"] and len(result["seeds"]) > 1 for row in result["rows"])
+    assert all(row["config"]["base"]["seed"] == result["seeds"][0] for row in result["rows"])
     text = plan_text(result, {"loss": {"lambda_img": 0.0}})  # defaults that differ: each row would print it
     rows = {row["variant"]: row for row in result["rows"]}
     assert "lambda_img" not in rows["SimCSE"]["reads"]["loss"] and "teachers" not in rows["SimCSE"]["reads"]

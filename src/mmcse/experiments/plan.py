@@ -45,10 +45,11 @@ def plan(params: str | Path = "params.yaml", preset: str | None = None, reading:
          ) -> dict[str, Any]:
     """Every row of the ablation ``params`` describes (``preset``: ``ablate.preset`` replaced; ``reading``:
     ``ablate.reading``), as ``{"profile", "preset", "reading", "seeds", "figures", "figure_captions", "jobs",
-    "estimate", "train_minutes", "rows": [{"variant", "method", "recipe", "encoder", "overrides", "recipe_swap",
-    "overrode_recipe", "stand_ins", "caveat", "reading", "config", "reads"}], "skipped": [{"variant", "why"}]}``:
+    "estimate", "train_minutes", "rows": [{"variant", "seeds", "method", "recipe", "encoder", "overrides",
+    "recipe_swap", "overrode_recipe", "stand_ins", "caveat", "reading", "config", "reads"}], "skipped": [{"variant",
+    "why"}]}``:
     the table's figures and the captions tsne_clusters encodes, how many jobs and how long they train here
-    (`mmcse.experiments.estimate`: one line, and the minutes); per row the variant's
+    (`mmcse.experiments.estimate`: one line, and the minutes); per row the seeds its jobs run, the variant's
     own overrides, what its recipe changes, the recipe values it overrides, the offline stand-in
     teachers it trains with under a paper profile (`mmcse.experiments.stand_ins`: not the paper's
     row), why the preset says it is not its paper's row (``ablate.caveats``; empty: it is), per point where
@@ -64,7 +65,8 @@ def plan(params: str | Path = "params.yaml", preset: str | None = None, reading:
     cfg: Config = load_config(params, overrides or None)
     variants = raw["ablate"]["variants"]
     rows = []
-    for job in expand(cfg):
+    jobs = expand(cfg)
+    for job in jobs:
         if any(row["variant"] == job.variant for row in rows):
             continue
         own = dict(variants[job.variant] or {})
@@ -73,6 +75,7 @@ def plan(params: str | Path = "params.yaml", preset: str | None = None, reading:
         reads = {k: v for k, v in job_identity(job_cfg).items() if k != "artifacts"}
         rows.append({
             "variant": job.variant,
+            "seeds": [j.seed for j in jobs if j.variant == job.variant],  # (its config: the first seed's)
             "method": job_cfg.train.method,
             "recipe": info["recipe"],
             "encoder": info["encoder"],
@@ -85,7 +88,7 @@ def plan(params: str | Path = "params.yaml", preset: str | None = None, reading:
             "config": to_dict(job_cfg),
             "reads": reads,
         })
-    time = estimate(cfg, [job_config(cfg, job) for job in expand(cfg)], params.parent)
+    time = estimate(cfg, [job_config(cfg, job) for job in jobs], params.parent)
     return {"profile": cfg.base.profile, "preset": cfg.ablate.preset, "reading": cfg.ablate.reading,
             "seeds": list(cfg.ablate.seeds),
             "figures": list(cfg.ablate.figures), "figure_captions": cfg.ablate.figure_captions,
