@@ -204,3 +204,7 @@ def test_a_tables_report_leaves_git_status_clean_and_the_stages_reports_tracked(
     ignored = subprocess.run(["git", "check-ignore", *names, "reports/kdmcse.md", "reports/kdmcse.html"], cwd=REPO,
                              capture_output=True, text=True).stdout.split()
     assert ignored == names
+    # and DVC's: the report stage's output folder is reports/, which the table's files must not change
+    dvc_ignored = subprocess.run(["dvc", "check-ignore", *names, "reports/kdmcse.md"], cwd=REPO,
+                                 capture_output=True, text=True).stdout.split()
+    assert dvc_ignored == names
