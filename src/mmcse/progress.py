@@ -19,8 +19,6 @@ EVERY = 30.0  # seconds between two lines of one bar, at most (a tenth of the wa
 PERCENT = re.compile(r"(\d{1,3})%\|")  # tqdm's "  40%|████      | 4/10"
 # a bar's numbers: "40%|████      | 4/10 [00:02<00:03, 1.9it/s" (what is left: its description and postfix)
 NUMBERS = re.compile(r"\d{1,3}%\|[^|]*\|\s*[\d.?kMG]+/[\d.?kMG]+(\s*\[[^,\]]*(,\s*[^\s,\]]*/[^\s,\]]*)?)?")
-
-
 COUNTS = re.compile(r"\|\s*([\d.?kMG]+/[\d.?kMG]+)")  # "| 4/10": how far, as counted
 
 
@@ -81,6 +79,12 @@ class LogLines(io.TextIOBase):
         self.stream.flush()
         self.shown, self.shown_at, self.shown_tenth, self.shown_what = line, self.clock(), tenth, _what(line)
 
+    def end(self) -> None:
+        """Write a last line that never got its newline (a bar's redraw is written by its own close)."""
+        if self.line.strip() and not self.redrawn:
+            self._show(self.line, -1)
+        self.line = ""
+
     def flush(self) -> None:
         self.stream.flush()
 
@@ -111,6 +115,5 @@ def log_lines() -> Iterator[None]:
     finally:
         if isinstance(sys.stderr, LogLines):
             with contextlib.suppress(Exception):
-                if sys.stderr.line.strip() and not sys.stderr.redrawn:  # a last line without its newline
-                    sys.stderr._show(sys.stderr.line, -1)
+                sys.stderr.end()
         sys.stderr = stream

@@ -77,9 +77,8 @@ def folder_run_id(folder: str | Path, recorded: dict[str, Any] | None = None, co
 
 
 def note_run(folder: str | Path, kind: str = "train", **fields: Any) -> None:
-    """Add ``fields`` (e.g. a training's ``train_minutes`` and ``steps``, its evaluation's ``eval_minutes``)
+    """Add ``fields`` (a training's ``train_minutes``, its evaluation's ``eval_minutes``)
     to ``folder``'s record, when there is one."""
     record = remembered_run(folder, kind)
     if record is not None:
         write_json(_record_file(folder, kind), {**record, **fields})
-

@@ -14,7 +14,7 @@ import yaml
 
 from mmcse.config import AblateConfig, Config, ConfigError, apply_overrides, parse_config, to_dict, with_overrides
 from mmcse.config.checks import fail
-from mmcse.config.coercion import deep_merge
+from mmcse.config.coercion import deep_merge, flatten
 from mmcse.experiments.recipes import expand_recipes, expand_roles, read_keyed_yaml
 
 
@@ -142,15 +142,6 @@ def check_params(path: str | Path = "params.yaml") -> Config:
     return cfg
 
 
-def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(tree, Mapping) or not tree:
-        return {prefix: tree} if prefix else {}
-    out: dict[str, Any] = {}
-    for key, value in tree.items():
-        out.update(_flat(value, f"{prefix}.{key}" if prefix else str(key)))
-    return out
-
-
 def uncommitted_params(path: str | Path = "params.yaml") -> list[str]:
     """``key=value (committed: old)`` for each value of ``path`` that differs from the last commit's
     (``git show HEAD:<path>``); empty when they agree or there is no commit to compare with. `dvc exp run -S`
@@ -162,7 +153,8 @@ def uncommitted_params(path: str | Path = "params.yaml") -> list[str]:
                                capture_output=True, text=True, timeout=30)
         if shown.returncode != 0:
             return []
-        committed, current = _flat(yaml.safe_load(shown.stdout)), _flat(yaml.safe_load(path.read_text()))
+        committed = flatten(yaml.safe_load(shown.stdout) or {})
+        current = flatten(yaml.safe_load(path.read_text()) or {})
     except (OSError, subprocess.SubprocessError, yaml.YAMLError):
         return []
     missing = object()

@@ -29,7 +29,7 @@ import yaml
 from mmcse.analysis.text import terminal_table
 from mmcse.config.coercion import flatten
 from mmcse.evaluation.names import display_name, is_headline
-from mmcse.integrity.code import CODE_PATHS
+from mmcse.integrity.code import CODE_PATHS, source_state
 
 TRAIN, EVAL, ABLATE = "metrics/train.json", "metrics/eval.json", "metrics/ablate.json"
 WRITTEN_BY = {TRAIN: "train", EVAL: "evaluate", ABLATE: "ablate"}  # the stage each metrics file comes from
@@ -63,10 +63,8 @@ def read_provenance(exps: Sequence[dict[str, Any]], repo: Path = Path(".")) -> d
     found: dict[str, dict[str, Any]] = {}
     for base in exps:
         if base.get("rev") == "workspace":
-            lock_text = (repo / "dvc.lock").read_text() if (repo / "dvc.lock").is_file() else None
-            status = _git(repo, "status", "--porcelain", "--untracked-files=all", "--", *CODE_PATHS) or ""
-            code = sorted({line[3:].split(" -> ")[-1].strip('"') for line in status.splitlines() if line.strip()})
-            found["workspace"] = {"lock": yaml.safe_load(lock_text or "{}") or {}, "code": code}
+            lock = yaml.safe_load((repo / "dvc.lock").read_text()) if (repo / "dvc.lock").is_file() else None
+            found["workspace"] = {"lock": lock or {}, "code": source_state(repo)["changed"]}
             continue
         rev = str(base.get("rev"))
         found[base.get("name") or rev[:7]] = {"lock": lock_at(rev), "code": []}

@@ -30,8 +30,6 @@ class Paths:
     # finished ablation jobs by configuration hash, outside every DVC output: `dvc exp run` restores the
     # ablation/ output from its commit, this store survives it (`mmcse.experiments.ablate.finished_result`)
     jobs: Path
-    # resume points kept outside every DVC output too, by configuration (`mmcse.training.checkpoints.kept_dir`)
-    resume: Path
 
     @classmethod
     def of(cls, cfg: Config, root: str | Path = ".") -> Paths:
@@ -50,7 +48,6 @@ class Paths:
             regions=data / cfg.regions.cache_dir,
             # the project's (`mmcse.io.at_home`), also when DVC runs the stage in an experiment's copy
             jobs=at_home(data / "jobs"),
-            resume=at_home(data / "resume"),
         )
 
     def written_by(self, stage: str) -> tuple[Path, ...]:

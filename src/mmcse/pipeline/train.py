@@ -22,7 +22,7 @@ from mmcse.pipeline.paths import Paths
 from mmcse.processes import lead
 from mmcse.tracking import TRAIN_MINUTES
 from mmcse.training.batches import check_inputs
-from mmcse.training.checkpoints import kept_dir, resume_point_run, run_definition_hash
+from mmcse.training.checkpoints import resume_point_run, run_definition_hash
 from mmcse.training.distributed import joined, world
 from mmcse.training.duet import best_checkpoint_files, train_duet
 from mmcse.training.launch import check_split, needs_launch, processes
@@ -132,9 +132,7 @@ def train_tracked(
     tracking.configure(cfg)
     # continue the folder's run only when training will continue its resume point (a damaged best or
     # resume point restarts from step 0: a new run, the old one closed with the reason)
-    config_hash = run_definition_hash(cfg)
-    decision = resume_point_run(out_dir, cfg, best_checkpoint_files(cfg.train.method) if duet else (),
-                                kept=kept_dir(cfg, out_dir, config_hash))
+    decision = resume_point_run(out_dir, cfg, best_checkpoint_files(cfg.train.method) if duet else ())
     resumed_run, resumed_step = tracking.existing_run(decision.run_id), decision.step
     with tracking.run(
         cfg, experiment_name or cfg.train.method, run_name=run_name or train_run_name(cfg), run_id=resumed_run,
@@ -143,7 +141,7 @@ def train_tracked(
     ) as active:
         # not in out_dir (a DVC output holds nothing random); per configuration, so a folder another
         # configuration trained in meanwhile never continues this run
-        tracking.remember_run(out_dir, active.info.run_id, config_hash=config_hash)
+        tracking.remember_run(out_dir, active.info.run_id, config_hash=run_definition_hash(cfg))
         if decision.stale_run and resumed_run is None:
             tracking.supersede_run(decision.stale_run, active.info.run_id, decision.reason)
             mlflow.set_tags({"mmcse.restarted_from_run": decision.stale_run,

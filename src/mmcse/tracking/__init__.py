@@ -40,8 +40,8 @@ _EXTRA_TAGS: contextvars.ContextVar[dict[str, str] | None] = contextvars.Context
 
 
 def configure(cfg: Config) -> None:
-    """Point MLflow at the configured store (a relative SQLite path is under the cwd), checked first
-    (`check_store`: a damaged SQLite file is one line, not SQLAlchemy's traceback)."""
+    """Point MLflow at the configured store (a relative SQLite path is under the project, `mmcse.io.at_home`),
+    checked first (`check_store`: a damaged SQLite file is one line, not SQLAlchemy's traceback)."""
 
     uri = ensure_sqlite_parent(cfg.base.mlflow_tracking_uri)
     check_store(uri)

@@ -523,16 +523,16 @@ class ResumeDecision:
     reason: str = ""
 
 
-def resume_point_run(out_dir: Path, cfg: Config, best_required: Sequence[str] = (),
-                     kept: Path | None = None) -> ResumeDecision:
+def resume_point_run(out_dir: Path, cfg: Config, best_required: Sequence[str] = ()) -> ResumeDecision:
     """Whether ``train`` will continue this configuration's resume point in ``out_dir`` (`plan_start`),
     so the caller continues that MLflow run only for a true resume of the same configuration, and starts
     a new one when training restarts from step 0. The run id is the folder's remembered run of this
     configuration (`mmcse.tracking.remembered_run`), not part of the resume point: a tracked output holds
-    nothing random. ``best_required``: the files a best checkpoint must hold (default: a student's)."""
+    nothing random. ``best_required``: the files a best checkpoint must hold (default: a student's). A kept
+    resume point that DVC's checkout took from the folder is put back first (`restore_kept`), so the decision
+    is about it."""
     config_hash = run_definition_hash(cfg)
-    if kept is not None:  # (DVC's checkout replaced it: put back first, so the decision is about it)
-        restore_kept(out_dir, config_hash, kept)
+    restore_kept(out_dir, config_hash, kept_dir(cfg, out_dir, config_hash))
     plan = plan_start(out_dir, config_hash, best_required or BEST_REQUIRED)
     record = remembered_run(out_dir, config_hash=config_hash)
     remembered = record["run_id"] if record else None

@@ -122,8 +122,8 @@ class LaunchOutput:
         if text.startswith("error: "):
             self.errors[rank] = text.removeprefix("error: ")
         elif RANK_TRACEBACK.match(text):  # an uncaught exception's traceback: its last line says what it was
-            if RANK_TRACEBACK.sub("", text).strip():
-                self.uncaught[rank] = RANK_TRACEBACK.sub("", text).strip()
+            if said := RANK_TRACEBACK.sub("", text).strip():
+                self.uncaught[rank] = said
         elif text.startswith(TRACEBACK_START) or (rank in self.in_traceback and (
                 text[0].isspace() or text.startswith(TRACEBACK_INSIDE))):
             self.in_traceback.add(rank)
