@@ -7,7 +7,7 @@
 A student step (simcse, mcse, kdmcse, dalr, mcseo) is :func:`mmcse.training.loop.optimizer_step` — the
 forward pass (two dropout views as one doubled batch) under ``train.precision``'s autocast, the
 method's loss terms on cached teacher features, backward through the fp16 loss scaler when
-enabled, and the AdamW update (fused on CUDA, :func:`mmcse.training.loop.build_optimizer`) — exactly what
+enabled, and the AdamW update (fused on CUDA, :func:`mmcse.training.engine.build_optimizer`) — exactly what
 ``train`` runs per batch, with the same deterministic-algorithm and TF32 settings. A DUET step is
 :func:`mmcse.training.duet.duet_optimizer_step`, what ``train_duet`` runs per batch. Data loading is
 not timed: the batch, its features and regions are on the device before the clock starts.
@@ -375,7 +375,7 @@ def make_run(cfg: Any, base: torch.nn.Module, batch: dict[str, torch.Tensor], fe
     """A copy of ``base`` (the same initial weights for every method) with train's optimizer."""
     from mmcse.methods.objectives import Objective, active_terms
     from mmcse.models.precision import grad_scaler
-    from mmcse.training.loop import build_optimizer
+    from mmcse.training.engine import build_optimizer
 
     student = copy.deepcopy(base).to(device).train()
     if compile_backbone:
@@ -391,7 +391,7 @@ def make_duet_run(cfg: Any, base: torch.nn.Module, batch: dict[str, torch.Tensor
     """A copy of the DUET model ``base`` with ``train_duet``'s optimizer and scaler (no compile:
     ``train_duet`` does not compile)."""
     from mmcse.models.precision import grad_scaler
-    from mmcse.training.loop import build_optimizer
+    from mmcse.training.engine import build_optimizer
 
     model = copy.deepcopy(base).to(device).train()
     optimizer, _ = build_optimizer(model, cfg.train, total_steps, device)
@@ -402,16 +402,18 @@ def make_duet_run(cfg: Any, base: torch.nn.Module, batch: dict[str, torch.Tensor
 def run_step(run: Run, device: torch.device, seed: int) -> dict[str, torch.Tensor]:
     """The training step of the run's method: :func:`mmcse.training.duet.duet_optimizer_step` for
     DUET, :func:`mmcse.training.loop.optimizer_step` for the students. Returns the loss terms."""
+    from mmcse.training.engine import Update
+
     if run.regions is not None:
         from mmcse.training.duet import duet_optimizer_step
 
-        return duet_optimizer_step(run.student, run.cfg.loss, run.cfg.train, run.batch, run.regions, run.ignore,
-                                   run.optimizer, run.scaler, device)
+        return duet_optimizer_step(run.student, run.cfg.loss, run.batch, run.regions, run.ignore,
+                                   Update(run.cfg.train, run.optimizer, run.scaler, device))
     from mmcse.methods.objectives import Objective
     from mmcse.training.loop import optimizer_step
 
-    return optimizer_step(run.student, Objective.of(run.cfg), run.cfg.train, run.batch, run.feats, run.pair_batch,
-                          run.optimizer, run.scaler, device, seed=seed, on=run.on)
+    return optimizer_step(run.student, Objective.of(run.cfg), run.batch, run.feats, run.pair_batch,
+                          Update(run.cfg.train, run.optimizer, run.scaler, device), seed=seed, on=run.on)
 
 
 def timed_step(run: Run, device: torch.device, seed: int) -> tuple[float, int]:

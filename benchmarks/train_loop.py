@@ -226,6 +226,7 @@ def run_loop(cfg: Any, root: Path) -> dict[str, Any]:
     import mmcse.training.checkpoints
     import mmcse.training.loop
     from mmcse.pipeline.paths import Paths
+    from mmcse.training.engine import Hooks
 
     paths = Paths.of(cfg, root)
     watch = Stopwatch()
@@ -240,8 +241,10 @@ def run_loop(cfg: Any, root: Path) -> dict[str, Any]:
             marks.setdefault("loop_start", time.perf_counter())
 
     start = time.perf_counter()
-    result = mmcse.training.loop.train(cfg, paths.raw, paths.teachers, root / "models" / "student",
-                               log_metrics=log_metrics, progress=False)
+    result = mmcse.training.loop.train(
+        cfg, paths.raw, paths.teachers, root / "models" / "student",
+        hooks=Hooks(log_metrics=log_metrics, progress=False),
+    )
     end = time.perf_counter()
     loop_s = end - marks["loop_start"]
     parts = {label: watch.seconds(label, marks["loop_start"]) for label in watch.intervals}
@@ -261,7 +264,8 @@ def run_bare(cfg: Any, root: Path, device: torch.device, steps: int, warmup: int
     from mmcse.models.student import Student, load_backbone, load_tokenizer
     from mmcse.pipeline.paths import Paths
     from mmcse.training.batches import PAIR, TEXT, Batches, TrainData
-    from mmcse.training.loop import build_optimizer, optimizer_step
+    from mmcse.training.engine import Update, build_optimizer
+    from mmcse.training.loop import optimizer_step
 
     paths = Paths.of(cfg, root)
     data = TrainData.load(paths.raw, paths.teachers, paths.objects)
@@ -296,7 +300,7 @@ def run_bare(cfg: Any, root: Path, device: torch.device, steps: int, warmup: int
 
     def step(i: int) -> None:
         kind, batch, feats = inputs[i % len(inputs)]
-        optimizer_step(student, objective, cfg.train, batch, feats, kind == PAIR, optimizer, scaler, device,
+        optimizer_step(student, objective, batch, feats, kind == PAIR, Update(cfg.train, optimizer, scaler, device),
                        seed=i, on=on)
 
     for i in range(warmup):

@@ -24,6 +24,7 @@ from mmcse.experiments.params import load_config
 from mmcse.io import hold_outputs
 from mmcse.pipeline.paths import Paths
 from mmcse.pipeline.train import run_train
+from mmcse.training.engine import Hooks
 from tests.conftest import REPO, stage_here
 
 
@@ -43,14 +44,14 @@ def handlers():
 def test_sigterm_during_training_writes_a_resume_point_ends_the_run_killed_and_resumes(project, handlers):
     cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 8, "train.eval_steps": 2,
                                                         "train.checkpoint_steps": 4})
-    full = run_train(cfg, Paths.of(cfg), out_dir=project / "full", progress=False)
+    full = run_train(cfg, Paths.of(cfg), out_dir=project / "full", hooks=Hooks(progress=False))
 
     def terminate_at_6(step, score):
         if step == 6:
             os.kill(os.getpid(), signal.SIGTERM)  # as `kill <pid>` or a dying dvc parent sends it
 
     with pytest.raises(stopping.StopRequested) as stop:
-        run_train(cfg, Paths.of(cfg), out_dir=project / "m", progress=False, on_eval=terminate_at_6)
+        run_train(cfg, Paths.of(cfg), out_dir=project / "m", hooks=Hooks(progress=False, on_eval=terminate_at_6))
     assert stop.value.exit_code == 128 + signal.SIGTERM
     assert str(stop.value).startswith("stopped on SIGTERM: resume point written at step 6 of 8")
     assert json.loads((project / "m/last/state.json").read_text())["step"] == 6  # not the step-4 checkpoint
@@ -58,7 +59,7 @@ def test_sigterm_during_training_writes_a_resume_point_ends_the_run_killed_and_r
     assert run.info.status == "KILLED"
     assert run.data.tags[tracking.END_REASON_TAG].startswith("stopped on SIGTERM: resume point written at step 6")
     stopping.reset()
-    resumed = run_train(cfg, Paths.of(cfg), out_dir=project / "m", progress=False)
+    resumed = run_train(cfg, Paths.of(cfg), out_dir=project / "m", hooks=Hooks(progress=False))
     assert resumed["run_id"] == run.info.run_id  # one run, continued
     a, b = (load_file(str(project / d / "last/student.safetensors")) for d in ("full", "m"))
     for k in a:

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from mmcse.config import with_overrides
 from mmcse.experiments.params import load_config
+from mmcse.training.engine import Hooks
 from tests.training.test_step_devices import (
     METHODS,
     fp32_matmuls,
@@ -111,7 +112,7 @@ def test_bf16_training_run_on_cuda(project, method):
 
     cfg = with_overrides(load_config("params.yaml"),
                          {"base.device": "cuda", "train.precision": "bf16", "train.method": method})
-    result = train(cfg, "data/raw", "data/teachers", project / "m", progress=False)
+    result = train(cfg, "data/raw", "data/teachers", project / "m", hooks=Hooks(progress=False))
     assert result.steps == cfg.train.max_steps
     devs = [h["dev"] for h in result.history if "dev" in h]
     assert [h["step"] for h in result.history if "dev" in h] == [0, 4, 8]
@@ -137,7 +138,7 @@ def test_killed_run_on_cuda_resumes_to_the_same_weights(project):
         "base.device": "cuda", "train.precision": "fp32", "train.method": "dalr",
         "train.max_steps": 8, "train.eval_steps": 4, "train.checkpoint_steps": 4,
     })
-    full = train(cfg, "data/raw", "data/teachers", project / "full", progress=False)
+    full = train(cfg, "data/raw", "data/teachers", project / "full", hooks=Hooks(progress=False))
     assert full.steps == 8
 
     def kill_at_8(step, score):
@@ -145,9 +146,9 @@ def test_killed_run_on_cuda_resumes_to_the_same_weights(project):
             raise Killed
 
     with pytest.raises(Killed):
-        train(cfg, "data/raw", "data/teachers", project / "resumed", on_eval=kill_at_8, progress=False)
+        train(cfg, "data/raw", "data/teachers", project / "resumed", hooks=Hooks(on_eval=kill_at_8, progress=False))
     assert json.loads((project / "resumed/last/state.json").read_text())["step"] == 4
-    resumed = train(cfg, "data/raw", "data/teachers", project / "resumed", progress=False)
+    resumed = train(cfg, "data/raw", "data/teachers", project / "resumed", hooks=Hooks(progress=False))
     assert resumed.steps == 8
     a = load_file(str(project / "full/last/student.safetensors"))
     b = load_file(str(project / "resumed/last/student.safetensors"))

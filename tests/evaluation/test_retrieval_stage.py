@@ -18,6 +18,7 @@ from mmcse.pipeline.evaluate import run_evaluate
 from mmcse.pipeline.paths import Paths
 from mmcse.pipeline.relevance import run_relevance
 from mmcse.teachers.cache import FeatureStore
+from mmcse.training.engine import Hooks
 from mmcse.training.loop import train
 from tests.evaluation.test_retrieval import transcribed
 
@@ -50,7 +51,7 @@ def test_recall_is_that_of_the_trained_heads_on_the_test_images(project, method,
     paths = Paths.of(cfg)
     assert run_relevance(cfg, paths) == {"captions": 40, "kinds": ["rouge_l"]}
     cached = list(paths.relevance.glob("rouge_l-*.npy"))
-    result = train(cfg, paths.raw, paths.teachers, project / method, progress=False)
+    result = train(cfg, paths.raw, paths.teachers, project / method, hooks=Hooks(progress=False))
     scores = run_evaluate(cfg, paths, result.best_dir, plots_dir=project / "plots")
     assert list(paths.relevance.glob("*.npy")) == cached and not (paths.raw.parent / "upstream").exists()
     # the stage's model gets its card (issue 39), its model-index the evaluated score at eval.json's precision
@@ -102,7 +103,7 @@ def test_a_method_without_an_image_head_reports_no_retrieval_but_lists_neighbour
                                   loss=dataclasses.replace(cfg.loss, image_term=False))
     assert image_head(Objective.of(no_term)) is None
     paths = Paths.of(cfg)
-    result = train(cfg, paths.raw, paths.teachers, project / "simcse", progress=False)
+    result = train(cfg, paths.raw, paths.teachers, project / "simcse", hooks=Hooks(progress=False))
     scores = run_evaluate(cfg, paths, result.best_dir, plots_dir=project / "plots")
     assert set(scores) == {"avg", "alignment", "uniformity", "cluster_silhouette"}  # nor NDCG
     assert "| 1 |" in (project / "plots/sentence_retrieval.md").read_text()
@@ -111,7 +112,7 @@ def test_a_method_without_an_image_head_reports_no_retrieval_but_lists_neighbour
 def test_a_caption_of_a_missing_test_image_is_named_before_scoring(project):
     cfg = _config("mcse")
     paths = Paths.of(cfg)
-    result = train(cfg, paths.raw, paths.teachers, project / "m", progress=False)
+    result = train(cfg, paths.raw, paths.teachers, project / "m", hooks=Hooks(progress=False))
     rows = read_jsonl(paths.raw / "retrieval/captions.jsonl")
     write_jsonl(paths.raw / "retrieval/captions.jsonl", rows + [{"image_id": "test09999", "caption": "a red cube"}])
     with pytest.raises(ValueError, match=r"retrieval/captions.jsonl: captions of images not in the test set "
@@ -141,7 +142,7 @@ def test_the_retrieval_options_change_what_is_reported(project):
 
     cfg = _config("mcse")
     paths = Paths.of(cfg)
-    result = train(cfg, paths.raw, paths.teachers, project / "m", progress=False)
+    result = train(cfg, paths.raw, paths.teachers, project / "m", hooks=Hooks(progress=False))
     full = run_evaluate(cfg, paths, result.best_dir)
     assert "demo_NDCG25_rouge_l" in full and "demo_rsum" in full
     # another block size: the same numbers

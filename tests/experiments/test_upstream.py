@@ -18,6 +18,7 @@ from mmcse.models.student import HEADS_FILE, HEADS_META
 from mmcse.pipeline import download as download_stage
 from mmcse.pipeline import train as train_stage
 from mmcse.pipeline.paths import Paths
+from mmcse.training.engine import Hooks
 
 
 def test_keys_change_with_what_makes_each_artifact_and_nothing_else():
@@ -63,7 +64,7 @@ def test_the_train_stage_refuses_top_level_artifacts_of_another_configuration(pr
     assert require_top_level(cfg, Paths.of(cfg)).raw == Path("data/raw")
     changed = with_overrides(cfg, {"data.captions": "longest"})  # params edited, download not rerun
     with pytest.raises(ValueError) as err:
-        train_stage.run_train(changed, Paths.of(changed), out_dir=project / "m", progress=False)
+        train_stage.run_train(changed, Paths.of(changed), out_dir=project / "m", hooks=Hooks(progress=False))
     assert "data/raw (data: made from another configuration)" in str(err.value) and "dvc repro" in str(err.value)
     assert not (project / "m").exists()  # refused before any run or training
 

@@ -15,6 +15,7 @@ from mmcse.evaluation.sts import TextEncoder, evaluate_sts, group_by_task
 from mmcse.hub import resolve_model
 from mmcse.io import read_jsonl
 from mmcse.models.export import EVAL_MAX_SEQ_LEN, export_sentence_transformers
+from mmcse.training.engine import Hooks
 from tests.conftest import TINY_MODEL
 
 # longer than 8 tokens: the truncation test cuts it
@@ -133,7 +134,7 @@ def test_trained_student_best_is_a_sentence_transformers_folder(project):
 
     cfg = with_overrides(load_config("params.yaml"), {"evaluate.pooler": "cls", "train.max_steps": 4,
                                                       "train.eval_steps": 4})
-    best = train(cfg, "data/raw", "data/teachers", project / "m", progress=False).best_dir
+    best = train(cfg, "data/raw", "data/teachers", project / "m", hooks=Hooks(progress=False)).best_dir
     tasks = group_by_task([SentencePair.from_row(r) for r in read_jsonl(project / "data/raw/sts/test.jsonl")])
     check_model_folder(best, "retrain", required=BEST_REQUIRED)  # the extra JSON files parse
     load_student(best)

@@ -15,6 +15,7 @@ from mmcse.errors import PrecisionError, TrainingOutOfMemory
 from mmcse.experiments.params import load_config
 from mmcse.methods.losses import cosine_matrix
 from mmcse.models import precision
+from mmcse.training.engine import Hooks
 from mmcse.training.loop import train
 
 
@@ -45,13 +46,14 @@ def test_unknown_precision_in_params_lists_the_choices(tmp_path):
 def test_bf16_on_a_pre_ampere_gpu_fails_before_any_compute(project, monkeypatch):
     """train() stops at the precision check: no model is loaded, no MLflow run is started."""
     import mmcse.training.batches
+    import mmcse.training.engine
     import mmcse.training.loop
     from mmcse import tracking
     from mmcse.pipeline.paths import Paths
     from mmcse.pipeline.train import run_train
 
     _fake_gpu(monkeypatch, (7, 0), "Tesla V100")
-    monkeypatch.setattr(mmcse.training.loop, "resolve_device", lambda name: torch.device("cuda"))
+    monkeypatch.setattr(mmcse.training.engine, "resolve_device", lambda name: torch.device("cuda"))
     monkeypatch.setattr("mmcse.models.device.resolve_device", lambda name: torch.device("cuda"))
     monkeypatch.setattr("mmcse.pipeline.train.resolve_device", lambda name: torch.device("cuda"))
 
@@ -63,9 +65,9 @@ def test_bf16_on_a_pre_ampere_gpu_fails_before_any_compute(project, monkeypatch)
     monkeypatch.setattr(tracking, "run", must_not_run)
     cfg = with_overrides(load_config("params.yaml"), {"train.precision": "bf16"})
     with pytest.raises(PrecisionError, match="Tesla V100"):
-        train(cfg, "data/raw", "data/teachers", project / "m", progress=False)
+        train(cfg, "data/raw", "data/teachers", project / "m", hooks=Hooks(progress=False))
     with pytest.raises(PrecisionError, match="Tesla V100"):
-        run_train(cfg, Paths.of(cfg), out_dir=project / "m", progress=False)
+        run_train(cfg, Paths.of(cfg), out_dir=project / "m", hooks=Hooks(progress=False))
 
 
 @pytest.mark.parametrize("name", ["bf16", "fp16"])
@@ -105,7 +107,7 @@ def test_mixed_precision_training_keeps_fp32_weights_and_resumes(project, name):
     """A run in bf16/fp16 autocast: finite losses and dev scores, fp32 weights on disk, the
     loss scaler's state in the resume point (fp16), and a killed run resumes to the same weights."""
     cfg = _config(precision=name, method="mcseo", max_steps=8, eval_steps=4, checkpoint_steps=4)
-    full = train(cfg, "data/raw", "data/teachers", project / "full", progress=False)
+    full = train(cfg, "data/raw", "data/teachers", project / "full", hooks=Hooks(progress=False))
     assert full.steps == 8
     assert all(math.isfinite(h.get("loss", 0.0)) and math.isfinite(h.get("dev", 0.0)) for h in full.history)
     weights = load_file(str(project / "full/last/student.safetensors"))
@@ -122,8 +124,8 @@ def test_mixed_precision_training_keeps_fp32_weights_and_resumes(project, name):
             raise Killed
 
     with pytest.raises(Killed):
-        train(cfg, "data/raw", "data/teachers", project / "resumed", on_eval=kill_at_8, progress=False)
-    resumed = train(cfg, "data/raw", "data/teachers", project / "resumed", progress=False)
+        train(cfg, "data/raw", "data/teachers", project / "resumed", hooks=Hooks(on_eval=kill_at_8, progress=False))
+    resumed = train(cfg, "data/raw", "data/teachers", project / "resumed", hooks=Hooks(progress=False))
     assert resumed.history == full.history
     again = load_file(str(project / "resumed/last/student.safetensors"))
     for k in weights:
@@ -161,11 +163,12 @@ def test_out_of_memory_names_the_settings_and_keeps_the_resume_point(project, mo
     """A device OOM at step 7 (after the step-4 resume point): one message with the batch size,
     precision and sequence length and what to lower; the resume point still says step 4 and a
     rerun finishes with the weights of an uninterrupted run."""
+    import mmcse.training.engine
     import mmcse.training.loop
     from mmcse.entry import run_entry
 
     cfg = _config(max_steps=8, eval_steps=4, checkpoint_steps=4)
-    full = train(cfg, "data/raw", "data/teachers", project / "full", progress=False)
+    full = train(cfg, "data/raw", "data/teachers", project / "full", hooks=Hooks(progress=False))
 
     real_step = mmcse.training.loop.optimizer_step
     calls = {"n": 0}
@@ -178,7 +181,7 @@ def test_out_of_memory_names_the_settings_and_keeps_the_resume_point(project, mo
 
     monkeypatch.setattr(mmcse.training.loop, "optimizer_step", oom_at_7)
     with pytest.raises(TrainingOutOfMemory) as err:
-        train(cfg, "data/raw", "data/teachers", project / "m", progress=False)
+        train(cfg, "data/raw", "data/teachers", project / "m", hooks=Hooks(progress=False))
     message = str(err.value)
     assert "step 7" in message and f"train.batch_size={cfg.train.batch_size}" in message
     assert "train.precision=fp32" in message and "train.precision: bf16" in message
@@ -189,14 +192,14 @@ def test_out_of_memory_names_the_settings_and_keeps_the_resume_point(project, mo
 
     calls["n"] = 6  # the next step runs out of memory
     with pytest.raises(SystemExit) as exit_info:  # the CLI turns it into one line, exit 2
-        run_entry(lambda: train(cfg, "data/raw", "data/teachers", project / "cli", progress=False))
+        run_entry(lambda: train(cfg, "data/raw", "data/teachers", project / "cli", hooks=Hooks(progress=False)))
     assert exit_info.value.code == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]  # after the progress bars
     assert line.startswith("error: out of device memory at training step 1")
     assert "no resume point was written yet" in line
 
     monkeypatch.setattr(mmcse.training.loop, "optimizer_step", real_step)
-    resumed = train(cfg, "data/raw", "data/teachers", project / "m", progress=False)
+    resumed = train(cfg, "data/raw", "data/teachers", project / "m", hooks=Hooks(progress=False))
     assert resumed.steps == 8 and resumed.history == full.history
     a = load_file(str(project / "full/last/student.safetensors"))
     b = load_file(str(project / "m/last/student.safetensors"))
@@ -205,6 +208,7 @@ def test_out_of_memory_names_the_settings_and_keeps_the_resume_point(project, mo
 
 
 def test_other_errors_in_a_step_are_not_called_out_of_memory(project, monkeypatch):
+    import mmcse.training.engine
     import mmcse.training.loop
 
     def broken(*args, **kwargs):
@@ -212,7 +216,7 @@ def test_other_errors_in_a_step_are_not_called_out_of_memory(project, monkeypatc
 
     monkeypatch.setattr(mmcse.training.loop, "optimizer_step", broken)
     with pytest.raises(RuntimeError, match="shape mismatch"):
-        train(_config(max_steps=2), "data/raw", "data/teachers", project / "m", progress=False)
+        train(_config(max_steps=2), "data/raw", "data/teachers", project / "m", hooks=Hooks(progress=False))
 
 
 def test_compile_compiles_the_backbone_in_place(project, monkeypatch):
@@ -224,11 +228,13 @@ def test_compile_compiles_the_backbone_in_place(project, monkeypatch):
         compiled.append((type(self).__name__, kwargs))
 
     monkeypatch.setattr(torch.nn.Module, "compile", fake_compile)
-    train(_config(compile=True, max_steps=2, eval_steps=2), "data/raw", "data/teachers", project / "c",
-          progress=False)
+    train(
+        _config(compile=True, max_steps=2, eval_steps=2), "data/raw", "data/teachers", project / "c",
+        hooks=Hooks(progress=False),
+    )
     assert compiled == [("BertModel", {"dynamic": True})]
     compiled.clear()
-    train(_config(max_steps=2, eval_steps=2), "data/raw", "data/teachers", project / "p", progress=False)
+    train(_config(max_steps=2, eval_steps=2), "data/raw", "data/teachers", project / "p", hooks=Hooks(progress=False))
     assert compiled == []
     a = load_file(str(project / "c/last/student.safetensors"))
     b = load_file(str(project / "p/last/student.safetensors"))

@@ -18,6 +18,7 @@ from mmcse.io import read_json
 from mmcse.pipeline.evaluate import run_evaluate
 from mmcse.pipeline.paths import Paths
 from mmcse.pipeline.train import run_train
+from mmcse.training.engine import Hooks
 from tests.evaluation.test_mteb import TinySTS
 
 
@@ -27,7 +28,7 @@ def test_a_collapsed_model_is_named_in_the_log_and_on_its_run_not_by_scipy(proje
     cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 2, "train.eval_steps": 2,
                                                       "evaluate.retrieval.enabled": False})
     paths = Paths.of(cfg)
-    summary = run_train(cfg, paths, out_dir=project / "m", progress=False)
+    summary = run_train(cfg, paths, out_dir=project / "m", hooks=Hooks(progress=False))
     monkeypatch.setattr(TextEncoder, "__call__", lambda self, sentences: np.ones((len(sentences), 8), np.float32))
     with warnings.catch_warnings(), caplog.at_level(logging.WARNING, logger="mmcse.evaluation.sts"):
         warnings.simplefilter("error")  # scipy's warning (or any other) would fail here
@@ -50,7 +51,7 @@ def test_mteb_results_land_in_mtebs_layout_and_load_with_its_own_loader(project,
                                                       "evaluate.retrieval.enabled": False,
                                                       "evaluate.mteb": ["TinySTS"]})
     paths = Paths.of(cfg)
-    summary = run_train(cfg, paths, out_dir=project / "m", progress=False)
+    summary = run_train(cfg, paths, out_dir=project / "m", hooks=Hooks(progress=False))
     folder = project / "metrics" / "mteb"
     scores = run_evaluate(cfg, paths, project / "m/best", run_id=summary["run_id"], mteb_dir=folder)
 

@@ -15,6 +15,7 @@ import pytest
 from PIL import Image
 
 from mmcse.io import read_json, read_jsonl
+from mmcse.training.engine import Hooks
 from tests.conftest import prepare_project, repo_params, shrink
 from tests.data.served import make_zip, server  # noqa: F401  (the fixture)
 
@@ -99,7 +100,7 @@ def test_flickr30k_like_archives_run_through_every_stage(server, tmp_path):  # n
     try:
         cfg = load_config("params.yaml")
         paths = Paths.of(cfg)
-        summary = run_train(cfg, paths, progress=False)
+        summary = run_train(cfg, paths, hooks=Hooks(progress=False))
         scores = run_evaluate(cfg, paths, paths.student / "best")
     finally:
         os.chdir(cwd)

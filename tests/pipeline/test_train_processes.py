@@ -16,6 +16,7 @@ from mmcse.experiments.jobs import expand
 from mmcse.experiments.params import load_config
 from mmcse.pipeline.paths import Paths
 from mmcse.pipeline.train_processes import run_train_on_processes
+from mmcse.training.engine import Hooks
 
 
 def _one_job(project, **train):
@@ -51,4 +52,4 @@ def test_an_ablation_job_on_two_processes_scores_as_on_one(project):
 def test_a_sweep_trials_pruning_cannot_reach_other_processes(project):
     cfg, _ = _one_job(project, devices=2)
     with pytest.raises(ValueError, match="a sweep trial trains in one process"):
-        run_train_on_processes(cfg, Paths.of(cfg), project / "trial", on_eval=lambda step, score: None)
+        run_train_on_processes(cfg, Paths.of(cfg), project / "trial", hooks=Hooks(on_eval=lambda step, score: None))

@@ -5,6 +5,7 @@ import pytest
 
 from mmcse import tracking
 from mmcse.experiments.params import load_config
+from mmcse.training.engine import Hooks
 
 
 class Pruned(Exception):
@@ -68,6 +69,7 @@ from mmcse.config import with_overrides
 from mmcse.experiments.params import load_config
 from mmcse.pipeline.paths import Paths
 from mmcse.pipeline.train import run_train
+from mmcse.training.engine import Hooks
 
 cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 12, "train.eval_steps": 4,
                                                     "train.checkpoint_steps": 4})
@@ -77,7 +79,7 @@ def die(step, score):
     if step == kill_at:  # after this evaluation is logged, before its resume point is written
         os.kill(os.getpid(), signal.SIGKILL)
 
-run_train(cfg, Paths.of(cfg), out_dir=Path("m"), on_eval=die, progress=False)
+run_train(cfg, Paths.of(cfg), out_dir=Path("m"), hooks=Hooks(on_eval=die, progress=False))
 """
 
 
@@ -102,7 +104,7 @@ def test_kill_9_then_resume_is_one_run_and_the_dead_run_is_marked_killed(project
     assert "was gone" in killed_first.data.tags["mmcse.ended_by"]
 
     cfg = with_overrides(cfg, {"train.max_steps": 12, "train.eval_steps": 4, "train.checkpoint_steps": 4})
-    summary = run_train(cfg, Paths.of(cfg), out_dir=project / "m", progress=False)
+    summary = run_train(cfg, Paths.of(cfg), out_dir=project / "m", hooks=Hooks(progress=False))
     assert summary["run_id"] == second.info.run_id  # the resumed training continued the killed run
     # ... found through the folder's run record: no file of the output folder (a DVC output) names a run
     assert tracking.folder_run_id(project / "m") == second.info.run_id
@@ -132,10 +134,10 @@ def test_a_retrain_from_step_0_gets_its_own_run_and_the_old_one_says_why(project
 
     cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 4, "train.eval_steps": 2,
                                                         "train.checkpoint_steps": 2})
-    first = run_train(cfg, Paths.of(cfg), out_dir=project / "m", progress=False)
+    first = run_train(cfg, Paths.of(cfg), out_dir=project / "m", hooks=Hooks(progress=False))
     weights = project / "m/best/model.safetensors"
     weights.write_bytes(weights.read_bytes()[:200])  # truncated
-    second = run_train(cfg, Paths.of(cfg), out_dir=project / "m", progress=False)
+    second = run_train(cfg, Paths.of(cfg), out_dir=project / "m", hooks=Hooks(progress=False))
     assert second["run_id"] != first["run_id"] and second["best_dev_sts"] == first["best_dev_sts"]
     old, new = mlflow.get_run(first["run_id"]), mlflow.get_run(second["run_id"])
     assert old.info.status == "FINISHED" and old.data.tags["mmcse.superseded_by"] == second["run_id"]
@@ -144,7 +146,7 @@ def test_a_retrain_from_step_0_gets_its_own_run_and_the_old_one_says_why(project
     assert "mmcse.resumed_from_step" not in new.data.tags
     steps = [m.step for m in mlflow.MlflowClient().get_metric_history(second["run_id"], "dev_sts")]
     assert steps == [0, 2, 4]  # logged once each, in its own run
-    third = run_train(cfg, Paths.of(cfg), out_dir=project / "m", progress=False)  # finished: a true resume
+    third = run_train(cfg, Paths.of(cfg), out_dir=project / "m", hooks=Hooks(progress=False))  # finished: a true resume
     assert third["run_id"] == second["run_id"]
     assert mlflow.get_run(second["run_id"]).data.tags["mmcse.resumed_from_step"] == "4"
 
@@ -164,12 +166,12 @@ def test_a_killed_run_that_restarts_from_step_0_ends_killed(project):
             raise SystemExit("killed")
 
     with pytest.raises(SystemExit):
-        run_train(cfg, Paths.of(cfg), out_dir=project / "m", progress=False, on_eval=stop)
+        run_train(cfg, Paths.of(cfg), out_dir=project / "m", hooks=Hooks(progress=False, on_eval=stop))
     dead = tracking.remembered_run(project / "m")["run_id"]
     mlflow.MlflowClient().update_run(dead, status="RUNNING")  # as a SIGKILL leaves it
     trainer = project / "m/last/trainer.pt"
     trainer.write_bytes(trainer.read_bytes()[:-50])
-    summary = run_train(cfg, Paths.of(cfg), out_dir=project / "m", progress=False)
+    summary = run_train(cfg, Paths.of(cfg), out_dir=project / "m", hooks=Hooks(progress=False))
     assert summary["run_id"] != dead and _status(dead) == "KILLED"
     assert "trainer.pt" in mlflow.get_run(dead).data.tags["mmcse.superseded_reason"]
 
@@ -222,7 +224,8 @@ def test_the_train_stage_run_is_named_method_seed(project):
     from mmcse.pipeline.train import run_train, train_run_name
 
     cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 2, "train.eval_steps": 2})
-    summary = run_train(cfg, Paths.of(cfg), out_dir=project / "m", progress=False)  # as the train stage calls it
+    # as the train stage calls it
+    summary = run_train(cfg, Paths.of(cfg), out_dir=project / "m", hooks=Hooks(progress=False))
     assert mlflow.MlflowClient().get_run(summary["run_id"]).info.run_name == f"mcse-seed{cfg.base.seed}"
     other = replace(cfg, base=replace(cfg.base, seed=3), train=replace(cfg.train, method="dalr"))
     assert train_run_name(other) == "dalr-seed3"
@@ -339,7 +342,7 @@ def test_a_store_locked_by_another_process_is_waited_for(project, monkeypatch):
             holders.append(holder)
 
     monkeypatch.setenv("MMCSE_STORE_RETRY_SECONDS", "60")
-    summary = run_train(cfg, Paths.of(cfg), out_dir=project / "a", progress=False, on_eval=hold_store)
+    summary = run_train(cfg, Paths.of(cfg), out_dir=project / "a", hooks=Hooks(progress=False, on_eval=hold_store))
     holders.pop().wait()
     history = mlflow.MlflowClient().get_metric_history(summary["run_id"], "dev_sts")
     assert [m.step for m in history] == [0, 2, 4, 6, 8]  # nothing lost to the wait
@@ -391,12 +394,12 @@ def test_a_store_that_stays_locked_stops_training_after_a_resume_point(project, 
 
     monkeypatch.setattr(mmcse.tracking, "log_metric_steps", locked_from_step_5)
     with pytest.raises(StageError, match="stayed locked"):
-        run_train(cfg, Paths.of(cfg), out_dir=project / "b", progress=False)
+        run_train(cfg, Paths.of(cfg), out_dir=project / "b", hooks=Hooks(progress=False))
     step = json.loads((project / "b/last/state.json").read_text())["step"]
     assert step >= 5  # the step-8 checkpoint never came; a resume point was written before the error
     assert mlflow.active_run() is None
     monkeypatch.setattr(mmcse.tracking, "log_metric_steps", write)
-    again = run_train(cfg, Paths.of(cfg), out_dir=project / "b", progress=False)
+    again = run_train(cfg, Paths.of(cfg), out_dir=project / "b", hooks=Hooks(progress=False))
     assert again["steps"] == 8
     assert mlflow.get_run(again["run_id"]).data.tags["mmcse.resumed_from_step"] == str(step)
 

@@ -24,6 +24,7 @@ from mmcse.pipeline.paths import Paths
 from mmcse.pipeline.train import run_train
 from mmcse.training.checkpoints import plan_start, run_definition_hash
 from mmcse.training.divergence import DivergenceWatch
+from mmcse.training.engine import Hooks
 from mmcse.training.loop import train
 
 
@@ -63,7 +64,7 @@ def cfg(project):
 
 
 def test_every_checkpoint_is_sealed_with_its_configuration_step_and_digests(project, cfg):
-    result = train(cfg, "data/raw", "data/teachers", project / "m", progress=False)
+    result = train(cfg, "data/raw", "data/teachers", project / "m", hooks=Hooks(progress=False))
     sealed = check_model_folder(project / "m/best", "")
     assert sealed["config_hash"] == run_definition_hash(cfg) and sealed["step"] == result.best_step
     listed = {p.relative_to(project / "m/best").as_posix() for p in (project / "m/best").rglob("*")
@@ -83,23 +84,25 @@ def test_another_configurations_interrupted_run_never_becomes_the_result(project
     """Issue 33.1: A trained; B (train.max_steps changed) started in the same folder and killed early;
     A again must give A's own best checkpoint, not B's untrained one."""
     out = project / "m"
-    a = train(cfg, "data/raw", "data/teachers", out, progress=False)
+    a = train(cfg, "data/raw", "data/teachers", out, hooks=Hooks(progress=False))
     a_best = tensors(out / "best/model.safetensors")
     other = with_overrides(cfg, {"train.max_steps": 12})
     with pytest.raises(Killed):  # killed before B's first checkpoint: B wrote nothing
-        train(other, "data/raw", "data/teachers", out, on_eval=kill_at(4), progress=False)
+        train(other, "data/raw", "data/teachers", out, hooks=Hooks(on_eval=kill_at(4), progress=False))
     assert read_seal(out / "best", "")["config_hash"] == run_definition_hash(cfg)
-    again = train(cfg, "data/raw", "data/teachers", out, progress=False)
+    again = train(cfg, "data/raw", "data/teachers", out, hooks=Hooks(progress=False))
     assert (again.best_step, again.best_score) == (a.best_step, a.best_score)
     assert_same_tensors(tensors(out / "best/model.safetensors"), a_best)
 
     # B killed after its first checkpoint (step 4: B's best/ and last/ written): A is retrained from step 0
     # (its best weights are gone) and ends with the same checkpoint
     with pytest.raises(Killed):
-        train(other, "data/raw", "data/teachers", out, on_eval=kill_at(8), progress=False)
+        train(other, "data/raw", "data/teachers", out, hooks=Hooks(on_eval=kill_at(8), progress=False))
     assert read_seal(out / "best", "")["config_hash"] == run_definition_hash(other)
     evals = []
-    again = train(cfg, "data/raw", "data/teachers", out, on_eval=lambda s, v: evals.append(s), progress=False)
+    again = train(
+        cfg, "data/raw", "data/teachers", out, hooks=Hooks(on_eval=lambda s, v: evals.append(s), progress=False),
+    )
     assert evals == [4, 8] and (again.best_step, again.best_score) == (a.best_step, a.best_score)
     assert_same_tensors(tensors(out / "best/model.safetensors"), a_best)
     assert read_seal(out / "best", "")["config_hash"] == run_definition_hash(cfg)
@@ -119,7 +122,7 @@ def test_a_checkpoint_of_code_edited_since_is_trained_again_not_taken(project, c
     the stage, which must train from step 0 (not stop at the sealed best/, not continue the resume
     point), and evaluation refuses the old best/ naming the file."""
     out = project / "m"
-    train(cfg, "data/raw", "data/teachers", out, progress=False)
+    train(cfg, "data/raw", "data/teachers", out, hooks=Hooks(progress=False))
     edit_training_code(monkeypatch)
     plan = plan_start(out, run_definition_hash(cfg))
     assert plan.resume_from is None and "trained by other library code" in plan.reason
@@ -127,7 +130,7 @@ def test_a_checkpoint_of_code_edited_since_is_trained_again_not_taken(project, c
     with pytest.raises(ValueError, match=r"other library code \(changed since: mmcse/methods/terms/mcse.py\)"):
         require_trained_with(cfg, out / "best")
     evals = []
-    train(cfg, "data/raw", "data/teachers", out, on_eval=lambda s, v: evals.append(s), progress=False)
+    train(cfg, "data/raw", "data/teachers", out, hooks=Hooks(on_eval=lambda s, v: evals.append(s), progress=False))
     assert evals == [4, 8]  # from step 0
     sealed = read_seal(out / "best", "")
     assert sealed["config_hash"] == run_definition_hash(cfg)
@@ -137,23 +140,23 @@ def test_a_checkpoint_of_code_edited_since_is_trained_again_not_taken(project, c
     # killed after its checkpoint at step 4, then another edit: not continued from step 4
     shutil.rmtree(out)
     with pytest.raises(Killed):
-        train(cfg, "data/raw", "data/teachers", out, on_eval=kill_at(8), progress=False)
+        train(cfg, "data/raw", "data/teachers", out, hooks=Hooks(on_eval=kill_at(8), progress=False))
     edit_training_code(monkeypatch, "mmcse/training/loop.py")
     evals = []
-    train(cfg, "data/raw", "data/teachers", out, on_eval=lambda s, v: evals.append(s), progress=False)
+    train(cfg, "data/raw", "data/teachers", out, hooks=Hooks(on_eval=lambda s, v: evals.append(s), progress=False))
     assert evals == [4, 8]
 
 
 @pytest.mark.slow  # end to end: the full suite runs it (fast tier under 5 min)
 def test_the_mlflow_run_continued_is_only_ever_the_same_configurations(project, cfg):
     out = project / "m"
-    first = run_train(cfg, Paths.of(cfg), out_dir=out, progress=False)
+    first = run_train(cfg, Paths.of(cfg), out_dir=out, hooks=Hooks(progress=False))
     other = with_overrides(cfg, {"train.max_steps": 12})
     with pytest.raises(Killed):
-        run_train(other, Paths.of(other), out_dir=out, on_eval=kill_at(4), progress=False)
+        run_train(other, Paths.of(other), out_dir=out, hooks=Hooks(on_eval=kill_at(4), progress=False))
     killed = tracking.remembered_run(out)["run_id"]
     assert killed != first["run_id"] and mlflow.get_run(killed).info.status in ("KILLED", "FAILED")
-    again = run_train(cfg, Paths.of(cfg), out_dir=out, progress=False)
+    again = run_train(cfg, Paths.of(cfg), out_dir=out, hooks=Hooks(progress=False))
     assert again["run_id"] == first["run_id"]  # A's own run, not B's
     assert mlflow.get_run(killed).data.metrics.get("best_dev_sts") is None  # B's run got none of A's record
 
@@ -161,12 +164,14 @@ def test_the_mlflow_run_continued_is_only_ever_the_same_configurations(project, 
 def test_a_deleted_best_is_rebuilt_from_the_resume_point_or_retrained(project, cfg):
     """Issue 33.2: a missing best/ is damage, never a finished run."""
     out = project / "m"
-    first = train(cfg, "data/raw", "data/teachers", out, progress=False)
+    first = train(cfg, "data/raw", "data/teachers", out, hooks=Hooks(progress=False))
     best = tensors(out / "best/model.safetensors")
     shutil.rmtree(out / "best")
     state = json.loads((out / "last/state.json").read_text())
     evals = []
-    again = train(cfg, "data/raw", "data/teachers", out, on_eval=lambda s, v: evals.append(s), progress=False)
+    again = train(
+        cfg, "data/raw", "data/teachers", out, hooks=Hooks(on_eval=lambda s, v: evals.append(s), progress=False),
+    )
     # the best step is the last one: rebuilt from the resume point without a step; else retrained
     assert evals == ([] if state["best_step"] == state["step"] else [4, 8])
     assert (again.best_step, again.best_score) == (first.best_step, first.best_score)
@@ -179,7 +184,7 @@ def test_a_deleted_best_is_rebuilt_from_the_resume_point_or_retrained(project, c
     shutil.rmtree(out / "best")
     assert plan_start(out, run_definition_hash(cfg)).rewrite_best
     evals.clear()
-    train(cfg, "data/raw", "data/teachers", out, on_eval=lambda s, v: evals.append(s), progress=False)
+    train(cfg, "data/raw", "data/teachers", out, hooks=Hooks(on_eval=lambda s, v: evals.append(s), progress=False))
     assert evals == [] and read_seal(out / "best", "")["step"] == state["step"]
     assert_same_tensors(tensors(out / "best/model.safetensors"),
                         {k[len("backbone."):]: v for k, v in tensors(out / "last/student.safetensors").items()
@@ -191,7 +196,7 @@ def test_same_size_damage_inside_a_checkpoint_is_named_and_rebuilt(project, cfg,
     from mmcse.evaluation.sts import TextEncoder
 
     out = project / "m"
-    first = train(cfg, "data/raw", "data/teachers", out, progress=False)
+    first = train(cfg, "data/raw", "data/teachers", out, hooks=Hooks(progress=False))
     weights = out / "best/model.safetensors"
     size = weights.stat().st_size
     overwrite_tensor_data(weights)
@@ -200,7 +205,7 @@ def test_same_size_damage_inside_a_checkpoint_is_named_and_rebuilt(project, cfg,
         require_trained_with(cfg, out / "best")
     with pytest.raises(CorruptArtifact, match="does not match the SHA-256"):
         TextEncoder(str(out / "best"), "cls_before_pooler")  # mmcse eval and the evaluate stage load through it
-    again = train(cfg, "data/raw", "data/teachers", out, progress=False)
+    again = train(cfg, "data/raw", "data/teachers", out, hooks=Hooks(progress=False))
     assert f"{weights}: content does not match the SHA-256" in caplog.text
     assert again.best_score == first.best_score
     check_model_folder(out / "best", "")
@@ -218,7 +223,7 @@ def test_a_diverged_run_stops_at_the_first_non_finite_step_and_saves_nothing(pro
     diverging = with_overrides(cfg, {"train.learning_rate": 1e30})
     with pytest.raises(TrainingDiverged, match=r"training diverged at step \d+: .*likely cause: "
                                                r"train.learning_rate 1e\+30 is far above"):
-        train(diverging, "data/raw", "data/teachers", out, progress=False)
+        train(diverging, "data/raw", "data/teachers", out, hooks=Hooks(progress=False))
     for path in out.rglob("*.safetensors"):  # whatever was written holds finite numbers only
         assert all(torch.isfinite(t).all() for t in tensors(path).values()), path
 
@@ -228,7 +233,9 @@ def test_a_diverged_run_ends_failed_with_its_reason_and_the_stage_exits_non_zero
 
     diverging = with_overrides(cfg, {"train.learning_rate": 1e30})
     with pytest.raises(SystemExit) as exit_info:
-        run_entry(lambda: run_train(diverging, Paths.of(diverging), out_dir=project / "m", progress=False))
+        run_entry(lambda: run_train(
+            diverging, Paths.of(diverging), out_dir=project / "m", hooks=Hooks(progress=False),
+        ))
     assert exit_info.value.code == 2
     line = capsys.readouterr().err.strip()
     assert line.startswith("error: training diverged at step ") and "\n" not in line
@@ -270,7 +277,7 @@ def test_checkpoints_and_the_data_folder_follow_the_umask(project, cfg):
 
     old = os.umask(0o022)
     try:
-        train(cfg, "data/raw", "data/teachers", project / "m", progress=False)
+        train(cfg, "data/raw", "data/teachers", project / "m", hooks=Hooks(progress=False))
     finally:
         os.umask(old)
     modes = {p.relative_to(project).as_posix(): stat.S_IMODE(p.stat().st_mode)
@@ -301,7 +308,7 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_and_loses_nothing(project, cfg,
 
     monkeypatch.setattr(checkpoints, "save_file", full_at_second)
     with pytest.raises(StageError) as err:
-        train(cfg, "data/raw", "data/teachers", out, progress=False)
+        train(cfg, "data/raw", "data/teachers", out, hooks=Hooks(progress=False))
     assert str(err.value).startswith(f"{out / 'last'}: no space left on the device while writing it (it needs about ")
     assert "the previous checkpoint is intact" in str(err.value) and "\n" not in str(err.value)
     assert not (out / "last.tmp").exists() and not (out / "best.tmp").exists()
@@ -317,7 +324,7 @@ def test_a_full_disk_at_a_checkpoint_is_one_line_and_loses_nothing(project, cfg,
     shutil.rmtree(out / "best")  # so the next run writes one (rebuilt, or at its first checkpoint)
     last = (out / "last/state.json").read_text()
     with pytest.raises(StageError, match=rf"^{out / 'best'}: no space left on the device"):
-        train(cfg, "data/raw", "data/teachers", out, progress=False)
+        train(cfg, "data/raw", "data/teachers", out, hooks=Hooks(progress=False))
     assert not (out / "best.tmp").exists() and (out / "last/state.json").read_text() == last
 
 

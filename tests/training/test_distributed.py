@@ -25,7 +25,8 @@ from mmcse.training import distributed
 from mmcse.training.checkpoints import Checkpoints, TrainState, save_resume_point
 from mmcse.training.duet import same_image_mask
 from mmcse.training.duet_step import duet_optimizer_step
-from mmcse.training.loop import build_optimizer, optimizer_step
+from mmcse.training.engine import Update, build_optimizer
+from mmcse.training.loop import optimizer_step
 from tests.conftest import REPO, TINY_MODEL
 from tests.methods.test_duet import REGION_DIM, VOCAB, tiny_batch
 from tests.training.test_gradcache import _double_student
@@ -53,8 +54,8 @@ def _step(method: str, micro: int, ranks: tuple[int, int], mlm: bool = False) ->
         student.mlm_head = load_mlm_head(cfg.model, load_tokenizer(cfg.model.name_or_path), "new").double()
     train = with_overrides(cfg, {"train.micro_batch": micro, "train.learning_rate": 1e-3}).train
     optimizer, _ = build_optimizer(student, train, total_steps=10)
-    terms = optimizer_step(student, Objective.of(cfg), train, batch, feats, True, optimizer,
-                           grad_scaler("fp32", CPU), CPU, seed=5, ranks=ranks)
+    terms = optimizer_step(student, Objective.of(cfg), batch, feats, True,
+                           Update(train, optimizer, grad_scaler("fp32", CPU), CPU), seed=5, ranks=ranks)
     return {"terms": {k: v.detach().clone() for k, v in terms.items()},
             "grads": {n: p.grad.clone() for n, p in student.named_parameters() if p.grad is not None},
             "params": {n: p.detach().clone() for n, p in student.named_parameters()}}
@@ -77,10 +78,10 @@ def _retrieval_step(method: str, ranks: tuple[int, int]) -> dict:
     cfg = with_overrides(load_config(REPO / "params.yaml"), {"train.method": method, "train.learning_rate": 1e-3,
                                                              "train.max_grad_norm": 2.0})
     optimizer, _ = build_optimizer(model, cfg.train, total_steps=10)
-    terms = duet_optimizer_step(model, cfg.loss, cfg.train, {k: b[k] for k in ("input_ids", "attention_mask")},
+    terms = duet_optimizer_step(model, cfg.loss, {k: b[k] for k in ("input_ids", "attention_mask")},
                                 (b["regions"].double(), b["boxes"].double(), b["region_mask"]),
-                                same_image_mask(["a", "b", "a", "c"], CPU), optimizer, grad_scaler("fp32", CPU), CPU,
-                                seed=5, ranks=ranks)
+                                same_image_mask(["a", "b", "a", "c"], CPU),
+                                Update(cfg.train, optimizer, grad_scaler("fp32", CPU), CPU), seed=5, ranks=ranks)
     return {"terms": {k: v.detach().clone() for k, v in terms.items()},
             "grads": {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None},
             "params": {n: p.detach().clone() for n, p in model.named_parameters()}}
@@ -224,5 +225,5 @@ def test_a_step_over_several_processes_refuses_torchs_dropout():
     cfg, student, batch, feats = _double_student("simcse", keyed=False)
     optimizer, _ = build_optimizer(student, cfg.train, total_steps=10)
     with pytest.raises(ValueError, match="needs train.dropout_rng: per_row"):
-        optimizer_step(student, Objective.of(cfg), cfg.train, batch, feats, True, optimizer,
-                       grad_scaler("fp32", CPU), CPU, ranks=(0, 2))
+        optimizer_step(student, Objective.of(cfg), batch, feats, True,
+                       Update(cfg.train, optimizer, grad_scaler("fp32", CPU), CPU), ranks=(0, 2))

@@ -34,6 +34,7 @@ from mmcse.training.duet import (
     split_embeddings,
     train_duet,
 )
+from mmcse.training.engine import Hooks
 from tests.conftest import REPO, TINY_DUET, prepare_project, repo_params, shrink, stage_here
 
 
@@ -85,9 +86,9 @@ def assert_killed_at_6_resumes_to(cfg, sets: dict[str, Path], tmp_path: Path, fu
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        train_duet(cfg, "data/raw", sets, tmp_path / "resumed", on_eval=kill_at_6, progress=False)
+        train_duet(cfg, "data/raw", sets, tmp_path / "resumed", hooks=Hooks(on_eval=kill_at_6, progress=False))
     assert json.loads((tmp_path / "resumed/last/state.json").read_text())["step"] == 4
-    resumed = train_duet(cfg, "data/raw", sets, tmp_path / "resumed", progress=False)
+    resumed = train_duet(cfg, "data/raw", sets, tmp_path / "resumed", hooks=Hooks(progress=False))
     assert resumed.steps == full.steps == 8 and resumed.history == full.history
     a = load_file(str(full_dir / "last/student.safetensors"))
     b = load_file(str(tmp_path / "resumed/last/student.safetensors"))
@@ -189,7 +190,7 @@ def test_duet_trains_and_evaluates_through_the_stage_scripts(duet_cwd, capsys):
 def test_a_killed_duet_run_resumes_to_the_same_weights(duet_cwd, tmp_path):
     cfg = load_config("params.yaml")
     sets = region_sets(duet_cwd)
-    full = train_duet(cfg, "data/raw", sets, tmp_path / "full", progress=False)
+    full = train_duet(cfg, "data/raw", sets, tmp_path / "full", hooks=Hooks(progress=False))
     assert_killed_at_6_resumes_to(cfg, sets, tmp_path, full, tmp_path / "full")
 
 
@@ -204,9 +205,9 @@ def test_a_checkpoint_has_the_same_bytes_with_cold_and_warm_token_caches(duet_cw
     cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 2, "train.eval_steps": 2})
     sets = region_sets(duet_cwd)
     shutil.rmtree("data/tokens", ignore_errors=True)
-    train_duet(cfg, "data/raw", sets, tmp_path / "cold", progress=False)
+    train_duet(cfg, "data/raw", sets, tmp_path / "cold", hooks=Hooks(progress=False))
     assert any(Path("data/tokens").glob("captions-*"))
-    train_duet(cfg, "data/raw", sets, tmp_path / "warm", progress=False)
+    train_duet(cfg, "data/raw", sets, tmp_path / "warm", hooks=Hooks(progress=False))
 
     def digests(folder: Path) -> dict[str, str]:
         return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
@@ -241,8 +242,10 @@ def test_a_damaged_stage_region_set_is_passed_by_and_its_rebuilt_copy_used(duet_
         assert found["val"] == stage_sets["val"]  # intact sets are still read where they are
         RegionStore.open(found["train"])  # the copy handed out is sound
         assert (damaged / "regions.npy").read_bytes() == bytes(data)  # the stage's output is not written
-        result = train_duet(with_overrides(cfg, {"train.max_steps": 2, "train.eval_steps": 2}), "data/raw", found,
-                            tmp_path / "m", progress=False)
+        result = train_duet(
+            with_overrides(cfg, {"train.max_steps": 2, "train.eval_steps": 2}), "data/raw", found, tmp_path / "m",
+            hooks=Hooks(progress=False),
+        )
         assert result.steps == 2
     finally:
         shutil.rmtree(damaged)
@@ -253,7 +256,7 @@ def test_a_damaged_stage_region_set_is_passed_by_and_its_rebuilt_copy_used(duet_
 def test_the_dev_score_is_the_val_rsum_of_the_best_checkpoint(duet_cwd, tmp_path):
     cfg = load_config("params.yaml")
     sets = region_sets(duet_cwd)
-    result = train_duet(cfg, "data/raw", sets, tmp_path / "m", progress=False)
+    result = train_duet(cfg, "data/raw", sets, tmp_path / "m", hooks=Hooks(progress=False))
     devs = [(h["dev"], h["step"]) for h in result.history if "dev" in h]
     assert result.best_score == max(d for d, _ in devs)
     model, tokenizer = load_duet(tmp_path / "m/best")
@@ -382,8 +385,11 @@ def test_vsepp_trains_resumes_and_is_scored_by_the_same_loop(duet_cwd, tmp_path)
         "train.max_grad_norm": 2.0})
     sets = region_sets(duet_cwd)
     lrs = []
-    result = train_duet(cfg, "data/raw", sets, tmp_path / "m", progress=False,
-                        log_metrics=lambda entries: lrs.extend((s, m["lr"]) for m, s in entries if "lr" in m))
+    result = train_duet(
+        cfg, "data/raw", sets, tmp_path / "m",
+        hooks=Hooks(progress=False,
+                    log_metrics=lambda entries: lrs.extend((s, m["lr"]) for m, s in entries if "lr" in m)),
+    )
     best = tmp_path / "m/best"
     assert {VSEPP_META, VSEPP_WEIGHTS, "tokenizer.json", "train_state.json"} <= {f.name for f in best.iterdir()}
     assert json.loads((best / "train_state.json").read_text())["method"] == "vsepp"
@@ -413,8 +419,10 @@ def test_vsrn_trains_resumes_loads_and_is_evaluated_by_the_same_loop(duet_cwd, t
         "model.vsrn.min_word_count": 2, "train.learning_rate": 2e-3, "train.max_grad_norm": 2.0})
     sets = region_sets(duet_cwd)
     logged: list[dict] = []
-    result = train_duet(cfg, "data/raw", sets, tmp_path / "m", progress=False,
-                        log_metrics=lambda entries: logged.extend(m for m, _ in entries))
+    result = train_duet(
+        cfg, "data/raw", sets, tmp_path / "m",
+        hooks=Hooks(progress=False, log_metrics=lambda entries: logged.extend(m for m, _ in entries)),
+    )
     assert {"loss/hinge", "loss/caption", "loss/loss"} <= set().union(*logged)
     step = next(m for m in logged if "loss/loss" in m)
     assert step["loss/loss"] == pytest.approx(step["loss/hinge"] + step["loss/caption"], rel=1e-5)
@@ -438,7 +446,7 @@ def test_a_vsepp_checkpoint_is_evaluated_as_duets_are(duet_cwd, tmp_path, capsys
     cfg = with_overrides(load_config("params.yaml"), {
         "train.method": "vsepp", "model.vsepp.joint_dim": 16, "model.vsepp.word_dim": 8, "train.max_steps": 2})
     sets = region_sets(duet_cwd)
-    train_duet(cfg, "data/raw", sets, tmp_path / "m", progress=False)
+    train_duet(cfg, "data/raw", sets, tmp_path / "m", hooks=Hooks(progress=False))
     scores = evaluate_duet(cfg, Paths.of(cfg), tmp_path / "m/best", {"test": sets["test"]})
     model, tokenizer = load_duet(tmp_path / "m/best")
     test = RetrievalSplit.load(Path("data/raw/retrieval/images.jsonl"), Path("data/raw/retrieval/captions.jsonl"),
@@ -488,15 +496,18 @@ def test_vsepp_on_pixels_trains_frozen_then_fine_tunes_its_cnn_and_resumes_acros
         "train.learning_rate": 2e-3, "train.lr_decay_epochs": 1, "train.max_grad_norm": 2.0,
         "train.epochs": 1, "train.max_steps": 0, "train.eval_steps": 4, "train.checkpoint_steps": 4}
     frozen_cfg = with_overrides(load_config("params.yaml"), overrides)
-    frozen = train_duet(frozen_cfg, "data/raw", {}, tmp_path / "frozen", progress=False)
+    frozen = train_duet(frozen_cfg, "data/raw", {}, tmp_path / "frozen", hooks=Hooks(progress=False))
     weights = load_file(str(tmp_path / "frozen/best" / VSEPP_WEIGHTS))
     assert frozen.steps == 6 and torch.equal(weights["cnn.conv1.weight"], imagenet["conv1.weight"])
     assert not torch.equal(weights["cnn.bn1.running_mean"], imagenet["bn1.running_mean"])  # in train mode, as theirs
 
     cfg = with_overrides(frozen_cfg, {"model.vsepp.finetune_epochs": 1, "model.vsepp.finetune_learning_rate": 1e-4})
     lrs = []
-    result = train_duet(cfg, "data/raw", {}, tmp_path / "m", progress=False,
-                        log_metrics=lambda entries: lrs.extend((s, m["lr"]) for m, s in entries if "lr" in m))
+    result = train_duet(
+        cfg, "data/raw", {}, tmp_path / "m",
+        hooks=Hooks(progress=False,
+                    log_metrics=lambda entries: lrs.extend((s, m["lr"]) for m, s in entries if "lr" in m)),
+    )
     assert result.steps == 12 and [s for s, lr in lrs if lr == pytest.approx(1e-4)] == [s for s, _ in lrs if s >= 6]
     # the frozen phase is the frozen run step for step; its dev scores end at step 6, the fine-tuning's follow
     devs = [h for h in result.history if "dev" in h]
@@ -512,9 +523,9 @@ def test_vsepp_on_pixels_trains_frozen_then_fine_tunes_its_cnn_and_resumes_acros
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):  # the resume point is the switch's (step 6): it switches again
-        train_duet(cfg, "data/raw", {}, tmp_path / "resumed", on_eval=kill_at_8, progress=False)
+        train_duet(cfg, "data/raw", {}, tmp_path / "resumed", hooks=Hooks(on_eval=kill_at_8, progress=False))
     assert json.loads((tmp_path / "resumed/last/state.json").read_text())["step"] == 6
-    resumed = train_duet(cfg, "data/raw", {}, tmp_path / "resumed", progress=False)
+    resumed = train_duet(cfg, "data/raw", {}, tmp_path / "resumed", hooks=Hooks(progress=False))
     assert resumed.history == result.history
     again = load_file(str(tmp_path / "resumed/best" / VSEPP_WEIGHTS))
     assert all(torch.equal(again[k], best[k]) for k in best)

@@ -13,8 +13,9 @@ from mmcse.config import ConfigError, parse_config, with_overrides
 from mmcse.methods.objectives import Objective
 from mmcse.models.dropout import install_keyed_dropout, keep_mask, row_keys
 from mmcse.models.precision import grad_scaler
+from mmcse.training.engine import Update, build_optimizer
 from mmcse.training.gradcache import CachedTokens
-from mmcse.training.loop import build_optimizer, optimizer_step, training_step_loss
+from mmcse.training.loop import optimizer_step, training_step_loss
 from tests.conftest import TINY_MODEL
 from tests.training.test_step_devices import METHODS, B, step_inputs, tiny_config, tiny_student
 
@@ -87,8 +88,8 @@ def test_the_training_step_with_micro_batches_makes_the_whole_batchs_update():
         cfg, student, batch, feats = _double_student("dalr")  # the same initial weights each time
         train = with_overrides(cfg, {"train.micro_batch": micro, "train.learning_rate": 1e-3}).train
         optimizer, _ = build_optimizer(student, train, total_steps=10)
-        terms = optimizer_step(student, Objective.of(cfg), train, batch, feats, True, optimizer,
-                               grad_scaler("fp32", torch.device("cpu")), torch.device("cpu"), seed=5)
+        update = Update(train, optimizer, grad_scaler("fp32", torch.device("cpu")), torch.device("cpu"))
+        terms = optimizer_step(student, Objective.of(cfg), batch, feats, True, update, seed=5)
         after[micro] = (terms["loss"].item(), {n: p.detach().clone() for n, p in student.named_parameters()})
     assert after[2][0] == pytest.approx(after[0][0], abs=1e-9)
     for name, value in after[0][1].items():

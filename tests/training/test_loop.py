@@ -7,6 +7,7 @@ from safetensors.torch import load_file
 from mmcse.config import with_overrides
 from mmcse.experiments.params import load_config
 from mmcse.training.checkpoints import release_resume_point
+from mmcse.training.engine import Hooks
 from mmcse.training.loop import train
 from mmcse.training.schedule import PAIR, TEXT, alternation_schedule
 
@@ -32,7 +33,7 @@ class Killed(Exception):
 def test_killed_run_resumes_to_the_same_weights(project):
     cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 8, "train.eval_steps": 4,
                                                         "train.checkpoint_steps": 4})
-    full = train(cfg, "data/raw", "data/teachers", project / "full", progress=False)
+    full = train(cfg, "data/raw", "data/teachers", project / "full", hooks=Hooks(progress=False))
     assert full.steps == 8
 
     def kill_at_8(step, score):
@@ -40,9 +41,9 @@ def test_killed_run_resumes_to_the_same_weights(project):
             raise Killed
 
     with pytest.raises(Killed):
-        train(cfg, "data/raw", "data/teachers", project / "resumed", on_eval=kill_at_8, progress=False)
+        train(cfg, "data/raw", "data/teachers", project / "resumed", hooks=Hooks(on_eval=kill_at_8, progress=False))
     assert json.loads((project / "resumed/last/state.json").read_text())["step"] == 4
-    resumed = train(cfg, "data/raw", "data/teachers", project / "resumed", progress=False)
+    resumed = train(cfg, "data/raw", "data/teachers", project / "resumed", hooks=Hooks(progress=False))
     assert resumed.steps == 8
     a, b = _weights(project / "full"), _weights(project / "resumed")
     assert a.keys() == b.keys()
@@ -53,7 +54,7 @@ def test_killed_run_resumes_to_the_same_weights(project):
 
 def test_released_resume_point_keeps_the_history_and_a_rerun_starts_afresh(project):
     cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 4, "train.eval_steps": 4})
-    first = train(cfg, "data/raw", "data/teachers", project / "m", progress=False)
+    first = train(cfg, "data/raw", "data/teachers", project / "m", hooks=Hooks(progress=False))
     before = _weights(project / "m")
     weights = sum((project / "m/last" / n).stat().st_size for n in ("student.safetensors", "trainer.pt"))
     assert release_resume_point(project / "m") == weights > 0
@@ -61,7 +62,7 @@ def test_released_resume_point_keeps_the_history_and_a_rerun_starts_afresh(proje
     assert json.loads((project / "m/last/state.json").read_text())["history"] == first.history
     assert release_resume_point(project / "m") == 0
 
-    again = train(cfg, "data/raw", "data/teachers", project / "m", progress=False)
+    again = train(cfg, "data/raw", "data/teachers", project / "m", hooks=Hooks(progress=False))
     assert again.steps == 4 and again.history == first.history  # retrained from step 0, same seed
     after = _weights(project / "m")
     for k in before:
@@ -72,7 +73,7 @@ def test_best_checkpoint_is_an_hf_folder_with_heads(project):
     from transformers import AutoModel
 
     cfg = load_config("params.yaml")
-    result = train(cfg, "data/raw", "data/teachers", project / "m", progress=False)
+    result = train(cfg, "data/raw", "data/teachers", project / "m", hooks=Hooks(progress=False))
     assert result.best_score == max(h["dev"] for h in result.history if "dev" in h)
     assert (result.best_dir / "model.safetensors").is_file() and (result.best_dir / "heads.safetensors").is_file()
     AutoModel.from_pretrained(result.best_dir)
@@ -81,9 +82,9 @@ def test_best_checkpoint_is_an_hf_folder_with_heads(project):
 
 def test_changed_config_does_not_resume_a_different_run(project):
     cfg = load_config("params.yaml")
-    train(cfg, "data/raw", "data/teachers", project / "m", progress=False)
+    train(cfg, "data/raw", "data/teachers", project / "m", hooks=Hooks(progress=False))
     other = with_overrides(cfg, {"loss.temperature": 0.1})
-    result = train(other, "data/raw", "data/teachers", project / "m", progress=False)
+    result = train(other, "data/raw", "data/teachers", project / "m", hooks=Hooks(progress=False))
     assert result.history[0]["step"] == 0 and result.steps == 8
 
 
@@ -175,11 +176,13 @@ def test_damaged_resume_point_falls_back_to_the_old_copy_then_starts_afresh(proj
             raise Killed
 
     with pytest.raises(Killed):
-        train(cfg, "data/raw", "data/teachers", out, on_eval=kill_at_8, progress=False)
+        train(cfg, "data/raw", "data/teachers", out, hooks=Hooks(on_eval=kill_at_8, progress=False))
     # as if killed between _swap_in's renames, then last/trainer.pt damaged: the whole .old copy resumes
     shutil.copytree(out / "last", out / "last.old")
     _cut(out / "last/trainer.pt", 100)
-    resumed = train(cfg, "data/raw", "data/teachers", out, on_eval=lambda s, v: evals.append(s), progress=False)
+    resumed = train(
+        cfg, "data/raw", "data/teachers", out, hooks=Hooks(on_eval=lambda s, v: evals.append(s), progress=False),
+    )
     assert evals == [8] and resumed.steps == 8  # resumed at step 4
     assert f"{out / 'last/trainer.pt'}: damaged (not a whole torch archive)" in caplog.text
 
@@ -187,7 +190,9 @@ def test_damaged_resume_point_falls_back_to_the_old_copy_then_starts_afresh(proj
     caplog.clear()
     evals.clear()
     _cut(out / "last/student.safetensors")
-    again = train(cfg, "data/raw", "data/teachers", out, on_eval=lambda s, v: evals.append(s), progress=False)
+    again = train(
+        cfg, "data/raw", "data/teachers", out, hooks=Hooks(on_eval=lambda s, v: evals.append(s), progress=False),
+    )
     assert evals == [4, 8] and again.steps == 8 and again.history == resumed.history
     assert f"{out / 'last/student.safetensors'}: truncated: " in caplog.text
     assert "retrained from step 0" in caplog.text
@@ -201,11 +206,13 @@ def test_damaged_best_checkpoint_is_retrained_not_returned(project, caplog):
 
     cfg = load_config("params.yaml")
     out = project / "m"
-    first = train(cfg, "data/raw", "data/teachers", out, progress=False)
+    first = train(cfg, "data/raw", "data/teachers", out, hooks=Hooks(progress=False))
     heads = load_file(str(out / "best/heads.safetensors"))
     _cut(out / "best/model.safetensors")
     evals = []
-    second = train(cfg, "data/raw", "data/teachers", out, on_eval=lambda s, v: evals.append(s), progress=False)
+    second = train(
+        cfg, "data/raw", "data/teachers", out, hooks=Hooks(on_eval=lambda s, v: evals.append(s), progress=False),
+    )
     assert evals == [4, 8] and second.history == first.history and second.best_step == first.best_step
     assert f"{out / 'best/model.safetensors'}: truncated: " in caplog.text
     check_safetensors(out / "best/model.safetensors", "")
@@ -215,7 +222,7 @@ def test_damaged_best_checkpoint_is_retrained_not_returned(project, caplog):
         torch.testing.assert_close(heads[k], again[k], rtol=0, atol=1e-6, msg=k)
 
     evals.clear()  # a whole best checkpoint and a finished run: nothing to do
-    train(cfg, "data/raw", "data/teachers", out, on_eval=lambda s, v: evals.append(s), progress=False)
+    train(cfg, "data/raw", "data/teachers", out, hooks=Hooks(on_eval=lambda s, v: evals.append(s), progress=False))
     assert evals == []
 
 
@@ -227,7 +234,7 @@ def test_training_names_a_damaged_teacher_set_and_the_stage_to_rerun(project):
     file = project / "data/teachers" / sets["joint_image"] / "features.npy"
     _cut(file)
     with pytest.raises(CorruptArtifact) as err:
-        train(load_config("params.yaml"), "data/raw", "data/teachers", project / "m", progress=False)
+        train(load_config("params.yaml"), "data/raw", "data/teachers", project / "m", hooks=Hooks(progress=False))
     assert str(err.value).startswith(f"{file.relative_to(project)}: truncated: ")
     assert str(err.value).endswith("; rerun the cache_teachers stage to rebuild it (dvc repro cache_teachers)")
 
@@ -288,7 +295,9 @@ def test_dev_geometry_is_logged_at_every_dev_evaluation_from_that_checkpoint(pro
                 logged[step] = metrics
                 direct[step] = _direct_geometry(*held["args"], pairs)
 
-    result = train(cfg, "data/raw", "data/teachers", project / "m", log_metrics=log_metrics, progress=False)
+    result = train(
+        cfg, "data/raw", "data/teachers", project / "m", hooks=Hooks(log_metrics=log_metrics, progress=False),
+    )
     assert sorted(logged) == [0, 4, 8]
     for step, (align, unif) in direct.items():
         assert logged[step]["dev_alignment"] == pytest.approx(align, rel=1e-4, abs=1e-10), step
@@ -328,7 +337,7 @@ def test_a_dev_set_without_positive_pairs_is_refused_before_training(project):
     dev = project / "data/raw/sts/dev.jsonl"
     write_jsonl(dev, [r | {"score": min(r["score"], 3.5)} for r in read_jsonl(dev)])
     with pytest.raises(ValueError, match=r"sts/dev.jsonl: no pair with gold score >= 4 \(highest 3.5 in"):
-        train(load_config("params.yaml"), "data/raw", "data/teachers", project / "m", progress=False)
+        train(load_config("params.yaml"), "data/raw", "data/teachers", project / "m", hooks=Hooks(progress=False))
     assert not (project / "m").exists()
 
 
@@ -341,7 +350,7 @@ def test_run_train_logs_the_dev_geometry_the_figure_and_the_best_values(project)
     from mmcse.training.checkpoints import load_history
 
     cfg = load_config("params.yaml")
-    summary = run_train(cfg, Paths.of(cfg), out_dir=project / "m", progress=False)
+    summary = run_train(cfg, Paths.of(cfg), out_dir=project / "m", hooks=Hooks(progress=False))
     evals = {h["step"]: h for h in load_history(project / "m") if "dev" in h}
     assert sorted(evals) == [0, 4, 8]
     tracking.configure(cfg)
@@ -398,7 +407,7 @@ def test_dalr_refuses_teachers_of_two_widths_before_any_compute(two_teacher_widt
     monkeypatch.setattr(loop, "load_backbone", lambda *a, **k: pytest.fail("the student was built"))
     cfg = with_overrides(load_config("params.yaml"), {"train.method": "dalr", **overrides})
     with pytest.raises(ValueError, match=r"widths \[7, 384\] cannot be aggregated.*teacher_space: raw"):
-        train(cfg, "data/raw", "data/teachers", two_teacher_widths / "m", progress=False)
+        train(cfg, "data/raw", "data/teachers", two_teacher_widths / "m", hooks=Hooks(progress=False))
     assert not (two_teacher_widths / "m").exists()
 
 
@@ -406,7 +415,7 @@ def test_dalr_weighted_similarities_train_with_teachers_of_two_widths(two_teache
     cfg = with_overrides(load_config("params.yaml"), {
         "train.method": "dalr", "train.max_steps": 2, "train.eval_steps": 2,
         "loss.dalr.teacher_weighting": "similarities", "loss.dalr.teacher_space": "raw"})
-    assert train(cfg, "data/raw", "data/teachers", two_teacher_widths / "m", progress=False).steps == 2
+    assert train(cfg, "data/raw", "data/teachers", two_teacher_widths / "m", hooks=Hooks(progress=False)).steps == 2
 
 
 def test_zero_epochs_evaluates_the_initial_encoder_without_a_step(project):
@@ -416,13 +425,13 @@ def test_zero_epochs_evaluates_the_initial_encoder_without_a_step(project):
     from mmcse.models.student import load_backbone
 
     cfg = with_overrides(load_config("params.yaml"), {"train.epochs": 0, "train.max_steps": 0})
-    result = train(cfg, "data/raw", "data/teachers", project / "m", progress=False)
+    result = train(cfg, "data/raw", "data/teachers", project / "m", hooks=Hooks(progress=False))
     assert (result.steps, result.best_step) == (0, 0) and [e["step"] for e in result.history] == [0]
     best = load_file(str(result.best_dir / "model.safetensors"))
     torch.manual_seed(cfg.base.seed)  # as `train` draws the random-init test encoder
     initial = load_backbone(cfg.model, dropout=cfg.train.dropout).state_dict()
     assert best.keys() <= initial.keys() and all(torch.equal(best[k], initial[k]) for k in best)
-    again = train(cfg, "data/raw", "data/teachers", project / "m", progress=False)
+    again = train(cfg, "data/raw", "data/teachers", project / "m", hooks=Hooks(progress=False))
     assert (again.steps, again.best_score) == (0, result.best_score)
     with pytest.raises(ConfigError, match="train.epochs.*>= 1 with train.method duet"):
         with_overrides(cfg, {"train.method": "duet"})
@@ -437,7 +446,7 @@ def test_dalr_trains_with_the_joint_teachers_text_side_as_its_text_teacher(proje
     cfg = with_overrides(load_config("params.yaml"), {
         "train.method": "dalr", "train.max_steps": 2, "train.eval_steps": 2, "teachers.text": [{"teacher": "joint"}]})
     run_cache_teachers(cfg, Paths.of(cfg))
-    result = train(cfg, "data/raw", "data/teachers", project / "m", progress=False)
+    result = train(cfg, "data/raw", "data/teachers", project / "m", hooks=Hooks(progress=False))
     assert result.steps == 2
     heads = json.loads((result.best_dir / "heads.json").read_text())
     assert heads["text_teacher_dim"] == cfg.teachers.joint.dim
@@ -445,7 +454,7 @@ def test_dalr_trains_with_the_joint_teachers_text_side_as_its_text_teacher(proje
 
 def test_the_step_schedule_divides_the_rate_by_ten_every_n_epochs_and_clipping_bounds_the_update():
     """train.lr_decay_epochs (VSE++'s --lr_update) and train.max_grad_norm (its --grad_clip)."""
-    from mmcse.training.loop import build_optimizer, clipped_update
+    from mmcse.training.engine import build_optimizer, clipped_update
 
     model = torch.nn.Linear(3, 2)
     cfg = with_overrides(load_config("params.yaml"), {"train.learning_rate": 0.5, "train.lr_decay_epochs": 2})
@@ -492,8 +501,10 @@ def test_a_resume_point_replaced_by_a_checkout_is_put_back_from_its_kept_copy(pr
 
     cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 8, "train.eval_steps": 4,
                                                         "train.checkpoint_steps": 4})
-    committed = train(with_overrides(cfg, {"train.learning_rate": 1e-4}), "data/raw", "data/teachers",
-                      project / "committed", progress=False)
+    committed = train(
+        with_overrides(cfg, {"train.learning_rate": 1e-4}), "data/raw", "data/teachers", project / "committed",
+        hooks=Hooks(progress=False),
+    )
     assert committed.steps == 8 and not any((project / "data/resume").iterdir())  # finished: nothing kept
     steps = []
 
@@ -503,7 +514,7 @@ def test_a_resume_point_replaced_by_a_checkout_is_put_back_from_its_kept_copy(pr
             raise Killed
 
     with pytest.raises(Killed):
-        train(cfg, "data/raw", "data/teachers", project / "m", on_eval=kill_at_8, progress=False)
+        train(cfg, "data/raw", "data/teachers", project / "m", hooks=Hooks(on_eval=kill_at_8, progress=False))
     (kept,) = (project / "data/resume").iterdir()
     assert json.loads((kept / "last/state.json").read_text())["step"] == 4
     assert (kept / "last/student.safetensors").stat().st_ino == (project / "m/last/student.safetensors").stat().st_ino
@@ -511,8 +522,10 @@ def test_a_resume_point_replaced_by_a_checkout_is_put_back_from_its_kept_copy(pr
     shutil.copytree(project / "committed", project / "m")
     steps.clear()
     with caplog.at_level("INFO"):
-        resumed = train(cfg, "data/raw", "data/teachers", project / "m", on_eval=lambda s, _: steps.append(s),
-                        progress=False)
+        resumed = train(
+            cfg, "data/raw", "data/teachers", project / "m",
+            hooks=Hooks(on_eval=lambda s, _: steps.append(s), progress=False),
+        )
     assert steps == [8] and resumed.steps == 8  # continued from step 4, not retrained from 0
     assert f"the resume point of step 4 put back into {project / 'm'} from {kept}" in caplog.text
     assert not kept.exists()

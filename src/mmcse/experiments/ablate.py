@@ -34,10 +34,11 @@ from mmcse.io import build_dir, read_json, swap_in_dir, write_json
 from mmcse.models.device import device_tags
 from mmcse.pipeline.evaluate import require_trained_with, run_evaluate
 from mmcse.pipeline.paths import Paths
-from mmcse.pipeline.train import run_train
+from mmcse.pipeline.train import JobArtifacts, RunNames, run_train
 from mmcse.pipeline.train_processes import run_train_on_processes
 from mmcse.tracking import remember_run, remembered_run
 from mmcse.training.checkpoints import release_resume_point
+from mmcse.training.engine import Hooks
 from mmcse.training.launch import needs_launch
 
 
@@ -209,11 +210,8 @@ def run_job(
         upstream = resolve_on_record(job_cfg, paths, cfg.base.seed, "ablate", job_run_name(job), parent_run_id)
         # several processes (train.devices: 2, or auto on a worker that sees several GPUs): torchrun starts them
         train_job = run_train_on_processes if needs_launch(job_cfg.train, job_cfg.base.device) else run_train
-        summary = train_job(
-            job_cfg, paths, out_dir=folder, experiment_name="ablate",
-            run_name=job_run_name(job), parent_run_id=parent_run_id, progress=False,
-            data_seed=cfg.base.seed, upstream=upstream,
-        )
+        summary = train_job(job_cfg, paths, folder, RunNames("ablate", job_run_name(job), parent_run_id),
+                            Hooks(progress=False), JobArtifacts(cfg.base.seed, upstream))
     scores = _evaluate(job_cfg, folder, summary, summary["run_id"])
     result = {
         "variant": job.variant,

@@ -66,7 +66,8 @@ from mmcse.models.vsrn import VsrnModel
 from mmcse.training.batches import BatchFeatures
 from mmcse.training.checkpoints import TrainState, restore_resume_point, save_resume_point
 from mmcse.training.duet import duet_architecture, duet_optimizer_step, vsepp_architecture, vsrn_architecture
-from mmcse.training.loop import build_optimizer, is_out_of_memory, optimizer_step
+from mmcse.training.engine import Update, build_optimizer, is_out_of_memory
+from mmcse.training.loop import optimizer_step
 
 RANDOM = "random weights: wiring, memory and time only"
 MIN_STEPS = 2  # the first step is not timed
@@ -248,7 +249,7 @@ def run_row(job: Config, steps: int) -> dict[str, Any]:
         optimizer, scheduler = build_optimizer(model, job.train, 1000, device, 1)
 
         def step() -> None:
-            duet_optimizer_step(model, job.loss, job.train, batch, images, None, optimizer, scaler, device)
+            duet_optimizer_step(model, job.loss, batch, images, None, Update(job.train, optimizer, scaler, device))
 
         times = _timed(step, steps, device)
         if pixels and job.model.vsepp.finetune_epochs:
@@ -285,7 +286,7 @@ def run_row(job: Config, steps: int) -> dict[str, Any]:
         counter = iter(range(10**9))
 
         def step() -> None:
-            optimizer_step(student, objective, job.train, batch, feats, pair_batch, optimizer, scaler, device,
+            optimizer_step(student, objective, batch, feats, pair_batch, Update(job.train, optimizer, scaler, device),
                            seed=next(counter), on=on)
 
         times = _timed(step, steps, device)

@@ -40,7 +40,8 @@ from mmcse.integrity.code import TRAINING_CODE, changed_code, code_digest, code_
 from mmcse.io import at_home, ensure_sqlite_parent
 from mmcse.methods.objectives import Objective, check_sweep_space
 from mmcse.models.device import device_tags
-from mmcse.pipeline.train import run_train
+from mmcse.pipeline.train import JobArtifacts, RunNames, run_train
+from mmcse.training.engine import Hooks
 
 # A running trial records a heartbeat every HEARTBEAT_INTERVAL s (Optuna wants whole seconds);
 # one silent for GRACE_PERIOD s is failed by the next worker that looks (its worker was killed),
@@ -149,9 +150,9 @@ def run_sweep(
             upstream = resolve_on_record(trial_cfg, paths, cfg.base.seed, "sweep", trial_run_name(trial.number),
                                          parent.info.run_id)  # a trial's own upstream artifacts, before it trains
             summary = run_train(
-                trial_cfg, paths, out_dir=out_root / f"trial-{trial.number}", experiment_name="sweep",
-                run_name=trial_run_name(trial.number), parent_run_id=parent.info.run_id,
-                on_eval=report, progress=False, data_seed=cfg.base.seed, upstream=upstream,
+                trial_cfg, paths, out_dir=out_root / f"trial-{trial.number}",
+                names=RunNames(experiment="sweep", run=trial_run_name(trial.number), parent_id=parent.info.run_id),
+                hooks=Hooks(on_eval=report, progress=False), job=JobArtifacts(cfg.base.seed, upstream),
             )
             trial.set_user_attr("mlflow_run_id", summary["run_id"])
             return summary["best_dev"]  # dev STS, or DUET's val rsum

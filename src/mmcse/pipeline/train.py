@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import csv
 import time
-from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +25,7 @@ from mmcse.training.batches import check_inputs
 from mmcse.training.checkpoints import resume_point_run, run_definition_hash
 from mmcse.training.distributed import joined, world
 from mmcse.training.duet import best_checkpoint_files, train_duet
+from mmcse.training.engine import Hooks, TrainResult
 from mmcse.training.launch import check_split, needs_launch, processes
 from mmcse.training.loop import train
 
@@ -58,18 +59,43 @@ def train_run_name(cfg: Config) -> str:
     return f"{cfg.train.method}-seed{cfg.base.seed}"
 
 
-def run_train(
-    cfg: Config,
-    paths: Paths,
-    out_dir: Path | None = None,
-    experiment_name: str | None = None,
-    run_name: str | None = None,
-    parent_run_id: str | None = None,
-    on_eval: Callable[[int, float], None] | None = None,
-    progress: bool = True,
-    data_seed: int | None = None,
-    upstream: Upstream | None = None,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class RunNames:
+    """Where a training's MLflow run is filed: its experiment (default: the method), its name (default
+    `train_run_name`) and the parent run (an ablation's, a sweep's)."""
+
+    experiment: str | None = None
+    run: str | None = None
+    parent_id: str | None = None
+
+
+@dataclass(frozen=True)
+class JobArtifacts:
+    """An ablation job's or sweep trial's own upstream: the pipeline's data seed and the artifacts of the job's
+    configuration its runner found or computed (`mmcse.experiments.upstream.resolve`)."""
+
+    data_seed: int
+    upstream: Upstream
+
+
+def train_model(cfg: Config, up: Upstream, region_sets: dict[str, Path], out_dir: Path, hooks: Hooks) -> TrainResult:
+    """The one training loop on ``up``'s artifacts: a student's (`mmcse.training.loop.train`) or a retrieval
+    model's on the region sets ``region_sets`` (`mmcse.training.duet.train_duet`)."""
+    if cfg.train.method in RETRIEVAL_METHODS:
+        return train_duet(cfg, up.raw, region_sets, out_dir, hooks)
+    return train(cfg, up.raw, up.teachers, out_dir, hooks, upstream=up)
+
+
+def job_region_sets(cfg: Config, paths: Paths, up: Upstream) -> dict[str, Path]:
+    """The region sets a retrieval model on region features trains on (``{}`` for the others): a set that
+    cannot be had fails here, before a run is started."""
+    if cfg.train.method in RETRIEVAL_METHODS and not reads_pixels(cfg):
+        return region_sets_for(cfg, paths, up)
+    return {}
+
+
+def run_train(cfg: Config, paths: Paths, out_dir: Path | None = None, names: RunNames | None = None,
+              hooks: Hooks | None = None, job: JobArtifacts | None = None) -> dict[str, Any]:
     """Train ``cfg`` (see `train_tracked`) in this process, or, started by torchrun for a job on several
     processes (``train.devices``), as one of them: rank 0 trains with the run record and writes the outputs
     (its summary is returned), the others train beside it and return ``{}``. Refused before any compute when
@@ -81,62 +107,42 @@ def run_train(
                           "(mmcse.pipeline.train_processes); a sweep trial trains in one process: set "
                           "train.devices: 1 for it")
     check_split(cfg.train, cfg.base.device)
+    names, hooks = names or RunNames(), hooks or Hooks()
     with joined(cfg.base.device):
         if lead():
-            return train_tracked(cfg, paths, out_dir, experiment_name, run_name, parent_run_id, on_eval, progress,
-                                 data_seed, upstream)
-        up = require_top_level(cfg, paths) if upstream is None else upstream
+            return train_tracked(cfg, paths, out_dir, names, hooks, job)
+        up = require_top_level(cfg, paths) if job is None else job.upstream
         # the same training beside rank 0: no run record, no output written (`Checkpoints.writes`)
-        out_dir = out_dir or paths.student
-        if cfg.train.method in RETRIEVAL_METHODS:  # DUET, VSE++ on regions (the others train on one process)
-            train_duet(cfg, up.raw, region_sets_for(cfg, paths, up), out_dir, progress=False)
-        else:
-            train(cfg, up.raw, up.teachers, out_dir, progress=False, objects_dir=up.objects,
-                  teacher_manifest=up.teacher_manifest, teacher_dirs=up.teacher_dirs)
+        train_model(cfg, up, job_region_sets(cfg, paths, up), out_dir or paths.student, Hooks(progress=False))
         return {}
 
 
-def train_tracked(
-    cfg: Config,
-    paths: Paths,
-    out_dir: Path | None = None,
-    experiment_name: str | None = None,
-    run_name: str | None = None,
-    parent_run_id: str | None = None,
-    on_eval: Callable[[int, float], None] | None = None,
-    progress: bool = True,
-    data_seed: int | None = None,
-    upstream: Upstream | None = None,
-) -> dict[str, Any]:
+def train_tracked(cfg: Config, paths: Paths, out_dir: Path | None = None, names: RunNames | None = None,
+                  hooks: Hooks | None = None, job: JobArtifacts | None = None) -> dict[str, Any]:
     """Train in this process with MLflow tracking; returns the summary written to ``<out>/summary.json``.
 
-    Without ``data_seed`` (the train stage) it trains on the top-level artifacts, refused unless
-    they were made from ``cfg``. With it (an ablation job, a sweep trial: ``data_seed`` is the
-    pipeline's seed) on ``upstream``, the artifacts of ``cfg`` its runner found or computed before
-    (`mmcse.experiments.upstream.resolve`): this module never calls back into the runner. The run is tagged with
+    Without ``job`` (the train stage) it trains on the top-level artifacts, refused unless they were made
+    from ``cfg``. With it (an ablation job, a sweep trial) on the job's own artifacts, which its runner found or
+    computed before: this module never calls back into the runner. The run is tagged with
     the artifacts' keys (``artifact.data|objects|teachers``), also in the summary with the data
     folder (``data_dir``). A training resumed from ``<out>/last`` continues the MLflow run its
     resume point names: a killed and resumed training is one run with one contiguous history."""
 
-    if (data_seed is None) != (upstream is None):
-        raise ValueError("run_train: a job's own upstream artifacts (upstream) come with its data_seed, and only then")
-    out_dir = out_dir or paths.student
-    keys = artifact_keys(cfg, data_seed)
-    up = require_top_level(cfg, paths) if upstream is None else upstream
+    out_dir, names, hooks = out_dir or paths.student, names or RunNames(), hooks or Hooks()
+    keys = artifact_keys(cfg, None if job is None else job.data_seed)
+    up = require_top_level(cfg, paths) if job is None else job.upstream
     check_inputs(up.raw, up.teachers, up.teacher_manifest, up.teacher_dirs)
     check_precision(cfg.train.precision, resolve_device(cfg.base.device))  # before a run is started
     duet = cfg.train.method in RETRIEVAL_METHODS  # DUET, VSE++: retrieval models on region sets
-    region_sets: dict[str, Path] = {}
-    if duet and not reads_pixels(cfg):  # pre-flight: a set that cannot be had fails before a run is started
-        region_sets = region_sets_for(cfg, paths, up)
+    region_sets = job_region_sets(cfg, paths, up)  # pre-flight: a set that cannot be had fails before a run starts
     tracking.configure(cfg)
     # continue the folder's run only when training will continue its resume point (a damaged best or
     # resume point restarts from step 0: a new run, the old one closed with the reason)
     decision = resume_point_run(out_dir, cfg, best_checkpoint_files(cfg.train.method) if duet else ())
     resumed_run, resumed_step = tracking.existing_run(decision.run_id), decision.step
     with tracking.run(
-        cfg, experiment_name or cfg.train.method, run_name=run_name or train_run_name(cfg), run_id=resumed_run,
-        parent_run_id=parent_run_id, tags=artifact_tags(keys),
+        cfg, names.experiment or cfg.train.method, run_name=names.run or train_run_name(cfg), run_id=resumed_run,
+        parent_run_id=names.parent_id, tags=artifact_tags(keys),
         job=str(out_dir.resolve()),
     ) as active:
         # not in out_dir (a DVC output holds nothing random); per configuration, so a folder another
@@ -156,13 +162,8 @@ def train_tracked(
         started = time.perf_counter()
         before = (mlflow.get_run(active.info.run_id).data.metrics.get(TRAIN_MINUTES, 0.0)
                   if resumed_run else 0.0)
-        if duet:  # DUET: a retrieval model on region features; dev = val rsum (`mmcse.training.duet`)
-
-            result = train_duet(cfg, up.raw, region_sets, out_dir, tracking.log_metric_steps, on_eval, progress)
-        else:
-            result = train(cfg, up.raw, up.teachers, out_dir, tracking.log_metric_steps, on_eval, progress,
-                           objects_dir=up.objects, teacher_manifest=up.teacher_manifest,
-                           teacher_dirs=up.teacher_dirs)
+        # a retrieval model's dev score is the val rsum (`mmcse.training.duet`), a student's dev STS
+        result = train_model(cfg, up, region_sets, out_dir, replace(hooks, log_metrics=tracking.log_metric_steps))
         title = f"{cfg.train.method} (seed {cfg.base.seed})"
         figures = [(training_curves(result.history, title, dev_label="val rsum" if duet else "dev STS"),
                     "training_curves.png")]

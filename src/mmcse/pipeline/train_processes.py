@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -20,28 +19,20 @@ from mmcse.config import Config, parse_config, to_dict
 from mmcse.integrity.keys import Upstream
 from mmcse.io import read_json, write_json
 from mmcse.pipeline.paths import Paths
-from mmcse.pipeline.train import run_train
+from mmcse.pipeline.train import JobArtifacts, RunNames, run_train
 from mmcse.processes import lead
+from mmcse.training.engine import Hooks
 from mmcse.training.launch import run_launched, torchrun_command
 
 
-def run_train_on_processes(
-    cfg: Config,
-    paths: Paths,
-    out_dir: Path,
-    experiment_name: str | None = None,
-    run_name: str | None = None,
-    parent_run_id: str | None = None,
-    on_eval: Callable[[int, float], None] | None = None,
-    progress: bool = False,
-    data_seed: int | None = None,
-    upstream: Upstream | None = None,
-) -> dict[str, Any]:
+def run_train_on_processes(cfg: Config, paths: Paths, out_dir: Path, names: RunNames | None = None,
+                           hooks: Hooks | None = None, job: JobArtifacts | None = None) -> dict[str, Any]:
     """`run_train`'s job on the processes ``train.devices`` × ``train.nodes`` asks for, started here through
     torchrun; returns rank 0's summary (with its MLflow run id). ``paths`` must be the working directory's
     (the processes start there and take ``Paths.of`` their configuration). A sweep trial's ``on_eval``
     (Optuna's pruning) cannot reach other processes: refused."""
-    if on_eval is not None:
+    names, hooks = names or RunNames(), hooks or Hooks(progress=False)
+    if hooks.on_eval is not None:
         raise ValueError("a sweep trial trains in one process (its pruning callback cannot reach the job's "
                          "processes): set train.devices: 1 for the sweep")
     if paths != Paths.of(cfg):
@@ -51,12 +42,13 @@ def run_train_on_processes(
     spec_file, result_file = (out_dir.with_name(f".{out_dir.name}.{part}.json") for part in ("processes", "summary"))
     result_file.unlink(missing_ok=True)
     write_json(spec_file, {
-        "config": to_dict(cfg), "out_dir": str(out_dir), "experiment_name": experiment_name, "run_name": run_name,
-        "parent_run_id": parent_run_id, "progress": progress, "data_seed": data_seed,
-        "upstream": None if upstream is None else {
-            "raw": str(upstream.raw), "objects": str(upstream.objects), "teachers": str(upstream.teachers),
-            "teacher_manifest": str(upstream.teacher_manifest), "teacher_dirs": [str(d) for d in upstream.teacher_dirs],
-            "keys": upstream.keys},
+        "config": to_dict(cfg), "out_dir": str(out_dir), "experiment_name": names.experiment, "run_name": names.run,
+        "parent_run_id": names.parent_id, "progress": hooks.progress,
+        "data_seed": None if job is None else job.data_seed,
+        "upstream": None if job is None else {
+            "raw": str(job.upstream.raw), "objects": str(job.upstream.objects), "teachers": str(job.upstream.teachers),
+            "teacher_manifest": str(job.upstream.teacher_manifest),
+            "teacher_dirs": [str(d) for d in job.upstream.teacher_dirs], "keys": job.upstream.keys},
         "tags": tracking.extra_tags(), "result": str(result_file)})
     try:
         run_launched(torchrun_command(cfg.train, cfg.base.device, ["-m", __name__, str(spec_file)]))
@@ -66,12 +58,13 @@ def run_train_on_processes(
         result_file.unlink(missing_ok=True)
 
 
-def _upstream(raw: dict[str, Any] | None) -> Upstream | None:
-    if raw is None:
+def _job(data_seed: int | None, raw: dict[str, Any] | None) -> JobArtifacts | None:
+    if raw is None or data_seed is None:
         return None
-    return Upstream(raw=Path(raw["raw"]), objects=Path(raw["objects"]), teachers=Path(raw["teachers"]),
-                    teacher_manifest=Path(raw["teacher_manifest"]),
-                    teacher_dirs=tuple(Path(d) for d in raw["teacher_dirs"]), keys=dict(raw["keys"]))
+    return JobArtifacts(data_seed, Upstream(
+        raw=Path(raw["raw"]), objects=Path(raw["objects"]), teachers=Path(raw["teachers"]),
+        teacher_manifest=Path(raw["teacher_manifest"]), teacher_dirs=tuple(Path(d) for d in raw["teacher_dirs"]),
+        keys=dict(raw["keys"])))
 
 
 def main(spec_file: str) -> None:
@@ -80,9 +73,9 @@ def main(spec_file: str) -> None:
     spec = json.loads(Path(spec_file).read_text())
     cfg = parse_config(spec["config"], where=spec_file)
     with tracking.tagged(spec["tags"]):
-        summary = run_train(cfg, Paths.of(cfg), Path(spec["out_dir"]), spec["experiment_name"], spec["run_name"],
-                            spec["parent_run_id"], progress=spec["progress"], data_seed=spec["data_seed"],
-                            upstream=_upstream(spec["upstream"]))
+        names = RunNames(spec["experiment_name"], spec["run_name"], spec["parent_run_id"])
+        summary = run_train(cfg, Paths.of(cfg), Path(spec["out_dir"]), names, Hooks(progress=spec["progress"]),
+                            _job(spec["data_seed"], spec["upstream"]))
     if lead():
         write_json(Path(spec["result"]), summary)
 

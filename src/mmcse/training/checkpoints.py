@@ -501,7 +501,7 @@ class Checkpoints:
             keep_resume_point(self.out_dir, self.kept)
 
     def finish(self, result: Any) -> Any:
-        """``result`` (the finished run's, `mmcse.training.loop.finished`), once the kept copy is removed:
+        """``result`` (the finished run's, `mmcse.training.engine.finished`), once the kept copy is removed:
         nothing is left to resume, and a finished folder's result is the DVC output's."""
         if self.kept is not None and self.writes:
             shutil.rmtree(self.kept, ignore_errors=True)

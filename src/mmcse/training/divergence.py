@@ -1,7 +1,7 @@
 """A diverged training stops at once: the first step whose loss or gradient norm is not finite.
 
 Reading the loss back every step would wait for the GPU each time (the loops read logged values in
-batches, `mmcse.training.loop.FLUSH_EVERY`), so the watch keeps the first bad step on the device and is
+batches, `mmcse.training.engine.FLUSH_EVERY`), so the watch keeps the first bad step on the device and is
 read at every flush, dev evaluation and checkpoint: training stops there, before a weight is saved, with
 one line naming the step, the value and the likely cause (`TrainingDiverged`).
 """

@@ -27,8 +27,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,42 +35,34 @@ from typing import Any
 import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
-from tqdm.auto import tqdm
 
-from mmcse import stopping
 from mmcse.config import Config, DuetModelConfig, VseppModelConfig, VsrnModelConfig, reads_pixels
 from mmcse.data.images import ImagePixels, OneAhead
 from mmcse.detection.regions import RegionStore
-from mmcse.errors import StageError, TrainingOutOfMemory
 from mmcse.evaluation.retrieval import check_text_image, retrieval_metrics
 from mmcse.integrity.files import check_model_folder
 from mmcse.io import read_json, read_jsonl, write_json
 from mmcse.models.cnn import RESNET_WIDTH
-from mmcse.models.device import resolve_device
 from mmcse.models.duet import DuetModel
-from mmcse.models.precision import autocast, check_precision, configure_kernels, deterministic_kernels, grad_scaler
+from mmcse.models.precision import autocast, grad_scaler
 from mmcse.models.student import load_backbone, load_tokenizer, save_tokenizer
 from mmcse.models.tokens import TokenTable, cached_tokens, to_device
 from mmcse.models.vocabulary import word_tokenizer
 from mmcse.models.vsepp import VseppModel
 from mmcse.models.vsrn import VsrnModel
 from mmcse.teachers.encoders import build_resnet50, resolve_resnet50
-from mmcse.training.checkpoints import Checkpoints, TrainState, kept_dir, run_definition_hash
-from mmcse.training.distributed import any_rank, from_lead, wait_for_lead, world
-from mmcse.training.divergence import DivergenceWatch
+from mmcse.training.checkpoints import Checkpoints, TrainState
 from mmcse.training.duet_step import RetrievalModel, duet_optimizer_step
-from mmcse.training.loop import (
-    LOG_EVERY,
-    STAT,
-    EvalCallback,
-    StepLogger,
+from mmcse.training.engine import (
+    DevScore,
+    Hooks,
     TrainResult,
+    TrainTask,
+    Update,
     build_optimizer,
-    finished,
-    is_out_of_memory,
-    out_of_memory_message,
-    read_back,
-    watched_norm,
+    fit,
+    seed_kernels,
+    training_device,
 )
 
 log = logging.getLogger(__name__)
@@ -335,204 +326,139 @@ def start_finetuning(model: VseppModel, optimizer: torch.optim.Optimizer, state:
     log.info("step %d: fine-tuning the CNN from the frozen phase's best weights", state.step)
 
 
-def train_duet(
-    cfg: Config,
-    data_dir: str | Path,
-    region_sets: dict[str, Path],
-    out_dir: str | Path,
-    log_metrics: StepLogger | None = None,
-    on_eval: EvalCallback | None = None,
-    progress: bool = True,
-) -> TrainResult:
-    """Train DUET on ``<data_dir>/pairs.jsonl`` with the region sets ``region_sets`` (``train``,
-    ``val``: folders of `RegionStore`); the best val rsum's weights go to ``out_dir/best``
-    (`save_duet`), a resume point to ``out_dir/last``. ``log_metrics`` and ``on_eval``
-    as in `mmcse.training.loop.train` (loss terms ``loss/hinge|box|norm|loss``, dev ``dev_rsum`` and
-    ``dev_<direction>_R<k>``); the history's ``dev`` entries are val rsums."""
-    data_dir, out_dir = Path(data_dir), Path(out_dir)
-    device = resolve_device(cfg.base.device)
-    check_precision(cfg.train.precision, device)
-    pixels = reads_pixels(cfg)  # VSE++ with its CNN in the loop: images in, no region set
-    # pixels are decoded in teachers.num_workers threads (the setting for every image reader)
-    data = DuetData.load(data_dir, region_sets,
-                         (cfg.model.vsepp.crop_size, cfg.teachers.num_workers) if pixels else None)
-    if device.type == "cuda":  # deterministic cuBLAS (bit-identical resume)
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    configure_kernels(device)
-    torch.manual_seed(cfg.base.seed)
-    deterministic_kernels()
+class RetrievalTask(TrainTask):
+    """A retrieval model's part of the training loop (DUET, VSE++, VSRN): image–caption pairs in an order that is a
+    pure function of (seed, epoch), their images' regions (or pixels, random crops decoded a step ahead), the
+    val R@K rsum as the dev score (``dev_rsum``, ``dev_<direction>_R<k>`` logged), the best checkpoint as
+    `save_duet` / `save_word_model` write it, and VSE++'s fine-tuning phase."""
 
-    if cfg.train.method == "vsepp":  # VSE++: its own word vocabulary of the training captions, a GRU, a projection
+    dev_label = f"dev_{DEV_METRIC}"
+
+    def __init__(self, cfg: Config, data_dir: Path, region_sets: dict[str, Path]) -> None:
+        self.cfg, self.region_sets = cfg, region_sets
+        self.device = device = training_device(cfg)
+        self.pixels = pixels = reads_pixels(cfg)  # VSE++ with its CNN in the loop: images in, no region set
+        # pixels are decoded in teachers.num_workers threads (the setting for every image reader)
+        self.data = data = DuetData.load(data_dir, region_sets,
+                                         (cfg.model.vsepp.crop_size, cfg.teachers.num_workers) if pixels else None)
+        seed_kernels(cfg, device)
+        self.model, self.tokenizer, self.architecture, self.save_model = retrieval_model(cfg, data, device)
+        self.best_required = best_checkpoint_files(cfg.train.method)
+        token_dir = data_dir.parent / "tokens"
+        self.captions = cached_tokens(token_dir, "captions", self.tokenizer, data.captions, cfg.model.max_seq_len)
+        self.val_tokens = cached_tokens(token_dir, "val_captions", self.tokenizer, data.val.captions,
+                                        cfg.model.max_seq_len)
+
+        b = cfg.train.batch_size
+        self.per_epoch = len(data.captions) // b
+        if self.per_epoch == 0:
+            raise ValueError(f"train.batch_size={b} exceeds the {len(data.captions)} image–caption pairs")
+        # VSE++'s fine-tuning: train.epochs with the CNN frozen, then model.vsepp.finetune_epochs more with it
+        self.finetune_epochs = cfg.model.vsepp.finetune_epochs if pixels else 0
+        self.frozen_steps = self.per_epoch * cfg.train.epochs  # the step the fine-tuning starts at
+        total = self.per_epoch * (cfg.train.epochs + self.finetune_epochs)
+        self.total = min(total, cfg.train.max_steps) if cfg.train.max_steps else total
+        # weight_decay 0: Adam, as §5.2; the schedule spans the frozen steps, the fine-tuning's rate is constant
+        optimizer, self.scheduler = build_optimizer(self.model, cfg.train, min(self.total, self.frozen_steps),
+                                                    device, self.per_epoch)
+        if self.finetune_epochs:
+            finetune_rate(self.scheduler, self.frozen_steps,
+                          cfg.model.vsepp.finetune_learning_rate / cfg.train.learning_rate)
+        self.update = Update(cfg.train, optimizer, grad_scaler(cfg.train.precision, device), device)
+        # random crops of (seed, step), a resume replays them; decoded one step ahead, while this one trains
+        self.crops = OneAhead(lambda step: data.regions.train_batch(data.region_rows[self.step_rows(step)],
+                                                                    cfg.base.seed, step)) \
+            if isinstance(data.regions, ImagePixels) else None
+
+    @functools.lru_cache(maxsize=2)  # noqa: B019 (the task lives as long as its run)
+    def epoch_order(self, epoch: int) -> np.ndarray:
+        """The pairs' order in ``epoch``: a pure function of (seed, epoch), so resumable."""
+        g = torch.Generator().manual_seed(self.cfg.base.seed * 100_003 + epoch)
+        return torch.randperm(len(self.data.captions), generator=g).numpy()
+
+    def step_rows(self, step: int) -> np.ndarray:
+        """``(B,)`` pair rows of a step."""
+        epoch, offset = divmod(step, self.per_epoch)
+        b = self.cfg.train.batch_size
+        return self.epoch_order(epoch)[offset * b : (offset + 1) * b]
+
+    def batch(self, step: int) -> tuple[dict[str, torch.Tensor], tuple, torch.Tensor]:
+        idx, device = self.step_rows(step), self.device
+        if self.crops is not None:
+            pixels_now = self.crops.get(step, step + 1 if step + 1 < self.total else None)
+            images = (to_device(pixels_now, device), None, None)
+        else:
+            images = region_batch(self.data.regions, self.data.region_rows[idx], device)
+        ignore = same_image_mask([self.data.image_ids[i] for i in idx], device)
+        return self.captions.batch(idx, device), images, ignore
+
+    def step(self, batch: tuple[dict[str, torch.Tensor], tuple, torch.Tensor], seed: int,
+             ranks: tuple[int, int]) -> dict[str, torch.Tensor]:
+        captions, images, ignore = batch
+        return duet_optimizer_step(self.model, self.cfg.loss, captions, images, ignore, self.update, seed, ranks)
+
+    def dev(self) -> DevScore:
+        cfg = self.cfg
+        images, texts = split_embeddings(self.model, self.data.val, self.val_tokens, cfg.evaluate.batch_size,
+                                         self.device, cfg.train.precision)
+        scores = retrieval_metrics(images, texts, self.data.val.text_image, cfg.evaluate.retrieval.block_size)
+        return DevScore(scores[DEV_METRIC], logged={f"dev_{k}": v for k, v in scores.items()})
+
+    def save_best(self, tmp: Path, state: TrainState) -> None:
+        self.save_model(self.model, self.tokenizer, self.architecture, tmp)
+        write_json(tmp / "train_state.json", {"step": state.best_step, "dev": state.best_score, "dev_metric":
+                                              f"val {DEV_METRIC}", "method": self.cfg.train.method, "image_head": None,
+                                              "region_sets": {k: v.name for k, v in self.region_sets.items()},
+                                              "image_input": "pixels" if self.pixels else "regions"})
+
+    def restored(self, state: TrainState) -> None:
+        if self.pixels:  # the CNN learns only once the fine-tuning has started (frozen: no graph through it at all)
+            self.model.cnn.requires_grad_(self.finetune_epochs > 0 and state.step > self.frozen_steps)
+
+    def before_step(self, state: TrainState, checkpoints: Checkpoints) -> None:
+        if self.finetune_epochs and state.step == self.frozen_steps:
+            start_finetuning(self.model, self.update.optimizer, state, checkpoints)
+
+    def ends_phase(self, step: int) -> bool:
+        return step == self.frozen_steps  # the frozen phase ends with a dev score and a resume point
+
+    def close(self) -> None:
+        if self.crops is not None:
+            self.crops.close()
+
+
+def retrieval_model(cfg: Config, data: DuetData, device: torch.device) -> tuple[RetrievalModel, Any, dict[str, Any],
+                                                                               Callable[..., None]]:
+    """``(model on device, its tokenizer, its architecture, its checkpoint writer)`` of ``train.method``: VSE++
+    (its own word vocabulary of the training captions, a GRU, a projection; on pixels with ImageNet's CNN),
+    VSRN (VSE++'s vocabulary and text GRU, region reasoning, a captioner) or DUET (BERT and its streams)."""
+    if cfg.train.method == "vsepp":
         tokenizer = word_tokenizer(data.captions, cfg.model.vsepp.min_word_count)
-        if pixels:
+        if reads_pixels(cfg):
             architecture = vsepp_architecture(cfg.model.vsepp, RESNET_WIDTH, tokenizer, cfg.regions.grid_model)
             model: RetrievalModel = VseppModel(**architecture)
             model.cnn = imagenet_cnn(cfg)  # the same architecture, ImageNet's weights
-            model = model.to(device)
         else:
             architecture = vsepp_architecture(cfg.model.vsepp, data.regions.dim, tokenizer)
-            model = VseppModel(**architecture).to(device)
-        save_model = save_word_model
-    elif cfg.train.method == "vsrn":  # VSRN: VSE++'s vocabulary and text GRU, region reasoning, a captioner
+            model = VseppModel(**architecture)
+        return model.to(device), tokenizer, architecture, save_word_model
+    if cfg.train.method == "vsrn":
         tokenizer = word_tokenizer(data.captions, cfg.model.vsrn.min_word_count)
         architecture = vsrn_architecture(cfg.model.vsrn, data.regions.dim, tokenizer, cfg.data.pairs)
-        model = VsrnModel(**architecture).to(device)
-        save_model = save_word_model
-    else:
-        tokenizer = load_tokenizer(cfg.model.name_or_path)
-        architecture = duet_architecture(cfg.model.duet, data.regions.dim)
-        model = DuetModel(load_backbone(cfg.model, dropout=cfg.train.dropout), **architecture).to(device)
-        if cfg.train.dropout_rng == "per_row":  # each pair's masks from (step, row, layer) alone: train.devices
-            model.install_keyed_dropout()
-        save_model = save_duet
-    token_dir = data_dir.parent / "tokens"
-    captions = cached_tokens(token_dir, "captions", tokenizer, data.captions, cfg.model.max_seq_len)
-    val_tokens = cached_tokens(token_dir, "val_captions", tokenizer, data.val.captions, cfg.model.max_seq_len)
+        return VsrnModel(**architecture).to(device), tokenizer, architecture, save_word_model
+    tokenizer = load_tokenizer(cfg.model.name_or_path)
+    architecture = duet_architecture(cfg.model.duet, data.regions.dim)
+    model = DuetModel(load_backbone(cfg.model, dropout=cfg.train.dropout), **architecture).to(device)
+    if cfg.train.dropout_rng == "per_row":  # each pair's masks from (step, row, layer) alone: train.devices
+        model.install_keyed_dropout()
+    return model, tokenizer, architecture, save_duet
 
-    b = cfg.train.batch_size
-    per_epoch = len(data.captions) // b
-    if per_epoch == 0:
-        raise ValueError(f"train.batch_size={b} exceeds the {len(data.captions)} image–caption pairs")
-    # VSE++'s fine-tuning: train.epochs with the CNN frozen, then model.vsepp.finetune_epochs more with it
-    finetune_epochs = cfg.model.vsepp.finetune_epochs if pixels else 0
-    frozen_steps = per_epoch * cfg.train.epochs  # the step the fine-tuning starts at (none: past the end)
-    total = per_epoch * (cfg.train.epochs + finetune_epochs)
-    if cfg.train.max_steps:
-        total = min(total, cfg.train.max_steps)
-    # weight_decay 0: Adam, as §5.2; the schedule spans the frozen steps, the fine-tuning's rate is constant
-    optimizer, scheduler = build_optimizer(model, cfg.train, min(total, frozen_steps), device, per_epoch)
-    if finetune_epochs:
-        finetune_rate(scheduler, frozen_steps, cfg.model.vsepp.finetune_learning_rate / cfg.train.learning_rate)
-    scaler = grad_scaler(cfg.train.precision, device)
 
-    def save_best(tmp: Path, state: TrainState) -> None:
-        save_model(model, tokenizer, architecture, tmp)
-        write_json(tmp / "train_state.json", {"step": state.best_step, "dev": state.best_score, "dev_metric":
-                                              f"val {DEV_METRIC}", "method": cfg.train.method, "image_head": None,
-                                              "region_sets": {k: v.name for k, v in region_sets.items()},
-                                              "image_input": "pixels" if pixels else "regions"})
-
-    # the best weights are held in memory and written with the next resume point (`Checkpoints`); on several
-    # processes rank 0 alone evaluates, holds and writes them, the others take its val score
-    rank, size = world()
-    lead = rank == 0
-    config_hash = run_definition_hash(cfg)
-    checkpoints = Checkpoints(out_dir, config_hash, save_best, best_required=best_checkpoint_files(cfg.train.method),
-                              writes=lead, kept=kept_dir(cfg, out_dir, config_hash))
-    state = checkpoints.start(model, optimizer, scheduler, scaler)
-    if checkpoints.restored and state.step >= total:  # finished before: its checked best/ is the result
-        return checkpoints.finish(finished(state, checkpoints.best, lead))
-    resumed_from = state.step if state.step else None
-    if pixels:  # the CNN learns only once the fine-tuning has started (frozen: no graph through it at all)
-        model.cnn.requires_grad_(finetune_epochs > 0 and state.step > frozen_steps)
-    watch = DivergenceWatch(device)
-    pending: list[tuple[dict[str, Any], int]] = []
-
-    def record(entries: list[tuple[dict[str, Any], int]]) -> None:
-        """Hand logged values to ``log_metrics``; when the tracking store fails for good (locked past its
-        retries), a last resume point first: nothing trained is lost to a logging failure."""
-        if not log_metrics or not entries:
-            return
-        try:
-            log_metrics(entries)
-        except StageError:
-            checkpoints.save(model, optimizer, scheduler, scaler, state)
-            raise
-
-    def flush() -> None:
-        watch.check(cfg)  # a diverged run stops here, before anything reads or saves its weights
-        entries = read_back(pending)
-        for m, step in entries:
-            if "loss/loss" in m and step % LOG_EVERY == 0:
-                state.history.append({"step": step, "loss": m["loss/loss"]})
-        record(entries)
-
-    def evaluate_now() -> float:
-        watch.check(cfg)
-        scores: dict[str, float] = {}
-        if lead:
-            images, texts = split_embeddings(model, data.val, val_tokens, cfg.evaluate.batch_size, device,
-                                             cfg.train.precision)
-            scores = retrieval_metrics(images, texts, data.val.text_image, cfg.evaluate.retrieval.block_size)
-        (score,) = from_lead([scores.get(DEV_METRIC, 0.0)])
-        flush()
-        state.history.append({"step": state.step, "dev": score})
-        checkpoints.consider(score, state, model)
-        record([({f"dev_{k}": v for k, v in scores.items()}, state.step)])
-        return score
-
-    if state.step == 0:
-        evaluate_now()
-
-    model.train()
-    bar = tqdm(total=total, initial=state.step, desc=f"train {cfg.train.method}", unit="step",
-               disable=not (progress and lead))
-    last_dev = state.history[-1]["dev"] if state.history and "dev" in state.history[-1] else math.nan
-
-    @functools.lru_cache(maxsize=2)
-    def epoch_order(epoch: int) -> np.ndarray:  # a pure function of (seed, epoch): resumable
-        g = torch.Generator().manual_seed(cfg.base.seed * 100_003 + epoch)
-        return torch.randperm(len(data.captions), generator=g).numpy()
-
-    def step_rows(step: int) -> np.ndarray:  # (B,) pair rows of a step
-        epoch, offset = divmod(step, per_epoch)
-        return epoch_order(epoch)[offset * b : (offset + 1) * b]
-
-    # random crops of (seed, step), a resume replays them; decoded one step ahead, while this one trains
-    crops = OneAhead(lambda step: data.regions.train_batch(data.region_rows[step_rows(step)], cfg.base.seed, step)) \
-        if isinstance(data.regions, ImagePixels) else None
-    try:
-        with stopping.graceful():  # SIGTERM / Ctrl-C: a last resume point at the next step, then KILLED
-            while state.step < total:
-                if any_rank(stopping.requested()):  # every rank stops at the same step
-                    flush()
-                    checkpoints.save(model, optimizer, scheduler, scaler, state)
-                    wait_for_lead()
-                    raise stopping.stop_exception(f"resume point written at step {state.step} of {total} "
-                                                  f"({out_dir / 'last'}); rerun to continue from it")
-                if finetune_epochs and state.step == frozen_steps:
-                    start_finetuning(model, optimizer, state, checkpoints)
-                idx = step_rows(state.step)
-                batch = captions.batch(idx, device)
-                if crops is not None:
-                    pixels_now = crops.get(state.step, state.step + 1 if state.step + 1 < total else None)
-                    regions, boxes, mask = to_device(pixels_now, device), None, None
-                else:
-                    regions, boxes, mask = region_batch(data.regions, data.region_rows[idx], device)
-                ignore = same_image_mask([data.image_ids[i] for i in idx], device)
-                try:
-                    terms = duet_optimizer_step(model, cfg.loss, cfg.train, batch, (regions, boxes, mask), ignore,
-                                                optimizer, scaler, device, cfg.base.seed * 1_000_003 + state.step,
-                                                (rank, size))
-                except Exception as err:
-                    if is_out_of_memory(err):
-                        raise TrainingOutOfMemory(out_of_memory_message(cfg, state.step + 1, resumed_from)) from None
-                    raise
-                scheduler.step()
-                state.step += 1
-                watch.observe(state.step, terms["loss"], watched_norm(terms, scaler))
-                if state.step % LOG_EVERY == 0:
-                    pending.append(({k if k.startswith(STAT) else f"loss/{k}": v.detach() for k, v in terms.items()}
-                                    | {"lr": scheduler.get_last_lr()[0]}, state.step))
-                # the frozen phase ends with a dev score and a resume point: fine-tuning starts from its best
-                ends_phase = state.step in (total, frozen_steps)
-                evaluating = state.step % cfg.train.eval_steps == 0 or ends_phase
-                checkpointing = state.step % cfg.train.checkpoint_steps == 0 or ends_phase
-                if evaluating:
-                    last_dev = evaluate_now()
-                    if on_eval:
-                        on_eval(state.step, last_dev)
-                if checkpointing:
-                    flush()
-                    checkpoints.save(model, optimizer, scheduler, scaler, state)
-                    resumed_from = state.step
-                if evaluating:
-                    bar.set_postfix(dev_rsum=f"{last_dev:.1f}")
-                bar.update(1)
-    finally:
-        bar.close()
-        if crops is not None:
-            crops.close()
-    flush()
-    wait_for_lead()  # rank 0's last save is on disk before any rank reports the run finished
-    return checkpoints.finish(finished(state, checkpoints.best, lead))
+def train_duet(cfg: Config, data_dir: str | Path, region_sets: dict[str, Path], out_dir: str | Path,
+               hooks: Hooks | None = None) -> TrainResult:
+    """Train DUET, VSE++ or VSRN (`RetrievalTask` in `mmcse.training.engine.fit`) on ``<data_dir>/pairs.jsonl``
+    with the region sets ``region_sets`` (``train``, ``val``: folders of `RegionStore`); the best val rsum's
+    weights go to ``out_dir/best`` (`save_duet`), a resume point to ``out_dir/last``. Logged: the loss terms
+    ``loss/hinge|box|norm|loss``, dev ``dev_rsum`` and ``dev_<direction>_R<k>``; the history's ``dev`` entries
+    are val rsums."""
+    return fit(RetrievalTask(cfg, Path(data_dir), region_sets), cfg, out_dir, hooks)

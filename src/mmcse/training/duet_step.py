@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import torch
 
-from mmcse.config import LossConfig, TrainConfig
+from mmcse.config import LossConfig
 from mmcse.methods.duet import duet_objective
 from mmcse.methods.vsepp import vsepp_objective
 from mmcse.methods.vsrn import caption_targets, vsrn_objective
 from mmcse.models.dropout import row_keys
 from mmcse.models.duet import DuetModel, DuetOutput
-from mmcse.models.precision import autocast
 from mmcse.models.vsepp import VseppModel
 from mmcse.models.vsrn import VsrnModel
-from mmcse.training.distributed import average_gradients, gathered, share
-from mmcse.training.loop import GRAD_NORM, clipped_update
+from mmcse.training.distributed import gathered, share
+from mmcse.training.engine import GRAD_NORM, Update
 
 RetrievalModel = DuetModel | VseppModel  # VsrnModel is a VseppModel
 
@@ -86,18 +85,13 @@ def duet_step_loss(model: RetrievalModel, loss: LossConfig, batch: dict[str, tor
                           lambda_box=c.lambda_box, lambda_norm=c.lambda_norm, reduction=c.reduction, ignore=ignore)
 
 
-def duet_optimizer_step(model: RetrievalModel, loss: LossConfig, train: TrainConfig, batch: dict[str, torch.Tensor],
+def duet_optimizer_step(model: RetrievalModel, loss: LossConfig, batch: dict[str, torch.Tensor],
                         regions: tuple[torch.Tensor, torch.Tensor, torch.Tensor], ignore: torch.Tensor | None,
-                        optimizer: torch.optim.Optimizer, scaler: torch.amp.GradScaler,
-                        device: torch.device, seed: int = 0,
-                        ranks: tuple[int, int] = (0, 1)) -> dict[str, torch.Tensor]:
+                        update: Update, seed: int = 0, ranks: tuple[int, int] = (0, 1)) -> dict[str, torch.Tensor]:
     """One DUET training step, as `mmcse.training.loop.optimizer_step` is one student step: the forward pass
     under ``train.precision``'s autocast, backward (through the fp16 scaler when enabled), the gradients
-    averaged over the job's processes (``ranks``), the update. Returns the terms and the gradient norm
-    (`GRAD_NORM`), still on the device."""
-    with autocast(train.precision, device):
+    averaged over the job's processes (``ranks``), the update (`Update`). Returns the terms and the gradient
+    norm (`GRAD_NORM`), still on the device."""
+    with update.autocast():
         terms = duet_step_loss(model, loss, batch, regions, ignore, seed, ranks)
-    optimizer.zero_grad(set_to_none=True)
-    scaler.scale(terms["loss"]).backward()
-    average_gradients(model.parameters(), ranks[1])  # over processes: the one-process gradient
-    return terms | {GRAD_NORM: clipped_update(model, train, optimizer, scaler)}
+    return terms | {GRAD_NORM: update.apply(model, terms["loss"], ranks[1])}
