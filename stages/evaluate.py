@@ -8,7 +8,7 @@ from mmcse.entry import run_entry
 from mmcse.evaluation.names import test_metrics
 from mmcse.experiments.params import load_config
 from mmcse.io import read_json, write_metrics
-from mmcse.pipeline.evaluate import require_trained_with, run_evaluate
+from mmcse.pipeline.evaluate import EvalOutputs, TrainedOn, require_trained_with, run_evaluate
 from mmcse.pipeline.paths import Paths
 
 
@@ -19,9 +19,10 @@ def main() -> None:
     trained_with = require_trained_with(cfg, paths.student / "best")  # this configuration's, whole
     # the training's run of this configuration (kept beside mlruns/)
     run_id = tracking.folder_run_id(paths.student, summary, config_hash=trained_with)
-    scores = run_evaluate(cfg, paths, paths.student / "best", run_id=run_id, plots_dir=paths.plots,
-                          region_sets={k: Path(v) for k, v in summary.get("region_sets", {}).items()},
-                          mteb_dir=paths.metrics / "mteb")  # mteb's own results layout, README.md beside it
+    # mteb's own results layout, README.md beside it
+    outputs = EvalOutputs(run_id, plots_dir=paths.plots, mteb_dir=paths.metrics / "mteb")
+    trained_on = TrainedOn(region_sets={k: Path(v) for k, v in summary.get("region_sets", {}).items()})
+    scores = run_evaluate(cfg, paths, paths.student / "best", outputs, trained_on)
     write_metrics(paths.metrics / "eval.json", test_metrics(scores))
 
 

@@ -75,9 +75,9 @@ def _interrupt(_seconds: float) -> None:
 
 def test_mmcse_ui_prints_both_urls_and_stops_both_on_ctrl_c(params, monkeypatch, capsys):
     started.clear()
-    monkeypatch.setattr(cli, "_start", _FakeProcess)
+    monkeypatch.setattr(views, "start_server", _FakeProcess)
     monkeypatch.setattr("time.sleep", _interrupt)  # Ctrl-C while both run
-    monkeypatch.setattr(cli, "_optuna_dashboard_executable", lambda: "/opt/bin/optuna-dashboard")
+    monkeypatch.setattr(views, "optuna_dashboard_executable", lambda: "/opt/bin/optuna-dashboard")
     tracking.experiment(load_config("params.yaml"), "mcse")  # id 1 in a new SQLite store
     cli.main(["ui", "--port", "5124", "--dashboard-port", "8124"])
     out = capsys.readouterr().out
@@ -93,7 +93,7 @@ def test_mmcse_ui_prints_both_urls_and_stops_both_on_ctrl_c(params, monkeypatch,
 def test_the_ui_servers_run_in_their_own_process_group():
     """Issue 39.6: the terminal's Ctrl-C (SIGINT to the foreground process group) reaches `mmcse ui` alone;
     it stops the servers itself, so none tears down mid-request or looks like a crash."""
-    proc = cli._start([sys.executable, "-c", "import time; time.sleep(60)"], None)
+    proc = views.start_server([sys.executable, "-c", "import time; time.sleep(60)"], None)
     try:
         assert os.getpgid(proc.pid) == proc.pid != os.getpgid(0)
     finally:
@@ -126,9 +126,9 @@ def test_experiment_urls_open_each_mmcse_experiment_in_the_training_view(params)
 
 def test_mmcse_ui_without_optuna_dashboard_says_how_to_install_it(params, monkeypatch, capsys):
     started.clear()
-    monkeypatch.setattr(cli, "_start", _FakeProcess)
+    monkeypatch.setattr(views, "start_server", _FakeProcess)
     monkeypatch.setattr("time.sleep", _interrupt)
-    monkeypatch.setattr(cli, "_optuna_dashboard_executable", lambda: None)
+    monkeypatch.setattr(views, "optuna_dashboard_executable", lambda: None)
     cli.main(["ui"])
     out = capsys.readouterr().out
     assert "pip install -e '.[dashboard]'" in out and "http://127.0.0.1:5000/" in out
@@ -137,13 +137,13 @@ def test_mmcse_ui_without_optuna_dashboard_says_how_to_install_it(params, monkey
 
 def test_mmcse_ui_stops_the_other_server_when_one_exits(params, monkeypatch, capsys):
     started.clear()
-    monkeypatch.setattr(cli, "_start", _FakeProcess)
+    monkeypatch.setattr(views, "start_server", _FakeProcess)
 
     def mlflow_dies(_seconds: float) -> None:
         started[0].returncode = 1  # e.g. the port was taken
 
     monkeypatch.setattr("time.sleep", mlflow_dies)
-    monkeypatch.setattr(cli, "_optuna_dashboard_executable", lambda: "/opt/bin/optuna-dashboard")
+    monkeypatch.setattr(views, "optuna_dashboard_executable", lambda: "/opt/bin/optuna-dashboard")
     with pytest.raises(SystemExit) as exit_:
         cli.main(["ui"])
     assert exit_.value.code == 1 and "mlflow (exit 1) stopped" in capsys.readouterr().err

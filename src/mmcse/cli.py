@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -12,7 +11,6 @@ from typing import TYPE_CHECKING
 from mmcse.entry import run_entry
 
 if TYPE_CHECKING:
-    import subprocess
 
     from matplotlib.figure import Figure
 
@@ -333,33 +331,6 @@ def _cmd_figures_thresholds(args: argparse.Namespace) -> None:
     print(json.dumps({k: round(v, 4) for k, v in stats.items()}, indent=2))
 
 
-UI_SERVER_NAMES = {"mlflow": "MLflow", "optuna": "optuna-dashboard"}  # as `mmcse ui` names them when it stops
-
-
-def _optuna_dashboard_executable() -> str | None:
-    """The ``optuna-dashboard`` script of this environment (the optional extra ``dashboard``), or None."""
-    import importlib.util
-    import shutil
-
-    if importlib.util.find_spec("optuna_dashboard") is None:
-        return None
-    beside = Path(sys.executable).parent / "optuna-dashboard"
-    return str(beside) if beside.is_file() else shutil.which("optuna-dashboard")
-
-
-def _start(cmd: list[str], env: dict[str, str] | None) -> subprocess.Popen[bytes]:
-    """A server of `mmcse ui` in a process group of its own: the terminal's Ctrl-C reaches `mmcse ui` alone,
-    which stops the servers (SIGTERM, their clean shutdown) instead of each server tearing itself down mid-
-    request (uvicorn's CancelledError traceback) and racing the parent into calling that a crash."""
-    import subprocess
-
-    return subprocess.Popen(cmd, env=env, process_group=0)
-
-
-def _stop_on_sigterm(_signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt  # `kill <pid>` stops both servers as Ctrl-C does
-
-
 def _cmd_prefect(args: argparse.Namespace) -> None:
     from mmcse.experiments.prefect_server import prefect_down, prefect_up
 
@@ -372,60 +343,10 @@ def _cmd_prefect(args: argparse.Namespace) -> None:
 
 
 def _cmd_ui(args: argparse.Namespace) -> None:
-    import signal
-    import subprocess
-    import time
-
-    from mmcse.analysis.views import UI_HOST, UI_MLFLOW_ENV, ui_commands, write_headline_views
+    from mmcse.analysis.views import serve_ui
     from mmcse.experiments.params import load_config
-    from mmcse.tracking import experiment_urls, latest_ablation_url, ui_url
 
-    cfg = load_config(args.params)
-    dashboard = None if args.no_dashboard else _optuna_dashboard_executable()
-    commands = ui_commands(cfg, args.port, args.dashboard_port, dashboard)
-    procs: dict[str, subprocess.Popen[bytes]] = {}
-    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
-    try:
-        for name, cmd in commands.items():
-            procs[name] = _start(cmd, {**os.environ, **UI_MLFLOW_ENV} if name == "mlflow" else None)
-        base = f"http://{UI_HOST}:{args.port}"
-        print(f"MLflow:           {ui_url(base)}", flush=True)
-        print("                  (?workflowType=machine_learning: the runs view, not GenAI traces; the list links "
-              "without it:\n                  open an experiment below, or switch the sidebar to 'Model training' "
-              "once, which the browser keeps)")
-        write_headline_views(cfg)  # the runs tables' headline columns, from what the runs log now
-        for name, url in experiment_urls(cfg, base).items():
-            print(f"  {name}: {url}", flush=True)
-        ablation = latest_ablation_url(cfg, base)
-        if ablation:
-            print(f"  latest ablation table: {ablation}", flush=True)
-        if "optuna" in commands:
-            print(f"Optuna dashboard: http://{UI_HOST}:{args.dashboard_port}/  (study {cfg.sweep.study_name})",
-                  flush=True)
-        elif not args.no_dashboard:
-            print("Optuna dashboard: not installed; `pip install -e '.[dashboard]'` (or `pip install "
-                  "optuna-dashboard`) and run `mmcse ui` again", flush=True)
-        print("Ctrl-C stops them.", flush=True)
-        while all(p.poll() is None for p in procs.values()):
-            time.sleep(0.5)
-        ended = [f"{name} (exit {p.returncode})" for name, p in procs.items() if p.returncode is not None]
-        print(f"error: {', '.join(ended)} stopped (its output is above); stopping the rest", file=sys.stderr)
-        raise SystemExit(1)
-    except KeyboardInterrupt:
-        stopping = True
-    finally:
-        for p in procs.values():
-            if p.poll() is None:
-                p.terminate()
-        for p in procs.values():
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        signal.signal(signal.SIGTERM, previous)
-    if stopping:
-        print(f"\nstopped {' and '.join(UI_SERVER_NAMES.get(name, name) for name in procs)}", flush=True)
+    serve_ui(load_config(args.params), args.port, args.dashboard_port, dashboard=not args.no_dashboard)
 
 
 class _Version(argparse.Action):
@@ -436,12 +357,9 @@ class _Version(argparse.Action):
         parser.exit()
 
 
-def main(argv: list[str] | None = None) -> None:
+def _model_commands(sub: argparse._SubParsersAction) -> None:
+    """``eval`` and ``export``: any encoder, scored or made a sentence-transformers folder."""
     from mmcse.config import POOLERS
-
-    parser = argparse.ArgumentParser(prog="mmcse", description="multimodal sentence embeddings workflow")
-    parser.add_argument("--version", action=_Version, nargs=0, help="the package's version and its commit")
-    sub = parser.add_subparsers(dest="command", required=True)
 
     ev = sub.add_parser("eval", help="SentEval STS (transfer, MTEB tasks) of any HF / sentence-transformers model")
     ev.add_argument("--model", required=True, help="HF id, local model folder or mmcse checkpoint")
@@ -477,6 +395,9 @@ def main(argv: list[str] | None = None) -> None:
                          "mmcse eval's and the evaluate stage's)")
     ex.set_defaults(func=_cmd_export)
 
+
+def _experiment_commands(sub: argparse._SubParsersAction) -> None:
+    """``sweep``, ``profile``, ``plan``, ``preflight``, ``schema``: what to run, and its configuration."""
     sw = sub.add_parser("sweep", help="Optuna sweep over params.yaml's sweep.space (resumable)")
     sw.add_argument("--params", default="params.yaml")
     sw.add_argument("--n-trials", type=int, default=None, help="total trials in the study (default sweep.n_trials)")
@@ -513,6 +434,9 @@ def main(argv: list[str] | None = None) -> None:
     sc_.add_argument("--out", type=Path, default=None, help="write it here (params.schema.json) instead of stdout")
     sc_.set_defaults(func=_cmd_schema)
 
+
+def _record_commands(sub: argparse._SubParsersAction) -> None:
+    """``runs`` and ``report``: what ran, and how it compares with the papers."""
     rn = sub.add_parser("runs", help="DVC's experiments in one compact table: method, changed params, headline "
                         "scores (what `dvc exp show` lists in ~400 columns)")
     rn.add_argument("--repo", default=".", help="the DVC repository")
@@ -527,6 +451,9 @@ def main(argv: list[str] | None = None) -> None:
     rp.add_argument("--no-log", action="store_true", help="do not log the report to the ablation runs it read")
     rp.set_defaults(func=_cmd_report)
 
+
+def _figure_commands(sub: argparse._SubParsersAction) -> None:
+    """``figures sts-scatter`` and ``figures thresholds``."""
     fg = sub.add_parser("figures", help="figures comparing runs and teachers (PNG + MLflow)")
     fsub = fg.add_subparsers(dest="figure", required=True)
     common = argparse.ArgumentParser(add_help=False)
@@ -556,6 +483,9 @@ def main(argv: list[str] | None = None) -> None:
                     help="captions sampled as anchors for the caption–caption α (0: all)")
     th.set_defaults(func=_cmd_figures_thresholds)
 
+
+def _server_commands(sub: argparse._SubParsersAction) -> None:
+    """``ui`` and ``prefect``: the local servers, bound to 127.0.0.1."""
     ui = sub.add_parser("ui", help="MLflow UI (runs view) and, when installed, optuna-dashboard on 127.0.0.1")
     ui.add_argument("--params", default="params.yaml")
     ui.add_argument("--port", type=int, default=5000, help="MLflow UI port")
@@ -571,7 +501,19 @@ def main(argv: list[str] | None = None) -> None:
     pf.add_argument("--gpus-per-worker", type=int, default=1, help="with GPUs: each gpu worker's (train.devices: auto)")
     pf.set_defaults(func=_cmd_prefect)
 
-    args = parser.parse_args(argv)
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``mmcse`` command line (each command's handler in its ``func`` default)."""
+    parser = argparse.ArgumentParser(prog="mmcse", description="multimodal sentence embeddings workflow")
+    parser.add_argument("--version", action=_Version, nargs=0, help="the package's version and its commit")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_model_commands, _experiment_commands, _record_commands, _figure_commands, _server_commands):
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
     run_entry(lambda: args.func(args))
 
 

@@ -12,6 +12,7 @@ from mmcse.config import DataConfig, DemoDataConfig, DetectConfig, TeachersConfi
 from mmcse.detection.region_files import normalise_boxes, read_butd_tsv, read_npy_regions
 from mmcse.detection.regions import (
     RegionStore,
+    ReusedFeatures,
     build_region_cache,
     npy_source,
     objects_source,
@@ -320,8 +321,8 @@ def test_cached_teacher_rows_are_reused_and_the_cache_hits(demo, tmp_path):
 
     ids = train_ids + ["test00000"]
     plain = {r.image_id: r for r in regions_from_objects(raw, objects, ids, encode)}
-    reused = {r.image_id: r for r in regions_from_objects(raw, objects, ids, counting, object_features=[object_store],
-                                                          image_features=[image_store], encoder_key=key)}
+    cached = ReusedFeatures(objects=[object_store], images=[image_store], encoder_key=key)
+    reused = {r.image_id: r for r in regions_from_objects(raw, objects, ids, counting, reused=cached)}
     for image_id in ids:
         np.testing.assert_allclose(reused[image_id].features, plain[image_id].features, rtol=1e-6, atol=1e-7)
     n_objects = sum(len(r["objects"]) for r in read_jsonl(raw / "images.jsonl"))

@@ -23,7 +23,7 @@ from mmcse.config import parse_config
 from mmcse.data.senteval import read_sts_tasks, read_transfer_task
 from mmcse.hub import resolve_model
 from mmcse.pipeline.download import run_download
-from mmcse.pipeline.evaluate import run_evaluate
+from mmcse.pipeline.evaluate import EvalOutputs, run_evaluate
 from mmcse.pipeline.paths import Paths
 from tests.evaluation.senteval_subset import senteval_subset
 
@@ -94,7 +94,7 @@ def test_cli_and_evaluate_stage_score_the_seven_sts_tasks(real_senteval, tmp_pat
     manifest = run_download(cfg, paths)
     pairs = sum(len(p) for p in read_sts_tasks(senteval_dir).values())
     assert manifest["counts"]["sts_test_pairs"] == pairs and (pairs == STS_TEST_PAIRS) == full
-    stage = run_evaluate(cfg, paths, resolve_model("packaged:all-MiniLM-L6-v2"), plots_dir=paths.plots)
+    stage = run_evaluate(cfg, paths, resolve_model("packaged:all-MiniLM-L6-v2"), EvalOutputs(plots_dir=paths.plots))
     direct = REFERENCE if full else _direct_sts(senteval_dir)
 
     with capsys.disabled():

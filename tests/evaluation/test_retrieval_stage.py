@@ -14,7 +14,7 @@ from mmcse.experiments.params import load_config
 from mmcse.io import read_json, read_jsonl, write_jsonl
 from mmcse.methods.objectives import Objective, image_head
 from mmcse.models.student import load_student
-from mmcse.pipeline.evaluate import run_evaluate
+from mmcse.pipeline.evaluate import EvalOutputs, run_evaluate
 from mmcse.pipeline.paths import Paths
 from mmcse.pipeline.relevance import run_relevance
 from mmcse.teachers.cache import FeatureStore
@@ -52,7 +52,7 @@ def test_recall_is_that_of_the_trained_heads_on_the_test_images(project, method,
     assert run_relevance(cfg, paths) == {"captions": 40, "kinds": ["rouge_l"]}
     cached = list(paths.relevance.glob("rouge_l-*.npy"))
     result = train(cfg, paths.raw, paths.teachers, project / method, hooks=Hooks(progress=False))
-    scores = run_evaluate(cfg, paths, result.best_dir, plots_dir=project / "plots")
+    scores = run_evaluate(cfg, paths, result.best_dir, EvalOutputs(plots_dir=project / "plots"))
     assert list(paths.relevance.glob("*.npy")) == cached and not (paths.raw.parent / "upstream").exists()
     # the stage's model gets its card (issue 39), its model-index the evaluated score at eval.json's precision
     from huggingface_hub import ModelCard
@@ -104,7 +104,7 @@ def test_a_method_without_an_image_head_reports_no_retrieval_but_lists_neighbour
     assert image_head(Objective.of(no_term)) is None
     paths = Paths.of(cfg)
     result = train(cfg, paths.raw, paths.teachers, project / "simcse", hooks=Hooks(progress=False))
-    scores = run_evaluate(cfg, paths, result.best_dir, plots_dir=project / "plots")
+    scores = run_evaluate(cfg, paths, result.best_dir, EvalOutputs(plots_dir=project / "plots"))
     assert set(scores) == {"avg", "alignment", "uniformity", "cluster_silhouette"}  # nor NDCG
     assert "| 1 |" in (project / "plots/sentence_retrieval.md").read_text()
 
@@ -156,5 +156,5 @@ def test_the_retrieval_options_change_what_is_reported(project):
     assert "demo_NDCG1_rouge_l" in k1 and "demo_NDCG25_rouge_l" not in k1
     # retrieval off: neither, and no examples table
     off = run_evaluate(with_overrides(cfg, {"evaluate.retrieval.enabled": False}), paths, result.best_dir,
-                       plots_dir=project / "off")
+                       EvalOutputs(plots_dir=project / "off"))
     assert not any(k.startswith("demo_") for k in off) and not (project / "off/sentence_retrieval.md").exists()

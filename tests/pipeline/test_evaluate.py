@@ -15,7 +15,7 @@ from mmcse.config import with_overrides
 from mmcse.evaluation.sts import COLLAPSED_TAG, TextEncoder
 from mmcse.experiments.params import load_config
 from mmcse.io import read_json
-from mmcse.pipeline.evaluate import run_evaluate
+from mmcse.pipeline.evaluate import EvalOutputs, run_evaluate
 from mmcse.pipeline.paths import Paths
 from mmcse.pipeline.train import run_train
 from mmcse.training.engine import Hooks
@@ -32,7 +32,7 @@ def test_a_collapsed_model_is_named_in_the_log_and_on_its_run_not_by_scipy(proje
     monkeypatch.setattr(TextEncoder, "__call__", lambda self, sentences: np.ones((len(sentences), 8), np.float32))
     with warnings.catch_warnings(), caplog.at_level(logging.WARNING, logger="mmcse.evaluation.sts"):
         warnings.simplefilter("error")  # scipy's warning (or any other) would fail here
-        scores = run_evaluate(cfg, paths, project / "m/best", run_id=summary["run_id"])
+        scores = run_evaluate(cfg, paths, project / "m/best", EvalOutputs(summary["run_id"]))
     assert math.isnan(scores["avg"])
     said = [r.getMessage() for r in caplog.records if "the same vector for every sentence" in r.getMessage()]
     assert len(said) == 1
@@ -53,7 +53,7 @@ def test_mteb_results_land_in_mtebs_layout_and_load_with_its_own_loader(project,
     paths = Paths.of(cfg)
     summary = run_train(cfg, paths, out_dir=project / "m", hooks=Hooks(progress=False))
     folder = project / "metrics" / "mteb"
-    scores = run_evaluate(cfg, paths, project / "m/best", run_id=summary["run_id"], mteb_dir=folder)
+    scores = run_evaluate(cfg, paths, project / "m/best", EvalOutputs(summary["run_id"], mteb_dir=folder))
 
     name = f"mmcse/{cfg.train.method}"
     revision = read_json(project / "m/best/checkpoint.json")["config_hash"][:12]
@@ -77,6 +77,6 @@ def test_mteb_results_land_in_mtebs_layout_and_load_with_its_own_loader(project,
                                                   f"{revision}")
     assert "mteb/results/" in logged[0].path and {Path(a.path).name for a in logged} >= {"TinySTS.json"}
 
-    run_evaluate(with_overrides(cfg, {"evaluate.mteb": []}), paths, project / "m/best", mteb_dir=folder)
+    run_evaluate(with_overrides(cfg, {"evaluate.mteb": []}), paths, project / "m/best", EvalOutputs(mteb_dir=folder))
     assert [p.name for p in folder.iterdir()] == ["README.md"]
     assert "No MTEB task ran for this model: `evaluate.mteb` is empty" in (folder / "README.md").read_text()

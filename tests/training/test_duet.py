@@ -410,7 +410,7 @@ def test_vsrn_trains_resumes_loads_and_is_evaluated_by_the_same_loop(duet_cwd, t
     killed run resumes to the same weights, and the evaluate stage scores it."""
     from mmcse.models.tokens import cached_tokens
     from mmcse.models.vsrn import VsrnModel
-    from mmcse.pipeline.evaluate import evaluate_duet
+    from mmcse.pipeline.evaluate import TrainedOn, evaluate_duet
     from mmcse.training.duet import VSRN_META, VSRN_WEIGHTS
 
     cfg = with_overrides(load_config("params.yaml"), {
@@ -432,7 +432,7 @@ def test_vsrn_trains_resumes_loads_and_is_evaluated_by_the_same_loop(duet_cwd, t
     assert isinstance(model, VsrnModel) and (model.variant, model.caption_max_len, model.end_id) == ("coco", 8, 2)
     assert val_rsum(model, tokenizer, cfg, sets, tmp_path) == pytest.approx(result.best_score, abs=1e-6)
     assert_killed_at_6_resumes_to(cfg, sets, tmp_path, result, tmp_path / "m")
-    scores = evaluate_duet(cfg, Paths.of(cfg), best, {"test": sets["test"]})
+    scores = evaluate_duet(cfg, Paths.of(cfg), best, trained_on=TrainedOn(region_sets={"test": sets["test"]}))
     test = RetrievalSplit.load(Path("data/raw/retrieval/images.jsonl"), Path("data/raw/retrieval/captions.jsonl"),
                                RegionStore.open(sets["test"]))
     images, texts = split_embeddings(model, test, cached_tokens(tmp_path / "tok", "test", tokenizer, test.captions,
@@ -441,13 +441,14 @@ def test_vsrn_trains_resumes_loads_and_is_evaluated_by_the_same_loop(duet_cwd, t
 
 
 def test_a_vsepp_checkpoint_is_evaluated_as_duets_are(duet_cwd, tmp_path, capsys):
-    from mmcse.pipeline.evaluate import evaluate_duet
+    from mmcse.pipeline.evaluate import TrainedOn, evaluate_duet
 
     cfg = with_overrides(load_config("params.yaml"), {
         "train.method": "vsepp", "model.vsepp.joint_dim": 16, "model.vsepp.word_dim": 8, "train.max_steps": 2})
     sets = region_sets(duet_cwd)
     train_duet(cfg, "data/raw", sets, tmp_path / "m", hooks=Hooks(progress=False))
-    scores = evaluate_duet(cfg, Paths.of(cfg), tmp_path / "m/best", {"test": sets["test"]})
+    scores = evaluate_duet(cfg, Paths.of(cfg), tmp_path / "m/best",
+                           trained_on=TrainedOn(region_sets={"test": sets["test"]}))
     model, tokenizer = load_duet(tmp_path / "m/best")
     test = RetrievalSplit.load(Path("data/raw/retrieval/images.jsonl"), Path("data/raw/retrieval/captions.jsonl"),
                                RegionStore.open(sets["test"]))
@@ -532,7 +533,7 @@ def test_vsepp_on_pixels_trains_frozen_then_fine_tunes_its_cnn_and_resumes_acros
 
     model, tokenizer = load_duet(tmp_path / "m/best")
     assert isinstance(model, VseppModel) and model.reads_pixels and model.crop_size == 32
-    scores = evaluate_duet(cfg, Paths.of(cfg), tmp_path / "m/best", {})
+    scores = evaluate_duet(cfg, Paths.of(cfg), tmp_path / "m/best")
     ids = [row["image_id"] for row in read_jsonl("data/raw/retrieval/images.jsonl")]
     test = RetrievalSplit.load(Path("data/raw/retrieval/images.jsonl"), Path("data/raw/retrieval/captions.jsonl"),
                                ImagePixels("data/raw", ids, 32))

@@ -9,8 +9,15 @@ scores (`mmcse.evaluation.names.is_headline`).
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
+import shutil
+import signal
+import subprocess
 import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import mlflow
@@ -18,7 +25,16 @@ import mlflow
 from mmcse.config import Config
 from mmcse.evaluation.names import is_headline
 from mmcse.io import at_home, ensure_sqlite_parent
-from mmcse.tracking import HEADLINE_VIEW, SEED_TAG, SHARED_VIEW_TAG, VARIANT_TAG, configure
+from mmcse.tracking import (
+    HEADLINE_VIEW,
+    SEED_TAG,
+    SHARED_VIEW_TAG,
+    VARIANT_TAG,
+    configure,
+    experiment_urls,
+    latest_ablation_url,
+    ui_url,
+)
 
 # Which columns, in this order, where the experiment's runs have them: the method and seed, the
 # ablation row and seed (job runs), the best dev score, then the test scores a table compares.
@@ -96,3 +112,75 @@ def ui_commands(cfg: Config, port: int = 5000, dashboard_port: int = 8080,
         commands["optuna"] = [dashboard, ensure_sqlite_parent(cfg.sweep.storage), "--host", UI_HOST,
                               "--port", str(dashboard_port)]
     return commands
+
+
+UI_SERVER_NAMES = {"mlflow": "MLflow", "optuna": "optuna-dashboard"}  # as `mmcse ui` names them when it stops
+
+
+def optuna_dashboard_executable() -> str | None:
+    """The ``optuna-dashboard`` script of this environment (the optional extra ``dashboard``), or None."""
+    if importlib.util.find_spec("optuna_dashboard") is None:
+        return None
+    beside = Path(sys.executable).parent / "optuna-dashboard"
+    return str(beside) if beside.is_file() else shutil.which("optuna-dashboard")
+
+
+def start_server(cmd: list[str], env: dict[str, str] | None) -> subprocess.Popen[bytes]:
+    """A server of `mmcse ui` in a process group of its own: the terminal's Ctrl-C reaches `mmcse ui` alone,
+    which stops the servers (SIGTERM, their clean shutdown) instead of each server tearing itself down mid-
+    request (uvicorn's CancelledError traceback) and racing the parent into calling that a crash."""
+    return subprocess.Popen(cmd, env=env, process_group=0)
+
+
+def _stop_on_sigterm(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt  # `kill <pid>` stops both servers as Ctrl-C does
+
+
+def serve_ui(cfg: Config, port: int = 5000, dashboard_port: int = 8080, dashboard: bool = True) -> None:
+    """`mmcse ui`: the MLflow UI and, when installed and ``dashboard``, optuna-dashboard on `UI_HOST`, their
+    addresses printed, until Ctrl-C or SIGTERM stops both (or one ends: the other is stopped, exit 1)."""
+    executable = optuna_dashboard_executable() if dashboard else None
+    commands = ui_commands(cfg, port, dashboard_port, executable)
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    previous = signal.signal(signal.SIGTERM, _stop_on_sigterm)
+    try:
+        for name, cmd in commands.items():
+            procs[name] = start_server(cmd, {**os.environ, **UI_MLFLOW_ENV} if name == "mlflow" else None)
+        base = f"http://{UI_HOST}:{port}"
+        print(f"MLflow:           {ui_url(base)}", flush=True)
+        print("                  (?workflowType=machine_learning: the runs view, not GenAI traces; the list links "
+              "without it:\n                  open an experiment below, or switch the sidebar to 'Model training' "
+              "once, which the browser keeps)")
+        write_headline_views(cfg)  # the runs tables' headline columns, from what the runs log now
+        for name, url in experiment_urls(cfg, base).items():
+            print(f"  {name}: {url}", flush=True)
+        ablation = latest_ablation_url(cfg, base)
+        if ablation:
+            print(f"  latest ablation table: {ablation}", flush=True)
+        if "optuna" in commands:
+            print(f"Optuna dashboard: http://{UI_HOST}:{dashboard_port}/  (study {cfg.sweep.study_name})",
+                  flush=True)
+        elif dashboard:
+            print("Optuna dashboard: not installed; `pip install -e '.[dashboard]'` (or `pip install "
+                  "optuna-dashboard`) and run `mmcse ui` again", flush=True)
+        print("Ctrl-C stops them.", flush=True)
+        while all(p.poll() is None for p in procs.values()):
+            time.sleep(0.5)
+        ended = [f"{name} (exit {p.returncode})" for name, p in procs.items() if p.returncode is not None]
+        print(f"error: {', '.join(ended)} stopped (its output is above); stopping the rest", file=sys.stderr)
+        raise SystemExit(1)
+    except KeyboardInterrupt:
+        stopping = True
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                p.terminate()
+        for p in procs.values():
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        signal.signal(signal.SIGTERM, previous)
+    if stopping:
+        print(f"\nstopped {' and '.join(UI_SERVER_NAMES.get(name, name) for name in procs)}", flush=True)

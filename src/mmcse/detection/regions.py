@@ -163,6 +163,17 @@ def _lookup(stores: Sequence[Any], encoder_key: dict[str, Any] | None) -> dict[s
     return out
 
 
+@dataclass(frozen=True)
+class ReusedFeatures:
+    """Cached FeatureStores whose rows are reused instead of encoding: ``objects`` (``cache_teachers``' ``object``
+    set, keyed by crop path) and ``images`` (``image`` / ``retrieval_image``, by image id); only stores made with
+    ``encoder_key`` when it is given."""
+
+    objects: Sequence[Any] = ()
+    images: Sequence[Any] = ()
+    encoder_key: dict[str, Any] | None = None
+
+
 def regions_from_objects(
     raw_dir: str | Path,
     objects_dir: str | Path,
@@ -170,9 +181,7 @@ def regions_from_objects(
     encoder: ImageEncoder,
     max_regions: int = 36,
     whole_image: bool = True,
-    object_features: Sequence[Any] = (),
-    image_features: Sequence[Any] = (),
-    encoder_key: dict[str, Any] | None = None,
+    reused: ReusedFeatures | None = None,
     chunk: int = 256,
 ) -> Iterator[Regions]:
     """Regions of ``image_ids`` from their objects, encoded with ``encoder`` (module doc, source ``objects``).
@@ -180,9 +189,7 @@ def regions_from_objects(
     Per image: its annotated objects (image row ``objects``; crops masked by the row's label ``mask``
     like the detect stage's, else the box clipped to the image), else the detect stage's objects in
     ``objects_dir/objects.jsonl`` (their crop files), at most ``max_regions``; then, while there is room
-    and ``whole_image``, the whole image. ``object_features`` / ``image_features``: cached FeatureStores
-    (``cache_teachers``' ``object`` set keyed by crop path, ``image`` / ``retrieval_image`` by image id)
-    whose rows are reused instead of encoding (only stores made with ``encoder_key`` when it is given).
+    and ``whole_image``, the whole image; ``reused``: cached features taken instead of encoding.
     Yields in ``image_ids`` order; ``chunk`` images' crops are encoded per call."""
 
     raw_dir, objects_dir = Path(raw_dir), Path(objects_dir)
@@ -191,8 +198,9 @@ def regions_from_objects(
     rows = image_rows(raw_dir)
     _missing_images(raw_dir, image_ids, rows, IMAGE_TABLES)
     detected = _detected_objects(objects_dir)
-    cached_crops = _lookup(object_features, encoder_key)
-    cached_images = _lookup(image_features, encoder_key)
+    reused = reused or ReusedFeatures()
+    cached_crops = _lookup(reused.objects, reused.encoder_key)
+    cached_images = _lookup(reused.images, reused.encoder_key)
     with tempfile.TemporaryDirectory(prefix="regions-crops-") as scratch:
         for start in range(0, len(image_ids), chunk):
             ids = image_ids[start : start + chunk]
@@ -371,7 +379,7 @@ def objects_source(
 
     def read(ids: Sequence[str], max_regions: int) -> Iterator[Regions]:
         return regions_from_objects(raw_dir, objects_dir, ids, encoder, max_regions, whole_image,
-                                    object_features, image_features, encoder_key)
+                                    ReusedFeatures(object_features, image_features, encoder_key))
 
     return RegionSource(described, fingerprint, f"{raw_dir} / {objects_dir}", read)
 

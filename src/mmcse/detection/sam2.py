@@ -19,6 +19,7 @@ import json
 import logging
 import re
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -299,10 +300,20 @@ def _objects_of_image(
     return rows
 
 
+@dataclass(frozen=True)
+class ShardModels:
+    """What a shard runs: the phrase grounder, the segmenter, and the student's tokenizer at its
+    ``max_seq_len`` (an object's phrase as a token span of the caption)."""
+
+    grounder: Grounder
+    segmenter: Segmenter
+    tokenizer: PreTrainedTokenizerBase
+    max_seq_len: int
+
+
 def _detect_shard(
     images: list[dict[str, Any]], by_image: dict[str, list[dict[str, Any]]], data_dir: Path, out_dir: Path,
-    cfg: DetectConfig, tokenizer: PreTrainedTokenizerBase, max_seq_len: int, grounder: Grounder,
-    segmenter: Segmenter, progress: tqdm,
+    cfg: DetectConfig, models: ShardModels, progress: tqdm,
 ) -> tuple[list[dict[str, Any]], dict[str, int]]:
     stats = dict.fromkeys(STAT_KEYS, 0)
     rows: list[dict[str, Any]] = []
@@ -326,13 +337,13 @@ def _detect_shard(
             continue
         # One prompt per caption: the image repeats for each of its captions.
         captions = [p["caption"] for _, pairs in loaded for p in pairs]
-        outputs = grounder([image for image, pairs in loaded for _ in pairs], captions)
+        outputs = models.grounder([image for image, pairs in loaded for _ in pairs], captions)
         if len(outputs) != len(captions):
             raise RuntimeError(f"grounder returned {len(outputs)} outputs for {len(captions)} captions")
         at = 0
         for image, pairs in loaded:
-            rows += _objects_of_image(image, pairs, outputs[at : at + len(pairs)], segmenter, cfg, tokenizer,
-                                      max_seq_len, out_dir, stats)
+            rows += _objects_of_image(image, pairs, outputs[at : at + len(pairs)], models.segmenter, cfg,
+                                      models.tokenizer, models.max_seq_len, out_dir, stats)
             at += len(pairs)
             progress.update(1)
     return rows, stats
@@ -386,8 +397,8 @@ def detect_objects_sam2(
         for i, shard in enumerate(shards):
             if done[i] is not None:
                 continue
-            rows, stats = _detect_shard(shard, by_image, data_dir, out_dir, cfg, tokenizer, max_seq_len, grounder,
-                                        segmenter, progress)
+            rows, stats = _detect_shard(shard, by_image, data_dir, out_dir, cfg,
+                                        ShardModels(grounder, segmenter, tokenizer, max_seq_len), progress)
             # Crops are on disk; the shard file, written last and atomically, marks the shard done.
             write_jsonl(shard_dir / f"shard-{i:05d}.jsonl",
                         [{"format": SHARD_FORMAT, "shard": i, "hash": hashes[i], "stats": stats}, *rows])

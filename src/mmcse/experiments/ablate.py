@@ -32,7 +32,7 @@ from mmcse.experiments.upstream import resolve_on_record
 from mmcse.integrity.code import EVALUATION_CODE, code_digest, code_files
 from mmcse.io import build_dir, read_json, swap_in_dir, write_json
 from mmcse.models.device import device_tags
-from mmcse.pipeline.evaluate import require_trained_with, run_evaluate
+from mmcse.pipeline.evaluate import EvalOutputs, TrainedOn, require_trained_with, run_evaluate
 from mmcse.pipeline.paths import Paths
 from mmcse.pipeline.train import JobArtifacts, RunNames, run_train
 from mmcse.pipeline.train_processes import run_train_on_processes
@@ -126,12 +126,13 @@ def _evaluate(job_cfg: Config, folder: Path, summary: dict[str, Any], run_id: st
     a checkpoint that is damaged or not the job's configuration's is refused (`require_trained_with`)."""
 
     require_trained_with(job_cfg, folder / "best")
-    return run_evaluate(job_cfg, Paths.of(job_cfg), folder / "best", run_id=run_id, experiment_name="ablate",
-                        transfer=job_cfg.ablate.transfer, data_dir=Path(summary["data_dir"]),
-                        teacher_manifest=Path(summary["teacher_manifest"]),
-                        teacher_dirs=tuple(Path(d) for d in summary["teacher_dirs"]),
-                        region_sets={k: Path(v) for k, v in summary.get("region_sets", {}).items()},
-                        mteb_dir=folder / "mteb" if job_cfg.evaluate.mteb else None)  # DALR Table 5's rows
+    trained_on = TrainedOn(Path(summary["data_dir"]), Path(summary["teacher_manifest"]),
+                           tuple(Path(d) for d in summary["teacher_dirs"]),
+                           {k: Path(v) for k, v in summary.get("region_sets", {}).items()})
+    # mteb's results: DALR Table 5's rows
+    outputs = EvalOutputs(run_id, "ablate", mteb_dir=folder / "mteb" if job_cfg.evaluate.mteb else None)
+    return run_evaluate(job_cfg, Paths.of(job_cfg), folder / "best", outputs, trained_on,
+                        transfer=job_cfg.ablate.transfer)
 
 
 def evaluation_code() -> str:

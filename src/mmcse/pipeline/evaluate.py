@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -65,49 +66,78 @@ def require_trained_with(cfg: Config, model_dir: Path) -> str:
     return expected
 
 
-def run_evaluate(
-    cfg: Config,
-    paths: Paths,
-    model_dir: Path,
-    run_id: str | None = None,
-    plots_dir: Path | None = None,
-    experiment_name: str | None = None,
-    transfer: bool = True,
-    data_dir: Path | None = None,
-    teacher_manifest: Path | None = None,
-    teacher_dirs: tuple[Path, ...] = (),
-    region_sets: dict[str, Path] | None = None,
-    mteb_dir: Path | None = None,
-) -> dict[str, float]:
+@dataclass(frozen=True)
+class EvalOutputs:
+    """Where an evaluation's results go: into the training run ``run_id`` (of ``experiment``, default the
+    method), the stage's ``plots_dir`` (figures, ``sentence_retrieval.md``; None: an ablation job, which skips
+    the t-SNE) and mteb's results folder ``mteb_dir``."""
+
+    run_id: str | None = None
+    experiment: str | None = None
+    plots_dir: Path | None = None
+    mteb_dir: Path | None = None
+
+
+@dataclass(frozen=True)
+class TrainedOn:
+    """What the evaluated model was trained with: its data folder (default ``paths.raw``; a job's test sets
+    are the same by construction: `mmcse.experiments.upstream.FIXED_KEYS`), the teacher manifest and the
+    folders its sets are looked up in, and a retrieval model's region sets (`region_sets_for`)."""
+
+    data_dir: Path | None = None
+    teacher_manifest: Path | None = None
+    teacher_dirs: tuple[Path, ...] = ()
+    region_sets: dict[str, Path] = field(default_factory=dict)
+
+
+@dataclass
+class EvaluationMade:
+    """What one evaluation made besides its scores: the STS scatter (``log_scatter``: into the run too), the
+    nearest-caption ``examples``, the ``tsne`` figure, ``dicts`` (artifact path -> JSON), the evaluated
+    ``model`` = (sentence-transformers folder, example sentences), run ``tags``, its wall-clock ``minutes``
+    and ``folders`` (artifact path -> folder, e.g. mteb's results)."""
+
+    sts_scatter: Any
+    examples: str | None = None
+    tsne: Any = None
+    dicts: dict[str, Any] = field(default_factory=dict)
+    log_scatter: bool = True
+    model: tuple[Path, list[str]] | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+    minutes: float | None = None
+    folders: dict[str, Path] = field(default_factory=dict)
+
+
+def run_evaluate(cfg: Config, paths: Paths, model_dir: Path, outputs: EvalOutputs | None = None,
+                 trained_on: TrainedOn | None = None, transfer: bool = True) -> dict[str, float]:
     """Test-set STS of the checkpoint at ``model_dir`` and, with ``transfer``, SentEval's transfer
     tasks found in ``data/raw/transfer`` (``data.transfer_tasks``: accuracy per task and
-    ``transfer_avg``); logged into the training run ``run_id`` (metrics ``test_<name>``, STS
-    scatter figure), the scatter also saved to ``plots_dir``. ``data_dir``: the data folder the
-    model was trained with (default ``paths.raw``; a job's test sets are the same by construction:
-    `mmcse.experiments.upstream.FIXED_KEYS`).
+    ``transfer_avg``); logged into the training run ``outputs.run_id`` (metrics ``test_<name>``, STS
+    scatter figure), the scatter also saved to ``outputs.plots_dir``; ``trained_on``: what the model was
+    trained with (`TrainedOn`).
 
     With ``evaluate.retrieval.enabled`` and a retrieval test set in the data: image–text R@K
     through the method's trained heads (`mmcse.evaluation.retrieval.image_head`; image features
-    from the sets ``teacher_manifest`` names, default ``<teachers>/manifest.json``, looked up in
-    ``paths.teachers`` then ``teacher_dirs``), keys ``<set>_i2t_R1`` … ``<set>_rsum``,
+    from the sets ``trained_on.teacher_manifest`` names, default ``<teachers>/manifest.json``, looked up in
+    ``paths.teachers`` then ``trained_on.teacher_dirs``), keys ``<set>_i2t_R1`` … ``<set>_rsum``,
     graded ``<set>_{i2t,t2i}_NDCG<k>_<kind>`` (`mmcse.evaluation.names`) for
     ``evaluate.ndcg.relevance`` (`relevance_for`), and DALR Table 10's nearest test captions
     (``sentence_retrieval.md`` in ``plots_dir`` and the run).
 
-    ``train.method: duet``: `evaluate_duet` (``region_sets``: the training's, `region_sets_for`)."""
-
+    ``train.method: duet``: `evaluate_duet` (on ``trained_on.region_sets``)."""
+    outputs, trained_on = outputs or EvalOutputs(), trained_on or TrainedOn()
+    plots_dir, mteb_dir = outputs.plots_dir, outputs.mteb_dir
     model_name = f"mmcse/{cfg.train.method}"  # mteb's name for it (its results folder, DALR Table 5)
     if cfg.train.method in RETRIEVAL_METHODS:  # an image–text retrieval model: no sentence-embedding tasks
         with results_folder(mteb_dir, model_name, {}, [], f"{cfg.train.method} is an image–text retrieval "
                             "model, with no sentence-embedding tasks"):
-            return evaluate_duet(cfg, paths, model_dir, region_sets or {}, run_id, plots_dir, experiment_name,
-                                 data_dir)
+            return evaluate_duet(cfg, paths, model_dir, outputs, trained_on)
     # MTEB names and datasets are checked before any model loads: offline, a missing dataset is named here
     mteb_tasks = prepare_tasks(cfg.evaluate.mteb, "evaluate.mteb") if cfg.evaluate.mteb else []
     started = time.perf_counter()  # the evaluation's minutes go to the run (`mmcse.experiments.estimate`)
     device = resolve_device(cfg.base.device)
     encoder = TextEncoder(str(model_dir), cfg.evaluate.pooler, str(device), precision=cfg.train.precision)
-    raw = data_dir or paths.raw
+    raw = trained_on.data_dir or paths.raw
     tasks = group_by_task([SentencePair.from_row(r) for r in read_jsonl(raw / "sts" / "test.jsonl")])
     if not tasks:
         raise ValueError(f"{raw / 'sts' / 'test.jsonl'}: no STS pairs to evaluate; rerun the download stage")
@@ -121,7 +151,8 @@ def run_evaluate(
     found: dict[str, Any] = {}  # the retrieval test set, for its nearest-caption examples
 
     def retrieval_scores(_: Any) -> dict[str, float]:
-        found["test_set"] = retrieval_test_set(cfg, paths, encoder, raw, teacher_manifest, teacher_dirs)
+        found["test_set"] = retrieval_test_set(cfg, paths, encoder, raw, trained_on.teacher_manifest,
+                                               trained_on.teacher_dirs)
         return found["test_set"].scores
 
     # model_meta.json of mteb's results: the checkpoint's revision and sizes, the English base model it came from
@@ -165,85 +196,78 @@ def run_evaluate(
         write_model_card(model_dir, cfg, scores, environment(cfg.base.device))
     model = (model_dir, [p.s1 for pairs in tasks.values() for p in pairs[:2]]) if published else None
     minutes = (time.perf_counter() - started) / 60.0
-    record_evaluation(cfg, scores, run_id, experiment_name, plots_dir, examples, fig, tsne,
-                      {"evaluation/sts_predictions.json": predictions}, model=model,
-                      folders={"mteb": mteb_dir} if mteb_dir is not None and mteb_tasks else None,
-                      tags={COLLAPSED_TAG: collapsed_message(result.collapsed)} if result.collapsed else None,
-                      minutes=minutes)
-    if run_id:  # beside the run's record too: a plan's estimate reads it without MLflow
+    record_evaluation(cfg, scores, outputs, EvaluationMade(
+        fig, examples, tsne, {"evaluation/sts_predictions.json": predictions}, model=model,
+        folders={"mteb": mteb_dir} if mteb_dir is not None and mteb_tasks else {},
+        tags={COLLAPSED_TAG: collapsed_message(result.collapsed)} if result.collapsed else {}, minutes=minutes))
+    if outputs.run_id:  # beside the run's record too: a plan's estimate reads it without MLflow
         tracking.note_run(Path(model_dir).parent, eval_minutes=minutes)
     return scores
 
 
-def record_evaluation(cfg: Config, scores: dict[str, float], run_id: str | None, experiment_name: str | None,
-                      plots_dir: Path | None, examples: str | None, sts_scatter: Any, tsne: Any,
-                      dicts: dict[str, Any] | None = None, log_scatter: bool = True,
-                      model: tuple[Path, list[str]] | None = None, tags: dict[str, str] | None = None,
-                      minutes: float | None = None, folders: dict[str, Path] | None = None) -> None:
-    """What an evaluation leaves behind: into training run ``run_id`` the scores (``test_<name>``), the
-    nearest-caption examples, the t-SNE and STS-scatter figures (``log_scatter``), ``dicts``
-    (artifact path -> JSON) and ``model`` = (the evaluated sentence-transformers folder, example
-    sentences) as an MLflow model (`mmcse.models.export.log_mlflow_model`, its URI in the run's tag
-    ``mmcse.model_uri``), ``tags`` (e.g. `mmcse.evaluation.sts.COLLAPSED_TAG`) and the evaluation's wall-clock
-    ``minutes`` (`tracking.EVAL_MINUTES`, never in the scores: they are DVC metrics), ``folders`` (artifact
-    path -> folder, e.g. mteb's results); into ``plots_dir`` (the
-    evaluate stage's DVC outputs) ``sts_scatter.png``, ``sentence_retrieval.md`` and ``tsne.png``.
-    Figures are closed either way."""
+def record_evaluation(cfg: Config, scores: dict[str, float], outputs: EvalOutputs, made: EvaluationMade) -> None:
+    """What an evaluation leaves behind: into training run ``outputs.run_id`` the scores (``test_<name>``), the
+    nearest-caption examples, the t-SNE and STS-scatter figures (``made.log_scatter``), ``made.dicts``
+    and ``made.model`` as an MLflow model (`mmcse.models.export.log_mlflow_model`, its URI in the run's tag
+    ``mmcse.model_uri``), ``made.tags`` (e.g. `mmcse.evaluation.sts.COLLAPSED_TAG`) and the evaluation's
+    wall-clock ``minutes`` (`tracking.EVAL_MINUTES`, never in the scores: they are DVC metrics), the
+    ``folders``; into ``outputs.plots_dir`` (the evaluate stage's DVC outputs) ``sts_scatter.png``,
+    ``sentence_retrieval.md`` and ``tsne.png``. Figures are closed either way."""
     import matplotlib.pyplot as plt
 
-    if run_id:
-        with tracking.run(cfg, experiment_name or cfg.train.method, run_id=run_id):
+    if outputs.run_id:
+        with tracking.run(cfg, outputs.experiment or cfg.train.method, run_id=outputs.run_id):
             mlflow.log_metrics(test_metrics(scores))
-            if minutes is not None:
-                mlflow.log_metric(tracking.EVAL_MINUTES, minutes)
-            if tags:
-                mlflow.set_tags(tags)
-            if examples:
-                mlflow.log_text(examples, "evaluation/sentence_retrieval.md")
-            if tsne is not None:
-                mlflow.log_figure(tsne, "figures/tsne.png")
-            if log_scatter:
-                mlflow.log_figure(sts_scatter, "figures/sts_scatter.png")
-            for artifact, value in (dicts or {}).items():
+            if made.minutes is not None:
+                mlflow.log_metric(tracking.EVAL_MINUTES, made.minutes)
+            if made.tags:
+                mlflow.set_tags(made.tags)
+            if made.examples:
+                mlflow.log_text(made.examples, "evaluation/sentence_retrieval.md")
+            if made.tsne is not None:
+                mlflow.log_figure(made.tsne, "figures/tsne.png")
+            if made.log_scatter:
+                mlflow.log_figure(made.sts_scatter, "figures/sts_scatter.png")
+            for artifact, value in made.dicts.items():
                 mlflow.log_dict(value, artifact)
-            for artifact, folder in (folders or {}).items():
+            for artifact, folder in made.folders.items():
                 mlflow.log_artifacts(str(folder), artifact)
-            if model is not None:
-
-                mlflow.set_tag("mmcse.model_uri", log_mlflow_model(*model))
+            if made.model is not None:
+                mlflow.set_tag("mmcse.model_uri", log_mlflow_model(*made.model))
+    plots_dir = outputs.plots_dir
     if plots_dir is not None:
-        save_figure(sts_scatter, plots_dir / "sts_scatter.png")
+        save_figure(made.sts_scatter, plots_dir / "sts_scatter.png")
         # the stage's outputs persist (dvc.yaml): one this evaluation does not make must not stay as an older one's
-        if examples:
-            write_text(plots_dir / "sentence_retrieval.md", examples)
+        if made.examples:
+            write_text(plots_dir / "sentence_retrieval.md", made.examples)
         else:
             (plots_dir / "sentence_retrieval.md").unlink(missing_ok=True)
-        if tsne is not None:
-            save_figure(tsne, plots_dir / "tsne.png")
+        if made.tsne is not None:
+            save_figure(made.tsne, plots_dir / "tsne.png")
         else:
             (plots_dir / "tsne.png").unlink(missing_ok=True)
     else:
-        plt.close(sts_scatter)
+        plt.close(made.sts_scatter)
 
 
-def evaluate_duet(cfg: Config, paths: Paths, model_dir: Path, region_sets: dict[str, Path],
-                  run_id: str | None = None, plots_dir: Path | None = None, experiment_name: str | None = None,
-                  data_dir: Path | None = None) -> dict[str, float]:
+def evaluate_duet(cfg: Config, paths: Paths, model_dir: Path, outputs: EvalOutputs | None = None,
+                  trained_on: TrainedOn | None = None) -> dict[str, float]:
     """DUET's test scores (§5.1) through the shared evaluators: R@1/5/10 both ways and rsum
     (`mmcse.evaluation.retrieval.test_set_metrics`: COCO 5K and 1K folds, Flickr30k 1K) and graded
     NDCG@k per ``evaluate.ndcg.relevance`` (`relevance_for`), on v_I / v_C of the checkpoint at
-    ``model_dir`` with the test region set ``region_sets["test"]``. Also: the test captions' nearest
+    ``model_dir`` with the test region set ``trained_on.region_sets["test"]``. Also: the test captions' nearest
     neighbours in the joint space (``sentence_retrieval.md``) and the t-SNE of the caption embeddings
     with cluster purity against their images (``tsne.png``, ``cluster_silhouette``,
     ``cluster_purity``); ``sts_scatter.png`` says that a retrieval model has no STS scores."""
     import matplotlib.pyplot as plt
 
-    raw = data_dir or paths.raw
+    outputs, trained_on = outputs or EvalOutputs(), trained_on or TrainedOn()
+    raw = trained_on.data_dir or paths.raw
     manifest = read_json(raw / "manifest.json")
     set_name = manifest.get("retrieval_set")
     if not set_name:
         raise ValueError(f"{raw}: no retrieval test set (data.pairs: {cfg.data.pairs}); DUET is scored by retrieval")
-    split, image_emb, text_emb = duet_test_embeddings(cfg, raw, model_dir, region_sets.get("test"))
+    split, image_emb, text_emb = duet_test_embeddings(cfg, raw, model_dir, trained_on.region_sets.get("test"))
     block = cfg.evaluate.retrieval.block_size
     scores = test_set_metrics(set_name, image_emb, text_emb, split.text_image, block)
     if cfg.evaluate.ndcg.relevance:
@@ -258,7 +282,7 @@ def evaluate_duet(cfg: Config, paths: Paths, model_dir: Path, region_sets: dict[
         examples = neighbours_markdown(
             rows, f"Nearest test captions ({set_name}, {cfg.train.method} v_C in the joint space)")
     tsne = None
-    if plots_dir is not None:  # the captions of each image should share a cluster: purity against the image
+    if outputs.plots_dir is not None:  # the captions of each image should share a cluster: purity against the image
         tsne, clusters = tsne_figure(unit_rows(text_emb), n_clusters=TSNE_CLUSTERS, seed=cfg.base.seed,
                                      groups=split.text_image, max_points=TSNE_POINTS,
                                      title=f"{cfg.train.method} captions")
@@ -268,7 +292,7 @@ def evaluate_duet(cfg: Config, paths: Paths, model_dir: Path, region_sets: dict[
     ax.text(0.5, 0.5, f"train.method {cfg.train.method} is an image–text retrieval model:\n"
             "no STS scores (see eval.json: R@K, NDCG)",
             ha="center", va="center")
-    record_evaluation(cfg, scores, run_id, experiment_name, plots_dir, examples, no_sts, tsne, log_scatter=False)
+    record_evaluation(cfg, scores, outputs, EvaluationMade(no_sts, examples, tsne, log_scatter=False))
     return scores
 
 
