@@ -89,3 +89,20 @@ def test_the_checks_catch_a_broken_link_and_an_unknown_command(tmp_path, capsys)
         main(["frobnicate", "--help"])
     assert done.value.code == 2 and _mmcse_commands(page) == [["frobnicate", "--now"]]
     capsys.readouterr()
+
+
+def test_the_layout_page_names_every_module():
+    """docs/layout.md is checked against the tree: each module of src/mmcse is named on it."""
+    layout = (REPO / "docs" / "layout.md").read_text()
+    modules = sorted(p for p in (REPO / "src" / "mmcse").rglob("*.py") if p.name != "__init__.py")
+    missing = [str(p.relative_to(REPO)) for p in modules if not re.search(rf"\b{re.escape(p.stem)}\b", layout)]
+    assert not missing, f"docs/layout.md does not name {missing}"
+
+
+def test_readme_is_no_lab_notebook():
+    """Measured times stand in README rounded, with their machine; dated logs and commit ids go to
+    docs/benchmarks.md."""
+    readme = (REPO / "README.md").read_text()
+    assert not re.findall(r"\b20\d\d-\d\d-\d\d\b", readme), "a date in README: its log belongs in docs/benchmarks.md"
+    commit = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b")
+    assert not commit.findall(FENCE.sub("", readme)), "a commit id in README"

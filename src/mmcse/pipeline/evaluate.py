@@ -369,9 +369,9 @@ def checkpoint_duet_retrieval(cfg: Config, paths: Paths, model_dir: Path, state:
 
     up = require_top_level(cfg, paths)
     if state.get("image_input") == "pixels":  # VSE++ with its CNN: it reads the test images themselves
-        return evaluate_duet(cfg, paths, model_dir, {}, data_dir=up.raw)
-    return evaluate_duet(cfg, paths, model_dir, {"test": checkpoint_test_regions(paths, model_dir, state)},
-                         data_dir=up.raw)
+        return evaluate_duet(cfg, paths, model_dir, trained_on=TrainedOn(up.raw))
+    test = checkpoint_test_regions(paths, model_dir, state)
+    return evaluate_duet(cfg, paths, model_dir, trained_on=TrainedOn(up.raw, region_sets={"test": test}))
 
 
 def checkpoint_test_regions(paths: Paths, model_dir: Path, state: dict[str, Any]) -> Path:
