@@ -238,11 +238,22 @@ def _cmd_runs(args: argparse.Namespace) -> None:
 def _cmd_report(args: argparse.Namespace) -> None:
     from mmcse.experiments.params import load_config
     from mmcse.experiments.report import write_report
+    from mmcse.runstore import SqliteRuns
 
     cfg = load_config(args.params)
-    files = write_report(cfg, args.paper, args.table, args.out, Path(args.params).parent, log=not args.no_log)
-    print(files["md"].read_text(), end="")
-    print(f"\nwritten: {files['md']} and {files['html']} (one self-contained page)")
+    reader = SqliteRuns.open(cfg.base.mlflow_tracking_uri)
+    if reader is None or args.log:  # another store than a SQLite file, or logging into it: through MLflow
+        from mmcse import tracking
+        from mmcse.tracking.reading import log_report, run_reader
+
+        tracking.configure(cfg)
+        reader = reader or run_reader(cfg.base.mlflow_tracking_uri)
+    report = write_report(cfg, args.paper, args.table, args.out, Path(args.params).parent, reader)
+    if args.log:
+        log_report(report.files, report.runs, report.verdicts)
+    print(report.markdown, end="")
+    print(f"\nwritten: {report.files['md']} and {report.files['html']} (one self-contained page)"
+          + (f"; logged under report/ in {len(report.runs)} ablation run(s)" if args.log and report.runs else ""))
 
 
 def _log_figure(
@@ -448,7 +459,8 @@ def _record_commands(sub: argparse._SubParsersAction) -> None:
     rp.add_argument("--table", default=None, help="one table or figure: 3, table3 or fig7 (default: all)")
     rp.add_argument("--out", default="reports", help="folder of <paper>.md and <paper>.html")
     rp.add_argument("--params", default="params.yaml", help="its store and prefix name the MLflow record read")
-    rp.add_argument("--no-log", action="store_true", help="do not log the report to the ablation runs it read")
+    rp.add_argument("--log", action="store_true", help="also log the report into the ablation runs it read "
+                    "(the report stage does)")
     rp.set_defaults(func=_cmd_report)
 
 

@@ -58,6 +58,7 @@ def test_the_report_reads_the_latest_ablation_of_each_profile(store, tmp_path):
     import mlflow
 
     from mmcse.experiments.report import write_report
+    from mmcse.tracking.reading import log_report
 
     old = _ablation(store, "kdmcse-table3", "kdmcse-flickr-bert", "KDMCSE",
                     [_row("KDMCSE", 5, avg=(10.0, 1.0, math.nan))])
@@ -65,7 +66,8 @@ def test_the_report_reads_the_latest_ablation_of_each_profile(store, tmp_path):
         _row("KDMCSE", 5, avg=(78.9, 0.41, math.nan), STSBenchmark=(81.0, 0.5, math.nan)),
         _row("w/o AdapACSE", 5, avg=(78.0, 0.3, 0.01), STSBenchmark=(80.9, 0.2, 0.6)),
     ])
-    files = write_report(store, "kdmcse", "3", tmp_path / "reports", root=REPO)
+    report = write_report(store, "kdmcse", "3", tmp_path / "reports", root=REPO)
+    files = report.files
     text = files["md"].read_text()
     assert files["md"].name == "kdmcse-table3.md" and "## KDMCSE Table 1" not in text  # one table asked for
     assert f"MLflow run `{new}` (FINISHED)" in text and old not in text
@@ -78,8 +80,10 @@ def test_the_report_reads_the_latest_ablation_of_each_profile(store, tmp_path):
     assert "**Verdict: 3 of 4 cells consistent with the paper** (α = 0.05" in text
     assert "|  | mmcse | — | — | — | — | — | 80.9 ± 0.2 (5) | — | 78.0* ± 0.3 (5) |" in text  # p 0.01 on avg
     assert "(independent t-test) against KDMCSE" in text
-    # the same report, as one page, in the files and on the ablation run it read
+    # the same report, as one page, in the files and (`mmcse report --log`, the report stage) on the ablation run
     assert "78.0* ± 0.3 (5)" in files["html"].read_text()
+    assert report.runs == [new]
+    log_report(report.files, report.runs, report.verdicts)
     logged = {a.path for a in mlflow.MlflowClient().list_artifacts(new, "report")}
     assert logged == {"report/kdmcse-table3.md", "report/kdmcse-table3.html"}
     metrics = mlflow.MlflowClient().get_run(new).data.metrics  # the table's verdict, on the ablation it read
@@ -91,7 +95,8 @@ def test_training_minutes_come_from_the_jobs_runs(store, tmp_path):
 
     _ablation(store, "dalr-table7", "dalr-coco-bert", "DALR", [_row("KDMCSE", 2), _row("DALR", 2)],
               minutes={"KDMCSE": [400.0, 420.0], "DALR": [350.0]})
-    markdown, page, runs = build_report(store, "dalr", "table7", root=REPO)
+    report = build_report(store, "dalr", "table7", root=REPO)
+    markdown, runs = report.markdown, report.runs
     coco = markdown.split("### coco-bert")[1].split("###")[0]
     assert "|  | mmcse | 410 ± 14 (2) |" in coco and "|  | Δ | -30 |" in coco  # paper: 440 min
     assert "|  | mmcse | 350 (1) |" in coco and "|  | Δ | -20 |" in coco  # paper: 370 min
@@ -116,7 +121,8 @@ def test_a_table_as_printed_sits_beside_its_recipes_reading_with_marked_rows_and
                   minutes={"CLIP + SimCSE": [1.0], "CLIP + SimCSE+DiffCSE": [1.0]}, test="paired",
                   params={"ablation.reading": reading, "ablation.skipped": json.dumps(skipped)},
                   tags={"CLIP + SimCSE": tags(weight), "CLIP + SimCSE+DiffCSE": tags(1.0)})
-    markdown, _, runs = build_report(store, "dalr", "table9", root=REPO)
+    report = build_report(store, "dalr", "table9", root=REPO)
+    markdown, _, runs = report.markdown, report.html, report.runs
     assert len(runs) == 2  # the latest per profile and reading: both readings side by side
     recipe = markdown.split("### flickr-bert, reading recipe")[1].split("###")[0]
     printed = markdown.split("### flickr-bert, reading printed")[1].split("###")[0]
@@ -132,7 +138,9 @@ def test_a_table_as_printed_sits_beside_its_recipes_reading_with_marked_rows_and
 def test_every_table_is_listed_and_unknown_tables_are_refused(store, tmp_path):
     from mmcse.experiments.report import build_report
 
-    markdown, _, runs = build_report(store, "dalr", root=REPO)
+    report = build_report(store, "dalr", root=REPO)
+
+    markdown, _, runs = report.markdown, report.html, report.runs
     assert runs == []
     for n in range(1, 11):
         assert f"## DALR Table {n}:" in markdown
@@ -152,7 +160,8 @@ def test_a_table_without_its_preset_says_so(store, tmp_path):
     for folder in ("ablations", "papers"):
         shutil.copytree(REPO / folder, tmp_path / folder)
     (tmp_path / "ablations" / "dalr-table10.yaml").unlink()
-    markdown, _, _ = build_report(store, "dalr", "10", root=tmp_path)
+    report = build_report(store, "dalr", "10", root=tmp_path)
+    markdown, _, _ = report.markdown, report.html, report.runs
     assert "No preset yet: `ablations/dalr-table10.yaml` does not exist" in markdown
 
 
@@ -187,6 +196,7 @@ def test_the_report_runs_on_the_demo_outputs_end_to_end(project, capsys):
     assert "Reading `recipe`: every row follows its paper as printed where paper and code differ." in demo
     import mlflow
 
+    tracking.configure(load_config("params.yaml"))  # the report read the store without MLflow
     jobs = mlflow.search_runs(experiment_names=["mmcse-ablate"], filter_string="tags.`ablation.variant` = 'KDMCSE'",
                               output_format="list")
     assert jobs and jobs[0].data.tags["mmcse.reading"] == "recipe"
@@ -198,7 +208,7 @@ def test_a_tables_report_leaves_git_status_clean_and_the_stages_reports_tracked(
     table's report is git-ignored, the report stage's whole papers (reports/<paper>.*) stay tracked."""
     from mmcse.experiments.report import write_report
 
-    files = write_report(store, "kdmcse", "3", tmp_path, REPO, log=False)
+    files = write_report(store, "kdmcse", "3", tmp_path, REPO).files
     names = [f"reports/{files['md'].name}", f"reports/{files['html'].name}"]
     assert names == ["reports/kdmcse-table3.md", "reports/kdmcse-table3.html"]
     ignored = subprocess.run(["git", "check-ignore", *names, "reports/kdmcse.md", "reports/kdmcse.html"], cwd=REPO,
@@ -208,3 +218,31 @@ def test_a_tables_report_leaves_git_status_clean_and_the_stages_reports_tracked(
     dvc_ignored = subprocess.run(["dvc", "check-ignore", *names, "reports/kdmcse.md"], cwd=REPO,
                                  capture_output=True, text=True).stdout.split()
     assert dvc_ignored == names
+
+
+def test_the_store_read_directly_and_through_mlflow_give_one_report(store, tmp_path):
+    """`mmcse.runstore.SqliteRuns` reads MLflow's SQLite file without MLflow: the same runs, params, tags, metrics
+    and artifacts as MLflow's client (`MlflowRuns`, the reader of any other store), so the same report."""
+    from mmcse.experiments.report import build_report
+    from mmcse.runstore import SqliteRuns
+    from mmcse.tracking.reading import MlflowRuns
+
+    _ablation(store, "kdmcse-table3", "kdmcse-flickr-bert", "KDMCSE",
+              [_row("KDMCSE", 5, avg=(78.9, 0.41, math.nan)), _row("w/o AdapACSE", 5, avg=(78.0, 0.3, 0.01))],
+              minutes={"KDMCSE": [3.0, 5.0]}, tags={"KDMCSE": {tracking.STAND_IN_TAG: "teachers.image"}})
+    direct, through = SqliteRuns.open(store.base.mlflow_tracking_uri), MlflowRuns()
+    assert direct is not None
+    experiment = direct.experiment_id("mmcse-ablate")
+    assert experiment == through.experiment_id("mmcse-ablate") and direct.experiment_id("nothing") is None
+    for query in ({"param": ("ablation.preset", "kdmcse-table3")}, {"tag": (tracking.VARIANT_TAG, "KDMCSE")}):
+        mine, theirs = direct.runs(experiment, **query), through.runs(experiment, **query)
+        assert [r.info.run_id for r in mine] == [r.info.run_id for r in theirs] and mine
+        for a, b in zip(mine, theirs, strict=True):
+            assert (a.data.params, a.data.tags, a.data.metrics) == (b.data.params, b.data.tags, b.data.metrics)
+            assert (a.info.status, a.info.start_time) == (b.info.status, b.info.start_time)
+    parent = direct.runs(experiment, param=("ablation.preset", "kdmcse-table3"))[0]
+    assert direct.artifact(parent, "ablation_table.json") == through.artifact(parent, "ablation_table.json")
+    assert direct.artifact(parent, "no/such.json") is None
+    one, other = build_report(store, "kdmcse", "3", REPO, direct), build_report(store, "kdmcse", "3", REPO, through)
+    assert one.markdown == other.markdown and "78.0* ± 0.3 (5)" in one.markdown
+    assert "row KDMCSE trained with offline stand-ins (teachers.stand_ins: allow): teachers.image" in one.markdown

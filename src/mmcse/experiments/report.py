@@ -5,28 +5,39 @@ in experiment ``<prefix>-ablate``) of the table's preset under each profile is r
 (``ablation_table.json``: mean, std and the table's own test per row and metric), its jobs' training
 minutes and devices (the runs tagged ``ablation.variant``) and its figures. `mmcse.analysis.report`
 lays them beside the paper's numbers; the Markdown and the self-contained HTML page go to
-``reports/<paper>.{md,html}`` and, as artifacts under ``report/``, to every ablation run they read.
+``reports/<paper>.{md,html}`` (`write_report`) and, with ``mmcse report --log`` and in the report stage, as
+artifacts under ``report/`` to every ablation run they read (`mmcse.tracking.reading.log_report`).
+
+The record is read through a `mmcse.runstore.RunReader`: the SQLite store directly (no MLflow import, so
+the command answers in about a second), another store through MLflow's client.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import tempfile
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import mlflow
-
-from mmcse import tracking
 from mmcse.analysis.papers import Paper, load_paper
 from mmcse.analysis.report import Reproduction, RunCell, paper_report, to_html, to_markdown, verdict_counts
 from mmcse.config import Config, ConfigError
 from mmcse.config.readings import READING_TAG, points_off_printed
 from mmcse.experiments.params import list_presets
 from mmcse.io import write_text
-from mmcse.tracking import CHANGED_TAG, COMMIT_TAG, DIRTY_TAG, STAND_IN_TAG, TRAIN_MINUTES, VARIANT_TAG
+from mmcse.runstore import (
+    CHANGED_TAG,
+    COMMIT_TAG,
+    DIRTY_TAG,
+    STAND_IN_TAG,
+    TRAIN_MINUTES,
+    VARIANT_TAG,
+    RunReader,
+    SqliteRuns,
+    StoredRun,
+)
 
 TABLE_ARTIFACT = "ablation_table.json"
 FIGURES = "figures"  # the parent run's figures: ablation.png, and those of ablate.figures
@@ -40,21 +51,12 @@ def _float(value: Any) -> float:
         return math.nan
 
 
-def _artifact(client: Any, run_id: str, path: str) -> bytes | None:
-    """The bytes of one artifact of a run (None: not logged, e.g. a running or failed ablation)."""
-    with tempfile.TemporaryDirectory(prefix="mmcse-report-") as tmp:
-        try:
-            return Path(client.download_artifacts(run_id, path, tmp)).read_bytes()
-        except Exception:
-            return None
-
-
-def reproduction(client: Any, run: Any, experiment_id: str) -> Reproduction:
+def reproduction(reader: RunReader, run: StoredRun, experiment_id: str) -> Reproduction:
     """What one ablation parent run recorded: its table's cells, its jobs' minutes and devices."""
     params = run.data.params
     rows: dict[str, dict[str, RunCell]] = {}
     row_status: dict[str, str] = {}
-    table = _artifact(client, run.info.run_id, TABLE_ARTIFACT)
+    table = reader.artifact(run, TABLE_ARTIFACT)  # None: not logged (a running or failed ablation)
     if table is not None:
         raw = json.loads(table)
         for values in raw.get("data", []):
@@ -69,7 +71,7 @@ def reproduction(client: Any, run: Any, experiment_id: str) -> Reproduction:
     stand_ins: dict[str, str] = {}
     readings: dict[str, list[str]] = {}
     uncommitted: dict[str, str] = {}
-    jobs = client.search_runs([experiment_id], f"tags.`mlflow.parentRunId` = '{run.info.run_id}'", max_results=5000)
+    jobs = reader.runs(experiment_id, tag=("mlflow.parentRunId", run.info.run_id))
     for job in jobs:
         variant = job.data.tags.get(VARIANT_TAG)
         if variant is None:
@@ -90,9 +92,9 @@ def reproduction(client: Any, run: Any, experiment_id: str) -> Reproduction:
         std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else math.nan
         rows.setdefault(variant, {})[TRAIN_MINUTES] = RunCell(mean, std, len(values))
     figures = {}
-    for artifact in client.list_artifacts(run.info.run_id, FIGURES):
-        if artifact.path.endswith(".png") and (png := _artifact(client, run.info.run_id, artifact.path)) is not None:
-            figures[artifact.path] = png
+    for path in reader.artifact_paths(run, FIGURES):
+        if path.endswith(".png") and (png := reader.artifact(run, path)) is not None:
+            figures[path] = png
     return Reproduction(
         profile=profile_of(run), run_id=run.info.run_id, status=run.info.status,
         reference=params.get("ablation.reference", ""), test=params.get("ablation.test", "paired"), rows=rows,
@@ -109,23 +111,18 @@ def profile_of(run: Any) -> str:
     return params.get("ablation.profile") or params.get("base.profile") or "demo"
 
 
-def find_reproductions(cfg: Config, preset: str) -> list[Reproduction]:
+def find_reproductions(cfg: Config, preset: str, reader: RunReader) -> list[Reproduction]:
     """The latest ablation parent run of ``preset`` per profile and reading (``ablation.reading``: a table
     run as printed sits beside the same table as its recipes run it), newest first, read back."""
-
-    tracking.configure(cfg)
-    client = mlflow.MlflowClient()
-    experiment = client.get_experiment_by_name(f"{cfg.base.experiment_prefix}-ablate")
-    if experiment is None:
+    experiment_id = reader.experiment_id(f"{cfg.base.experiment_prefix}-ablate")
+    if experiment_id is None:
         return []
-    runs = client.search_runs([experiment.experiment_id], f"params.`ablation.preset` = '{preset}'",
-                              order_by=["attributes.start_time DESC"], max_results=5000)
     latest: dict[tuple[str, str], Any] = {}
-    for run in runs:
+    for run in reader.runs(experiment_id, param=("ablation.preset", preset)):  # newest first
         if "mlflow.parentRunId" in run.data.tags:  # a job, not an ablation
             continue
         latest.setdefault((profile_of(run), run.data.params.get("ablation.reading", "recipe")), run)
-    return [reproduction(client, run, experiment.experiment_id) for run in latest.values()]
+    return [reproduction(reader, run, experiment_id) for run in latest.values()]
 
 
 def table_keys(paper: Paper, table: str | None) -> list[str] | None:
@@ -138,14 +135,37 @@ def table_keys(paper: Paper, table: str | None) -> list[str] | None:
     return [key]
 
 
-def _report(cfg: Config, paper_name: str, table: str | None, root: Path | str
-            ) -> tuple[str, str, list[str], dict[str, dict[str, float]]]:
-    """`build_report`, and per ablation run it read ``verdict/<table>_consistent`` and ``verdict/<table>_cells``
-    of its block (`mmcse.analysis.report.verdict_counts`), from the same reproductions."""
+@dataclass
+class Report:
+    """A paper's report: its Markdown and self-contained HTML page, the ablation runs it read and, per run, the
+    verdict of its block (``verdict/<table>_consistent`` and ``_cells``: `mmcse.analysis.report.verdict_counts`)."""
+
+    markdown: str
+    html: str
+    runs: list[str]
+    verdicts: dict[str, dict[str, float]]
+    files: dict[str, Path] = field(default_factory=dict)  # where `write_report` wrote it
+
+
+def default_reader(cfg: Config) -> RunReader:
+    """``base.mlflow_tracking_uri``'s SQLite file read directly; refused for another store, which is read through
+    MLflow (`mmcse.tracking.reading.run_reader`, a layer up: its caller passes it)."""
+    reader = SqliteRuns.open(cfg.base.mlflow_tracking_uri)
+    if reader is None:
+        raise ValueError(f"base.mlflow_tracking_uri {cfg.base.mlflow_tracking_uri}: not a SQLite file; read it "
+                         "with mmcse.tracking.reading.run_reader")
+    return reader
+
+
+def build_report(cfg: Config, paper_name: str, table: str | None = None, root: Path | str = ".",
+                 reader: RunReader | None = None) -> Report:
+    """The report of ``paper_name`` (one ``table``, or all) from the runs ``reader`` reads (default: the
+    configured SQLite store)."""
+    reader = reader or default_reader(cfg)
     paper = load_paper(paper_name, root)
     keys = table_keys(paper, table)
     presets = set(list_presets(Path(root) / cfg.ablate.presets_dir))
-    found = {k: find_reproductions(cfg, t.preset) for k, t in paper.tables.items()
+    found = {k: find_reproductions(cfg, t.preset, reader) for k, t in paper.tables.items()
              if (keys is None or k in keys) and t.preset in presets}
     sections = paper_report(paper, found, presets, keys)
     title = f"mmcse report: {paper.name}" + (f" {keys[0]}" if keys else "")
@@ -158,30 +178,17 @@ def _report(cfg: Config, paper_name: str, table: str | None, root: Path | str
                 consistent, cells = verdict_counts(t, t.blocks[run.block], run)
                 verdicts.setdefault(run.run_id, {}).update({f"verdict/{key}_consistent": consistent,
                                                             f"verdict/{key}_cells": cells})
-    return to_markdown(sections), to_html(sections, title), runs, verdicts
-
-
-def build_report(cfg: Config, paper_name: str, table: str | None = None,
-                 root: Path | str = ".") -> tuple[str, str, list[str]]:
-    """The report's Markdown and HTML, and the ablation runs it read."""
-    return _report(cfg, paper_name, table, root)[:3]
+    return Report(to_markdown(sections), to_html(sections, title), runs, verdicts)
 
 
 def write_report(cfg: Config, paper_name: str, table: str | None = None, out_dir: Path | str = REPORT_DIR,
-                 root: Path | str = ".", log: bool = True) -> dict[str, Path]:
-    """``<out_dir>/<paper>[-<table>].{md,html}`` (atomic writes); with ``log`` also under ``report/`` in
-    each ablation run the report read."""
-
-    markdown, page, runs, verdicts = _report(cfg, paper_name, table, root)
+                 root: Path | str = ".", reader: RunReader | None = None) -> Report:
+    """`build_report`, written to ``<out_dir>/<paper>[-<table>].{md,html}`` (atomic writes; ``Report.files``).
+    Logging it into the runs it read is `mmcse.tracking.reading.log_report`'s (``mmcse report --log``, the
+    report stage)."""
+    report = build_report(cfg, paper_name, table, root, reader)
     stem = paper_name + (f"-{table_keys(load_paper(paper_name, root), table)[0]}" if table else "")
-    files = {"md": Path(out_dir) / f"{stem}.md", "html": Path(out_dir) / f"{stem}.html"}
-    write_text(files["md"], markdown)
-    write_text(files["html"], page)
-    if log and runs:
-        client = mlflow.MlflowClient()
-        for run_id in runs:
-            for path in files.values():
-                client.log_artifact(run_id, str(path), "report")
-            for name, value in verdicts.get(run_id, {}).items():  # k of n cells consistent with the paper
-                client.log_metric(run_id, name, value)
-    return files
+    report.files = {"md": Path(out_dir) / f"{stem}.md", "html": Path(out_dir) / f"{stem}.html"}
+    write_text(report.files["md"], report.markdown)
+    write_text(report.files["html"], report.html)
+    return report

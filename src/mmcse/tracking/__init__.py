@@ -24,7 +24,8 @@ from mmcse.errors import StageError
 from mmcse.integrity.code import TRAINING_CODE, code_digest, code_files, source_state
 from mmcse.io import at_home, ensure_sqlite_parent
 
-# which run holds a folder's record: mlflow-free (`mmcse.records`), named here too for the callers of this module
+# which run holds a folder's record: mlflow-free (`mmcse.records`), named here too for the callers of this module;
+# the tags runs are read back by live beside the store's mlflow-free reader (`mmcse.runstore`), named here too
 from mmcse.records import (  # noqa: F401
     RUN_RECORDS,
     folder_key,
@@ -32,6 +33,16 @@ from mmcse.records import (  # noqa: F401
     note_run,
     remember_run,
     remembered_run,
+)
+from mmcse.runstore import (  # noqa: F401
+    CHANGED_TAG,
+    CODE_TAG,
+    COMMIT_TAG,
+    DIRTY_TAG,
+    SEED_TAG,
+    STAND_IN_TAG,
+    TRAIN_MINUTES,
+    VARIANT_TAG,
 )
 
 # Tags added to every run started (not resumed) inside `tagged(...)`: where a job ran
@@ -270,13 +281,6 @@ def extra_tags() -> dict[str, str]:
 
 
 JOB_TAG = "mmcse.job"  # what a run computes into (its output folder): runs of one job share it
-# an ablation job's row and seed (`mmcse.experiments.ablate.run_job`), read back by `mmcse report`
-VARIANT_TAG, SEED_TAG = "ablation.variant", "ablation.seed"
-# a job trained with offline stand-in teachers under a paper profile (teachers.stand_ins: allow): what stood in
-STAND_IN_TAG = "mmcse.stand_in_teachers"
-# a training run's wall-clock minutes, summed over its resumed sessions (DALR Table 7): MLflow only,
-# like the run id, since a DVC output must not change between two identical runs
-TRAIN_MINUTES = "train_minutes"
 EVAL_MINUTES = "eval_minutes"  # wall-clock minutes of a checkpoint's test evaluation, on its training run
 def existing_run(run_id: str | None) -> str | None:
     """``run_id`` if the tracking store holds it and it is not deleted (a resume point may name a
@@ -338,7 +342,6 @@ def end_stale_runs(experiment_id: str, job: str, keep: str | None = None) -> lis
     return ended
 
 
-COMMIT_TAG, DIRTY_TAG, CHANGED_TAG, CODE_TAG = "mmcse.commit", "mmcse.dirty", "mmcse.changed", "mmcse.code_digest"
 
 
 def provenance_tags() -> dict[str, str]:

@@ -3,11 +3,16 @@ ablation's job runs."""
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 import mlflow
 import numpy as np
 from mlflow.exceptions import MlflowException
+
+from mmcse.runstore import SqliteRuns
 
 PREDICTIONS_ARTIFACT = "evaluation/sts_predictions.json"  # logged by pipeline.run_evaluate
 
@@ -63,3 +68,49 @@ def ablation_job_runs(parent_run_id: str, variants: Sequence[str], seed: int | N
             raise KeyError(f"--ablation {variant}: no finished job run{which} under run {parent_run_id}")
         out[f"{variant} seed={mine[0]['seed']}"] = mine[0]["run_id"]
     return out
+
+
+class MlflowRuns:
+    """A `mmcse.runstore.RunReader` through MLflow's client: the stores `mmcse.runstore.SqliteRuns` does not read
+    directly (PostgreSQL, a tracking server). The tracking URI is the current one (`mmcse.tracking.configure`)."""
+
+    def __init__(self) -> None:
+        self.client = mlflow.MlflowClient()
+
+    def experiment_id(self, name: str) -> str | None:
+        experiment = self.client.get_experiment_by_name(name)
+        return None if experiment is None else experiment.experiment_id
+
+    def runs(self, experiment_id: str, param: tuple[str, str] | None = None,
+             tag: tuple[str, str] | None = None) -> list[Any]:
+        where = [f"{kind}.`{key}` = '{value}'" for kind, match in (("params", param), ("tags", tag))
+                 if match is not None for key, value in [match]]
+        return list(self.client.search_runs([experiment_id], " and ".join(where),
+                                            order_by=["attributes.start_time DESC"], max_results=5000))
+
+    def artifact(self, run: Any, path: str) -> bytes | None:
+        with tempfile.TemporaryDirectory(prefix="mmcse-read-") as tmp:
+            try:
+                return Path(self.client.download_artifacts(run.info.run_id, path, tmp)).read_bytes()
+            except Exception:  # not logged (a running or failed run), or unreadable: no artifact
+                return None
+
+    def artifact_paths(self, run: Any, folder: str) -> list[str]:
+        return [a.path for a in self.client.list_artifacts(run.info.run_id, folder) if not a.is_dir]
+
+
+def run_reader(tracking_uri: str) -> SqliteRuns | MlflowRuns:
+    """The store's reader: its SQLite file read directly, another store through MLflow's client (the current
+    tracking URI: `mmcse.tracking.configure`)."""
+    return SqliteRuns.open(tracking_uri) or MlflowRuns()
+
+
+def log_report(files: dict[str, Path], runs: Sequence[str], verdicts: dict[str, dict[str, float]]) -> None:
+    """A report's files under ``report/`` in every ablation run it read, with the run's ``verdicts`` (k of n
+    cells consistent with the paper)."""
+    client = mlflow.MlflowClient()
+    for run_id in runs:
+        for path in files.values():
+            client.log_artifact(run_id, str(path), "report")
+        for name, value in verdicts.get(run_id, {}).items():
+            client.log_metric(run_id, name, value)
