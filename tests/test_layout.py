@@ -236,12 +236,16 @@ def test_a_killed_train_or_evaluate_leaves_the_previous_results_in_the_workspace
     ("mmcse.cli", {"torch", "transformers", "mlflow"}),
     ("mmcse.experiments.runs", {"torch", "transformers", "mlflow", "pandas", "matplotlib"}),
     ("mmcse.experiments.estimate", {"torch", "transformers", "mlflow"}),
-    # (torch still: a job's identity runs the loss terms on a probe batch, `objective_keys`)
-    ("mmcse.experiments.plan", {"transformers", "mlflow", "matplotlib"}),
+    # a job's identity reads the terms' declarations (`objective_keys`), never a tensor
+    ("mmcse.experiments.plan", {"torch", "transformers", "mlflow", "matplotlib"}),
+    ("mmcse.experiments.stand_ins", {"torch", "transformers", "mlflow"}),  # check_params' whole check
+    ("mmcse.experiments.report", {"torch", "transformers", "mlflow"}),  # the SQLite store read directly
+    ("mmcse.experiments.profiles", {"torch", "transformers", "mlflow"}),
 ])
 def test_a_command_loads_what_it_uses(module, not_loaded):
     """Issue 54: `mmcse runs` reads DVC's record and prints text; a plan counts steps and reads the pace from the
-    run's record beside the store. Neither loads the libraries that train or track (seconds each)."""
+    run's record beside the store; the parameter check and `mmcse profile` read configurations; a report reads
+    MLflow's SQLite file. None loads the libraries that train or track (seconds each)."""
     import subprocess
     import sys
 

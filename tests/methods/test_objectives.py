@@ -13,7 +13,8 @@ import torch
 from mmcse.config import Config, parse_config, with_overrides
 from mmcse.experiments.recipes import load_recipes
 from mmcse.methods.losses import adapacse_loss, info_nce, simcse_loss
-from mmcse.methods.objectives import Objective, StepEmbeddings, active_terms, needed_features, step_objective
+from mmcse.methods.objectives import Objective, StepEmbeddings, active_terms, needed_features
+from mmcse.methods.step import step_objective
 from tests.conftest import REPO
 from tests.methods.test_losses import eq1_loop, eq3_loop
 from tests.methods.test_losses_kdmcse import eq13_loop
@@ -641,3 +642,37 @@ def test_a_loss_parameter_outside_objective_keys_changes_nothing_a_step_computes
                 assert all(torch.equal(got[k], ref[k]) for k in ref), (path, other)
             checked += 1
     assert checked >= 10
+
+
+ORACLE_VARIANTS = [
+    {"train.method": "simcse"}, {"train.method": "simcse", "loss.simcse.mlm": True},
+    {"train.method": "mcse"}, {"train.method": "mcse", "loss.mcse.clip_text": True},
+    {"train.method": "mcse", "loss.image_term": False},
+    {"train.method": "kdmcse"}, {"train.method": "kdmcse", "loss.kdmcse.text_batches": "angular_margin"},
+    {"train.method": "kdmcse", "loss.kdmcse.soft_labels": "projections", "loss.kdmcse.threshold": "off"},
+    {"train.method": "kdmcse", "loss.kdmcse.pair_objective": "simcse_plus_kdmcse"},
+    {"train.method": "kdmcse", "loss.dalr.cml": True, "loss.dalr.iml": True},
+    {"train.method": "dalr"}, {"train.method": "dalr", "loss.dalr.teacher_space": "raw"},
+    {"train.method": "dalr", "loss.dalr.info_margin": True, "loss.dalr.simcse_on_pairs": True},
+    {"train.method": "dalr", "loss.dalr.text_batches": True, "loss.dalr.info_views": "mean"},
+    {"train.method": "mcseo"}, {"train.method": "mcseo", "loss.mcseo.image_views": 2},
+    {"train.method": "mcseo", "loss.mcseo.object_phrase": False},
+]
+
+
+@pytest.mark.parametrize("overrides", ORACLE_VARIANTS, ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
+def test_objective_keys_are_what_the_step_reads(overrides):
+    """`objective_keys` reads the terms' declarations (`LossTerm.reads`), no tensor: it must name exactly the
+    ``loss`` parameters the step reads when it runs both kinds of batch, recorded as they are read."""
+    from mmcse.methods.objectives import INPUT_SETTINGS, _Recorded, needed_inputs, objective_keys
+
+    o = Objective.of(_cfg(**overrides))
+    seen: set[str] = set()
+    recorded = Objective(o.method, _Recorded(o.loss, "loss", seen))
+    on = active_terms(recorded)
+    for pair_batch in (True, False):
+        for name in needed_inputs(recorded, pair_batch, on):
+            seen.update(INPUT_SETTINGS.get(name, ()))
+        with torch.no_grad():
+            step_objective(recorded, _with_mlm(_embeddings(pair_batch=pair_batch)), 0, on)
+    assert objective_keys(o) == seen

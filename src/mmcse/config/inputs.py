@@ -72,7 +72,8 @@ class SourceConfig:
     path: Str = ""
     sha256: Str = ""
 
-    def validate(self, where: str, key: str) -> None:
+    def check_source(self, where: str, key: str) -> None:
+        """One source's rules, ``key`` its dotted name (``data.sources.<name>``)."""
         given = [name for name in ("url", "hub", "path") if getattr(self, name)]
         check(len(given) == 1, where, key, f"needs exactly one of url, hub (+ file) or path; got {given or 'none'}")
         if self.hub:
@@ -123,7 +124,7 @@ class SourcesConfig:
 
     def validate(self, where: str) -> None:
         for f in dataclasses.fields(self):
-            getattr(self, f.name).validate(where, f"data.sources.{f.name}")
+            getattr(self, f.name).check_source(where, f"data.sources.{f.name}")
         c = self.cc12m
         if c.url or c.hub:
             key = "data.sources.cc12m." + ("url" if c.url else "file")
@@ -183,8 +184,6 @@ class DataConfig:
     demo: DemoDataConfig = field(default_factory=DemoDataConfig)
 
     def validate(self, where: str) -> None:
-        self.demo.validate(where)
-        self.sources.validate(where)
         check(bool(self.splits), where, "data.splits", f"must name at least one of {', '.join(KARPATHY_SPLITS)}")
         for split in self.splits:
             check(split in KARPATHY_SPLITS, where, "data.splits",

@@ -79,8 +79,6 @@ class EvaluateConfig:
     mteb: list[Name] = field(default_factory=list)
 
     def validate(self, where: str) -> None:
-        self.transfer.validate(where)
-        self.ndcg.validate(where)
         check(len(set(self.mteb)) == len(self.mteb), where, "evaluate.mteb", "task names repeat")
 
 

@@ -56,11 +56,19 @@ def reads_pixels(cfg: Config) -> bool:
 
 
 def validate_sections(cfg: Config, where: str, sections: Iterable[dataclasses.Field]) -> None:
-    """Each section's cross-field rules (its ``validate``; types and bounds were checked as it was built)."""
+    """Each section's cross-field rules (its ``validate``; types and bounds were checked as it was built), its
+    sub-sections' first, all the way down: a new sub-section's rules run without being wired into its parent."""
     for f in sections:
-        section = getattr(cfg, f.name)
-        if hasattr(section, "validate"):
-            section.validate(where)
+        _validate_tree(getattr(cfg, f.name), where)
+
+
+def _validate_tree(section: Any, where: str) -> None:
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            _validate_tree(value, where)
+    if hasattr(section, "validate"):
+        section.validate(where)
 
 
 def validate_terms(cfg: Config, where: str) -> None:

@@ -119,8 +119,6 @@ class ModelConfig:
     vsrn: VsrnModelConfig = field(default_factory=VsrnModelConfig)
 
     def validate(self, where: str) -> None:
-        self.duet.validate(where)
-        self.vsepp.validate(where)
         check(bool(self.name_or_path.strip()), where, "model.name_or_path", "must not be empty")
         check(
             not self.config_overrides or self.init == "random",
@@ -377,6 +375,3 @@ class LossConfig:
     vsepp: VseppLossConfig = field(default_factory=VseppLossConfig)
     vsrn: VsrnLossConfig = field(default_factory=VsrnLossConfig)
 
-    def validate(self, where: str) -> None:
-        self.kdmcse.validate(where)
-        self.dalr.validate(where)

@@ -1,9 +1,11 @@
-"""A step's loss, derived from the registered loss terms (:mod:`mmcse.methods.terms`): which terms a
-configuration trains, which student outputs and cached features a batch needs, and their weighted sum.
+"""What a configuration's step is, derived from the declared loss terms (:mod:`mmcse.methods.terms`): which
+terms it trains, which of them a batch kind runs and how each is weighted (`running_terms`, the one control flow
+`mmcse.methods.step.step_objective` sums), which student outputs and cached features a batch needs, and which
+``loss`` parameters it reads (`objective_keys`). No tensor here: a plan, a job's identity and the parameter
+check read it without torch.
 
-Nothing here names a term: each `LossTerm` owns its switch, weight, inputs and function. Everything is
-a function of tensors and an `Objective` (the method and the ``loss`` section, ``Objective.of(cfg)``),
-so tests can feed random embeddings and teacher features.
+Nothing here names a term: each `LossTerm` owns its switch, weight, inputs and the parameters its function
+reads. Everything is a function of an `Objective` (the method and the ``loss`` section, ``Objective.of(cfg)``).
 """
 
 from __future__ import annotations
@@ -12,14 +14,12 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-import torch
-
 from mmcse.config.checks import fail
 from mmcse.methods.terms import STAT, TERMS, LossTerm, Objective, StepEmbeddings
-from mmcse.methods.terms.base import INPUT_FEATURES, INPUT_SETTINGS, setting
+from mmcse.methods.terms.base import INPUT_FEATURES, INPUT_SETTINGS
 
 __all__ = ["STAT", "Objective", "StepEmbeddings", "active_terms", "check_sweep_space", "image_head", "needed_features",
-           "needed_inputs", "objective_keys", "step_objective"]
+           "needed_inputs", "objective_keys", "running_terms"]
 
 
 def active_terms(o: Objective) -> dict[str, bool]:
@@ -51,36 +51,14 @@ def needed_features(o: Objective, pair_batch: bool, on: dict[str, bool] | None =
     return {g for g in groups if g is not None}
 
 
-def step_objective(
-    o: Objective, e: StepEmbeddings, seed: int = 0, on: dict[str, bool] | None = None
-) -> dict[str, torch.Tensor]:
-    """All active terms of one batch and their weighted sum ``loss`` (plus ``stat/…`` diagnostics,
-    never summed), in the terms' fixed order. Each term is weighted by its ``weight`` parameter
-    (mcse: SimCSE + λ_img·image [+ λ_img·clip_text]; kdmcse: Eq. 14 alone on pair batches as
-    Algorithm 1, or SimCSE + λ_img·Eq. 14; dalr: Eq. 14, w_info·L_info + λ·(c·L_cons + L_CMA) +
-    μ·(L_rank + L_IMA), with SimCSE on text-only batches (and on pair batches with
-    ``loss.dalr.simcse_on_pairs``, the authors' code); mcseo: SimCSE + α·l_img-cap + β·l_obj-phra).
-    ``seed`` seeds each term's random stream (mismatched pairs, ranking ties); ``on`` is :func:`active_terms` of ``o``,
-    worked out once per run by callers that step many times.
-    """
-    on = on if on is not None else active_terms(o)
-    running = _running(o, e.pair_batch, on)
-    # a term that trains a pair batch alone (KDMCSE Algorithm 1) replaces the text term, unweighted
-    alone = e.pair_batch and any(t.alone(o) for t in running)
-    terms: dict[str, torch.Tensor] = {}
-    loss = e.z1.new_zeros(())
-    for term in running:
-        if (alone and term.yields_to_alone) or not term.applies(e):
-            continue
-        value = term.compute(o, e, term.generator(seed))
-        terms |= value if isinstance(value, dict) else {term.name: value}
-        if term.weight is None or (alone and term.alone(o)):
-            loss = loss + terms[term.name]
-        else:
-            weight = setting(o, term.weight) * (setting(o, term.scale) if term.scale else 1.0)
-            loss = loss + weight * terms[term.name]
-    terms["loss"] = loss
-    return terms
+def running_terms(o: Objective, pair_batch: bool, on: dict[str, bool]) -> list[tuple[LossTerm, bool]]:
+    """The terms one batch kind runs, in their fixed order, each with whether its ``weight`` (and ``scale``)
+    multiply it: a term that trains a pair batch alone (KDMCSE Algorithm 1) replaces the text term and is
+    summed unweighted. ``on``: `active_terms` of ``o``."""
+    running = _running(o, pair_batch, on)
+    alone = pair_batch and any(t.alone(o) for t in running)
+    return [(term, term.weight is not None and not (alone and term.alone(o)))
+            for term in running if not (alone and term.yields_to_alone)]
 
 
 def image_head(o: Objective) -> tuple[str, str] | None:
@@ -107,6 +85,25 @@ def check_sweep_space(o: Objective, swept: Iterable[str], where: str = "params.y
         fail(f"{where} (sweep.space)", key, f"is swept, but train.method {o.method!r} {why}")
 
 
+def objective_keys(o: Objective) -> set[str]:
+    """Every ``loss.*`` parameter a sentence encoder's step reads under ``o``: the terms' switches and batch
+    rules, then the weights, the parameters their functions read (`LossTerm.reads`) and the input settings
+    (`INPUT_SETTINGS`) of the terms that run, on image–caption and text-only batches alike. The switches and
+    rules are recorded as they are read, so a new term's count without being listed anywhere. A parameter
+    outside this set changes nothing the method trains (an ablation job's identity leaves it out)."""
+    seen: set[str] = set()
+    recorded = Objective(o.method, _Recorded(o.loss, "loss", seen))  # type: ignore[arg-type]
+    on = active_terms(recorded)
+    for pair_batch in (True, False):
+        for name in needed_inputs(recorded, pair_batch, on):
+            seen.update(INPUT_SETTINGS.get(name, ()))
+        for term, weighted in running_terms(recorded, pair_batch, on):
+            seen |= term.reads(recorded)
+            if weighted:
+                seen |= {w for w in (term.weight, term.scale) if w is not None}
+    return seen
+
+
 class _Recorded:
     """A config section that records the dotted path of every parameter read through it."""
 
@@ -124,37 +121,3 @@ class _Recorded:
         if not callable(value):
             self._seen.add(path)
         return value
-
-
-def _probe_batch(pair_batch: bool) -> StepEmbeddings:
-    """A small batch carrying every input a term may read (`INPUT_FEATURES`), for `objective_keys`."""
-    g = torch.Generator().manual_seed(0)
-    n, p, k, h, t, v = 4, 3, 3, 5, 6, 7
-
-    def r(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=g)
-
-    teacher = torch.nn.functional.normalize(r(n, k), dim=-1)
-    return StepEmbeddings(
-        z1=r(n, h), z2=r(n, h), pair_batch=pair_batch, s1=r(n, p), s2=r(n, p), image=r(n, p),
-        teacher_text=r(n, p), teacher_image=r(n, p), joint_text=r(n, k), joint_image=r(n, k), shared_text=r(n, p),
-        shared_image=r(n, p), text_teacher_sim=teacher @ teacher.T, text_teacher=r(n, p), phrases=r(t, p),
-        objects=r(t, p), object_pair=torch.tensor([0, 0, 1, 2, 3, 3]), mlm_logits=r(5, v),
-        mlm_labels=torch.tensor([0, 1, 2, 3, 4]))
-
-
-def objective_keys(o: Objective) -> set[str]:
-    """Every ``loss.*`` parameter a sentence encoder's step reads under ``o``: the terms' switches and
-    batch rules, then the weights, functions and input settings (`INPUT_SETTINGS`) of the terms that
-    run, on image–caption and text-only batches alike. Recorded while the step runs on a small probe
-    batch, so a new term's parameters count without being listed anywhere. A parameter outside this set
-    changes nothing the method trains (an ablation job's identity leaves it out)."""
-    seen: set[str] = set()
-    recorded = Objective(o.method, _Recorded(o.loss, "loss", seen))  # type: ignore[arg-type]
-    on = active_terms(recorded)
-    for pair_batch in (True, False):
-        for name in needed_inputs(recorded, pair_batch, on):
-            seen.update(INPUT_SETTINGS.get(name, ()))
-        with torch.no_grad():
-            step_objective(recorded, _probe_batch(pair_batch), 0, on)
-    return seen

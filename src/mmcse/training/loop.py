@@ -30,8 +30,8 @@ from mmcse.methods.objectives import (
     image_head,
     needed_features,
     needed_inputs,
-    step_objective,
 )
+from mmcse.methods.step import step_objective, term_generator
 from mmcse.methods.terms.simcse import MLM
 from mmcse.models.dropout import install_keyed_dropout
 from mmcse.models.export import EVAL_MAX_SEQ_LEN, export_sentence_transformers
@@ -93,7 +93,7 @@ def training_step_loss(
         head = student.mlm_head
         # SimCSE masks each of its two copies of a sentence on its own (train.py mask_tokens)
         masked, labels = mlm_masking(ids.repeat(2, 1), head.special_ids, head.mask_id, head.vocab,
-                                     o.loss.simcse.mlm_probability, MLM.generator(seed))  # (2B, L) each
+                                     o.loss.simcse.mlm_probability, term_generator(MLM, seed))  # (2B, L) each
         chosen = labels != IGNORED  # (2B, L)
         masked_states = encode(masked, mask.repeat(2, 1), rows + 2 * n)  # (2B, L, H): its own dropout
         e.mlm_logits = head(masked_states[chosen])  # (M, V): only the chosen tokens reach the vocabulary

@@ -1,12 +1,14 @@
-"""What a loss term is: one object that owns its name, its switch, its weight's parameter, the batch
-embeddings it reads and its function. The paper equations stay pure functions of tensors in
-:mod:`mmcse.methods.losses`; a term only wires a configuration to one of them.
+"""What a loss term is: one object that owns its name, its switch, its weight's parameter, the parameters its
+function reads, the batch embeddings it reads, and where it runs. The declaration is data, importable without
+torch (a plan, a job's identity and the parameter check read it in a fraction of a second); the function that
+computes the term is registered under its name by :mod:`mmcse.methods.compute`, and the paper equations stay
+pure functions of tensors in :mod:`mmcse.methods.losses`.
 
 Every module of :mod:`mmcse.methods.terms` registers its terms with :func:`register`; the package
-imports each module it holds, so a new term is one module there (plus its parameters, test and docs).
-What a configuration trains (`mmcse.methods.objectives.active_terms`), which cached features a batch
-loads (`needed_features`), which student outputs a step computes (`needed_inputs`) and the step's
-weighted sum (`step_objective`) are all derived from the registered terms.
+imports each module it holds. What a configuration trains (`mmcse.methods.objectives.active_terms`), which
+cached features a batch loads (`needed_features`), which student outputs a step computes (`needed_inputs`),
+which ``loss`` parameters a job's identity keeps (`objective_keys`) and the step's weighted sum
+(`mmcse.methods.step.step_objective`) are all derived from the registered terms.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from mmcse.config import Config, LossConfig
+
+if TYPE_CHECKING:  # the tensors a step carries; a declaration never makes one
+    import torch
 
 STAT = "stat/"  # prefix of diagnostics in a step's dict: logged, never added to the loss
 
@@ -110,9 +114,6 @@ def setting(o: Objective, path: str) -> float:
     return float(functools.reduce(getattr, rest, o.loss))
 
 
-Compute = Callable[[Objective, StepEmbeddings, "torch.Generator | None"], "torch.Tensor | dict[str, torch.Tensor]"]
-
-
 @dataclass(frozen=True)
 class LossTerm:
     """One loss term of the sentence encoders' step.
@@ -124,8 +125,12 @@ class LossTerm:
     - ``scale``: a second parameter path multiplying the weight, for a term weighted inside its group
       (DALR's authors' code sums 0.01·L_cons + L_CMA under λ);
     - ``inputs(o)``: the `StepEmbeddings` fields it reads (names of `INPUT_FEATURES`);
-    - ``compute(o, e, generator)``: its value, or a dict holding ``name`` plus sub-terms and
-      ``stat/…`` diagnostics; ``generator`` is the term's own CPU stream when ``stream`` is set;
+    - ``reads(o)``: the ``loss.*`` parameters its function reads under ``o`` (dotted paths), beside its switch,
+      weight and inputs, which are read here: with them, what a job's identity keeps of ``loss``
+      (`mmcse.methods.objectives.objective_keys`);
+    - its function, ``compute(o, e, generator)`` (registered under ``name`` in :mod:`mmcse.methods.compute`):
+      its value, or a dict holding ``name`` plus sub-terms and ``stat/…`` diagnostics; ``generator`` is the
+      term's own CPU stream when ``stream`` is set;
     - ``on_pairs(o)``/``on_text(o)``: which batches it runs on (image–caption, text-only);
     - ``applies(e)``: False skips it for one batch (a pair batch without object–phrase pairs);
     - ``alone(o)``: on image–caption batches it replaces the text term and is summed unweighted
@@ -143,7 +148,7 @@ class LossTerm:
     order: int
     active: Callable[[Objective], bool]
     inputs: Callable[[Objective], set[str]]
-    compute: Compute
+    reads: Callable[[Objective], set[str]] = lambda o: set()
     weight: str | None = None
     scale: str | None = None
     on_pairs: Callable[[Objective], bool] = lambda o: True
@@ -157,10 +162,6 @@ class LossTerm:
 
     def runs_on(self, o: Objective, pair_batch: bool) -> bool:
         return self.on_pairs(o) if pair_batch else self.on_text(o)
-
-    def generator(self, seed: int) -> torch.Generator | None:
-        """A CPU generator for this term's draws: the same numbers on every training device."""
-        return None if self.stream is None else torch.Generator().manual_seed(seed * 16 + self.stream)
 
 
 REGISTRY: dict[str, LossTerm] = {}

@@ -1,24 +1,12 @@
 """DALR's terms (Eq. 14: L_info + λ·L_CML + μ·L_IML on image–caption batches; SimCSE's L_text joins
 them with ``loss.dalr.simcse_on_pairs``, the authors' code): L_info (Eq. 4), L_CML = L_cons (Eq. 5) +
 L_CMA (Eq. 6–8), L_IML = L_rank (Eq. 10) + L_IMA (Eq. 11–12). ``loss.dalr.cml`` and ``iml``
-switch each pair on for any sentence encoder (DALR Tables 4–5: KDMCSE + CML, KDMCSE + IML)."""
+switch each pair on for any sentence encoder (DALR Tables 4–5: KDMCSE + CML, KDMCSE + IML). Their functions:
+`mmcse.methods.compute.dalr`."""
 
 from __future__ import annotations
 
-import torch
-
-from mmcse.methods.losses import (
-    adapacse_loss,
-    consistency_loss,
-    cosine_matrix,
-    cross_modal_alignment_loss,
-    info_nce,
-    intra_modal_alignment_loss,
-    listmle_loss,
-    mismatch_permutation,
-    teacher_rankings,
-)
-from mmcse.methods.terms.base import LossTerm, Objective, StepEmbeddings, need, register, switch
+from mmcse.methods.terms.base import LossTerm, Objective, register, switch
 
 
 def cml_on(o: Objective) -> bool:
@@ -34,76 +22,10 @@ def projected(o: Objective) -> bool:
     return o.loss.dalr.teacher_space == "projected"
 
 
-def dalr_teacher_targets(o: Objective, e: StepEmbeddings, term: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """The features of DALR's target distributions Q^{t2t}, Q^{v2v} (Eq. 7) for L_CMA: with
-    ``loss.dalr.teacher_space: projected`` the projected teachers h^t = g_φt(f_t(t)) and h^v =
-    g_φv(f_v(v)) of Eq. 3 (one h^t, also L_IMA's); with ``raw``, the cached CLIP caption and image
-    features. The equations carry no stop-gradient, so gradients reach g_φt and g_φv through Q."""
-    if projected(o):
-        return need(e.text_teacher, "text_teacher", term), need(e.teacher_image, "teacher_image", term)
-    return need(e.joint_text, "joint_text", term), need(e.joint_image, "joint_image", term)
-
-
-def dalr_text_target_similarity(o: Objective, e: StepEmbeddings, term: str) -> torch.Tensor:
-    """The cosine matrix ``(N, N)`` behind L_IMA's Q^{t2t} (Eq. 11): cos(h^t, h^t) of the projected
-    text teacher (``teacher_space: projected``, the same h^t as L_CMA's) or the text teachers' own
-    similarity (``raw``)."""
-    if projected(o):
-        h_t = need(e.text_teacher, "text_teacher", term)
-        return cosine_matrix(h_t, h_t)
-    return need(e.text_teacher_sim, "text_teacher_sim", term)
-
-
-def dalr_info(o: Objective, e: StepEmbeddings, generator: torch.Generator | None = None) -> torch.Tensor:
-    """DALR L_info, paper Eq. 4: sentence–image InfoNCE of s^z against h^v = g_φv(v̂). As printed
-    on the one view s^z (``info_views: one``); ``mean`` of both dropout views as the authors' code,
-    ``sum`` as MCSE's Eq. 3. ``info_margin`` adds KDMCSE's adaptive margin with Δ from the
-    image–image teacher similarity (the authors' code)."""
-    d = o.loss.dalr
-    views = [need(e.s1, "s1", "info")] + ([] if d.info_views == "one" else [need(e.s2, "s2", "info")])
-    h_v = need(e.teacher_image, "teacher_image", "info")  # (N, p)
-    tau = o.loss.temperature_img
-    if d.info_margin:
-        with torch.no_grad():
-            v_hat = need(e.joint_image, "joint_image", "info")
-            alpha_vv = cosine_matrix(v_hat, v_hat)  # (N, N)
-        per_view = [adapacse_loss(s, h_v, tau, o.loss.kdmcse.margin, alpha_vv) for s in views]
-    else:
-        per_view = [info_nce(s, h_v, tau) for s in views]
-    total = torch.stack(per_view).sum()
-    return total / len(per_view) if d.info_views == "mean" else total
-
-
-def dalr_consistency(o: Objective, e: StepEmbeddings, generator: torch.Generator | None = None) -> torch.Tensor:
-    """L_cons (Eq. 5) with the batch's mismatched pairs drawn from the term's own stream."""
-    d = o.loss.dalr
-    mismatch = mismatch_permutation(e.z1.shape[0], d.mismatch, generator).to(e.z1.device, non_blocking=True)
-    return consistency_loss(need(e.shared_text, "shared_text", "consistency"),
-                            need(e.shared_image, "shared_image", "consistency"), mismatch, d.consistency_margin)
-
-
-def dalr_cma(o: Objective, e: StepEmbeddings, generator: torch.Generator | None = None) -> torch.Tensor:
-    """L_CMA (Eq. 6–8): the student's sentence–image distribution against the teachers' Q."""
-    d = o.loss.dalr
-    q_text, q_image = dalr_teacher_targets(o, e, "cma")
-    return cross_modal_alignment_loss(need(e.s1, "s1", "cma"), need(e.teacher_image, "teacher_image", "cma"),
-                                      q_text, q_image, d.cma_student_temperature, d.cma_teacher_temperature)
-
-
-def dalr_rank(o: Objective, e: StepEmbeddings, generator: torch.Generator | None = None) -> torch.Tensor:
-    """L_rank (Eq. 10): ListMLE of the student's similarities against the text teachers' ranking
-    (ties broken by the term's own stream)."""
-    d = o.loss.dalr
-    ranking = teacher_rankings(need(e.text_teacher_sim, "text_teacher_sim", "rank"), generator,
-                               d.rank_include_diagonal)
-    return listmle_loss(cosine_matrix(e.z1, e.z2), ranking.to(e.z1.device), d.rank_temperature)
-
-
-def dalr_ima(o: Objective, e: StepEmbeddings, generator: torch.Generator | None = None) -> torch.Tensor:
-    """L_IMA (Eq. 11–12) against Q^{t2t}."""
-    d = o.loss.dalr
-    return intra_modal_alignment_loss(e.z1, e.z2, dalr_text_target_similarity(o, e, "ima"),
-                                      d.ima_student_temperature, d.ima_teacher_temperature)
+def info_reads(o: Objective) -> set[str]:
+    """L_info's parameters: its views, τ_img, its margin switch and, with the margin, KDMCSE's margin."""
+    margin = {"loss.kdmcse.margin"} if o.loss.dalr.info_margin else set()
+    return {"loss.dalr.info_views", "loss.temperature_img", "loss.dalr.info_margin"} | margin
 
 
 def _text_batches(o: Objective) -> bool:
@@ -115,30 +37,35 @@ register(
         name="info", equation="DALR L_info (Eq. 4)", order=40, weight="loss.dalr.info_weight",
         active=lambda o: o.method == "dalr" and o.loss.dalr.info,
         inputs=lambda o: {"s", "teacher_image"} | ({"joint_image"} if o.loss.dalr.info_margin else set()),
-        compute=dalr_info, retrieval_head=("teacher_image_proj", "retrieval_joint_image"),
+        reads=info_reads, retrieval_head=("teacher_image_proj", "retrieval_joint_image"),
     ),
     LossTerm(
         name="consistency", equation="DALR L_cons (Eq. 5)", order=50, weight="loss.dalr.lambda_cml",
         scale="loss.dalr.consistency_scale",
         active=lambda o: cml_on(o) and o.loss.dalr.consistency,
-        inputs=lambda o: {"shared_text", "shared_image"}, compute=dalr_consistency, stream=1,
+        inputs=lambda o: {"shared_text", "shared_image"}, stream=1,
+        reads=lambda o: {"loss.dalr.mismatch", "loss.dalr.consistency_margin"},
     ),
     LossTerm(
         name="cma", equation="DALR L_CMA (Eq. 6–8)", order=60, weight="loss.dalr.lambda_cml",
         active=lambda o: cml_on(o) and o.loss.dalr.alignment,
         inputs=lambda o: {"s", "teacher_image"} | (
             {"text_teacher"} if projected(o) else {"joint_text", "joint_image"}),
-        compute=dalr_cma,
+        reads=lambda o: {"loss.dalr.teacher_space", "loss.dalr.cma_student_temperature",
+                         "loss.dalr.cma_teacher_temperature"},
     ),
     LossTerm(
         name="rank", equation="DALR L_rank (Eq. 10)", order=80, weight="loss.dalr.mu_iml",
         active=lambda o: iml_on(o) and o.loss.dalr.rank,
-        inputs=lambda o: {"z", "text_teacher_sim"}, compute=dalr_rank, on_text=_text_batches, stream=2,
+        inputs=lambda o: {"z", "text_teacher_sim"}, on_text=_text_batches, stream=2,
+        reads=lambda o: {"loss.dalr.rank_include_diagonal", "loss.dalr.rank_temperature"},
     ),
     LossTerm(
         name="ima", equation="DALR L_IMA (Eq. 11–12)", order=90, weight="loss.dalr.mu_iml",
         active=lambda o: iml_on(o) and o.loss.dalr.ima,
         inputs=lambda o: {"z", "text_teacher" if projected(o) else "text_teacher_sim"},
-        compute=dalr_ima, on_text=_text_batches,
+        on_text=_text_batches,
+        reads=lambda o: {"loss.dalr.teacher_space", "loss.dalr.ima_student_temperature",
+                         "loss.dalr.ima_teacher_temperature"},
     ),
 )

@@ -1,40 +1,9 @@
-"""KDMCSE's image–caption term: Eq. 9–13 per modality and their mean, Eq. 14."""
+"""KDMCSE's image–caption term: Eq. 9–13 per modality and their mean, Eq. 14 (its function:
+`mmcse.methods.compute.kdmcse`)."""
 
 from __future__ import annotations
 
-import torch
-
-from mmcse.methods.losses import kdmcse_objective, kdmcse_soft_labels, kdmcse_term, threshold_keep_mask
-from mmcse.methods.terms.base import STAT, LossTerm, Objective, StepEmbeddings, need, register
-
-
-def kdmcse_terms(o: Objective, e: StepEmbeddings, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
-    """ℓ^{v'}, ℓ^{t'} (Eq. 9–13) and their mean (Eq. 14). Threshold filtering uses α^{t,v}
-    (image term) and α^{t,t} (text term); the margin's Δ uses image–image and caption–caption
-    α (``within``, the authors' code) or the same cross-modal α^{t,m} (``cross``). The α are
-    `kdmcse_soft_labels` of the raw CLIP features t̂, v̂ (``soft_labels: clip``: Eq. 7, kdmcse-2.txt's
-    Algorithm 1) or, with ``soft_labels: projections``, of g_φt(t̂), g_φv(v̂)."""
-    k, tau = o.loss.kdmcse, o.loss.temperature_img
-    s1, s2 = need(e.s1, "s1", "kdmcse"), need(e.s2, "s2", "kdmcse")
-    g_t = need(e.teacher_text, "teacher_text", "kdmcse")  # (N, p) g_φt(t̂)
-    g_v = need(e.teacher_image, "teacher_image", "kdmcse")  # (N, p) g_φv(v̂)
-    if k.soft_labels == "projections":
-        alpha = kdmcse_soft_labels(g_t, g_v)
-    else:
-        alpha = kdmcse_soft_labels(need(e.joint_text, "joint_text", "kdmcse"),
-                                   need(e.joint_image, "joint_image", "kdmcse"))
-    margin_v = alpha["vv"] if k.margin_similarity == "within" else alpha["tv"]
-    keep_v = threshold_keep_mask(alpha["tv"], k.threshold_value)
-    keep_t = threshold_keep_mask(alpha["tt"], k.threshold_value)
-    image = kdmcse_term(s1, s2, g_v, tau, k.margin, margin_v, keep_v)
-    text = kdmcse_term(s1, s2, g_t, tau, k.margin, alpha["tt"], keep_t)
-    n = s1.shape[0]
-    return {
-        "kdmcse_image": image, "kdmcse_text": text, "kdmcse": kdmcse_objective(image, text),
-        # diagnostics (not summed): the share of negatives the threshold removed
-        f"{STAT}kdmcse_filtered_image": (~keep_v).sum() / (n * (n - 1)),
-        f"{STAT}kdmcse_filtered_text": (~keep_t).sum() / (n * (n - 1)),
-    }
+from mmcse.methods.terms.base import LossTerm, Objective, register
 
 
 def _inputs(o: Objective) -> set[str]:
@@ -45,7 +14,9 @@ def _inputs(o: Objective) -> set[str]:
 register(LossTerm(
     name="kdmcse", equation="KDMCSE Eq. 14 (Eq. 9–13)", order=30, weight="loss.lambda_img",
     active=lambda o: o.method == "kdmcse" and o.loss.image_term,
-    inputs=_inputs, compute=kdmcse_terms,
+    inputs=_inputs,
+    reads=lambda o: {"loss.temperature_img", "loss.kdmcse.soft_labels", "loss.kdmcse.margin_similarity",
+                     "loss.kdmcse.threshold", "loss.kdmcse.margin"},
     # KDMCSE Algorithm 1 (App. D): an image–caption batch trains on ℓ^KDMCSE alone, without SimCSE or λ
     alone=lambda o: o.loss.kdmcse.pair_objective == "kdmcse",
     alone_reason="trains image–caption batches on ℓ^KDMCSE alone (loss.kdmcse.pair_objective: kdmcse, "

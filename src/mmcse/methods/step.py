@@ -1,0 +1,46 @@
+"""A step's loss on tensors: every term `mmcse.methods.objectives.running_terms` runs for the batch, computed by
+its function (:mod:`mmcse.methods.compute`) and summed with its weight."""
+
+from __future__ import annotations
+
+import torch
+
+from mmcse.methods.compute import COMPUTE
+from mmcse.methods.objectives import active_terms, running_terms
+from mmcse.methods.terms import LossTerm, Objective, StepEmbeddings
+from mmcse.methods.terms.base import setting
+
+
+def term_generator(term: LossTerm, seed: int) -> torch.Generator | None:
+    """A CPU generator for a term's draws (its ``stream``): the same numbers on every training device, and
+    switching one term off leaves every other term's draws unchanged."""
+    return None if term.stream is None else torch.Generator().manual_seed(seed * 16 + term.stream)
+
+
+def step_objective(
+    o: Objective, e: StepEmbeddings, seed: int = 0, on: dict[str, bool] | None = None
+) -> dict[str, torch.Tensor]:
+    """All active terms of one batch and their weighted sum ``loss`` (plus ``stat/…`` diagnostics,
+    never summed), in the terms' fixed order. Each term is weighted by its ``weight`` parameter
+    (mcse: SimCSE + λ_img·image [+ λ_img·clip_text]; kdmcse: Eq. 14 alone on pair batches as
+    Algorithm 1, or SimCSE + λ_img·Eq. 14; dalr: Eq. 14, w_info·L_info + λ·(c·L_cons + L_CMA) +
+    μ·(L_rank + L_IMA), with SimCSE on text-only batches (and on pair batches with
+    ``loss.dalr.simcse_on_pairs``, the authors' code); mcseo: SimCSE + α·l_img-cap + β·l_obj-phra).
+    ``seed`` seeds each term's random stream (mismatched pairs, ranking ties); ``on`` is `active_terms` of
+    ``o``, worked out once per run by callers that step many times.
+    """
+    on = on if on is not None else active_terms(o)
+    terms: dict[str, torch.Tensor] = {}
+    loss = e.z1.new_zeros(())
+    for term, weighted in running_terms(o, e.pair_batch, on):
+        if not term.applies(e):
+            continue
+        value = COMPUTE[term.name](o, e, term_generator(term, seed))
+        terms |= value if isinstance(value, dict) else {term.name: value}
+        if weighted:
+            weight = setting(o, term.weight) * (setting(o, term.scale) if term.scale else 1.0)
+            loss = loss + weight * terms[term.name]
+        else:
+            loss = loss + terms[term.name]
+    terms["loss"] = loss
+    return terms
