@@ -58,3 +58,20 @@ def test_what_yaml_gives_is_read_as_yaml_meant_it():
     assert parse_config({"loss": {"kdmcse": {"threshold": False}}}).loss.kdmcse.threshold_value is None
     with pytest.raises(ConfigError, match=re.escape("key 'loss.kdmcse.threshold': must be a number or off, got True")):
         parse_config({"loss": {"kdmcse": {"threshold": True}}})
+
+
+def test_an_unknown_evaluator_is_refused_by_the_parameter_check_listing_the_evaluators(tmp_path):
+    """``evaluate.evaluators`` is checked against the declared evaluators before any stage runs."""
+    import yaml
+
+    from mmcse.config import ConfigError
+    from mmcse.experiments.params import check_params
+    from tests.conftest import REPO, params_copy
+
+    root = params_copy(tmp_path)
+    raw = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw["evaluate"]["evaluators"] = ["sts", "sentiment"]
+    (root / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
+    with pytest.raises(ConfigError, match=r"evaluate.evaluators': \['sentiment'\] is no evaluator; the evaluators: "
+                                          r"sts, mteb, geometry, transfer, retrieval"):
+        check_params(root / "params.yaml")

@@ -34,11 +34,21 @@ def pairs(task: str, n: int = 12) -> list[SentencePair]:
     return out
 
 
-def test_every_evaluator_is_registered_once_in_its_order():
-    assert [r.name for r in sorted(ev.REGISTRY.values(), key=lambda r: r.order)] == [
-        "sts", "mteb", "geometry", "transfer", "retrieval"]
+def test_every_evaluator_is_registered_once_and_declared():
+    """The registry and the torch-free declaration of each evaluator's scores name the same evaluators, and a
+    configuration asks for every built-in one by default."""
+    from mmcse.config import EvaluateConfig
+    from mmcse.evaluation.names import EVALUATOR_SCORES
+
+    assert ev.REGISTRY.keys() == EVALUATOR_SCORES.keys()
+    assert set(EvaluateConfig().evaluators) <= EVALUATOR_SCORES.keys()
+    orders = [r.order for r in ev.REGISTRY.values()]
+    assert len(set(orders)) == len(orders)
+    name = next(iter(ev.REGISTRY))
     with pytest.raises(ValueError, match="registered twice"):
-        register("sts", order=999)(lambda inputs: None)
+        register(name, order=999)(lambda inputs: None)
+    with pytest.raises(ValueError, match="declare the score keys it writes"):
+        register("undeclared", order=998)(lambda inputs: None)
     assert build_evaluators(EvaluationInputs()) == []
 
 
@@ -62,17 +72,22 @@ def test_a_key_written_twice_is_refused():
         def __call__(self, encode):
             return {"avg": 1.0}
 
+    twice = Twice()
+    twice.name = "sts"
     with pytest.raises(ValueError, match="'twice' writes keys another already wrote: \\['avg'\\]"):
-        run_evaluators([Twice(), Twice()], encode)
+        run_evaluators([twice, twice], encode)
 
 
-def test_a_new_evaluator_is_one_registration(monkeypatch, tmp_path):
-    """A throwaway evaluator reading its own file from the data folder: registered, built, run."""
+def test_a_new_evaluator_is_one_registration_and_runs_where_it_is_asked_for(monkeypatch, tmp_path):
+    """A throwaway evaluator reading its own file from the data folder: declared, registered, built and run where
+    a configuration names it, and held to the keys it declared."""
+    from mmcse.evaluation import names
     from mmcse.evaluation.evaluators import base
 
     registry = dict(ev.REGISTRY)  # the registration is this test's only
     monkeypatch.setattr(ev, "REGISTRY", registry)
     monkeypatch.setattr(base, "REGISTRY", registry)
+    monkeypatch.setitem(names.EVALUATOR_SCORES, "norms", ("mean_norm",))
     (tmp_path / "words.txt").write_text("dog\ncat\nbeach\n")
 
     class Norms:
@@ -89,6 +104,14 @@ def test_a_new_evaluator_is_one_registration(monkeypatch, tmp_path):
         path = inputs.data_dir / "words.txt" if inputs.data_dir else None
         return Norms(path.read_text().split()) if path and path.is_file() else None
 
-    assert [e.label for e in build_evaluators(EvaluationInputs(data_dir=tmp_path))] == ["mean norm"]
-    scores = run_evaluators(build_evaluators(EvaluationInputs(data_dir=tmp_path)), encode)
+    assert build_evaluators(EvaluationInputs(data_dir=tmp_path)) == []  # not asked for: not built
+    asked = EvaluationInputs(data_dir=tmp_path, asked=("norms",))
+    assert [e.label for e in build_evaluators(asked)] == ["mean norm"]
+    scores = run_evaluators(build_evaluators(asked), encode)
     assert scores["mean_norm"] == pytest.approx(float(np.linalg.norm(encode(["dog", "cat", "beach"]), axis=1).mean()))
+    # a key it did not declare is refused; a name nothing registers is named
+    monkeypatch.setitem(names.EVALUATOR_SCORES, "norms", ("norm_mean",))
+    with pytest.raises(ValueError, match="'norms' wrote \\['mean_norm'\\], which its declaration"):
+        run_evaluators(build_evaluators(asked), encode)
+    with pytest.raises(ValueError, match="names \\['nothing'\\], which no module"):
+        build_evaluators(EvaluationInputs(asked=("nothing",)))

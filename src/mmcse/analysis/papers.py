@@ -29,9 +29,9 @@ from typing import Any
 
 import yaml
 
-from mmcse.config import TRANSFER_TASKS, ConfigError
-from mmcse.data.senteval import STS_TASKS
-from mmcse.evaluation.names import score_key
+from mmcse.config import ConfigError
+from mmcse.evaluation.names import EVALUATOR_SCORES, evaluator_writes, score_key
+from mmcse.runstore import TRAIN_MINUTES
 
 PAPERS_DIR = "papers"
 PAPERS = ("dalr", "kdmcse", "mcseo", "duet")
@@ -46,20 +46,10 @@ PRINTED_NUMBER = re.compile(r"[-+]?\d+(?:[.,]\d+)?")
 # (kdmcse.txt) or ``74.4±1.4subscriptsuperscript…{}^{*}…`` (kdmcse-2.txt's LaTeX residue, the marker in it)
 PRINTED_CELL = re.compile(r"(\d+(?:\.\d+)?)(\*?)\s*(?:±|\\pm)\s*\d+(?:\.\d+)?(\S*)")
 
-# Metrics a job reports (`mmcse.pipeline.evaluate`, `mmcse.experiments.ablate`), by pattern.
-RETRIEVAL_SET = r"(demo|flickr30k_1k|coco_5k|coco_1k)"  # `mmcse.data.prepare.retrieval_set_name`
-METRIC_PATTERNS = (
-    "|".join(re.escape(t) for t in (*STS_TASKS, "avg", *TRANSFER_TASKS, "transfer_avg", "alignment", "uniformity",
-                                     "train_minutes")),
-    r"mteb_type_(Reranking|Classification|Retrieval|STS)",
-    rf"{RETRIEVAL_SET}_(i2t|t2i)_R(1|5|10)",
-    rf"{RETRIEVAL_SET}_rsum",
-    rf"{RETRIEVAL_SET}_((i2t|t2i)_)?NDCG25_(rouge_l|spice)",
-)
-
-
 def known_metric(name: str) -> bool:
-    return any(re.fullmatch(p, name) for p in METRIC_PATTERNS)
+    """A score some registered evaluator writes (`mmcse.evaluation.names.EVALUATOR_SCORES`), or a job's
+    training minutes."""
+    return name == TRAIN_MINUTES or any(evaluator_writes(e, name) for e in EVALUATOR_SCORES)
 
 
 @dataclass(frozen=True)

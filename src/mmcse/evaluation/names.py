@@ -16,6 +16,10 @@ from __future__ import annotations
 
 import re
 
+from mmcse.config.checks import check
+from mmcse.config.inputs import TRANSFER_TASKS
+from mmcse.data.senteval import STS_TASKS
+
 # "R1", "NDCG25" as a whole name part (after start or "_", before "_" or the end)
 _AT_SCORE = re.compile(r"(?<![A-Za-z0-9])(R|NDCG)(\d+)(?=_|$)")
 
@@ -58,3 +62,35 @@ def test_metrics(scores: dict[str, float]) -> dict[str, float]:
     """The evaluate stage's scores under their one key, ``test_<name>``: metrics/eval.json and the
     training run in MLflow hold exactly these (the dev split's are ``dev_<name>`` in MLflow)."""
     return {f"test_{name}": value for name, value in scores.items()}
+
+
+def _either(names: tuple[str, ...]) -> str:
+    return "|".join(re.escape(n) for n in names)
+
+
+RETRIEVAL_SETS = ("demo", "flickr30k_1k", "coco_5k", "coco_1k")  # `mmcse.data.prepare.retrieval_set_name`
+_SET = f"({_either(RETRIEVAL_SETS)})"
+
+# The registered evaluators (`mmcse.evaluation.evaluators`), by name: the score keys each writes, as regular
+# expressions of whole keys. Declared here, with no tensor: `mmcse.analysis.papers` accepts a paper table's
+# column only when some evaluator writes it, the parameter check accepts ``evaluate.evaluators`` only when it
+# names these, and `run_evaluators` refuses a key its evaluator did not declare.
+EVALUATOR_SCORES: dict[str, tuple[str, ...]] = {
+    "sts": (_either((*STS_TASKS, "avg")),),
+    "mteb": (r"mteb_\w+",),  # mteb_<Task>, mteb_type_<Type>, mteb_avg
+    "geometry": ("alignment|uniformity",),
+    "transfer": (_either((*TRANSFER_TASKS, "transfer_avg")),),
+    "retrieval": (rf"{_SET}_(i2t|t2i)_R(1|5|10)", rf"{_SET}_rsum", rf"{_SET}_((i2t|t2i)_)?NDCG\d+_(rouge_l|spice)"),
+}
+
+
+def evaluator_writes(evaluator: str, key: str) -> bool:
+    """Whether ``key`` is a score the evaluator ``evaluator`` declares (`EVALUATOR_SCORES`)."""
+    return any(re.fullmatch(p, key) for p in EVALUATOR_SCORES.get(evaluator, ()))
+
+
+def check_evaluators(names: tuple[str, ...] | list[str], where: str) -> None:
+    """``evaluate.evaluators`` names only declared evaluators: anything else is a `ConfigError` listing them."""
+    unknown = [n for n in names if n not in EVALUATOR_SCORES]
+    check(not unknown, where, "evaluate.evaluators", f"{unknown} is no evaluator; the evaluators: "
+          f"{', '.join(EVALUATOR_SCORES)}")

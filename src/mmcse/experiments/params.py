@@ -15,6 +15,7 @@ import yaml
 from mmcse.config import AblateConfig, Config, ConfigError, apply_overrides, parse_config, to_dict, with_overrides
 from mmcse.config.checks import fail
 from mmcse.config.coercion import deep_merge, flatten
+from mmcse.evaluation.names import check_evaluators
 from mmcse.experiments.recipes import expand_recipes, expand_roles, read_keyed_yaml
 
 
@@ -135,6 +136,7 @@ def check_params(path: str | Path = "params.yaml") -> Config:
     ``sweep.space`` dimension and each categorical choice, applied as a trial applies them, so a
     range that leaves a key's valid values fails now, not in trial 5. Raises :class:`ConfigError`."""
     cfg = load_config(path)
+    check_evaluators(cfg.evaluate.evaluators, str(path))
     for key, spec in cfg.sweep.space.items():
         values = spec["choices"] if spec["type"] == "categorical" else (spec["low"], spec["high"])
         for value in values:

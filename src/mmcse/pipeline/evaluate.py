@@ -166,7 +166,7 @@ def run_evaluate(cfg: Config, paths: Paths, model_dir: Path, outputs: EvalOutput
             transfer=transfer_tasks, transfer_probe=cfg.evaluate.transfer,
             mteb=mteb_tasks, mteb_model_name=model_name, mteb_output=mteb_output, mteb_details=details,
             retrieval=retrieval_scores if retrieval else None,
-            data_dir=raw, batch_size=cfg.evaluate.batch_size, device=str(device),
+            data_dir=raw, batch_size=cfg.evaluate.batch_size, device=str(device), asked=tuple(cfg.evaluate.evaluators),
         ))
         steps = EvaluatorProgress([e.label for e in evaluators] + (["t-SNE"] if plots_dir is not None else []),
                                   show=plots_dir is not None)  # the stage shows it; an ablation job prints its line

@@ -11,6 +11,7 @@ import pkgutil
 from tqdm.auto import tqdm
 
 from mmcse.evaluation.evaluators.base import REGISTRY, EvaluationInputs, Evaluator, register
+from mmcse.evaluation.names import evaluator_writes
 from mmcse.evaluation.sts import EncodeFn
 
 for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
@@ -19,9 +20,18 @@ for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
 
 
 def build_evaluators(inputs: EvaluationInputs) -> list[Evaluator]:
-    """The evaluators ``inputs`` asks for, in their registered order."""
-    built = (r.build(inputs) for r in sorted(REGISTRY.values(), key=lambda r: r.order))
-    return [e for e in built if e is not None]
+    """The evaluators ``inputs.asked`` names whose inputs are there, in their registered order; each evaluator
+    keeps its registered name (``name``), so `run_evaluators` holds its keys to its declaration."""
+    missing = [n for n in inputs.asked if n not in REGISTRY]
+    if missing:
+        raise ValueError(f"evaluate.evaluators names {missing}, which no module of mmcse.evaluation.evaluators "
+                         f"registers; registered: {', '.join(sorted(REGISTRY))}")
+    built = []
+    for r in sorted(REGISTRY.values(), key=lambda r: r.order):
+        if r.name in inputs.asked and (evaluator := r.build(inputs)) is not None:
+            evaluator.name = r.name
+            built.append(evaluator)
+    return built
 
 
 class EvaluatorProgress:
@@ -54,6 +64,10 @@ def run_evaluators(evaluators: list[Evaluator], encode: EncodeFn,
         if progress is not None:
             progress.next()
         new = evaluator(encode)
+        undeclared = sorted(k for k in new if not evaluator_writes(evaluator.name, k))
+        if undeclared:
+            raise ValueError(f"evaluator {evaluator.name!r} wrote {undeclared}, which its declaration in "
+                             "mmcse.evaluation.names.EVALUATOR_SCORES does not name")
         clash = sorted(scores.keys() & new.keys())
         if clash:
             raise ValueError(f"evaluator {evaluator.label!r} writes keys another already wrote: {clash}")

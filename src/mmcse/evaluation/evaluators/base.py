@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from mmcse.config import TransferConfig
+from mmcse.config import EvaluateConfig, TransferConfig
 from mmcse.data.senteval import SentencePair, TransferExample
+from mmcse.evaluation.names import EVALUATOR_SCORES
 from mmcse.evaluation.sts import EncodeFn
 
 
@@ -35,6 +36,8 @@ class EvaluationInputs:
     data_dir: Path | None = None  # where the data came from (data/raw, or the SentEval folder)
     batch_size: int = 128
     device: str = "cpu"
+    # the evaluators the configuration asks for (``evaluate.evaluators``); one not named is not built
+    asked: tuple[str, ...] = field(default_factory=lambda: tuple(EvaluateConfig().evaluators))
 
 
 class Evaluator(Protocol):
@@ -42,6 +45,7 @@ class Evaluator(Protocol):
 
     label: str  # what the progress bar shows while it runs
     primary_metric: str
+    name: str  # its registered name, set by `build_evaluators`
 
     def __call__(self, encode: EncodeFn) -> dict[str, float]: ...
 
@@ -60,9 +64,13 @@ REGISTRY: dict[str, Registered] = {}
 
 
 def register(name: str, order: int) -> Callable[[Builder], Builder]:
-    """Register ``build(inputs) -> Evaluator | None`` (None: not asked for) under ``name``."""
+    """Register ``build(inputs) -> Evaluator | None`` (None: its inputs are not there) under ``name``, an evaluator
+    whose score keys `mmcse.evaluation.names.EVALUATOR_SCORES` declares."""
 
     def add(build: Builder) -> Builder:
+        if name not in EVALUATOR_SCORES:
+            raise ValueError(f"evaluator {name!r}: declare the score keys it writes in "
+                             "mmcse.evaluation.names.EVALUATOR_SCORES")
         if name in REGISTRY:
             raise ValueError(f"evaluator {name!r} is registered twice")
         if any(r.order == order for r in REGISTRY.values()):
