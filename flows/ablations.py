@@ -25,6 +25,7 @@ from typing import Any
 
 from prefect import flow, task
 
+from mmcse import stopping
 from mmcse.analysis.tables import (
     aggregate,
     environment_notes,
@@ -358,6 +359,10 @@ def ablations(
                 try:
                     results.append(unwrap(retrying(params_path, job.variant, job.seed, parent_id)))
                 except Exception as err:  # recorded as failed in the table, never dropped
+                    if stopping.requested():  # Ctrl-C / SIGTERM as the job started: Prefect reports it as a crash
+                        raise stopping.stop_exception(
+                            f"job {n} of {len(jobs)} ({job.variant} seed={job.seed}) did not finish; rerun to "
+                            "continue (finished jobs are reused)") from None
                     results.append(failed_result(job, err))
                 print(f"[{n}/{len(jobs)}] " + job_line(results[-1], metric, (time.perf_counter() - started) / 60))
                 progress(results)

@@ -171,3 +171,35 @@ def test_a_diverged_job_fails_at_once_without_retries_and_the_ablation_goes_on(p
     assert rows["mcse"]["status"] == "ok"
     assert rows["diverged"]["status"] == "failed" and "training diverged at step" in rows["diverged"]["error"]
     assert calls.count(1e30) == 1  # no retry of a run that diverges again
+
+
+def test_a_stop_that_lands_as_a_job_starts_stops_the_flow_not_just_the_job(project, harness, monkeypatch):
+    """A Ctrl-C that arrives while Prefect starts a job's task is reported by Prefect as the task's crash (an
+    exception, "Task run is not set"): the flow stops there, as on a Ctrl-C during training, instead of recording
+    the job as failed and training the next ones."""
+    import sys
+
+    sys.path.insert(0, str(REPO))
+    import flows.ablations as flow_module
+    from mmcse import stopping
+
+    started = []
+
+    class CrashedByStop:
+        def with_options(self, **_):
+            return self
+
+        def __call__(self, params_path, variant, seed, parent_run_id):
+            started.append((variant, seed))
+            stopping._REQUESTED.set()  # as the handler left it: the stop raised inside Prefect's engine
+            stopping._SIGNAL[:] = [2]
+            raise RuntimeError("Task run is not set")
+
+    monkeypatch.setattr(flow_module, "train_variant", CrashedByStop())
+    try:
+        with pytest.raises(stopping.StopRequested, match=r"stopped on SIGINT: job 1 of 4 \(mcse seed=1\) did not "
+                                                         r"finish; rerun to continue"):
+            flow_module.ablations("params.yaml")
+    finally:
+        stopping.reset()
+    assert started == [("mcse", 1)]  # no further job was started
