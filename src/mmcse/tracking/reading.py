@@ -83,8 +83,7 @@ class MlflowRuns:
 
     def runs(self, experiment_id: str, param: tuple[str, str] | None = None,
              tag: tuple[str, str] | None = None) -> list[Any]:
-        where = [f"{kind}.`{key}` = '{value}'" for kind, match in (("params", param), ("tags", tag))
-                 if match is not None for key, value in [match]]
+        where = [f"{kind}.`{match[0]}` = '{match[1]}'" for kind, match in (("params", param), ("tags", tag)) if match]
         return list(self.client.search_runs([experiment_id], " and ".join(where),
                                             order_by=["attributes.start_time DESC"], max_results=5000))
 

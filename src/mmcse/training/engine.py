@@ -35,7 +35,7 @@ from mmcse.models.precision import (
     deterministic_kernels,
     fused_adamw_supported,
 )
-from mmcse.training.checkpoints import Checkpoints, TrainState, kept_dir, run_definition_hash
+from mmcse.training.checkpoints import BEST_REQUIRED, Checkpoints, TrainState, kept_dir, run_definition_hash
 from mmcse.training.distributed import any_rank, average_gradients, from_lead, wait_for_lead, world
 from mmcse.training.divergence import DivergenceWatch
 
@@ -243,7 +243,7 @@ class TrainTask(ABC):
     """The part of a training run that is the method's own. A task builds its model, optimizer, scheduler and
     scaler (``update``) and knows its ``total`` steps; `fit` runs the rest. ``dev_label`` names the dev score on
     the progress bar; ``dev_extras`` the values a dev history entry carries beside it; ``best_required`` the
-    files of a best checkpoint (None: a student's)."""
+    files of a best checkpoint (a student's by default)."""
 
     model: torch.nn.Module
     update: Update
@@ -251,7 +251,7 @@ class TrainTask(ABC):
     total: int
     dev_label: str = "dev"
     dev_extras: tuple[str, ...] = ()
-    best_required: tuple[str, ...] | None = None
+    best_required: tuple[str, ...] = BEST_REQUIRED
 
     @abstractmethod
     def batch(self, step: int) -> Any:
@@ -297,11 +297,10 @@ class Loop:
         self.rank, self.size = world()
         self.lead = self.rank == 0
         config_hash = run_definition_hash(cfg)
-        extra = {} if task.best_required is None else {"best_required": task.best_required}
         # the best weights are held in (device) memory and written with the next resume point (`Checkpoints`);
         # on several processes rank 0 alone evaluates, holds and writes them, the others take its dev score
-        self.checkpoints = Checkpoints(self.out_dir, config_hash, task.save_best, writes=self.lead,
-                                       kept=kept_dir(cfg, self.out_dir, config_hash), **extra)
+        self.checkpoints = Checkpoints(self.out_dir, config_hash, task.save_best, task.best_required,
+                                       writes=self.lead, kept=kept_dir(cfg, self.out_dir, config_hash))
         self.state = TrainState()
         self.watch = DivergenceWatch(task.update.device)
         self.pending: list[tuple[dict[str, Any], int]] = []
