@@ -96,9 +96,11 @@ def _contribute(tree: Path) -> set[str]:
     # says for a parameter the loss section lacks), params.yaml, its test, its docs row
     (src / "methods/terms/toy.py").write_text(TERM_DECLARATION)
     (src / "methods/compute/toy.py").write_text(TERM_FUNCTION)
-    _insert_after(src / "config/training.py", "    lambda_img: NonNegative = 0.01\n",
-                  "    uniformity_weight: NonNegative = 0.0  # the toy uniformity term's weight (0: off)\n"
-                  "    uniformity_t: Positive = 2.0  # its t\n")
+    _insert_after(src / "config/training.py", '    """its weight: λ (MCSE, KDMCSE) / α (MCSEO); papers: 0.01"""\n',
+                  "    uniformity_weight: NonNegative = 0.1\n"
+                  '    """the toy uniformity term\'s weight (0: off)"""\n'
+                  "    uniformity_t: Positive = 2.0\n"
+                  '    """its t"""\n')
     (tree / "tests/methods/test_toy.py").write_text(TERM_TEST)
     _insert_after(tree / "docs/methods.md", "\n", "\n| uniformity | a toy term (Wang & Isola) |\n")
     # an evaluator: its module, its declared scores, where a configuration asks for it, its test, its docs

@@ -100,7 +100,13 @@ def test_the_check_finds_a_wrong_number_and_a_missing_misprint(tmp_path):
 
 
 @pytest.mark.parametrize(("text", "error"), [
-    ("tables:\n  table1: {preset: p-table1, colour: red}\n", r"tables.table1: unknown keys \['colour'\]; valid keys"),
+    ("tables:\n  table1: {preset: p-table1, colour: red}\n",
+     r"unknown key\(s\) tables.table1.colour; valid keys under tables.table1: preset, title"),
+    ("tables:\n  table1: {preset: p-table1, order: shuffled}\n",
+     r"key 'tables.table1.order': must be one of \['printed', 'scrambled'\]"),
+    ("tables:\n  table1: {preset: p-table1, runs: 1}\n", r"key 'tables.table1.runs': must be >= 2"),
+    ("tables:\n  table1:\n    preset: p-table1\n    columns: {Avg.: avg}\n    blocks: {b: {A: {line: 0, label: A, "
+     "cells: ['1.0']}}}\n", r"key 'tables.table1.blocks.b.A.line': must be"),
     ("tables:\n  table1: {preset: p-table2}\n", "preset must be p-table1"),
     ("tables:\n  tab1: {preset: p-tab1}\n", "table<N> or fig<N>"),
     ("tables:\n  table1: {preset: p-table1, columns: {X: sts_average}}\n", r"\['sts_average'\] are not metrics"),

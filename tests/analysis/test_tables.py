@@ -209,7 +209,18 @@ def test_preset_seeds_and_transfer_keys(tmp_path):
     cfg = load_config(tmp_path / "params.yaml")
     assert cfg.ablate.seeds == [1, 2, 3] and cfg.ablate.transfer
     (tmp_path / "ablations/p.yaml").write_text("transfer: yes please\nvariants:\n  a: {}\n")
-    with pytest.raises(ConfigError, match=r"p\.yaml: 'transfer' must be true or false"):
+    with pytest.raises(ConfigError, match=r"p\.yaml: key 'transfer': must be true or false, got 'yes please'"):
+        load_config(tmp_path / "params.yaml")
+    # a preset's keys are AblateConfig's, typed as it declares them (issue 54: no list shadowing it)
+    (tmp_path / "ablations/p.yaml").write_text("seeds: [1, two]\nvariants:\n  a: {}\n")
+    with pytest.raises(ConfigError, match=r"p\.yaml: key 'seeds\[1\]': must be an integer, got 'two'"):
+        load_config(tmp_path / "params.yaml")
+    (tmp_path / "ablations/p.yaml").write_text("test: welch\nvariants:\n  a: {}\n")
+    with pytest.raises(ConfigError, match=r"p\.yaml: key 'test': must be one of \['paired', 'independent'\]"):
+        load_config(tmp_path / "params.yaml")
+    (tmp_path / "ablations/p.yaml").write_text("seed: [1]\nvariants:\n  a: {}\n")
+    with pytest.raises(ConfigError, match=r"p\.yaml: unknown key\(s\) seed; valid keys: description, base, rows_of, "
+                                          r"variants, reference, plot_x, seeds, transfer"):
         load_config(tmp_path / "params.yaml")
 
 

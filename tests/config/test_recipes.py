@@ -197,6 +197,20 @@ def test_bad_recipes_and_profiles_fail_in_one_line_naming_the_file(project):
     with pytest.raises(ConfigError, match=r"kdmcse\.yaml: profile kdmcse-flickr-bert sets loss\.lambda_img, which "
                                           r"recipe kdmcse owns .*recipe_overrides"):
         profile_values("kdmcse-flickr-bert", project)
+    # a file's shape is declared (issue 54): keys and types checked as params.yaml's are, the file and key named
+    profile.write_text(text + "teacher_roles:\n  audio: {}\n")
+    with pytest.raises(ConfigError, match=r"kdmcse\.yaml: unknown key\(s\) teacher_roles\.audio; valid keys under "
+                                          r"teacher_roles: text, image"):
+        profile_values("kdmcse-flickr-bert", project)
+    profile.write_text(text.replace("recipe: kdmcse", "recipe: kdmcse\nrecipe_overrides: [train.epochs]"))
+    with pytest.raises(ConfigError, match=r"kdmcse\.yaml: key 'recipe_overrides': must be a mapping, got list"):
+        profile_values("kdmcse-flickr-bert", project)
+    profile.write_text(text)
+    recipe.write_text(good.replace("settings:", "setting:"))
+    with pytest.raises(ConfigError, match=r"mcse\.yaml: unknown key\(s\) setting; valid keys: description, method, "
+                                          r"settings, encoders"):
+        load_recipes(project)
+    recipe.write_text(good)
     raw = yaml.safe_load((project / "params.yaml").read_text())
     raw["base"]["profile"] = "kdmcse-wiki-bert"
     (project / "params.yaml").write_text(yaml.safe_dump(raw))

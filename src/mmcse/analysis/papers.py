@@ -25,20 +25,19 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import ConfigDict, Field
 
 from mmcse.config import ConfigError
+from mmcse.config.declared import Int, Str, build
 from mmcse.evaluation.names import EVALUATOR_SCORES, evaluator_writes, score_key
 from mmcse.runstore import TRAIN_MINUTES
 
 PAPERS_DIR = "papers"
 PAPERS = ("dalr", "kdmcse", "mcseo", "duet")
 TABLE_KEY = re.compile(r"(table|fig)(\d+)")
-PAPER_FIELDS = ("paper", "text", "second_text", "tables")
-TABLE_FIELDS = ("title", "source", "preset", "columns", "blocks", "order", "runs")
-ROW_FIELDS = ("line", "label", "cells", "ocr", "not_reproduced", "difference", "second_copy")
 CELL = re.compile(r"([-+]?\d+(?:\.\d+)?)(\*?)(?:±(\d+(?:\.\d+)?))?")
 # the numbers of a line of the text copy: a decimal comma is what the copy printed, kept as printed
 PRINTED_NUMBER = re.compile(r"[-+]?\d+(?:[.,]\d+)?")
@@ -133,82 +132,87 @@ class Paper:
     second_text: str | None = None  # a second copy of the paper whose markers some rows record
 
 
-def _mapping(value: Any, where: str) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise ConfigError(f"{where}: must be a mapping, got {type(value).__name__}")
-    return value
+LineNumber = Annotated[Int, Field(ge=1)]
+FILE = ConfigDict(extra="forbid")
 
 
-def _known(raw: dict[str, Any], fields: tuple[str, ...], where: str) -> None:
-    unknown = sorted(set(raw) - set(fields))
-    if unknown:
-        raise ConfigError(f"{where}: unknown keys {unknown}; valid keys: {', '.join(fields)}")
+# A paper file as declared: keys, types and bounds checked by pydantic (`mmcse.config.declared.build`: one line
+# naming the file and the dotted key); what spans keys (cells per column, a preset per table, known metrics,
+# rows a difference names) is checked as the file becomes a `Paper`.
+@dataclass(frozen=True)
+class _SecondCopy:
+    __pydantic_config__ = FILE
+    line: LineNumber
+    marked: list[Str]  # column headers the second copy marks significant
 
 
-def _second_copy(raw: Any, columns: list[str], where: str) -> tuple[int, tuple[bool, ...]]:
-    raw = _mapping(raw, where)
-    _known(raw, ("line", "marked"), where)
-    line, marked = raw.get("line"), raw.get("marked")
-    if not isinstance(line, int) or line < 1:
-        raise ConfigError(f"{where}: line must be a line number >= 1, got {line!r}")
-    if not isinstance(marked, list) or not set(map(str, marked)) <= set(columns):
-        raise ConfigError(f"{where}: marked must list column headers (of {', '.join(columns)}), got {marked!r}")
-    return line, tuple(c in set(map(str, marked)) for c in columns)
+@dataclass(frozen=True)
+class _RowEntry:
+    __pydantic_config__ = FILE
+    line: LineNumber | Annotated[list[LineNumber], Field(min_length=1)]
+    label: Str
+    cells: list[Any]
+    ocr: dict[str, Any] = field(default_factory=dict)
+    not_reproduced: Str = ""
+    difference: Annotated[list[Str], Field(min_length=2, max_length=2)] | None = None
+    second_copy: _SecondCopy | None = None
 
 
-def _row(variant: str, raw: Any, columns: list[str], where: str) -> PaperRow:
-    raw = _mapping(raw, where)
-    _known(raw, ROW_FIELDS, where)
-    for key in ("line", "label", "cells"):
-        if key not in raw:
-            raise ConfigError(f"{where}: needs '{key}'")
-    lines = raw["line"] if isinstance(raw["line"], list) else [raw["line"]]
-    if not lines or not all(isinstance(n, int) and n >= 1 for n in lines):
-        raise ConfigError(f"{where}: line must be a line number >= 1 or a list of them, got {raw['line']!r}")
-    cells = raw["cells"]
-    if not isinstance(cells, list) or len(cells) != len(columns):
-        raise ConfigError(f"{where}: cells must list one value per column ({len(columns)}), got {cells!r}")
-    difference = raw.get("difference")
-    if difference is not None and (not isinstance(difference, list) or len(difference) != 2):
-        raise ConfigError(f"{where}: difference must name two rows, got {difference!r}")
-    second = _second_copy(raw["second_copy"], columns, f"{where}.second_copy") if "second_copy" in raw else None
-    return PaperRow(variant, str(raw["label"]), tuple(lines), tuple(Cell.parse(c, where) for c in cells),
-                    {str(k): str(v) for k, v in _mapping(raw.get("ocr") or {}, f"{where}.ocr").items()},
-                    str(raw.get("not_reproduced") or ""), tuple(difference) if difference else None,
-                    *(second or (None, None)))
+@dataclass(frozen=True)
+class _TableEntry:
+    __pydantic_config__ = FILE
+    preset: Str
+    title: Str = ""
+    source: Str = ""
+    columns: dict[str, Str] = field(default_factory=dict)
+    blocks: dict[str, dict[str, _RowEntry]] = field(default_factory=dict)
+    order: Literal["printed", "scrambled"] = "printed"
+    runs: Annotated[Int, Field(ge=2)] | None = None  # runs behind a printed mean ± std
 
 
-def _table(paper: str, key: str, raw: Any, where: str) -> PaperTable:
-    raw = _mapping(raw, where)
-    _known(raw, TABLE_FIELDS, where)
+@dataclass(frozen=True)
+class _PaperFile:
+    __pydantic_config__ = FILE
+    paper: Str = ""
+    text: Str = ""
+    second_text: Str | None = None
+    tables: dict[str, _TableEntry] = field(default_factory=dict)
+
+
+def _row(variant: str, entry: _RowEntry, columns: list[str], where: str) -> PaperRow:
+    if len(entry.cells) != len(columns):
+        raise ConfigError(f"{where}: cells must list one value per column ({len(columns)}), got {entry.cells!r}")
+    second = entry.second_copy
+    if second is not None and not set(second.marked) <= set(columns):
+        raise ConfigError(f"{where}.second_copy: marked must list column headers (of {', '.join(columns)}), "
+                          f"got {second.marked!r}")
+    return PaperRow(variant, entry.label, tuple(entry.line if isinstance(entry.line, list) else [entry.line]),
+                    tuple(Cell.parse(c, where) for c in entry.cells), {str(k): str(v) for k, v in entry.ocr.items()},
+                    entry.not_reproduced, tuple(entry.difference) if entry.difference else None,
+                    second.line if second else None, tuple(c in second.marked for c in columns) if second else None)
+
+
+def _table(paper: str, key: str, entry: _TableEntry, where: str) -> PaperTable:
     if TABLE_KEY.fullmatch(key) is None:
         raise ConfigError(f"{where}: a table key is table<N> or fig<N>, got {key!r}")
-    preset = str(raw.get("preset") or "")
-    if preset != f"{paper}-{key}":
-        raise ConfigError(f"{where}: preset must be {paper}-{key} (one preset per numbered table), got {preset!r}")
-    columns = {str(k): score_key(str(v)) for k, v in _mapping(raw.get("columns") or {}, f"{where}.columns").items()}
+    if entry.preset != f"{paper}-{key}":
+        raise ConfigError(f"{where}: preset must be {paper}-{key} (one preset per numbered table), "
+                          f"got {entry.preset!r}")
+    columns = {k: score_key(v) for k, v in entry.columns.items()}
     unknown = [m for m in columns.values() if not known_metric(m)]
     if unknown:
         raise ConfigError(f"{where}.columns: {unknown} are not metrics a job reports")
-    order = str(raw.get("order", "printed"))
-    if order not in ("printed", "scrambled"):
-        raise ConfigError(f"{where}.order: printed or scrambled, got {order!r}")
+    if entry.blocks and not columns:
+        raise ConfigError(f"{where}: cells need columns")
     blocks: dict[str, dict[str, PaperRow]] = {}
-    for block, rows in _mapping(raw.get("blocks") or {}, f"{where}.blocks").items():
-        blocks[str(block)] = {str(v): _row(str(v), r, list(columns), f"{where}.blocks.{block}.{v}")
-                              for v, r in _mapping(rows, f"{where}.blocks.{block}").items()}
-        for row in blocks[str(block)].values():
-            missing = [v for v in row.difference or () if v not in blocks[str(block)]]
+    for block, rows in entry.blocks.items():
+        blocks[block] = {v: _row(v, r, list(columns), f"{where}.blocks.{block}.{v}") for v, r in rows.items()}
+        for row in blocks[block].values():
+            missing = [v for v in row.difference or () if v not in blocks[block]]
             if missing:
                 raise ConfigError(f"{where}.blocks.{block}.{row.variant}: difference names {missing}, not rows of "
                                   "the block")
-    if blocks and not columns:
-        raise ConfigError(f"{where}: cells need columns")
-    runs = raw.get("runs")
-    if runs is not None and (not isinstance(runs, int) or isinstance(runs, bool) or runs < 2):
-        raise ConfigError(f"{where}.runs: the number of runs behind a printed mean ± std (≥ 2), got {runs!r}")
-    return PaperTable(key, str(raw.get("title", key)), str(raw.get("source", "")), preset, columns, blocks, order,
-                      runs)
+    return PaperTable(key, entry.title or key, entry.source, entry.preset, columns, blocks, entry.order, entry.runs)
 
 
 def load_paper(name: str, root: Path | str = ".") -> Paper:
@@ -216,13 +220,9 @@ def load_paper(name: str, root: Path | str = ".") -> Paper:
     file = Path(root) / PAPERS_DIR / f"{name}.yaml"
     if name not in list_papers(root):  # a name, not a path: nothing outside papers/ is read
         raise ConfigError(f"no paper file {file}; papers: {', '.join(list_papers(root)) or 'none'}")
-    raw = _mapping(yaml.safe_load(file.read_text(encoding="utf-8")), str(file))
-    _known(raw, PAPER_FIELDS, str(file))
-    tables = {str(k): _table(name, str(k), t, f"{file}: tables.{k}")
-              for k, t in _mapping(raw.get("tables") or {}, f"{file}: tables").items()}
-    second = raw.get("second_text")
-    return Paper(name, str(raw.get("paper", name)), str(raw.get("text", f"{name}.txt")), tables, file,
-                 str(second) if second else None)
+    declared = build(_PaperFile, yaml.safe_load(file.read_text(encoding="utf-8")) or {}, str(file))
+    tables = {k: _table(name, k, t, f"{file}: tables.{k}") for k, t in declared.tables.items()}
+    return Paper(name, declared.paper or name, declared.text or f"{name}.txt", tables, file, declared.second_text)
 
 
 def list_papers(root: Path | str = ".") -> list[str]:

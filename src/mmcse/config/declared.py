@@ -1,7 +1,8 @@
-"""A section of params.yaml declared once: its fields' types, bounds and descriptions (pydantic
-``Field`` in ``Annotated`` hints), validated by pydantic, its errors turned into the one line a bad
-params file has always got (``<where>: key 'train.batch_size': must be >= 2 (in-batch negatives)``,
-``unknown key(s) ...; valid keys under ...``), and the JSON Schema of the whole file.
+"""A section of params.yaml declared once: its fields' types and bounds (pydantic ``Field`` in
+``Annotated`` hints) and descriptions (the docstring under each field), validated by pydantic, its
+errors turned into the one line a bad params file has always got (``<where>: key 'train.batch_size':
+must be >= 2 (in-batch negatives)``, ``unknown key(s) ...; valid keys under ...``), and the JSON Schema
+of the whole file.
 
 Scalars are strict as YAML is read: an integer is not ``"5"`` or ``1.0`` or ``true`` (`Int`), a
 switch is ``true``/``false`` (`Bool`), a name is a string (`Str`); a number may be an integer or
@@ -27,7 +28,8 @@ from mmcse.errors import ConfigError
 Int = StrictInt
 Bool = StrictBool
 Str = StrictStr
-SECTION = ConfigDict(extra="forbid")  # each section's ``__pydantic_config__``: unknown keys are errors
+SECTION = ConfigDict(extra="forbid", use_attribute_docstrings=True)  # each section's ``__pydantic_config__``: unknown
+# keys are errors; a field's description is the docstring under it (the JSON Schema's hover text)
 PositiveInt = Annotated[Int, Field(ge=1)]
 NonNegativeInt = Annotated[Int, Field(ge=0)]
 Name = Annotated[Str, Field(pattern=r"\S")]  # a name, id or path: not empty, not blank
@@ -39,6 +41,12 @@ Fraction = Annotated[float, Field(ge=0, lt=1)]  # a probability that cannot be 1
 @functools.cache
 def _adapter(cls: type) -> TypeAdapter:
     return TypeAdapter(cls)
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """A section's field types, ``Annotated`` kept (read for every key of every build: cached)."""
+    return typing.get_type_hints(cls, include_extras=True)
 
 
 def build(cls: type, raw: Any, where: str, prefix: str = "") -> Any:
@@ -75,9 +83,9 @@ def _walk(cls: type, loc: tuple[Any, ...]) -> tuple[list[str], Any, list[Any]]:
     parts: list[str] = []
     tp, metadata = cls, []
     for part in loc:
-        tp, metadata = _strip(tp)
+        tp, metadata = _strip(_optional_of(tp))
         if dataclasses.is_dataclass(tp) and part in {f.name for f in dataclasses.fields(tp)}:
-            tp, metadata = _strip(typing.get_type_hints(tp, include_extras=True)[part])
+            tp, metadata = _strip(_hints(tp)[part])
             parts.append(str(part))
         elif typing.get_origin(tp) is list and isinstance(part, int):
             parts[-1] += f"[{part}]"
@@ -88,6 +96,15 @@ def _walk(cls: type, loc: tuple[Any, ...]) -> tuple[list[str], Any, list[Any]]:
         else:
             break
     return parts, tp, metadata
+
+
+def _optional_of(tp: Any) -> Any:
+    """``T | None`` → ``T`` (an optional key's value is reported as ``T``'s)."""
+    if typing.get_origin(tp) in (types.UnionType, typing.Union):
+        members = [m for m in typing.get_args(tp) if m is not type(None)]
+        if len(members) == 1:
+            return members[0]
+    return tp
 
 
 def _bounds(metadata: list[Any], violated: dict[str, Any]) -> str:
@@ -172,7 +189,7 @@ def _refuse_bool_numbers(raw: Any, tp: Any, where: str, key: str) -> None:
     if any(isinstance(m, BeforeValidator) for m in metadata):
         return
     if dataclasses.is_dataclass(tp) and isinstance(raw, Mapping):
-        hints = typing.get_type_hints(tp, include_extras=True)
+        hints = _hints(tp)
         for name, value in raw.items():
             if name in hints:
                 _refuse_bool_numbers(value, hints[name], where, f"{key}.{name}" if key else str(name))

@@ -26,30 +26,49 @@ TRANSFER_TASKS = ("MR", "CR", "SUBJ", "MPQA", "SST2", "TREC", "MRPC")
 class BaseConfig:
     __pydantic_config__ = SECTION
     seed: NonNegativeInt = 42
+    """seeds data generation, model initialisation and training (an ablation job's seed replaces it)"""
     device: Literal["auto", "cpu", "cuda"] = "cpu"
+    """cpu | cuda | auto"""
     data_dir: Name = "data"
+    """data/raw (download), data/objects (detect), data/teachers (cache)"""
     models_dir: Name = "models"
+    """models/student/{best,last}"""
     metrics_dir: Name = "metrics"
+    """where stages write their metrics files (DVC metrics)"""
     plots_dir: Name = "plots"
+    """where stages write their plot data and figures (DVC plots)"""
     mlflow_tracking_uri: Str = "sqlite:///mlruns/mlflow.db"
+    """the MLflow store runs are logged to; MLflow 3 needs a sqlite:/// URI (the file store is read-only)"""
     experiment_prefix: Name = "mmcse"
-    profile: Str = "demo"  # the paper profile params.yaml holds (`mmcse profile`; mmcse.experiments.recipes)
+    """experiments are <prefix>-<method>, <prefix>-ablate, <prefix>-sweep"""
+    profile: Str = "demo"
+    """the paper profile this file holds: `mmcse profile NAME` writes it (mmcse.experiments.recipes;
+    docs/real-data.md)"""
 
 
 @dataclass(frozen=True)
 class DemoDataConfig:
     __pydantic_config__ = SECTION
     num_images: Annotated[Int, Field(ge=4)] = 320
+    """scenes (images) the demo world generates"""
     captions_per_image: PositiveInt = 4
+    """1,280 image–caption pairs"""
     image_size: Annotated[Int, Field(ge=32, le=512)] = 64
+    """side of each generated image, in pixels"""
     min_objects: PositiveInt = 2
+    """fewest objects placed in a scene"""
     max_objects: Annotated[Int, Field(le=6)] = 4
+    """most objects placed in a scene (min_objects..6)"""
     corpus_sentences: PositiveInt = 6000
-    sts_dev_pairs: AtLeast10 = 400
-    sts_test_pairs: AtLeast10 = 800
-    retrieval_images: AtLeast10 = 100  # the retrieval test set: scenes drawn apart from training's
-    # the retrieval validation set (dev rsum picks checkpoints, e.g. DUET's): scenes apart from both
+    """text-only corpus standing in for Wiki1M"""
+    sts_dev_pairs: AtLeast10 = 200
+    """generated STS sentence pairs with gold scores for the dev set (best checkpoint by its Spearman)"""
+    sts_test_pairs: AtLeast10 = 400
+    """generated STS sentence pairs with gold scores for the test set"""
+    retrieval_images: AtLeast10 = 100
+    """the image–text retrieval test set (drawn apart from training's scenes)"""
     retrieval_val_images: AtLeast10 = 50
+    """the retrieval validation set (dev rsum picks checkpoints, e.g. DUET's): scenes apart from both"""
 
     def validate(self, where: str) -> None:
         check(self.min_objects <= self.max_objects, where, "data.demo.max_objects", "must be in [min_objects, 6]")
@@ -66,11 +85,18 @@ class SourceConfig:
     # folder already on this machine: nothing is fetched). sha256 is checked when given and
     # every fetched file's digest is written to the download manifest either way.
     url: Str = ""
+    """COCO serves its zips over http only: pin sha256"""
     hub: Str = ""
+    """a Hugging Face hub dataset repo id (with file): fetched through the hub cache, offline mode honoured"""
     file: Str = ""
+    """the file inside the hub repo (hub); cc12m: a pattern with {shard}"""
     revision: Str = ""
+    """the hub repo's revision (branch, tag or commit); empty: its default branch"""
     path: Str = ""
+    """a file or folder already on this machine: nothing is fetched"""
     sha256: Str = ""
+    """the file's SHA-256 (64 hex digits), checked after every fetch; empty: recorded on first fetch and later fetches
+    held to it"""
 
     def check_source(self, where: str, key: str) -> None:
         """One source's rules, ``key`` its dotted name (``data.sources.<name>``)."""
@@ -91,36 +117,43 @@ class SourcesConfig:
     # Karpathy's caption_datasets.zip: dataset_flickr30k.json + dataset_coco.json (splits, captions)
     karpathy_splits: SourceConfig = field(default_factory=lambda: SourceConfig(
         url="https://cs.stanford.edu/people/karpathy/deepimagesent/caption_datasets.zip"))
+    """Karpathy's caption_datasets.zip: dataset_flickr30k.json + dataset_coco.json (splits, captions)"""
     flickr30k_images: SourceConfig = field(default_factory=lambda: SourceConfig(
         hub="nlphuji/flickr30k", file="flickr30k-images.zip"))
+    """the Flickr30k images (a zip of JPEGs)"""
     coco_train2014: SourceConfig = field(default_factory=lambda: SourceConfig(
         url="http://images.cocodataset.org/zips/train2014.zip"))
+    """COCO's train2014 images (Karpathy's train and restval splits)"""
     coco_val2014: SourceConfig = field(default_factory=lambda: SourceConfig(
         url="http://images.cocodataset.org/zips/val2014.zip"))
-    # Flickr30k Entities: Sentences/<id>.txt phrase markup + Annotations/<id>.xml boxes
+    """COCO's val2014 images (Karpathy's val and test splits, part of restval)"""
     flickr30k_entities: SourceConfig = field(default_factory=lambda: SourceConfig(
         url="https://github.com/BryanPlummer/flickr30k_entities/raw/master/annotations.zip"))
-    # Flickr30k Entities' split lists (one image id a line: 29,783 / 1,000 / 1,000), the split the
-    # sentence-encoder papers train on (data.flickr_split: entities)
+    """Flickr30k Entities: Sentences/<id>.txt phrase markup + Annotations/<id>.xml boxes"""
     entities_train: SourceConfig = field(default_factory=lambda: SourceConfig(
         url="https://github.com/BryanPlummer/flickr30k_entities/raw/master/train.txt",
         sha256="7fac836ec29afdbda7396fe5473c4156908d60d248cae75892f5a94f08016516"))
+    """Flickr30k Entities' split lists (one image id a line: 29,783 / 1,000 / 1,000), the split the sentence-encoder
+    papers train on (data.flickr_split: entities)"""
     entities_val: SourceConfig = field(default_factory=lambda: SourceConfig(
         url="https://github.com/BryanPlummer/flickr30k_entities/raw/master/val.txt",
         sha256="764e1d2b2bae38bde75f8edda435a7ad20d404e83b77233934844f6a7dbccd9a"))
+    """Flickr30k Entities' val image ids (1,000), data.flickr_split: entities"""
     entities_test: SourceConfig = field(default_factory=lambda: SourceConfig(
         url="https://github.com/BryanPlummer/flickr30k_entities/raw/master/test.txt",
         sha256="58c576ebf3af64f346cc3e2ede7eb66523ab172b45c8b42414daa9f2914047e1"))
+    """Flickr30k Entities' test image ids (1,000), data.flickr_split: entities"""
     wiki1m: SourceConfig = field(default_factory=lambda: SourceConfig(
         hub="princeton-nlp/datasets-for-simcse", file="wiki1m_for_simcse.txt"))
-    # SimCSE's copy of the SentEval data: downstream/{STS,SICK,MR,CR,SUBJ,MPQA,SST,TREC,MRPC}
+    """SimCSE's one million Wikipedia sentences (data.corpus: wiki1m)"""
     senteval: SourceConfig = field(default_factory=lambda: SourceConfig(
         hub="princeton-nlp/datasets-for-simcse", file="senteval.tar"))
-    # Conceptual 12M as webdataset shards (<key>.jpg + <key>.txt per sample): a hub file or URL
-    # pattern with {shard} (shards 0, 1, … fetched until data.image_limit pairs are in), or a
-    # local folder of shards (*.tar) or of extracted samples (img2dataset's `files` output)
+    """SimCSE's copy of the SentEval data: downstream/{STS,SICK,MR,CR,SUBJ,MPQA,SST,TREC,MRPC}"""
     cc12m: SourceConfig = field(default_factory=lambda: SourceConfig(
         hub="pixparse/cc12m-wds", file="cc12m-train-{shard:04d}.tar"))
+    """Conceptual 12M as webdataset shards (<key>.jpg + <key>.txt per sample): a hub file or URL pattern with {shard}
+    (shards 0, 1, … fetched until data.image_limit pairs are in), or a local folder of shards (*.tar) or of
+    extracted samples (img2dataset's `files` output)"""
 
     def validate(self, where: str) -> None:
         for f in dataclasses.fields(self):
@@ -143,45 +176,54 @@ class DataConfig:
     # STS sets. demo: generated; senteval: STS-B dev + the seven STS test sets from
     # senteval_dir (a SentEval-layout folder, or `download`: fetch sources.senteval).
     source: Literal["demo", "senteval"] = "demo"
+    """STS sets. demo: generated | senteval: STS-B dev + the 7 STS tests from senteval_dir"""
     senteval_dir: Str = "../shared/data/senteval"
-    # SentEval transfer tasks copied from senteval_dir for the evaluate stage (source senteval):
-    # any of MR, CR, SUBJ, MPQA, SST2, TREC, MRPC.
+    """a SentEval-layout folder, or `download` (sources.senteval)"""
     transfer_tasks: list[Str] = field(default_factory=list)
-    # Image–caption pairs. demo: the generated scene world; flickr30k / coco: the real images
-    # with Karpathy's splits (sources.karpathy_splits + the image archives); none: no pairs at
-    # all, the text corpus only (SimCSE's "wiki" setting: needs train.method simcse).
-    # cc12m: Conceptual 12M (one caption per image, no test split; KDMCSE Table 4), in subsets of
-    # data.image_limit pairs.
+    """SentEval transfer tasks copied from senteval_dir for the evaluate stage (source senteval): any of MR, CR, SUBJ,
+    MPQA, SST2, TREC, MRPC."""
     pairs: Literal["demo", "flickr30k", "coco", "cc12m", "none"] = "demo"
-    splits: list[Str] = field(default_factory=lambda: ["train"])  # coco papers: train + restval
-    # Flickr30k's split, wherever Flickr30k is read (training pairs, retrieval val and test): karpathy =
-    # Karpathy's (29,000 / 1,014 / 1,000 images, captions from his file); entities = Flickr30k Entities'
-    # (29,783 / 1,000 / 1,000, captions from its Sentences files: sources.entities_* + sources.flickr30k_entities),
-    # the split KDMCSE, MCSE and MCSEO train on
+    """Image–caption pairs. demo: the generated scene world; flickr30k / coco: the real images with Karpathy's splits
+    (sources.karpathy_splits + the image archives); none: no pairs at all, the text corpus only (SimCSE's "wiki"
+    setting: needs train.method simcse). cc12m: Conceptual 12M (one caption per image, no test split; KDMCSE Table
+    4), in subsets of data.image_limit pairs."""
+    splits: list[Str] = field(default_factory=lambda: ["train"])
+    """Karpathy splits to train on: train | restval | val | test (COCO papers: train + restval)"""
     flickr_split: Literal["karpathy", "entities"] = "karpathy"
+    """Flickr30k's split, wherever Flickr30k is read (training pairs, retrieval val and test): karpathy = Karpathy's
+    (29,000 / 1,014 / 1,000 images, captions from his file); entities = Flickr30k Entities' (29,783 / 1,000 /
+    1,000, captions from its Sentences files: sources.entities_* + sources.flickr30k_entities), the split KDMCSE,
+    MCSE and MCSEO train on"""
     # first N images of the chosen splits; cc12m: the subset size
     image_limit: Annotated[Int, Field(ge=0, description="0: all")] = 0
-    # cc12m: which block of data.image_limit pairs, in shard order (KDMCSE Table 4's subsets 1 and 2)
     cc12m_subset: PositiveInt = 1
+    """cc12m: which block of data.image_limit pairs, in shard order (KDMCSE Table 4's subsets 1 and 2)"""
     # The retrieval validation set: the first N images of Karpathy's val split (0: all); none
     # when data.splits trains on val
     val_images: Annotated[Int, Field(ge=0, description="0: all")] = 1000
-    # The retrieval test set: same = Karpathy's test split of data.pairs (demo: its own test
-    # scenes); flickr30k / coco = that data set's test split whatever trains (DALR Table 4 scores its
-    # wiki+coco models on Flickr30k). No pairs (none): no image head, no retrieval test set.
     retrieval_test: Literal["same", "flickr30k", "coco"] = "same"
-    verify_images: Bool = True  # decode every image once; unreadable ones are dropped and counted
-    # Phrase boxes for detect.backend annotations on real pairs: none | flickr30k_entities
+    """The retrieval test set: same = Karpathy's test split of data.pairs (demo: its own test scenes); flickr30k /
+    coco = that data set's test split whatever trains (DALR Table 4 scores its wiki+coco models on Flickr30k). No
+    pairs (none): no image head, no retrieval test set."""
+    verify_images: Bool = True
+    """decode every real image once; unreadable ones are dropped and counted"""
     annotations: Literal["none", "flickr30k_entities"] = "none"
-    downloads_dir: Name = "downloads"  # under base.data_dir: fetched archives, kept for resume and reruns
+    """Phrase boxes for detect.backend annotations on real pairs: none | flickr30k_entities"""
+    downloads_dir: Name = "downloads"
+    """under base.data_dir: fetched archives (resumed, hashed once, reused)"""
     sources: SourcesConfig = field(default_factory=SourcesConfig)
-    # Training pairs per image: all captions (KDMCSE), one random (MCSE) or the longest (MCSEO).
+    """each: url (HTTP, Range resume) | hub + file (HF hub cache) | path (local); sha256 checked when set, else
+    recorded on first fetch and every later fetch held to it (data/downloads/first_use_sha256.json) (block
+    mappings, not {...}: `dvc exp run -S` rewrites this file, and a URL unquoted inside a flow mapping would no
+    longer parse)"""
     captions: Literal["all", "random", "longest"] = "all"
-    # The text-only corpus: demo (generated), wiki1m (SimCSE's 1M Wikipedia sentences,
-    # sources.wiki1m), or a local text file with one sentence per line.
+    """Training pairs per image: all captions (KDMCSE), one random (MCSE) or the longest (MCSEO)."""
     corpus: Str = "demo"
+    """The text-only corpus: demo (generated), wiki1m (SimCSE's 1M Wikipedia sentences, sources.wiki1m), or a local
+    text file with one sentence per line."""
     corpus_limit: Annotated[Int, Field(ge=0, description="0: all")] = 0  # keep the first N sentences
     demo: DemoDataConfig = field(default_factory=DemoDataConfig)
+    """the procedural scene world (docs/pipeline.md)"""
 
     def validate(self, where: str) -> None:
         check(bool(self.splits), where, "data.splits", f"must name at least one of {', '.join(KARPATHY_SPLITS)}")
@@ -243,16 +285,23 @@ class DetectConfig:
     # models: Florence-2 phrase grounding of each caption, then SAM 2 masks from the boxes.
     # Phrases are tokenised with the student's tokenizer at model.max_seq_len.
     backend: Literal["annotations", "sam2"] = "annotations"
+    """annotations: the generator's boxes/masks + phrase spans | sam2: Florence-2 + SAM 2 (MCSEO)"""
     min_objects: PositiveInt = 2
-    # sam2 backend. Florence-2 through transformers (HF id or local folder); the paper used -large.
+    """MCSEO: drop pairs left with fewer objects"""
     grounding_model: Name = "florence-community/Florence-2-base"
-    sam2_config: Name = "configs/sam2.1/sam2.1_hiera_t.yaml"  # bundled in the sam2 package
-    sam2_checkpoint: Name = "facebook/sam2.1-hiera-tiny"  # HF repo id (hub cache first) or a local .pt
-    batch_size: PositiveInt = 8  # images per grounding batch (all their captions in one generate call)
-    shard_size: PositiveInt = 256  # images per persisted shard: an interrupted run resumes at the first unfinished one
-    # Florence-2's BART decoder has 1024 positions
+    """sam2 backend. Florence-2 through transformers (HF id or local folder); the paper used -large."""
+    sam2_config: Name = "configs/sam2.1/sam2.1_hiera_t.yaml"
+    """sam2: bundled config; paper: configs/sam2.1/sam2.1_hiera_l.yaml"""
+    sam2_checkpoint: Name = "facebook/sam2.1-hiera-tiny"
+    """sam2: HF repo id (hub cache first) or a local .pt; paper: facebook/sam2.1-hiera-large"""
+    batch_size: PositiveInt = 8
+    """sam2: images per grounding batch (all their captions in one generate call)"""
+    shard_size: PositiveInt = 256
+    """sam2: images per persisted shard (data/objects/shards): a rerun resumes at the first unfinished"""
     max_new_tokens: Annotated[Int, Field(ge=1, le=1024)] = 1024
+    """Florence-2's BART decoder has 1024 positions"""
     num_beams: Annotated[Int, Field(ge=1, le=16)] = 3
+    """sam2: Florence-2 beam search"""
 
     def validate(self, where: str) -> None:
         p = "detect."
@@ -286,9 +335,13 @@ class TextTeacherConfig:
     # (teachers.joint: CLIP's projected text feature, DALR Table 9's "CLIP" text teacher; the CCA's
     # text side offline), pooled its own way: leave pooler out.
     teacher: Name = "packaged:all-MiniLM-L6-v2"
-    # clip: a CLIP model's projected text feature (teacher = a transformers CLIP id or folder)
+    """HF id, local folder or packaged:<name>; joint: the joint teacher's own text embedding (teachers.joint: CLIP's
+    projected text feature, DALR Table 9's CLIP text teacher; the CCA's text side offline), pooled its own way"""
     pooler: Literal["avg", "cls_before_pooler", "avg_first_last", "avg_top2", "clip"] = "avg"
+    """avg | cls_before_pooler | avg_first_last | avg_top2 (SimCSE's poolers that need no trained head) | clip: a CLIP
+    model's projected text feature (teacher: a transformers CLIP id or folder)"""
     weight: Annotated[float, Field(gt=0)] = 1.0
+    """the teacher's share in DALR's weighted multi-teacher representation (App. B)"""
 
 
 @dataclass(frozen=True)
@@ -299,15 +352,22 @@ class JointTeacherConfig:
     # the image encoder, fitted on the training pairs (no download); clip: a transformers CLIP
     # (model = HF id or folder); open_clip: model = architecture, pretrained = tag or file.
     kind: Literal["cca", "clip", "open_clip"] = "cca"
-    text_teacher: Name = "packaged:all-MiniLM-L6-v2"  # cca
-    text_pooler: Literal["avg", "cls_before_pooler", "avg_first_last", "avg_top2"] = "avg"  # cca
-    dim: Annotated[Int, Field(ge=2)] = 32  # cca
-    regularization: Annotated[float, Field(gt=0)] = 0.1  # cca
-    model: Name = "openai/clip-vit-base-patch32"  # clip / open_clip
-    pretrained: Name = "openai"  # open_clip
-    # v̂, the joint teacher's image side: joint = the teacher's own image tower | image_encoder = the features
-    # of teachers.image_encoder (an image-only teacher beside the joint text side: DALR Table 9's ResNet rows)
+    """cca: fitted here, no download | clip: transformers CLIP | open_clip"""
+    text_teacher: Name = "packaged:all-MiniLM-L6-v2"
+    """cca: its text side"""
+    text_pooler: Literal["avg", "cls_before_pooler", "avg_first_last", "avg_top2"] = "avg"
+    """cca"""
+    dim: Annotated[Int, Field(ge=2)] = 32
+    """cca: width of the joint space"""
+    regularization: Annotated[float, Field(gt=0)] = 0.1
+    """cca: ridge on each covariance, relative to its mean eigenvalue"""
+    model: Name = "openai/clip-vit-base-patch32"
+    """clip: HF id or folder (the papers' teacher) | open_clip: e.g. ViT-L-14"""
+    pretrained: Name = "openai"
+    """open_clip: pretrained tag or a local checkpoint file"""
     image_side: Literal["joint", "image_encoder"] = "joint"
+    """v̂, the joint teacher's image side: joint = the teacher's own image tower | image_encoder = the features of
+    teachers.image_encoder (an image-only teacher beside the joint text side: DALR Table 9's ResNet rows)"""
 
 
 @dataclass(frozen=True)
@@ -321,19 +381,28 @@ class TeachersConfig:
             TextTeacherConfig(pooler="avg", weight=0.67),
         ]
     )
-    # colour-edge-grid: weight-free; resnet50: torchvision (MCSE's image / MCSEO's object encoder)
+    """text teachers, each {teacher, pooler, weight}: DALR's weighted multi-teacher representation (L_rank, L_IMA,
+    L_CMA's Q^{t2t}); DALR: SimCSE 0.33 + DiffCSE 0.67 (authors' code); offline: two poolers of MiniLM"""
     image_encoder: Literal["colour-edge-grid", "resnet50"] = "colour-edge-grid"
-    image_grid: Annotated[Int, Field(ge=1, le=16)] = 4  # colour-edge-grid
-    colour_bins: Annotated[Int, Field(ge=2, le=16)] = 4  # colour-edge-grid
-    image_weights: Str = "IMAGENET1K_V2"  # resnet50: torchvision weights name, a local file, or random
+    """colour-edge-grid: weight-free; resnet50: torchvision (MCSE's image / MCSEO's object encoder)"""
+    image_grid: Annotated[Int, Field(ge=1, le=16)] = 4
+    """colour-edge-grid: cells per side"""
+    colour_bins: Annotated[Int, Field(ge=2, le=16)] = 4
+    """colour-edge-grid: levels per RGB channel"""
+    image_weights: Str = "IMAGENET1K_V2"
+    """resnet50: torchvision weights name, or a local .pth/.safetensors file"""
     joint: JointTeacherConfig = field(default_factory=JointTeacherConfig)
+    """joint text–image teacher (CLIP in KDMCSE/DALR): α similarities, t̂ and v̂"""
     batch_size: PositiveInt = 128
-    num_workers: NonNegativeInt = 2  # DataLoader workers reading images for the neural encoders
+    """sentences or images per teacher forward pass while caching"""
+    num_workers: NonNegativeInt = 2
+    """DataLoader workers reading images for resnet50 / clip / open_clip"""
     cache_dir: Str = "teachers"
-    # Under a paper profile (base.profile other than demo) a row that trains with this machine's offline
-    # stand-ins (packaged:* text teachers, the CCA joint teacher, colour-edge-grid image features) is refused
-    # before anything runs; allow: train it anyway, `mmcse plan` marking it (mmcse.experiments.stand_ins)
+    """under base.data_dir"""
     stand_ins: Literal["refuse", "allow"] = "refuse"
+    """Under a paper profile (base.profile other than demo) a row that trains with this machine's offline stand-ins
+    (packaged:* text teachers, the CCA joint teacher, colour-edge-grid image features) is refused before anything
+    runs; allow: train it anyway, `mmcse plan` marking it (mmcse.experiments.stand_ins)"""
 
     def validate(self, where: str) -> None:
         check(len(self.text) >= 1, where, "teachers.text", "needs at least one text teacher")
@@ -357,18 +426,28 @@ class RegionsConfig:
     # per-image .npz / .npy files (the published 36 x 2048 Visual Genome features) | grid: grid_model's
     # last feature map over the whole image, 7 x 7 cells of 2048 (VSE++'s ResNet-152 features).
     source: Literal["objects", "tsv", "npy", "grid"] = "objects"
-    files: list[Str] = field(default_factory=list)  # tsv: the TSV file(s)
-    folder: Str = ""  # npy: the folder
+    """objects: the images' objects + the whole image, encoded with teachers.image_encoder | tsv: bottom-up-attention
+    TSV file(s) | npy: a folder of per-image .npz/.npy (36 x 2048) | grid: grid_model's 7 x 7 x 2048 last feature
+    map of the whole image (VSE++'s ResNet-152)"""
+    files: list[Str] = field(default_factory=list)
+    """tsv: the TSV file(s)"""
+    folder: Str = ""
+    """npy: the folder"""
     # tsv / npy: the feature width the files must have (0: whatever they hold, equal across images)
     dim: Annotated[Int, Field(ge=0, description="0: any")] = 0
-    max_regions: Annotated[Int, Field(ge=1, le=100)] = 36  # regions kept per image (§5.2: top 36)
-    whole_image: Bool = True  # objects: the whole image as one more region (context; never an empty image)
-    dtype: Literal["float16", "float32"] = "float16"  # on disk (COCO: 123k × 36 × 2048 floats)
-    cache_dir: Name = "regions"  # under base.data_dir
-    # grid: the torchvision CNN (VSE++: ResNet-152) and its weights: a torchvision weights name (hub cache;
-    # downloaded only when online), a local .pth / .safetensors file, or random (offline stand-in)
+    max_regions: Annotated[Int, Field(ge=1, le=100)] = 36
+    """regions kept per image (§5.2: top 36)"""
+    whole_image: Bool = True
+    """objects: the whole image as one more region (context; never an empty image)"""
+    dtype: Literal["float16", "float32"] = "float16"
+    """on disk (COCO: 123k × 36 × 2048 floats)"""
+    cache_dir: Name = "regions"
+    """under base.data_dir: one set per (source, images), reused"""
     grid_model: Literal["resnet50", "resnet101", "resnet152"] = "resnet152"
-    grid_weights: Str = "IMAGENET1K_V1"
+    """grid: the torchvision CNN (VSE++: ResNet-152) and its weights: a torchvision weights name (hub cache;
+    downloaded only when online), a local .pth / .safetensors file, or random (offline stand-in)"""
+    grid_weights: Str = "random"
+    """grid: a torchvision weights name (IMAGENET1K_V1: VSE++'s), a local file, or random (offline)"""
 
     def validate(self, where: str) -> None:
         p = "regions."

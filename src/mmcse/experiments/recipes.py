@@ -29,31 +29,63 @@ from __future__ import annotations
 import copy
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ConfigDict
 
 from mmcse.config import Config, ConfigError, apply_overrides, is_fixed, to_dict
+from mmcse.config.declared import Str, build
 from mmcse.config.readings import READINGS, reading_values
 
 RECIPES_DIR, PROFILES_DIR = "recipes", "profiles"
 DEMO = "demo"
 PROFILE_KEY = "base.profile"
-RECIPE_FIELDS = ("description", "method", "settings", "encoders")
-PROFILE_FIELDS = ("description", "recipe", "encoder", "common", "recipe_overrides", "data", "model", "teacher_roles")
 RECIPE = "recipe"  # a variant key naming another recipe of its method (recipes/<name>.yaml), expanded away
 ROLE = "role"  # a teachers.text entry naming its teacher by role
 IMAGE_ROLE = "teachers.image_role"  # a variant key naming its image teacher by role (expanded before validation)
 ROLE_TEXT_FIELDS = ("teacher", "pooler")
 
 
-def _mapping(file: Path, raw: dict[str, Any], field: str) -> dict[str, Any]:
-    value = raw.get(field) or {}
-    if not isinstance(value, Mapping):
-        raise ConfigError(f"{file}: '{field}' must be a mapping of dotted keys, got {type(value).__name__}")
-    return {str(k): copy.deepcopy(v) for k, v in value.items()}
+Overrides = dict[str, Any]  # dotted params.yaml keys -> values (`_check_keys` holds them to Config)
+FILE = ConfigDict(extra="forbid")
+
+
+# A recipe file and a profile file as declared (keys and types, checked by `mmcse.config.declared.build`: one
+# line naming the file and the key); what their values mean is checked against Config and each other below.
+@dataclass(frozen=True)
+class _RecipeFile:
+    __pydantic_config__ = FILE
+    description: Str = ""
+    method: Str | None = None  # the method it trains (default: the file's stem)
+    settings: Overrides = field(default_factory=dict)  # every encoder's
+    encoders: dict[str, Overrides] = field(default_factory=dict)  # bert / roberta: what differs per encoder
+
+
+@dataclass(frozen=True)
+class _TeacherRolesFile:
+    __pydantic_config__ = FILE
+    text: dict[str, dict[str, Any]] = field(default_factory=dict)  # {teacher, pooler}, or one such per encoder
+    image: dict[str, Overrides] = field(default_factory=dict)  # the teachers.* keys a role sets
+
+
+@dataclass(frozen=True)
+class _ProfileFile:
+    __pydantic_config__ = FILE
+    description: Str = ""
+    recipe: Str | None = None  # the method's recipe (none: demo)
+    encoder: Str | None = None  # the recipes' encoder group, for a file without model groups
+    common: Overrides = field(default_factory=dict)
+    recipe_overrides: Overrides = field(default_factory=dict)  # recipe values this profile's tables change
+    data: dict[str, Overrides] = field(default_factory=dict)  # one profile per data group (× model group)
+    model: dict[str, Overrides] = field(default_factory=dict)
+    teacher_roles: _TeacherRolesFile = field(default_factory=_TeacherRolesFile)
+
+
+def _read(file: Path, declared: type) -> Any:
+    return build(declared, read_yaml_mapping(file), str(file))
 
 
 def _check_keys(file: Path, where: str, overrides: Mapping[str, Any]) -> None:
@@ -87,10 +119,8 @@ def load_recipes(root: Path) -> dict[str, Recipe]:
     and ``train.method`` equal to its ``method``."""
     recipes: dict[str, Recipe] = {}
     for file in sorted((root / RECIPES_DIR).glob("*.yaml")):
-        raw = read_keyed_yaml(file, RECIPE_FIELDS)
-        method = str(raw.get("method", file.stem))
-        settings = _mapping(file, raw, "settings")
-        encoders = {str(name): _mapping(file, raw.get("encoders") or {}, name) for name in raw.get("encoders") or {}}
+        raw = _read(file, _RecipeFile)
+        method, settings, encoders = raw.method or file.stem, raw.settings, raw.encoders
         if settings.get("train.method") != method:
             raise ConfigError(f"{file}: settings must set train.method: {method} (the recipe's method)")
         for name, values in [("settings", settings), *((f"encoders.{e}", v) for e, v in encoders.items())]:
@@ -111,7 +141,7 @@ class Profile:
     context: dict[str, Any]  # common ← data ← model groups: what the profile sets
     recipe_overrides: dict[str, Any]  # recipe values this profile's tables change, declared
     file: Path
-    teacher_roles: dict[str, Any]  # the paper's teachers by role, as written (`teacher_roles` checks them)
+    teacher_roles: _TeacherRolesFile  # the paper's teachers by role, as written (`teacher_roles` checks them)
 
 
 def _profile_files(root: Path) -> dict[str, tuple[Path, str | None, str | None]]:
@@ -119,8 +149,8 @@ def _profile_files(root: Path) -> dict[str, tuple[Path, str | None, str | None]]
     ``<paper>-<data>`` for a file without a ``model`` group, or ``demo``."""
     names: dict[str, tuple[Path, str | None, str | None]] = {}
     for file in sorted((root / PROFILES_DIR).glob("*.yaml")):
-        raw = read_keyed_yaml(file, PROFILE_FIELDS)
-        data, models = list(raw.get("data") or {}), list(raw.get("model") or {})
+        raw = _read(file, _ProfileFile)
+        data, models = list(raw.data), list(raw.model)
         if not data:
             names[file.stem] = (file, None, None)
         for d in data:
@@ -144,17 +174,12 @@ def load_profile(name: str, root: Path, recipes: Mapping[str, Recipe] | None = N
     if name not in available:
         raise ConfigError(f"unknown profile {name!r}; profiles in {root / PROFILES_DIR}: {', '.join(available)}")
     file, data, model = available[name]
-    raw = read_keyed_yaml(file, PROFILE_FIELDS)
-    context = _mapping(file, raw, "common")
-    if data is not None:
-        context.update(_mapping(file, raw["data"], data))
-    if model is not None:
-        context.update(_mapping(file, raw["model"], model))
-    declared = _mapping(file, raw, "recipe_overrides")
+    raw = _read(file, _ProfileFile)
+    context = {**raw.common, **(raw.data[data] if data is not None else {}), **(raw.model[model] if model else {})}
+    declared = raw.recipe_overrides
     _check_keys(file, "context", context)
     _check_keys(file, "recipe_overrides", declared)
-    recipe = raw.get("recipe")
-    encoder = model or raw.get("encoder")
+    recipe, encoder = raw.recipe, model or raw.encoder
     recipes = load_recipes(root) if recipes is None else recipes
     if recipe is not None:
         if recipe not in recipes:
@@ -166,7 +191,7 @@ def load_profile(name: str, root: Path, recipes: Mapping[str, Recipe] | None = N
         if undeclared:
             raise ConfigError(f"{file}: profile {name} sets {', '.join(undeclared)}, which recipe {recipe} owns "
                               f"({recipes[recipe].file}): move it to the recipe, or list it under recipe_overrides")
-    return Profile(name, recipe, encoder, context, declared, file, _mapping(file, raw, "teacher_roles"))
+    return Profile(name, recipe, encoder, context, declared, file, raw.teacher_roles)
 
 
 def owned_keys(root: Path, recipes: Mapping[str, Recipe] | None = None) -> list[str]:
@@ -174,11 +199,10 @@ def owned_keys(root: Path, recipes: Mapping[str, Recipe] | None = None) -> list[
     recipes = load_recipes(root) if recipes is None else recipes
     keys = {PROFILE_KEY}.union(*(r.keys() for r in recipes.values()))
     for file in sorted((root / PROFILES_DIR).glob("*.yaml")):
-        raw = read_keyed_yaml(file, PROFILE_FIELDS)
-        keys |= set(_mapping(file, raw, "common")) | set(_mapping(file, raw, "recipe_overrides"))
-        for group in ("data", "model"):
-            for values in (raw.get(group) or {}).values():
-                keys |= set(values or {})
+        raw = _read(file, _ProfileFile)
+        keys |= set(raw.common) | set(raw.recipe_overrides)
+        for values in (*raw.data.values(), *raw.model.values()):
+            keys |= set(values)
     return sorted(keys)
 
 
@@ -313,20 +337,17 @@ def teacher_roles(name: str, root: Path) -> TeacherRoles:
     encoder (``bert: {...}, roberta: {...}``), an image role a mapping of ``teachers.*`` keys."""
     profile = load_profile(name, root)
     file, encoder, raw = profile.file, profile.encoder, profile.teacher_roles
-    unknown = sorted(set(raw) - {"text", "image"})
-    if unknown:
-        raise ConfigError(f"{file}: teacher_roles has {unknown}; valid: text, image")
     text: dict[str, dict[str, Any]] = {}
-    for role, value in _mapping(file, raw, "text").items():
-        if isinstance(value, Mapping) and "teacher" not in value and encoder in value:
+    for role, value in raw.text.items():
+        if "teacher" not in value and encoder in value:
             value = value[encoder]
         if not isinstance(value, Mapping) or "teacher" not in value or set(value) - set(ROLE_TEXT_FIELDS):
             raise ConfigError(f"{file}: teacher_roles.text.{role} must be {{teacher, pooler}} or one per encoder "
                               f"(for {encoder or 'no encoder'}), got {value!r}")
         text[str(role)] = dict(value)
     image: dict[str, dict[str, Any]] = {}
-    for role, value in _mapping(file, raw, "image").items():
-        if not isinstance(value, Mapping) or not all(str(k).startswith("teachers.") for k in value):
+    for role, value in raw.image.items():
+        if not all(k.startswith("teachers.") for k in value):
             raise ConfigError(f"{file}: teacher_roles.image.{role} must map teachers.* keys to values, got {value!r}")
         _check_keys(file, f"teacher_roles.image.{role}", value)
         image[str(role)] = dict(value)
@@ -435,14 +456,13 @@ def _parsed_yaml(text: str) -> Any:
     return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
-def read_keyed_yaml(file: Path, valid_keys: tuple[str, ...]) -> dict[str, Any]:
-    """A YAML mapping from ``file`` whose top-level keys must be among ``valid_keys`` (preset
-    and profile files); invalid YAML or an unknown key is a ConfigError naming the file."""
+def read_yaml_mapping(file: Path) -> dict[str, Any]:
+    """The YAML mapping in ``file`` (a recipe, profile or preset file), a copy its caller may edit; invalid
+    YAML or another top level is a ConfigError naming the file."""
     try:
         raw = copy.deepcopy(_parsed_yaml(file.read_text())) or {}  # a copy: callers edit what they get
     except yaml.YAMLError as err:
         raise ConfigError(f"{file}: not valid YAML: {err}") from None
-    unknown = sorted(set(raw) - set(valid_keys)) if isinstance(raw, Mapping) else ["<not a mapping>"]
-    if unknown:
-        raise ConfigError(f"{file}: unknown key(s) {unknown}; valid keys: {', '.join(valid_keys)}")
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{file}: must be a mapping of keys, got {type(raw).__name__}")
     return dict(raw)
