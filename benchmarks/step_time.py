@@ -49,7 +49,7 @@ region set in ``DIR/../regions`` (``cache_regions``, by folder name) that holds 
 timed pairs gives their rows (its width and region count; two captions of one image in a batch
 are not each other's negatives, as in ``train_duet``); with no such set they are random as above.
 
-DUET's architecture (``--duet-size``): ``paper`` = ``mmcse.config.DuetModelConfig()``'s defaults
+DUET's architecture (``--duet-size``): ``paper`` = recipes/duet.yaml's ``model.duet``
 (§5.2: 4 visual-only + 2 shared layers, joint width 1024, 16 heads, feed-forward 4096), ``demo`` =
 this repo's ``params.yaml`` ``model.duet`` (joint 256, 4 heads, feed-forward 1024). The default
 follows the student: ``tiny`` -> demo, ``bert-base`` / ``roberta-base`` -> paper; with
@@ -267,14 +267,17 @@ def synthetic_regions(batch_size: int, g: torch.Generator, n_regions: int = PAPE
 
 
 def duet_size_overrides(size: str) -> dict[str, Any]:
-    """``model.duet.*`` overrides of a ``--duet-size``: ``paper`` = :class:`mmcse.config.DuetModelConfig`'s
-    defaults (§5.2), ``demo`` = the repo's params.yaml ``model.duet``."""
+    """``model.duet.*`` overrides of a ``--duet-size``: ``paper`` = DUET's recipe (recipes/duet.yaml, §5.2) over
+    :class:`mmcse.config.DuetModelConfig`'s defaults, ``demo`` = the repo's params.yaml ``model.duet``."""
     from mmcse.config import ConfigError, DuetModelConfig
     from mmcse.experiments.params import load_config
+    from mmcse.experiments.recipes import load_recipes
 
     if size == "paper":
-        duet = DuetModelConfig()
-    elif size == "demo":
+        recipe = load_recipes(REPO)["duet"].values(None)
+        defaults = {f"model.duet.{k}": v for k, v in dataclasses.asdict(DuetModelConfig()).items()}
+        return {**defaults, **{k: v for k, v in recipe.items() if k.startswith("model.duet.")}}
+    if size == "demo":
         try:
             duet = load_config(REPO / "params.yaml").model.duet
         except ConfigError as err:
@@ -483,7 +486,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=3, help="uncounted rounds first")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--duet-size", default=None, choices=DUET_SIZES,
-                        help="DUET's added layers: paper (DuetModelConfig defaults: 4 visual + 2 shared layers, "
+                        help="DUET's added layers: paper (recipes/duet.yaml: 4 visual + 2 shared layers, "
                              "joint 1024, 16 heads, ff 4096) or demo (params.yaml: joint 256, 4 heads, ff 1024); "
                              "default: demo for --student tiny, paper for bert-base / roberta-base, the file's "
                              "model.duet with --params")
