@@ -216,7 +216,9 @@ def test_ui_url_opens_the_machine_learning_view():
         "http://127.0.0.1:5001/#/experiments/7/runs?workflowType=machine_learning&viewStateShareKey=mmcse-headline"
 
 
-def test_the_train_stage_run_is_named_method_seed(project):
+def test_the_train_stage_run_is_named_method_seed_and_records_the_machine(project, monkeypatch, capfd):
+    """The train stage's run is named <method>-seed<seed>; MLflow samples the machine while it trains
+    (issue 55: `system/*` metrics, so a host-bound run shows as one), quietly."""
     from dataclasses import replace
 
     from mmcse.config import with_overrides
@@ -225,8 +227,14 @@ def test_the_train_stage_run_is_named_method_seed(project):
 
     cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 2, "train.eval_steps": 2})
     # as the train stage calls it
+    monkeypatch.setenv("MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL", "0.2")
     summary = run_train(cfg, Paths.of(cfg), out_dir=project / "m", hooks=Hooks(progress=False))
-    assert mlflow.MlflowClient().get_run(summary["run_id"]).info.run_name == f"mcse-seed{cfg.base.seed}"
+    record = mlflow.MlflowClient().get_run(summary["run_id"])
+    assert record.info.run_name == f"mcse-seed{cfg.base.seed}"
+    history = mlflow.MlflowClient().get_metric_history(summary["run_id"], "system/cpu_utilization_percentage")
+    assert history and all(0 <= m.value <= 100 for m in history)
+    assert record.data.metrics["system/system_memory_usage_megabytes"] > 0
+    assert "system metrics monitoring" not in capfd.readouterr().err
     other = replace(cfg, base=replace(cfg.base, seed=3), train=replace(cfg.train, method="dalr"))
     assert train_run_name(other) == "dalr-seed3"
 

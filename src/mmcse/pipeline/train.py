@@ -143,7 +143,7 @@ def train_tracked(cfg: Config, paths: Paths, out_dir: Path | None = None, names:
     with tracking.run(
         cfg, names.experiment or cfg.train.method, run_name=names.run or train_run_name(cfg), run_id=resumed_run,
         parent_run_id=names.parent_id, tags=artifact_tags(keys),
-        job=str(out_dir.resolve()),
+        job=str(out_dir.resolve()), system_metrics=True,
     ) as active:
         # not in out_dir (a DVC output holds nothing random); per configuration, so a folder another
         # configuration trained in meanwhile never continues this run

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 import os
 import re
 import socket
@@ -365,6 +366,7 @@ def run(
     parent_run_id: str | None = None,
     tags: dict[str, str] | None = None,
     job: str | None = None,
+    system_metrics: bool = False,
 ) -> Iterator[Any]:
     """An MLflow run in experiment ``<prefix>-<experiment_name>``, or run ``run_id`` continued.
 
@@ -375,7 +377,11 @@ def run(
     ``job`` (e.g. the output folder) names what the run computes: the run is tagged with it,
     the host and this process id, and runs of the same job left RUNNING by a dead process are
     marked KILLED first (`end_stale_runs`). The run ends FINISHED, or with the status the
-    exception that leaves the block names (``mlflow_status``; Ctrl-C: KILLED; else FAILED)."""
+    exception that leaves the block names (``mlflow_status``; Ctrl-C: KILLED; else FAILED).
+
+    ``system_metrics``: MLflow samples the machine while the run is open (``system/*``: CPU, memory, disk,
+    network, and each GPU's utilisation and memory through NVML) every 10 s (MLflow's default;
+    ``MLFLOW_SYSTEM_METRICS_SAMPLING_INTERVAL`` sets another): a host-bound training run shows as one."""
 
     exp_id = experiment(cfg, experiment_name)
     extra = _EXTRA_TAGS.get()
@@ -387,6 +393,8 @@ def run(
     if job is not None:
         tags = {**(tags or {}), JOB_TAG: job, "mmcse.host": socket.gethostname(), "mmcse.pid": str(os.getpid())}
         end_stale_runs(exp_id, job, keep=run_id)
+    if system_metrics:  # its start/stop lines are MLflow's business, not the run's output
+        logging.getLogger("mlflow.system_metrics").setLevel(logging.WARNING)
     active = mlflow.start_run(
         run_id=run_id,
         experiment_id=None if run_id else exp_id,
@@ -394,6 +402,7 @@ def run(
         parent_run_id=parent_run_id,
         nested=parent_run_id is not None or mlflow.active_run() is not None,
         tags=tags,
+        log_system_metrics=system_metrics,
     )
     if run_id is not None:
         note_resumed_environment(run_id, env)
