@@ -14,6 +14,13 @@ CPU's peak is per configuration), with the same initial weights and batch:
 * ``micro M``: ``train.micro_batch: M`` (`mmcse.training.gradcache.CachedTokens`): M sentences
   (2M rows) per encoder pass, then the loss over all B, then each pass again with its graph.
 
+* ``st MNRL`` / ``st cached M``: the peer, sentence-transformers' ``MultipleNegativesRankingLoss`` on the
+  whole batch, and its ``CachedMultipleNegativesRankingLoss`` (GradCache) at ``mini_batch_size`` M, on
+  the same BERT-base (saved and loaded as a sentence-transformers ``Transformer`` + CLS pooling), batch,
+  scale 20 (τ 0.05), precision and AdamW: SimCSE's objective as that library trains it, anchors and
+  positives each encoded in their own passes. ``× whole`` is against mmcse's whole-batch step, so the
+  peer's rows and mmcse's compare directly.
+
 The step is SimCSE's as ``mmcse.training.loop.training_step_loss`` runs it (both views as one doubled
 batch through the student, the MLP pooler on [CLS], the in-batch InfoNCE at τ 0.05), under the
 precision's autocast, then backward and AdamW; it is spelled out here rather than imported because
@@ -56,6 +63,8 @@ from mmcse.models.student import Student  # noqa: E402
 from mmcse.training.gradcache import CachedTokens, direct_tokens  # noqa: E402
 
 TEMPERATURE = 0.05
+PEER_KIND = 2  # --one's third value: 0 torch dropout, 1 per_row, 2 the sentence-transformers peer
+DROPOUT = {0: "torch", 1: "per_row", PEER_KIND: "torch (st)"}
 
 
 def build(layers: int, hidden: int, device: torch.device, keyed: bool, dtype: torch.dtype) -> Student:
@@ -131,6 +140,59 @@ def measure(args: argparse.Namespace, b: int, micro: int, keyed: bool) -> dict[s
     return {"seconds": statistics.median(times), "peak_mib": peak / 2**20}
 
 
+def peer_loss(student: Student, micro: int, device: torch.device, folder: Path) -> torch.nn.Module:
+    """sentence-transformers' MNRL (``micro`` 0) or CachedMNRL at ``mini_batch_size`` ``micro``, on a copy of
+    ``student``'s backbone with the same weights."""
+    import warnings
+
+    from mmcse.models.student import load_tokenizer
+
+    with warnings.catch_warnings():  # v6 moved the modules; the old paths work in every version
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from sentence_transformers import SentenceTransformer, losses, models
+
+    student.backbone.save_pretrained(folder)
+    load_tokenizer("packaged:all-MiniLM-L6-v2").save_pretrained(folder)  # BERT uncased's vocabulary
+    model = SentenceTransformer(modules=[models.Transformer(str(folder)),
+                                         models.Pooling(student.backbone.config.hidden_size, pooling_mode="cls")],
+                                device=str(device)).train()
+    if micro:
+        return losses.CachedMultipleNegativesRankingLoss(model, scale=1 / TEMPERATURE, mini_batch_size=micro)
+    return losses.MultipleNegativesRankingLoss(model, scale=1 / TEMPERATURE)
+
+
+def measure_peer(args: argparse.Namespace, b: int, micro: int) -> dict[str, Any]:
+    """The peer's configuration in this process: median step seconds and peak memory."""
+    import tempfile
+
+    device = torch.device(args.device)
+    configure_kernels(device)
+    with tempfile.TemporaryDirectory() as folder:
+        loss_fn = peer_loss(build(12, 768, torch.device("cpu"), False, torch.float32), micro, device, Path(folder))
+    model = loss_fn.model
+    ids, mask = batch(b, args.seq_len, model[0].auto_model.config.vocab_size, device)
+    features = {"input_ids": ids, "attention_mask": mask}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-5, fused=device.type == "cuda" or None)
+    times = []
+    for i in range(args.warmup + args.repeats):
+        if i == args.warmup and device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        began = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        with autocast(args.precision, device):
+            loss = loss_fn([features, dict(features)], None)
+        loss.backward()
+        optimizer.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if i >= args.warmup:
+            times.append(time.perf_counter() - began)
+    peak = (torch.cuda.max_memory_allocated() if device.type == "cuda"
+            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    return {"seconds": statistics.median(times), "peak_mib": peak / 2**20}
+
+
 def device_description(device: str) -> str:
     if device == "cuda":
         props = torch.cuda.get_device_properties(0)
@@ -149,12 +211,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--verify", action="store_true")
+    parser.add_argument("--no-peer", action="store_true", help="leave out sentence-transformers' (C)MNRL rows")
     parser.add_argument("--json", default=None, help="write the rows here too")
     parser.add_argument("--one", nargs=3, type=int, metavar=("B", "MICRO", "KEYED"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.one:
-        b, micro, keyed = args.one
-        print(json.dumps(measure(args, b, micro, bool(keyed))))
+        b, micro, kind = args.one
+        print(json.dumps(measure_peer(args, b, micro) if kind == PEER_KIND else measure(args, b, micro, bool(kind))))
         return
     print(f"device: {device_description(args.device)}; {args.precision}, BERT-base, {args.seq_len} tokens, "
           f"median of {args.repeats} step(s) after {args.warmup} warm-up", flush=True)
@@ -167,24 +230,27 @@ def main(argv: Sequence[str] | None = None) -> None:
           flush=True)
     for b in args.batch_size:
         whole = None
-        for micro, keyed in [(0, 0), (0, 1)] + [(m, 1) for m in args.micro if m < b]:
+        peers = [] if args.no_peer else [(0, PEER_KIND)] + [(m, PEER_KIND) for m in args.micro if m < b]
+        for micro, keyed in [(0, 0), (0, 1)] + [(m, 1) for m in args.micro if m < b] + peers:
             done = subprocess.run([sys.executable, __file__, *forwarded, "--one", str(b), str(micro), str(keyed)],
                                   capture_output=True, text=True)
             label = "whole batch" if micro == 0 else f"micro {micro} ({-(-b // micro)} passes)"
+            if keyed == PEER_KIND:
+                label = "st MNRL, whole batch" if micro == 0 else f"st cached {micro} ({-(-b // micro)} passes)"
             if done.returncode != 0:
                 # a process the kernel killed (a CPU out of memory) leaves no traceback, only its signal
                 error = (done.stderr.strip().splitlines() or [
                     f"killed by signal {-done.returncode} (out of memory?)" if done.returncode < 0
                     else f"exit code {done.returncode}"])[-1][:120]
-                print(f"| {b} | {label} | {'per_row' if keyed else 'torch'} | failed: {error} | | | |", flush=True)
+                print(f"| {b} | {label} | {DROPOUT[keyed]} | failed: {error} | | | |", flush=True)
                 continue
             result = json.loads(done.stdout.strip().splitlines()[-1])
             if micro == 0 and not keyed:
                 whole = result  # the baseline: the default step, when it ran
-            rows.append({"batch": b, "micro": micro, "dropout": "per_row" if keyed else "torch", **result})
+            rows.append({"batch": b, "micro": micro, "dropout": DROPOUT[keyed], "peer": keyed == PEER_KIND, **result})
             time_ratio = f"{result['seconds'] / whole['seconds']:.2f}" if whole else "-"
             peak_ratio = f"{result['peak_mib'] / whole['peak_mib']:.2f}" if whole else "-"
-            print(f"| {b} | {label} | {'per_row' if keyed else 'torch'} | {result['seconds']:.3f} | {time_ratio} | "
+            print(f"| {b} | {label} | {DROPOUT[keyed]} | {result['seconds']:.3f} | {time_ratio} | "
                   f"{result['peak_mib']:.0f} | {peak_ratio} |", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps({"device": device_description(args.device), "rows": rows}, indent=2))

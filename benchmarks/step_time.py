@@ -61,6 +61,14 @@ with 64 (BERT) / 128 (RoBERTa). This benchmark times every method at the SAME ba
 row (and one ratio) per ``--batch-size`` given; pass e.g. ``--batch-size 64 90`` and compare the
 DUET cell of B = 90 with the MCSE cell of B = 64 for the papers' settings.
 
+The peer (``st_mnrl``, with ``simcse`` unless ``--no-peer``): sentence-transformers'
+``MultipleNegativesRankingLoss`` step, SimCSE's objective as that library trains it, on a copy of the
+same backbone (saved and loaded as a sentence-transformers ``Transformer`` + CLS ``Pooling``, no MLP
+head), the same batch, scale 1/``loss.temperature`` (20), the same precision's autocast and an AdamW of
+the same rate (fused on CUDA): the anchor and positive are the batch's sentences, each encoded in its
+own pass (two dropout masks), then backward and the update. Its ratio to mmcse's SimCSE step is in the
+table beside the methods' (> 1: the peer is slower).
+
 Methods are interleaved within each repeat (the order rotates), so a change in machine
 speed hits them alike; warm-up rounds are not counted; on CUDA the device is synchronized
 before each clock read. Prints the median step time, its ratio to SimCSE and to MCSE in the
@@ -70,13 +78,16 @@ same run, and peak memory, then markdown tables; ``--json FILE`` writes the numb
 from __future__ import annotations
 
 import argparse
+import atexit
 import copy
 import dataclasses
 import os
 import platform
 import resource
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Sequence
@@ -102,6 +113,7 @@ PAPER_REGIONS = 36
 PAPER_REGION_DIM = 2048
 BOX_IMAGE_SIZE = (640, 480)
 DUET_SIZES = ("paper", "demo")
+PEER = "st_mnrl"  # sentence-transformers' MultipleNegativesRankingLoss step on the same backbone
 MIB = 2**20
 
 
@@ -371,6 +383,7 @@ class Run:
     pair_batch: bool = True
     regions: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     ignore: torch.Tensor | None = None
+    peer_loss: torch.nn.Module | None = None  # the peer's loss module (its ``student``: the SentenceTransformer)
 
 
 def make_run(cfg: Any, base: torch.nn.Module, batch: dict[str, torch.Tensor], feats: Any, device: torch.device,
@@ -402,11 +415,50 @@ def make_duet_run(cfg: Any, base: torch.nn.Module, batch: dict[str, torch.Tensor
                regions=regions, ignore=ignore)
 
 
+def make_peer_run(cfg: Any, backbone: torch.nn.Module, batch: dict[str, torch.Tensor], device: torch.device,
+                  folder: Path) -> Run:
+    """sentence-transformers' MNRL step on a copy of ``backbone`` (saved to ``folder`` with the student's
+    tokenizer, loaded as a ``Transformer`` module + CLS pooling): the peer of mmcse's SimCSE step."""
+    from mmcse.models.precision import grad_scaler
+    from mmcse.models.student import load_tokenizer
+
+    with warnings.catch_warnings():  # v6 moved the modules; the old paths work in every version
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from sentence_transformers import SentenceTransformer, losses, models
+
+    saved = Path(tempfile.mkdtemp(dir=folder))
+    backbone.save_pretrained(saved)
+    load_tokenizer(cfg.model.name_or_path).save_pretrained(saved)
+    transformer = models.Transformer(str(saved), max_seq_length=batch["input_ids"].shape[1])
+    pooling = models.Pooling(backbone.config.hidden_size, pooling_mode="cls")
+    model = SentenceTransformer(modules=[transformer, pooling], device=str(device)).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.learning_rate,
+                                  weight_decay=cfg.train.weight_decay, fused=device.type == "cuda")
+    loss = losses.MultipleNegativesRankingLoss(model, scale=1.0 / cfg.loss.temperature)
+    return Run(cfg, {}, model, optimizer, grad_scaler(cfg.train.precision, device), batch, None, peer_loss=loss)
+
+
+def peer_step(run: Run, device: torch.device) -> dict[str, torch.Tensor]:
+    """One MNRL update: anchors and positives are the same sentences, each list encoded in its own pass."""
+    from mmcse.models.precision import autocast
+
+    run.optimizer.zero_grad(set_to_none=True)
+    features = {"input_ids": run.batch["input_ids"], "attention_mask": run.batch["attention_mask"]}
+    with autocast(run.cfg.train.precision, device):
+        loss = run.peer_loss([features, dict(features)], None)
+    run.scaler.scale(loss).backward()
+    run.scaler.step(run.optimizer)
+    run.scaler.update()
+    return {"loss": loss.detach()}
+
+
 def run_step(run: Run, device: torch.device, seed: int) -> dict[str, torch.Tensor]:
     """The training step of the run's method: :func:`mmcse.training.duet.duet_optimizer_step` for
     DUET, :func:`mmcse.training.loop.optimizer_step` for the students. Returns the loss terms."""
     from mmcse.training.engine import Update
 
+    if run.peer_loss is not None:
+        return peer_step(run, device)
     if run.regions is not None:
         from mmcse.training.duet import duet_optimizer_step
 
@@ -496,6 +548,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--fill-uninitialized-memory", action="store_true",
                         help="torch's NaN fill of new tensors under deterministic algorithms (train turns it off)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-peer", action="store_true",
+                        help=f"leave out the peer ({PEER}: sentence-transformers' MNRL step, timed with simcse)")
     parser.add_argument("--json", default=None, metavar="FILE", help="write the numbers here")
     args = parser.parse_args(argv)
     args.methods = list(dict.fromkeys(args.methods))  # each once, in the order given
@@ -632,6 +686,9 @@ def main(argv: Sequence[str] | None = None) -> None:
               f"{d.joint_dim}, {d.heads} heads, ff {d.ff_dim}; {duet_info['parameters'] / 1e6:.1f}M parameters); "
               f"regions {regions_from} ({n_regions} × {region_dim}-d per image)")
 
+    timed = [*args.methods, *([PEER] if "simcse" in args.methods and not args.no_peer else [])]
+    peer_folder = Path(tempfile.mkdtemp(prefix="step_time_peer_"))  # the peer's saved backbones, removed at exit
+    atexit.register(shutil.rmtree, peer_folder, True)
     results = []
     for batch_size in args.batch_size:
         g = torch.Generator().manual_seed(args.seed * 1000 + batch_size)
@@ -677,10 +734,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             runs["duet"] = make_duet_run(cfgs["duet"], duet_base, batch, duet_regions,
                                          same_image_mask(image_ids, device), device, args.warmup + args.repeats)
         runs = {m: runs[m] for m in args.methods}  # the order asked for
+        if PEER in timed:
+            runs[PEER] = make_peer_run(base_cfg, base.backbone, batch, device, peer_folder)
         stats = time_runs(runs, device, args.repeats, args.warmup)
         simcse = stats.get("simcse", {}).get("median_ms")
         mcse = stats.get("mcse", {}).get("median_ms")
-        for m in args.methods:
+        for m in timed:
             stats[m]["ratio"] = stats[m]["median_ms"] / simcse if simcse else None
             stats[m]["ratio_mcse"] = stats[m]["median_ms"] / mcse if mcse else None
             ratio = f"   ratio to simcse: {stats[m]['ratio']:.3f}" if simcse else ""
@@ -697,7 +756,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             torch.cuda.empty_cache()
 
     print()
-    print(markdown_tables(results, args.methods, precision, device))
+    print(markdown_tables(results, timed, precision, device))
     if args.json:
         from mmcse.io import write_json
 
@@ -705,7 +764,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                "student": student_name, "compile": args.compile, "repeats": args.repeats, "warmup": args.warmup,
                "fill_uninitialized_memory": args.fill_uninitialized_memory,
                "features": str(args.teachers) if data else "synthetic", "image_dim": image_dim,
-               "joint_dim": joint_dim, "duet": duet_info, "results": results}
+               "joint_dim": joint_dim, "duet": duet_info, "peer": PEER if PEER in timed else None,
+               "results": results}
         write_json(Path(args.json), out)
         print(f"\nwrote {args.json}")
 
