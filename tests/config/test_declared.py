@@ -75,3 +75,28 @@ def test_an_unknown_evaluator_is_refused_by_the_parameter_check_listing_the_eval
     with pytest.raises(ConfigError, match=r"evaluate.evaluators': \['sentiment'\] is no evaluator; the evaluators: "
                                           r"sts, mteb, geometry, transfer, retrieval"):
         check_params(root / "params.yaml")
+
+
+def test_building_a_validator_reads_no_source(monkeypatch):
+    """The fields' docstrings are read for the JSON Schema only: building a section's validator reads and
+    parses no module source (pydantic's use_attribute_docstrings did), because CPython 3.11's AST
+    constructor fails at random when two threads parse at once (gh-106905), as an ablation's Prefect tasks
+    did while validating their configurations; builds are serialized too (`declared._adapter`)."""
+    import inspect
+
+    from mmcse.config import Config, declared
+
+    def no_source(*args, **kwargs):
+        raise AssertionError("module source read while building a validator")
+
+    declared._adapter.cache_clear()
+    monkeypatch.setattr(inspect, "getsourcelines", no_source)
+    monkeypatch.setattr(inspect, "getsource", no_source)
+    try:
+        assert declared.build(Config, {"train": {"batch_size": 8}}, "params.yaml").train.batch_size == 8
+    finally:
+        monkeypatch.undo()
+        declared._adapter.cache_clear()
+    # the schema still has them
+    assert declared.json_schema(Config)["$defs"]["TrainConfig"]["properties"]["dropout"]["description"].startswith(
+        "the encoder's dropout")

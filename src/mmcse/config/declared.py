@@ -1,5 +1,5 @@
 """A section of params.yaml declared once: its fields' types and bounds (pydantic ``Field`` in
-``Annotated`` hints) and descriptions (the docstring under each field), validated by pydantic, its
+``Annotated`` hints) and descriptions (the docstring under each field, `json_schema`), validated by pydantic, its
 errors turned into the one line a bad params file has always got (``<where>: key 'train.batch_size':
 must be >= 2 (in-batch negatives)``, ``unknown key(s) ...; valid keys under ...``), and the JSON Schema
 of the whole file.
@@ -12,8 +12,12 @@ Cross-field rules stay the sections' ``validate(where)`` methods.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
+import inspect
+import textwrap
+import threading
 import types
 import typing
 from collections.abc import Mapping
@@ -28,8 +32,7 @@ from mmcse.errors import ConfigError
 Int = StrictInt
 Bool = StrictBool
 Str = StrictStr
-SECTION = ConfigDict(extra="forbid", use_attribute_docstrings=True)  # each section's ``__pydantic_config__``: unknown
-# keys are errors; a field's description is the docstring under it (the JSON Schema's hover text)
+SECTION = ConfigDict(extra="forbid")  # each section's ``__pydantic_config__``: unknown keys are errors
 PositiveInt = Annotated[Int, Field(ge=1)]
 NonNegativeInt = Annotated[Int, Field(ge=0)]
 Name = Annotated[Str, Field(pattern=r"\S")]  # a name, id or path: not empty, not blank
@@ -38,9 +41,13 @@ Positive = Annotated[float, Field(gt=0)]
 Fraction = Annotated[float, Field(ge=0, lt=1)]  # a probability that cannot be 1 (dropout, warm-up share)
 
 
+_BUILDING = threading.Lock()
+
+
 @functools.cache
 def _adapter(cls: type) -> TypeAdapter:
-    return TypeAdapter(cls)
+    with _BUILDING:  # one build at a time: pydantic parses default factories' signatures (see `json_schema`)
+        return TypeAdapter(cls)
 
 
 @functools.cache
@@ -61,8 +68,50 @@ def build(cls: type, raw: Any, where: str, prefix: str = "") -> Any:
 
 
 def json_schema(cls: type) -> dict[str, Any]:
-    """The JSON Schema of ``cls`` (an editor validates and completes params.yaml with it)."""
-    return _adapter(cls).json_schema()
+    """The JSON Schema of ``cls`` (an editor validates and completes params.yaml with it), each field's
+    description the docstring under it (`field_docstrings`) unless its ``Field`` gives one.
+
+    The docstrings are read here, for the schema, and not by pydantic as it builds a validator
+    (``use_attribute_docstrings``): that parses the module's source, and CPython 3.11's AST constructor
+    fails at random when two threads parse at once (gh-106905: "AST constructor recursion depth
+    mismatch"), which an ablation's Prefect tasks did while validating their configurations."""
+    schema = _adapter(cls).json_schema()
+    for section in _sections(cls):
+        body = schema if section is cls else schema["$defs"][section.__name__]
+        for name, text in field_docstrings(section).items():
+            prop = body.get("properties", {}).get(name)
+            if prop is not None and "description" not in prop:
+                prop["description"] = text
+    return schema
+
+
+def field_docstrings(cls: type) -> dict[str, str]:
+    """Field name -> the string literal right under its declaration in ``cls``'s source (cleaned as a
+    docstring)."""
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    return {stmt.target.id: inspect.cleandoc(after.value.value)
+            for stmt, after in zip(body, body[1:], strict=False)
+            if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+            and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)}
+
+
+def _sections(cls: type) -> list[type]:
+    """``cls`` and every dataclass its fields hold (in lists, mappings and optionals too), each once."""
+    found: list[type] = []
+
+    def visit(tp: Any) -> None:
+        tp, _ = _strip(tp)
+        if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+            if tp not in found:
+                found.append(tp)
+                for hint in _hints(tp).values():
+                    visit(hint)
+        for arg in typing.get_args(tp):
+            visit(arg)
+
+    visit(cls)
+    return found
 
 
 # --------------------------------------------------------------------------- errors as one line

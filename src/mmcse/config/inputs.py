@@ -213,9 +213,7 @@ class DataConfig:
     """under base.data_dir: fetched archives (resumed, hashed once, reused)"""
     sources: SourcesConfig = field(default_factory=SourcesConfig)
     """each: url (HTTP, Range resume) | hub + file (HF hub cache) | path (local); sha256 checked when set, else
-    recorded on first fetch and every later fetch held to it (data/downloads/first_use_sha256.json) (block
-    mappings, not {...}: `dvc exp run -S` rewrites this file, and a URL unquoted inside a flow mapping would no
-    longer parse)"""
+    recorded on first fetch and every later fetch held to it (data/downloads/first_use_sha256.json)"""
     captions: Literal["all", "random", "longest"] = "all"
     """Training pairs per image: all captions (KDMCSE), one random (MCSE) or the longest (MCSEO)."""
     corpus: Str = "demo"

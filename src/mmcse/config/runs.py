@@ -96,8 +96,7 @@ class EvaluateConfig:
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     """image–text R@K on the test split of data.pairs (demo: its own test scenes)"""
     ndcg: NdcgConfig = field(default_factory=NdcgConfig)
-    """graded NDCG@k of that retrieval (DUET / TERAN protocol; docs/evaluation.md) caption relevance: rouge_l | spice
-    (Java 8–14 + CoreNLP jars: pip install -e ".[spice]"); []: none"""
+    """graded NDCG@k of that retrieval (DUET / TERAN protocol; docs/evaluation.md)"""
     mteb: list[Name] = field(default_factory=list)
     """MTEB task names (or task types Reranking, Classification, Retrieval, STS: DALR Table 5), run by
     mmcse.evaluation.mteb; names are checked against mteb's registry (and the data sets loaded) before any

