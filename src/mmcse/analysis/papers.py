@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
 from mmcse.config import ConfigError
-from mmcse.config.declared import Int, Str, build
+from mmcse.config.declared import SECTION, Int, PositiveInt, Str, build
 from mmcse.evaluation.names import EVALUATOR_SCORES, evaluator_writes, score_key
 from mmcse.runstore import TRAIN_MINUTES
 
@@ -132,24 +132,20 @@ class Paper:
     second_text: str | None = None  # a second copy of the paper whose markers some rows record
 
 
-LineNumber = Annotated[Int, Field(ge=1)]
-FILE = ConfigDict(extra="forbid")
-
-
 # A paper file as declared: keys, types and bounds checked by pydantic (`mmcse.config.declared.build`: one line
 # naming the file and the dotted key); what spans keys (cells per column, a preset per table, known metrics,
 # rows a difference names) is checked as the file becomes a `Paper`.
 @dataclass(frozen=True)
 class _SecondCopy:
-    __pydantic_config__ = FILE
-    line: LineNumber
+    __pydantic_config__ = SECTION
+    line: PositiveInt
     marked: list[Str]  # column headers the second copy marks significant
 
 
 @dataclass(frozen=True)
 class _RowEntry:
-    __pydantic_config__ = FILE
-    line: LineNumber | Annotated[list[LineNumber], Field(min_length=1)]
+    __pydantic_config__ = SECTION
+    line: PositiveInt | Annotated[list[PositiveInt], Field(min_length=1)]
     label: Str
     cells: list[Any]
     ocr: dict[str, Any] = field(default_factory=dict)
@@ -160,7 +156,7 @@ class _RowEntry:
 
 @dataclass(frozen=True)
 class _TableEntry:
-    __pydantic_config__ = FILE
+    __pydantic_config__ = SECTION
     preset: Str
     title: Str = ""
     source: Str = ""
@@ -172,7 +168,7 @@ class _TableEntry:
 
 @dataclass(frozen=True)
 class _PaperFile:
-    __pydantic_config__ = FILE
+    __pydantic_config__ = SECTION
     paper: Str = ""
     text: Str = ""
     second_text: Str | None = None

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
 from mmcse.config.checks import check, fail
 from mmcse.config.declared import SECTION, Bool, Int, Name, NonNegativeInt, PositiveInt, Str
@@ -228,7 +228,7 @@ def _preset_file() -> type:
     hints = typing.get_type_hints(AblateConfig, include_extras=True)
     own = [("description", Str | None), ("base", dict[str, Any] | None), ("rows_of", Name | None)]
     fields = [(name, tp, field(default=None)) for name, tp in own + [(k, hints[k] | None) for k in PRESET_SETS]]
-    namespace = {"__pydantic_config__": ConfigDict(extra="forbid"), "__module__": __name__}
+    namespace = {"__pydantic_config__": SECTION, "__module__": __name__}
     return dataclasses.make_dataclass("PresetFile", fields, frozen=True, namespace=namespace)
 
 

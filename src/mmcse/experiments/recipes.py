@@ -34,10 +34,9 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ConfigDict
 
 from mmcse.config import Config, ConfigError, apply_overrides, is_fixed, to_dict
-from mmcse.config.declared import Str, build
+from mmcse.config.declared import SECTION, Str, build
 from mmcse.config.readings import READINGS, reading_values
 
 RECIPES_DIR, PROFILES_DIR = "recipes", "profiles"
@@ -50,14 +49,13 @@ ROLE_TEXT_FIELDS = ("teacher", "pooler")
 
 
 Overrides = dict[str, Any]  # dotted params.yaml keys -> values (`_check_keys` holds them to Config)
-FILE = ConfigDict(extra="forbid")
 
 
 # A recipe file and a profile file as declared (keys and types, checked by `mmcse.config.declared.build`: one
 # line naming the file and the key); what their values mean is checked against Config and each other below.
 @dataclass(frozen=True)
 class _RecipeFile:
-    __pydantic_config__ = FILE
+    __pydantic_config__ = SECTION
     description: Str = ""
     method: Str | None = None  # the method it trains (default: the file's stem)
     settings: Overrides = field(default_factory=dict)  # every encoder's
@@ -66,14 +64,14 @@ class _RecipeFile:
 
 @dataclass(frozen=True)
 class _TeacherRolesFile:
-    __pydantic_config__ = FILE
+    __pydantic_config__ = SECTION
     text: dict[str, dict[str, Any]] = field(default_factory=dict)  # {teacher, pooler}, or one such per encoder
     image: dict[str, Overrides] = field(default_factory=dict)  # the teachers.* keys a role sets
 
 
 @dataclass(frozen=True)
 class _ProfileFile:
-    __pydantic_config__ = FILE
+    __pydantic_config__ = SECTION
     description: Str = ""
     recipe: Str | None = None  # the method's recipe (none: demo)
     encoder: Str | None = None  # the recipes' encoder group, for a file without model groups
