@@ -45,8 +45,9 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,8 @@ from transformers import BertConfig, BertModel
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+
+from peers import ranking_loss  # noqa: E402
 
 from mmcse.methods.losses import simcse_loss  # noqa: E402
 from mmcse.models.dropout import install_keyed_dropout  # noqa: E402
@@ -115,82 +118,61 @@ def verify(device: torch.device) -> dict[str, float]:
             "grad": max((grads[2][k] - g).abs().max().item() for k, g in grads[0].items())}
 
 
+def timed_steps(args: argparse.Namespace, device: torch.device, one_step: Callable[[int], Any]) -> dict[str, Any]:
+    """``args.warmup`` uncounted then ``args.repeats`` timed calls of ``one_step(i)`` (a whole update): the
+    median seconds and the peak memory (CUDA: allocated over the timed steps; CPU: the process's resident)."""
+    times = []
+    for i in range(args.warmup + args.repeats):
+        if i == args.warmup and device.type == "cuda":
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+        began = time.perf_counter()
+        one_step(i)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        if i >= args.warmup:
+            times.append(time.perf_counter() - began)
+    peak = (torch.cuda.max_memory_allocated() if device.type == "cuda"
+            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    return {"seconds": statistics.median(times), "peak_mib": peak / 2**20}
+
+
 def measure(args: argparse.Namespace, b: int, micro: int, keyed: bool) -> dict[str, Any]:
-    """One configuration in this process: median step seconds and peak memory."""
+    """One configuration of mmcse's step in this process: median step seconds and peak memory."""
     device = torch.device(args.device)
     configure_kernels(device)
     student = build(12, 768, device, keyed, torch.float32)
     ids, mask = batch(b, args.seq_len, student.backbone.config.vocab_size, device)
     optimizer = torch.optim.AdamW(student.parameters(), lr=3e-5, fused=device.type == "cuda" or None)
-    times = []
-    for i in range(args.warmup + args.repeats):
-        if i == args.warmup and device.type == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        began = time.perf_counter()
+
+    def one_step(i: int) -> None:
         optimizer.zero_grad(set_to_none=True)
         step(student, ids, mask, micro, seed=i, precision=args.precision, device=device)
         optimizer.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        if i >= args.warmup:
-            times.append(time.perf_counter() - began)
-    peak = (torch.cuda.max_memory_allocated() if device.type == "cuda"
-            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-    return {"seconds": statistics.median(times), "peak_mib": peak / 2**20}
 
-
-def peer_loss(student: Student, micro: int, device: torch.device, folder: Path) -> torch.nn.Module:
-    """sentence-transformers' MNRL (``micro`` 0) or CachedMNRL at ``mini_batch_size`` ``micro``, on a copy of
-    ``student``'s backbone with the same weights."""
-    import warnings
-
-    from mmcse.models.student import load_tokenizer
-
-    with warnings.catch_warnings():  # v6 moved the modules; the old paths work in every version
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from sentence_transformers import SentenceTransformer, losses, models
-
-    student.backbone.save_pretrained(folder)
-    load_tokenizer("packaged:all-MiniLM-L6-v2").save_pretrained(folder)  # BERT uncased's vocabulary
-    model = SentenceTransformer(modules=[models.Transformer(str(folder)),
-                                         models.Pooling(student.backbone.config.hidden_size, pooling_mode="cls")],
-                                device=str(device)).train()
-    if micro:
-        return losses.CachedMultipleNegativesRankingLoss(model, scale=1 / TEMPERATURE, mini_batch_size=micro)
-    return losses.MultipleNegativesRankingLoss(model, scale=1 / TEMPERATURE)
+    return timed_steps(args, device, one_step)
 
 
 def measure_peer(args: argparse.Namespace, b: int, micro: int) -> dict[str, Any]:
-    """The peer's configuration in this process: median step seconds and peak memory."""
-    import tempfile
-
+    """The peer's configuration in this process (`peers.ranking_loss`: MNRL, or CachedMNRL at ``micro``):
+    median step seconds and peak memory."""
     device = torch.device(args.device)
     configure_kernels(device)
     with tempfile.TemporaryDirectory() as folder:
-        loss_fn = peer_loss(build(12, 768, torch.device("cpu"), False, torch.float32), micro, device, Path(folder))
-    model = loss_fn.model
-    ids, mask = batch(b, args.seq_len, model[0].auto_model.config.vocab_size, device)
+        loss_fn = ranking_loss(build(12, 768, torch.device("cpu"), False, torch.float32).backbone, Path(folder),
+                               device, TEMPERATURE, mini_batch=micro)
+    ids, mask = batch(b, args.seq_len, loss_fn.model[0].auto_model.config.vocab_size, device)
     features = {"input_ids": ids, "attention_mask": mask}
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-5, fused=device.type == "cuda" or None)
-    times = []
-    for i in range(args.warmup + args.repeats):
-        if i == args.warmup and device.type == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-        began = time.perf_counter()
+    optimizer = torch.optim.AdamW(loss_fn.model.parameters(), lr=3e-5, fused=device.type == "cuda" or None)
+
+    def one_step(i: int) -> None:
         optimizer.zero_grad(set_to_none=True)
         with autocast(args.precision, device):
             loss = loss_fn([features, dict(features)], None)
         loss.backward()
         optimizer.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        if i >= args.warmup:
-            times.append(time.perf_counter() - began)
-    peak = (torch.cuda.max_memory_allocated() if device.type == "cuda"
-            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-    return {"seconds": statistics.median(times), "peak_mib": peak / 2**20}
+
+    return timed_steps(args, device, one_step)
 
 
 def device_description(device: str) -> str:

@@ -417,25 +417,17 @@ def make_duet_run(cfg: Any, base: torch.nn.Module, batch: dict[str, torch.Tensor
 
 def make_peer_run(cfg: Any, backbone: torch.nn.Module, batch: dict[str, torch.Tensor], device: torch.device,
                   folder: Path) -> Run:
-    """sentence-transformers' MNRL step on a copy of ``backbone`` (saved to ``folder`` with the student's
-    tokenizer, loaded as a ``Transformer`` module + CLS pooling): the peer of mmcse's SimCSE step."""
+    """sentence-transformers' MNRL step on a copy of ``backbone`` (`peers.ranking_loss`, the student's
+    tokenizer): the peer of mmcse's SimCSE step."""
+    from peers import ranking_loss
+
     from mmcse.models.precision import grad_scaler
-    from mmcse.models.student import load_tokenizer
 
-    with warnings.catch_warnings():  # v6 moved the modules; the old paths work in every version
-        warnings.simplefilter("ignore", DeprecationWarning)
-        from sentence_transformers import SentenceTransformer, losses, models
-
-    saved = Path(tempfile.mkdtemp(dir=folder))
-    backbone.save_pretrained(saved)
-    load_tokenizer(cfg.model.name_or_path).save_pretrained(saved)
-    transformer = models.Transformer(str(saved), max_seq_length=batch["input_ids"].shape[1])
-    pooling = models.Pooling(backbone.config.hidden_size, pooling_mode="cls")
-    model = SentenceTransformer(modules=[transformer, pooling], device=str(device)).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.train.learning_rate,
+    loss = ranking_loss(backbone, Path(tempfile.mkdtemp(dir=folder)), device, cfg.loss.temperature,
+                        max_seq_length=batch["input_ids"].shape[1], tokenizer=cfg.model.name_or_path)
+    optimizer = torch.optim.AdamW(loss.model.parameters(), lr=cfg.train.learning_rate,
                                   weight_decay=cfg.train.weight_decay, fused=device.type == "cuda")
-    loss = losses.MultipleNegativesRankingLoss(model, scale=1.0 / cfg.loss.temperature)
-    return Run(cfg, {}, model, optimizer, grad_scaler(cfg.train.precision, device), batch, None, peer_loss=loss)
+    return Run(cfg, {}, loss.model, optimizer, grad_scaler(cfg.train.precision, device), batch, None, peer_loss=loss)
 
 
 def peer_step(run: Run, device: torch.device) -> dict[str, torch.Tensor]:
