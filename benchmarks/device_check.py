@@ -6,10 +6,12 @@
 Parts, in order (each a subprocess with its own log under ``--out``; a part that fails or runs out of
 time is recorded and the next one runs; parts that no longer fit the budget are skipped):
 
-1. ``pytest tests/cuda tests/training/test_step_devices.py``: every method trains on CUDA in fp32 and
-   bf16, the CPU/CUDA step comparisons, the killed-and-resumed run on CUDA.
+1. ``pytest tests/cuda tests/training/test_step_devices.py tests/training/test_compiled.py``: every method
+   trains on CUDA in fp32 and bf16, the CPU/CUDA step comparisons, the killed-and-resumed run on CUDA, the
+   compiled step (traced, and as inductor's CUDA graphs) against the eager one.
 2. ``step_time.py`` in bf16 and fp32 at B 64 and 128 for every method (BERT-base student, DUET at
-   paper size), and with ``--compile`` for SimCSE and DALR (bf16, B 128).
+   paper size), and with ``--compile step`` (the whole step compiled, CUDA graphs) for SimCSE and DALR (bf16,
+   B 128).
 3. ``train_loop.py``: the real training loop against bare steps, and every paper profile projected.
 4. ``torch.profiler`` over SimCSE's and DALR's bf16 B 128 step: the top operators by device time.
 
@@ -52,7 +54,7 @@ def parts(device: str, quick: bool, out: Path) -> list[tuple[str, list[str], int
     return [
         # -o addopts=: in this process, pytest-xdist not needed (pyproject's addopts name its -n)
         ("pytest", [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "tests/cuda",
-                    "tests/training/test_step_devices.py"], 150),
+                    "tests/training/test_step_devices.py", "tests/training/test_compiled.py"], 150),
         ("step_bf16", [*step, "--precision", bf16, *sizes, *repeats, "--json", str(out / "step_bf16.json")], 110),
         # the same steps with torch's NaN fill of new tensors (what train ran before deterministic_kernels)
         ("step_bf16_fill", [*step, "--precision", bf16, *sizes, *repeats, "--fill-uninitialized-memory",
@@ -62,7 +64,7 @@ def parts(device: str, quick: bool, out: Path) -> list[tuple[str, list[str], int
                      *(["--quick"] if quick else []), "--out", str(out)], 60),
         ("step_fp32", [*step, "--precision", "fp32", *sizes, *repeats, "--json", str(out / "step_fp32.json")], 100),
         ("step_compile", [*step, "--precision", bf16, *big, *repeats, "--methods", "simcse", "dalr", "--compile",
-                          "--json", str(out / "step_compile.json")], 130),
+                          "step", "--json", str(out / "step_compile.json")], 130),
     ]
 
 

@@ -53,8 +53,14 @@ DUET's architecture (``--duet-size``): ``paper`` = recipes/duet.yaml's ``model.d
 (§5.2: 4 visual-only + 2 shared layers, joint width 1024, 16 heads, feed-forward 4096), ``demo`` =
 this repo's ``params.yaml`` ``model.duet`` (joint 256, 4 heads, feed-forward 1024). The default
 follows the student: ``tiny`` -> demo, ``bert-base`` / ``roberta-base`` -> paper; with
-``--params`` the file's own ``model.duet``. ``--compile`` compiles the students' backbones only
-(``train_duet`` does not compile, so neither does the DUET run here).
+``--params`` the file's own ``model.duet``.
+
+``--compile backbone`` (or a bare ``--compile``) compiles the students' backbones, as ``train.compile: backbone``
+(DUET's run stays eager, as ``train_duet`` does then). ``--compile step`` runs every method's step as
+``train.compile: step`` does (`mmcse.training.compiled`: each method's forward one graph, its backward and the
+update compiled, CUDA graphs on a GPU; inductor's code generation takes minutes per method on a CPU, counted in no
+timing: the warm-up rounds compile), and counts each method's graph breaks (``torch._dynamo.explain`` of its
+forward: 0 is the promise), printed and in the JSON beside ``ms`` and ``ratio_to_simcse``.
 
 Batch size: DUET's paper trains with 90 image–caption pairs per batch, the students' papers
 with 64 (BERT) / 128 (RoBERTa). This benchmark times every method at the SAME batch size, one
@@ -384,35 +390,70 @@ class Run:
     regions: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     ignore: torch.Tensor | None = None
     peer_loss: torch.nn.Module | None = None  # the peer's loss module (its ``student``: the SentenceTransformer)
+    compiled: Any = None  # train.compile: step's CompiledStep (`compiled_step`)
+    step_loss: Any = None  # the method's step loss it compiles
+    graph_breaks: int | None = None  # of that loss (torch._dynamo.explain); None: not compiled
+
+
+def compiled_step(run: Run, device: torch.device) -> None:
+    """``train.compile: step`` for ``run``: its rate in a tensor, a `CompiledStep` and the method's step loss
+    (`student_step_loss` / `retrieval_step_loss`), and the graph breaks of that loss on the run's inputs."""
+    from mmcse.methods.objectives import Objective
+    from mmcse.training.compiled import CompiledStep, graph_breaks, seed_tensor, tensor_lr
+    from mmcse.training.duet_step import retrieval_step_loss
+    from mmcse.training.engine import Update
+    from mmcse.training.loop import step_draws, student_step_loss
+
+    tensor_lr(run.optimizer)
+    run.compiled = CompiledStep(run.student, Update(run.cfg.train, run.optimizer, run.scaler, device))
+    tokens = (run.batch["input_ids"], run.batch["attention_mask"])
+    if run.regions is not None:
+        run.step_loss = retrieval_step_loss(run.student, run.cfg.loss)
+        inputs = (*tokens, *run.regions, run.ignore, seed_tensor(0, device))
+    else:
+        o = Objective.of(run.cfg)
+        run.step_loss = student_step_loss(run.student, o, run.pair_batch, run.on)
+        draws = step_draws(run.student, o, tuple(tokens[0].shape), run.pair_batch, 0, run.on)
+        inputs = (*tokens, run.feats, seed_tensor(0, device), draws)
+    run.graph_breaks, reasons = graph_breaks(run.step_loss, *inputs)
+    for reason in reasons:
+        print(f"  graph break ({run.cfg.train.method}): {reason}")
 
 
 def make_run(cfg: Any, base: torch.nn.Module, batch: dict[str, torch.Tensor], feats: Any, device: torch.device,
-             total_steps: int, compile_backbone: bool, pair_batch: bool = True) -> Run:
-    """A copy of ``base`` (the same initial weights for every method) with train's optimizer."""
+             total_steps: int, compile_mode: Any, pair_batch: bool = True) -> Run:
+    """A copy of ``base`` (the same initial weights for every method) with train's optimizer, compiled as
+    ``compile_mode`` (``train.compile``) says."""
     from mmcse.methods.objectives import Objective, active_terms
     from mmcse.models.precision import grad_scaler
     from mmcse.training.engine import build_optimizer
 
     student = copy.deepcopy(base).to(device).train()
-    if compile_backbone:
-        student.backbone.compile(dynamic=True)  # as train does with train.compile (in place)
+    if compile_mode == "backbone":
+        student.backbone.compile(dynamic=True)  # as train does with train.compile: backbone (in place)
     optimizer, _ = build_optimizer(student, cfg.train, total_steps, device)
-    return Run(cfg, active_terms(Objective.of(cfg)), student, optimizer, grad_scaler(cfg.train.precision, device),
-               batch, feats, pair_batch)
+    run = Run(cfg, active_terms(Objective.of(cfg)), student, optimizer, grad_scaler(cfg.train.precision, device),
+              batch, feats, pair_batch)
+    if compile_mode == "step":
+        compiled_step(run, device)
+    return run
 
 
 def make_duet_run(cfg: Any, base: torch.nn.Module, batch: dict[str, torch.Tensor],
                   regions: tuple[torch.Tensor, torch.Tensor, torch.Tensor], ignore: torch.Tensor,
-                  device: torch.device, total_steps: int) -> Run:
-    """A copy of the DUET model ``base`` with ``train_duet``'s optimizer and scaler (no compile:
-    ``train_duet`` does not compile)."""
+                  device: torch.device, total_steps: int, compile_mode: Any = False) -> Run:
+    """A copy of the DUET model ``base`` with ``train_duet``'s optimizer and scaler, its step compiled with
+    ``compile_mode`` ``step`` (``train_duet`` compiles nothing else)."""
     from mmcse.models.precision import grad_scaler
     from mmcse.training.engine import build_optimizer
 
     model = copy.deepcopy(base).to(device).train()
     optimizer, _ = build_optimizer(model, cfg.train, total_steps, device)
-    return Run(cfg, {}, model, optimizer, grad_scaler(cfg.train.precision, device), batch, None,
-               regions=regions, ignore=ignore)
+    run = Run(cfg, {}, model, optimizer, grad_scaler(cfg.train.precision, device), batch, None,
+              regions=regions, ignore=ignore)
+    if compile_mode == "step":
+        compiled_step(run, device)
+    return run
 
 
 def make_peer_run(cfg: Any, backbone: torch.nn.Module, batch: dict[str, torch.Tensor], device: torch.device,
@@ -451,6 +492,16 @@ def run_step(run: Run, device: torch.device, seed: int) -> dict[str, torch.Tenso
 
     if run.peer_loss is not None:
         return peer_step(run, device)
+    if run.compiled is not None and run.regions is not None:
+        from mmcse.training.duet_step import compiled_duet_step
+
+        return compiled_duet_step(run.compiled, run.step_loss, run.batch, run.regions, run.ignore, seed)
+    if run.compiled is not None:
+        from mmcse.methods.objectives import Objective
+        from mmcse.training.loop import compiled_optimizer_step
+
+        return compiled_optimizer_step(run.compiled, run.step_loss, run.student, Objective.of(run.cfg), run.batch,
+                                       run.feats, run.pair_batch, seed, run.on)
     if run.regions is not None:
         from mmcse.training.duet import duet_optimizer_step
 
@@ -534,9 +585,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                              "joint 1024, 16 heads, ff 4096) or demo (params.yaml: joint 256, 4 heads, ff 1024); "
                              "default: demo for --student tiny, paper for bert-base / roberta-base, the file's "
                              "model.duet with --params")
-    parser.add_argument("--compile", action="store_true",
-                        help="torch.compile the students' backbones (train.compile; DUET is not compiled, as in "
-                             "train_duet)")
+    parser.add_argument("--compile", nargs="?", const="backbone", default="false",
+                        choices=("false", "backbone", "step"),
+                        help="train.compile: backbone (a bare --compile) compiles the students' backbones (DUET stays "
+                             "eager, as train_duet does then); step compiles every method's whole step and counts "
+                             "its graph breaks")
     parser.add_argument("--fill-uninitialized-memory", action="store_true",
                         help="torch's NaN fill of new tensors under deterministic algorithms (train turns it off)")
     parser.add_argument("--seed", type=int, default=0)
@@ -545,6 +598,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", default=None, metavar="FILE", help="write the numbers here")
     args = parser.parse_args(argv)
     args.methods = list(dict.fromkeys(args.methods))  # each once, in the order given
+    args.compile = False if args.compile == "false" else args.compile  # train.compile's values
     if args.params and args.student:
         parser.error("--params and --student both name the student: give one")
     if args.repeats < 1 or args.warmup < 0:
@@ -556,15 +610,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def load_base_config(params: str | None, precision: str, compile_backbone: bool) -> Any:
+def load_base_config(params: str | None, precision: str, compile_mode: Any) -> Any:
     """The loss and optimizer settings: ``params`` or the repo's params.yaml, with the
-    benchmark's precision and compile switch."""
+    benchmark's precision and ``train.compile``."""
     from mmcse.config import ConfigError
     from mmcse.experiments.params import load_config
 
     file = Path(params) if params else REPO / "params.yaml"
     try:
-        return load_config(file, overrides={"train.precision": precision, "train.compile": compile_backbone,
+        return load_config(file, overrides={"train.precision": precision, "train.compile": compile_mode,
                                             "ablate.preset": "none"})
     except ConfigError as err:
         fail(str(err))
@@ -724,7 +778,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         if duet_base is not None:
             duet_regions = tuple(t.to(device) for t in regions)
             runs["duet"] = make_duet_run(cfgs["duet"], duet_base, batch, duet_regions,
-                                         same_image_mask(image_ids, device), device, args.warmup + args.repeats)
+                                         same_image_mask(image_ids, device), device, args.warmup + args.repeats,
+                                         args.compile)
         runs = {m: runs[m] for m in args.methods}  # the order asked for
         if PEER in timed:
             runs[PEER] = make_peer_run(base_cfg, base.backbone, batch, device, peer_folder)
@@ -734,10 +789,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         for m in timed:
             stats[m]["ratio"] = stats[m]["median_ms"] / simcse if simcse else None
             stats[m]["ratio_mcse"] = stats[m]["median_ms"] / mcse if mcse else None
+            # the names --compile step's JSON promises (ms, ratio_to_simcse, graph_breaks), beside the table's
+            stats[m] |= {"ms": stats[m]["median_ms"], "ratio_to_simcse": stats[m]["ratio"],
+                         "graph_breaks": runs[m].graph_breaks}
             ratio = f"   ratio to simcse: {stats[m]['ratio']:.3f}" if simcse else ""
             ratio += f"   ratio to mcse: {stats[m]['ratio_mcse']:.3f}" if mcse else ""
             peak = f"   peak {stats[m]['peak_mib']:8.0f} MiB" if device.type == "cuda" else ""
-            print(f"{m:>7} step: {stats[m]['median_ms']:9.1f} ms{ratio}{peak}")
+            breaks = f"   graph breaks: {runs[m].graph_breaks}" if runs[m].graph_breaks is not None else ""
+            print(f"{m:>7} step: {stats[m]['median_ms']:9.1f} ms{ratio}{peak}{breaks}")
         result = {"batch_size": batch_size, "tokens": tokens, "methods": stats}
         if device.type == "cpu":
             result["peak_rss_mib"] = peak_rss_mib()

@@ -128,7 +128,8 @@ def profile_config(name: str, precision: str, compile_backbone: bool) -> Any:
     from mmcse.experiments.params import load_config
     from mmcse.experiments.profiles import profile_values
 
-    overrides = profile_values(name, REPO) | {"train.precision": precision, "train.compile": compile_backbone}
+    overrides = profile_values(name, REPO) | {"train.precision": precision,
+                                               "train.compile": "backbone" if compile_backbone else False}
     try:
         return load_config(REPO / "params.yaml", overrides=overrides)
     except ConfigError as err:
@@ -158,7 +159,7 @@ def project_params(profile: str, student: str, device: torch.device, precision: 
         "data.transfer_tasks": [], "detect.backend": "annotations", "ablate.preset": "none",
         "model.name_or_path": TOKENIZER, "model.init": "random",
         "model.config_overrides": STUDENT_MODELS[student], "model.max_seq_len": 32,
-        "train.precision": precision, "train.compile": compile_backbone,
+        "train.precision": precision, "train.compile": "backbone" if compile_backbone else False,
         "train.epochs": 1000, "train.max_steps": steps, "train.warmup_ratio": 0.0,
     }
     if eval_steps:
@@ -345,7 +346,8 @@ def time_profiles(names: Sequence[str], student: str, device: torch.device, prec
             batch = {k: v.to(device) for k, v in st.synthetic_batch(lengths, vocab, pad, g).items()}
             need = needed_features(Objective.of(cfg), pair_batch=pair_batch)
             kinds[kind] = (batch, st.synthetic_features(need, lengths, g).to(device), pair_batch)
-        pair = st.make_run(cfg, base, *kinds["pair"][:2], device, warmup + repeats, compile_backbone)
+        pair = st.make_run(cfg, base, *kinds["pair"][:2], device, warmup + repeats,
+                           "backbone" if compile_backbone else False)
         runs[f"{method}|{batch_size}|{arch}|pair"] = pair
         runs[f"{method}|{batch_size}|{arch}|text"] = dataclasses.replace(
             pair, batch=kinds["text"][0], feats=kinds["text"][1], pair_batch=False)  # the same student
@@ -380,7 +382,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--profile-repeats", type=int, default=10,
                         help="timed rounds per profile step (0: no projection)")
     parser.add_argument("--seq-len", type=int, default=32, help="padded tokens of the profiles' synthetic batches")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the backbone (train.compile)")
+    parser.add_argument("--compile", action="store_true", help="torch.compile the backbone (train.compile: backbone)")
     parser.add_argument("--workdir", default=None, help="prepare the project here and keep it (default: a temp dir)")
     parser.add_argument("--json", default=None, metavar="FILE", help="write the numbers here")
     args = parser.parse_args(argv)

@@ -10,8 +10,9 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -267,3 +268,32 @@ def hold_outputs(outputs: Iterable[str | Path], holder: str) -> Iterator[None]:
         for handle in handles:
             handle.close()  # releases the lock
 
+
+class BackgroundWriter:
+    """One write at a time on a thread beside training: `submit` waits for the previous write (whose error, a full
+    disk say, is raised there), then starts the next; `wait` waits for the last. Resume points are written this
+    way (`mmcse.training.checkpoints.Checkpoints.save`): the step goes on while the files are written and hashed."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def submit(self, write: Callable[[], None]) -> None:
+        self.wait()
+
+        def run() -> None:
+            try:
+                write()
+            except BaseException as err:  # noqa: BLE001 (raised again in the training thread, by wait)
+                self._error = err
+
+        self._thread = threading.Thread(target=run, name="mmcse-resume-point", daemon=False)
+        self._thread.start()
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise err

@@ -7,7 +7,6 @@ false (CI). On a GPU machine: ``python -m pytest tests/cuda -q``.
 from __future__ import annotations
 
 import copy
-import json
 import math
 
 import pytest
@@ -123,35 +122,18 @@ def test_bf16_training_run_on_cuda(project, method):
     assert all(w.dtype == torch.float32 and torch.isfinite(w).all() for w in weights.values() if w.is_floating_point())
 
 
-class Killed(Exception):
-    pass
-
-
 def test_killed_run_on_cuda_resumes_to_the_same_weights(project):
     """(d) Killed after its step-4 checkpoint and resumed, an fp32 GPU run ends with the
     weights of an uninterrupted one. The resume point must carry the CUDA generator's state
     (dropout masks are drawn on the GPU). Tolerance 1e-5 rather than exact: some CUDA
     backward kernels (index/scatter adds) accumulate in a run-dependent order."""
-    from mmcse.training.loop import train
+    from tests.training.test_loop import killed_and_resumed
 
     cfg = with_overrides(load_config("params.yaml"), {
         "base.device": "cuda", "train.precision": "fp32", "train.method": "dalr",
         "train.max_steps": 8, "train.eval_steps": 4, "train.checkpoint_steps": 4,
     })
-    full = train(cfg, "data/raw", "data/teachers", project / "full", hooks=Hooks(progress=False))
-    assert full.steps == 8
-
-    def kill_at_8(step, score):
-        if step == 8:
-            raise Killed
-
-    with pytest.raises(Killed):
-        train(cfg, "data/raw", "data/teachers", project / "resumed", hooks=Hooks(on_eval=kill_at_8, progress=False))
-    assert json.loads((project / "resumed/last/state.json").read_text())["step"] == 4
-    resumed = train(cfg, "data/raw", "data/teachers", project / "resumed", hooks=Hooks(progress=False))
-    assert resumed.steps == 8
-    a = load_file(str(project / "full/last/student.safetensors"))
-    b = load_file(str(project / "resumed/last/student.safetensors"))
+    full, resumed, a, b = killed_and_resumed(cfg, project)
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-5, msg=k)

@@ -220,7 +220,7 @@ def test_other_errors_in_a_step_are_not_called_out_of_memory(project, monkeypatc
 
 
 def test_compile_compiles_the_backbone_in_place(project, monkeypatch):
-    """train.compile: true compiles the student's backbone (dynamic shapes: dynamic padding);
+    """train.compile: backbone compiles the student's backbone (dynamic shapes: dynamic padding);
     parameter names, and so checkpoints, stay those of an uncompiled run."""
     compiled = []
 
@@ -229,7 +229,7 @@ def test_compile_compiles_the_backbone_in_place(project, monkeypatch):
 
     monkeypatch.setattr(torch.nn.Module, "compile", fake_compile)
     train(
-        _config(compile=True, max_steps=2, eval_steps=2), "data/raw", "data/teachers", project / "c",
+        _config(compile="backbone", max_steps=2, eval_steps=2), "data/raw", "data/teachers", project / "c",
         hooks=Hooks(progress=False),
     )
     assert compiled == [("BertModel", {"dynamic": True})]

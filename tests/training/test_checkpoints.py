@@ -352,3 +352,54 @@ def test_tied_weights_round_trip_through_a_resume_file(tmp_path):
     fresh.load_state_dict(loaded)
     assert torch.equal(fresh.predictions.bias, head.predictions.bias)
     assert fresh.predictions.decoder.bias is fresh.predictions.bias
+
+
+def test_a_resume_point_is_written_beside_training_from_a_snapshot_of_its_step(tmp_path, monkeypatch):
+    """`Checkpoints.save` returns while the resume point is still being written (on a thread), what it writes is
+    the weights and optimizer state of the step it was called at (training on meanwhile changes neither), the
+    next save waits for it, and a write that fails raises at the next wait."""
+    import threading
+
+    import mmcse.training.checkpoints as checkpoints
+    from mmcse.models.precision import grad_scaler
+    from mmcse.training.checkpoints import Checkpoints, TrainState
+
+    model = torch.nn.Linear(4, 3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
+    scaler = grad_scaler("fp32", torch.device("cpu"))
+    model(torch.ones(2, 4)).sum().backward()
+    optimizer.step()
+    at_save = {k: v.clone() for k, v in model.state_dict().items()}
+    moment = optimizer.state[model.weight]["exp_avg"].clone()
+
+    release, writing = threading.Event(), threading.Event()
+    real_write = checkpoints.write_resume_point
+
+    def held_write(*args, **kwargs):
+        writing.set()
+        assert release.wait(10)
+        real_write(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoints, "write_resume_point", held_write)
+    ckpt = Checkpoints(tmp_path, "hash", lambda tmp, state: None)
+    ckpt.save(model, optimizer, scheduler, scaler, TrainState(step=3))
+    assert writing.wait(10) and not (tmp_path / "last").exists()  # save returned; the write is in flight
+    for _ in range(2):  # training goes on
+        model(torch.ones(2, 4)).sum().backward()
+        optimizer.step()
+    release.set()
+    ckpt.wait()
+    assert json.loads((tmp_path / "last/state.json").read_text())["step"] == 3
+    assert_same_tensors(tensors(tmp_path / "last/student.safetensors"), at_save)
+    trainer = torch.load(tmp_path / "last/trainer.pt", weights_only=True)
+    assert torch.equal(trainer["optimizer"]["state"][0]["exp_avg"], moment)
+
+    def failing_write(folder, snapshot, config_hash):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoints, "write_resume_point", failing_write)
+    ckpt.save(model, optimizer, scheduler, scaler, TrainState(step=5))  # returns: the failure is on the thread
+    with pytest.raises(OSError, match="No space left"):
+        ckpt.wait()
+    assert json.loads((tmp_path / "last/state.json").read_text())["step"] == 3  # the previous one intact

@@ -30,11 +30,11 @@ class Killed(Exception):
     pass
 
 
-def test_killed_run_resumes_to_the_same_weights(project):
-    cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 8, "train.eval_steps": 4,
-                                                        "train.checkpoint_steps": 4})
+def killed_and_resumed(cfg, project):
+    """``cfg`` (8 steps, a resume point every 4) trained into ``project/full`` uninterrupted, and into
+    ``project/resumed`` killed at its step-8 evaluation (so the resume point on disk is step 4's) and rerun:
+    both results, and both runs' last weights."""
     full = train(cfg, "data/raw", "data/teachers", project / "full", hooks=Hooks(progress=False))
-    assert full.steps == 8
 
     def kill_at_8(step, score):
         if step == 8:
@@ -44,8 +44,14 @@ def test_killed_run_resumes_to_the_same_weights(project):
         train(cfg, "data/raw", "data/teachers", project / "resumed", hooks=Hooks(on_eval=kill_at_8, progress=False))
     assert json.loads((project / "resumed/last/state.json").read_text())["step"] == 4
     resumed = train(cfg, "data/raw", "data/teachers", project / "resumed", hooks=Hooks(progress=False))
-    assert resumed.steps == 8
-    a, b = _weights(project / "full"), _weights(project / "resumed")
+    assert full.steps == resumed.steps == 8
+    return full, resumed, _weights(project / "full"), _weights(project / "resumed")
+
+
+def test_killed_run_resumes_to_the_same_weights(project):
+    cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 8, "train.eval_steps": 4,
+                                                        "train.checkpoint_steps": 4})
+    full, resumed, a, b = killed_and_resumed(cfg, project)
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6, msg=k)

@@ -159,6 +159,15 @@ class ModelConfig:
         )
 
 
+def _compile_mode(value: Any) -> Any:
+    """``train.compile``: false (YAML 1.1's off too), backbone or step; true (and a number) is refused, naming
+    the choices."""
+    if value is True or (isinstance(value, int | float) and not isinstance(value, bool)):
+        raise ValueError("false, backbone or step (true, which compiled the encoder before there was a choice, is "
+                         "now backbone; step compiles the whole training step)")
+    return value
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     __pydantic_config__ = SECTION
@@ -189,9 +198,10 @@ class TrainConfig:
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     """Autocast precision of the student's forward pass (fp16 adds a gradient scaler); similarity and logsumexp terms
     stay fp32 whatever this says (τ = 0.05 would amplify bf16 rounding)."""
-    compile: Bool = False
-    """torch.compile the backbone (worth it on CUDA for long runs; the first steps compile, one graph per padded
-    length)"""
+    compile: Annotated[Literal[False, "backbone", "step"], BeforeValidator(_compile_mode)] = False
+    """false | backbone = torch.compile the encoder alone (one graph per padded length) | step = the whole step as
+    compiled graphs, CUDA graphs on a GPU (mmcse.training.compiled: tokens padded to model.max_seq_len; worth it on
+    a GPU, where an eager step is host-bound; the first steps compile)"""
     dropout_rng: Literal["torch", "per_row"] = "torch"
     """the encoder's dropout masks: torch = torch's dropout (one draw per tensor) | per_row = each row's masks from
     (step, row, layer) alone, whatever batch or process it runs in (mmcse.models.dropout; the sentence encoders and
@@ -231,6 +241,16 @@ class TrainConfig:
         check(self.micro_batch == 0 or self.dropout_rng == "per_row", where, "train.micro_batch",
               "needs train.dropout_rng: per_row (each micro-batch's second pass must draw its first pass's "
               "dropout masks, so the update equals the whole batch's)")
+        if self.compile == "step":
+            check(self.method in ("duet", *SENTENCE_ENCODERS), where, "train.compile",
+                  f"step compiles the sentence encoders' and DUET's steps; {self.method}'s recurrent text encoder "
+                  "runs eager: use backbone or false")
+            check(self.precision != "fp16", where, "train.compile",
+                  "step cannot take fp16's loss scaler (its skipped steps are decided on the host): use "
+                  "train.precision: bf16 or fp32")
+            check(not self.distributed, where, "train.compile",
+                  "step compiles a one-process step; over several devices the step runs eager (train.compile: "
+                  "backbone compiles its encoder)")
         if self.distributed:
             check(self.method != "vsrn", where, "train.devices",
                   "vsrn trains on one process: its BatchNorm takes statistics over the whole batch, which a process "

@@ -42,9 +42,17 @@ def simcse_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch
 IGNORED = -100  # a label cross-entropy skips: tokens the MLM objective did not choose
 
 
+def mlm_draws(shape: tuple[int, ...], vocab: int, generator: torch.Generator | None = None) -> tuple[torch.Tensor, ...]:
+    """The random numbers of `mlm_masking` for ids of ``shape``, drawn on the CPU from ``generator`` (the same masks
+    on every device; drawn ahead of a compiled step, which takes them as inputs): three uniform draws (chosen,
+    replaced, randomised) and the random words below ``vocab``, in that order."""
+    uniform = tuple(torch.rand(shape, generator=generator) for _ in range(3))
+    return (*uniform, torch.randint(vocab, shape, generator=generator))
+
+
 def mlm_masking(
     ids: torch.Tensor, special: torch.Tensor, mask_id: int, vocab: int, probability: float,
-    generator: torch.Generator | None = None,
+    generator: torch.Generator | None = None, draws: tuple[torch.Tensor, ...] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The inputs of SimCSE's auxiliary MLM objective (SimCSE App. E; its train.py ``mask_tokens``,
     BERT's recipe): every token of ``ids (B, L)`` that is not in ``special (S,)`` (pads, [CLS],
@@ -52,13 +60,10 @@ def mlm_masking(
     random id below ``vocab``, the rest stay. Returns the masked ids ``(B, L)`` and the labels
     ``(B, L)``: the original id where chosen, `IGNORED` elsewhere.
 
-    The draws come from ``generator`` on the CPU (the same masks on every device) and are moved to
-    ``ids``' device."""
-    shape = tuple(ids.shape)
-    chosen_draw, replace_draw, random_draw = (torch.rand(shape, generator=generator) for _ in range(3))
-    words = torch.randint(vocab, shape, generator=generator)
-    chosen_draw, replace_draw, random_draw, words = (
-        t.to(ids.device, non_blocking=True) for t in (chosen_draw, replace_draw, random_draw, words))
+    The draws are ``draws`` (`mlm_draws`, made ahead) or made here from ``generator``; either way on the CPU
+    (the same masks on every device), moved to ``ids``' device."""
+    draws = draws if draws is not None else mlm_draws(tuple(ids.shape), vocab, generator)
+    chosen_draw, replace_draw, random_draw, words = (t.to(ids.device, non_blocking=True) for t in draws)
     chosen = (chosen_draw < probability) & ~torch.isin(ids, special)  # (B, L)
     replaced = chosen & (replace_draw < 0.8)
     randomised = chosen & ~replaced & (random_draw < 0.5)
@@ -263,19 +268,25 @@ def intra_modal_alignment_loss(
     return _kl_rows(teacher_sim / teacher_temperature, cosine_matrix(s1, s2) / student_temperature)
 
 
+def tie_order(m: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """The random order ``(m,)`` in which `teacher_rankings` breaks ties, drawn on the host from a CPU generator,
+    so that the same seed ranks alike on every device (and a compiled step takes it as an input)."""
+    return torch.randperm(m, generator=generator, device="cpu")
+
+
 def teacher_rankings(
-    teacher_sim: torch.Tensor, generator: torch.Generator | None = None, include_diagonal: bool = True
+    teacher_sim: torch.Tensor, generator: torch.Generator | None = None, include_diagonal: bool = True,
+    ties: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """π^T per row: column indices by descending teacher score, ties in a seeded random order.
 
-    ``generator`` must be a CPU generator (the draw is device-independent). Returns ``(N, M)``
-    (``(N, M-1)`` without the diagonal, RankCSE includes it).
+    The order is ``ties`` (`tie_order`, drawn ahead) or drawn here from ``generator``, a CPU generator (the
+    draw is device-independent). Returns ``(N, M)`` (``(N, M-1)`` without the diagonal, RankCSE includes it).
     """
     n, m = teacher_sim.shape
     device = teacher_sim.device
-    # Ties fall in this random order, drawn on the host from a CPU generator so that the same
-    # seed ranks alike on every device; only the (M,) permutation is copied over.
-    shuffle = torch.randperm(m, generator=generator, device="cpu").to(device, non_blocking=True)  # (M,)
+    # only the (M,) permutation is copied over
+    shuffle = (ties if ties is not None else tie_order(m, generator)).to(device, non_blocking=True)  # (M,)
     order = shuffle[torch.argsort(teacher_sim[:, shuffle], dim=1, descending=True, stable=True)]  # (N, M)
     if include_diagonal:
         return order
@@ -364,8 +375,10 @@ def span_mean(hidden: torch.Tensor, row: torch.Tensor, start: torch.Tensor, end:
     """MCSEO phrase embedding: mean of ``hidden (B, L, H)`` over tokens [start, end) of sentence
     ``row`` — the full-sentence forward pass, no re-encoding. Returns ``(T, H)``."""
     length = hidden.shape[1]
-    if start.device.type == "cpu" and not bool(((start < end) & (start < length)).all()):
-        # checked where the spans live on the host; training checks them when it loads objects.jsonl
+    if (start.device.type == "cpu" and not torch.compiler.is_compiling()
+            and not bool(((start < end) & (start < length)).all())):
+        # checked where the spans live on the host (a compiled step does not read values: no graph break);
+        # training checks them when it loads objects.jsonl
         raise ValueError("every phrase span needs at least one token")
     positions = torch.arange(length, device=hidden.device)  # (L,)
     mask = (positions >= start.unsqueeze(1)) & (positions < end.unsqueeze(1))  # (T, L)

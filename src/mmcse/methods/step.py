@@ -1,11 +1,12 @@
 """A step's loss on tensors: every term `mmcse.methods.objectives.running_terms` runs for the batch, computed by
-its function (:mod:`mmcse.methods.compute`) and summed with its weight."""
+its function (:mod:`mmcse.methods.compute`) and summed with its weight; the terms' random draws (`term_draws`) are
+made on the host before, from each term's own stream."""
 
 from __future__ import annotations
 
 import torch
 
-from mmcse.methods.compute import COMPUTE
+from mmcse.methods.compute import COMPUTE, DRAWS
 from mmcse.methods.objectives import active_terms, running_terms
 from mmcse.methods.terms import LossTerm, Objective, StepEmbeddings
 from mmcse.methods.terms.base import setting
@@ -17,8 +18,19 @@ def term_generator(term: LossTerm, seed: int) -> torch.Generator | None:
     return None if term.stream is None else torch.Generator().manual_seed(seed * 16 + term.stream)
 
 
+def term_draws(o: Objective, n: int, pair_batch: bool, seed: int,
+               on: dict[str, bool] | None = None) -> dict[str, torch.Tensor]:
+    """What each term that runs on a batch of ``n`` pairs draws at random (``DRAWS``: DALR's mismatched pairs and
+    ranking ties), on the CPU, each from its own stream seeded by the step's ``seed``: made ahead of the step's
+    tensor code, so that code reads no random state (a compiled step takes them as inputs)."""
+    on = on if on is not None else active_terms(o)
+    return {term.name: DRAWS[term.name](o, n, term_generator(term, seed))
+            for term, _ in running_terms(o, pair_batch, on) if term.name in DRAWS}
+
+
 def step_objective(
-    o: Objective, e: StepEmbeddings, seed: int = 0, on: dict[str, bool] | None = None
+    o: Objective, e: StepEmbeddings, seed: int = 0, on: dict[str, bool] | None = None,
+    draws: dict[str, torch.Tensor] | None = None,
 ) -> dict[str, torch.Tensor]:
     """All active terms of one batch and their weighted sum ``loss`` (plus ``stat/…`` diagnostics,
     never summed), in the terms' fixed order. Each term is weighted by its ``weight`` parameter
@@ -26,16 +38,17 @@ def step_objective(
     Algorithm 1, or SimCSE + λ_img·Eq. 14; dalr: Eq. 14, w_info·L_info + λ·(c·L_cons + L_CMA) +
     μ·(L_rank + L_IMA), with SimCSE on text-only batches (and on pair batches with
     ``loss.dalr.simcse_on_pairs``, the authors' code); mcseo: SimCSE + α·l_img-cap + β·l_obj-phra).
-    ``seed`` seeds each term's random stream (mismatched pairs, ranking ties); ``on`` is `active_terms` of
-    ``o``, worked out once per run by callers that step many times.
+    ``draws`` are the terms' random draws (`term_draws`; made here from ``seed`` when not given); ``on`` is
+    `active_terms` of ``o``, worked out once per run by callers that step many times.
     """
     on = on if on is not None else active_terms(o)
+    draws = draws if draws is not None else term_draws(o, e.z1.shape[0], e.pair_batch, seed, on)
     terms: dict[str, torch.Tensor] = {}
     loss = e.z1.new_zeros(())
     for term, weighted in running_terms(o, e.pair_batch, on):
         if not term.applies(e):
             continue
-        value = COMPUTE[term.name](o, e, term_generator(term, seed))
+        value = COMPUTE[term.name](o, e, draws.get(term.name))
         terms |= value if isinstance(value, dict) else {term.name: value}
         if weighted:
             weight = setting(o, term.weight) * (setting(o, term.scale) if term.scale else 1.0)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -52,12 +52,15 @@ def _mix_int(x: int) -> int:
     return (x >> 16) ^ x
 
 
-def row_hashes(seed: int, rows: torch.Tensor, salt: int) -> torch.Tensor:
-    """``(R,)`` int64: the hash of (step ``seed``, each row key, the layer's ``salt``)."""
-    return _mix(_mix(_mix_int(seed) ^ (rows.to(torch.int64) & _MASK31)) ^ (int(salt) & _MASK31))
+def row_hashes(seed: int | torch.Tensor, rows: torch.Tensor, salt: int) -> torch.Tensor:
+    """``(R,)`` int64: the hash of (step ``seed``, each row key, the layer's ``salt``). ``seed`` is a Python int
+    (eager steps: hashed on the host) or a 0-d int64 tensor (a compiled step's input, so that a new step's seed
+    is new data, not a new graph): the same hash either way."""
+    mixed = _mix_int(seed) if isinstance(seed, int) else _mix(seed.to(torch.int64) & _MASK31)
+    return _mix(_mix(mixed ^ (rows.to(torch.int64) & _MASK31)) ^ (int(salt) & _MASK31))
 
 
-def keep_mask(seed: int, rows: torch.Tensor, salt: int, shape: torch.Size, p: float) -> torch.Tensor:
+def keep_mask(seed: int | torch.Tensor, rows: torch.Tensor, salt: int, shape: torch.Size, p: float) -> torch.Tensor:
     """``shape`` (rows first) bool: which elements dropout keeps, each row by its key alone (the element
     index mixed into the row's hash by the full `_mix`: one round leaves a row's masks too regular)."""
     per_row = int(torch.Size(shape[1:]).numel())
@@ -68,11 +71,11 @@ def keep_mask(seed: int, rows: torch.Tensor, salt: int, shape: torch.Size, p: fl
 
 @dataclass
 class RowKeys:
-    """What the current forward pass holds: the step's seed and one key per row (None: torch's dropout)."""
+    """What the current forward pass holds: the step's seed and one key per row (None: torch's dropout); each keyed
+    layer holds its own salt."""
 
-    seed: int = 0
+    seed: int | torch.Tensor = 0  # a 0-d int64 tensor in a compiled step (`row_hashes`)
     rows: torch.Tensor | None = None
-    salts: dict[int, int] = field(default_factory=dict)  # id(module) -> its layer salt
 
 
 def keyed_dropout(x: torch.Tensor, p: float, keys: RowKeys, salt: int, training: bool) -> torch.Tensor:
@@ -115,7 +118,7 @@ def keyed_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, v
     weights = torch.matmul(query, key.transpose(2, 3)) * scaling  # (R, heads, L, L)
     if attention_mask is not None:
         weights = weights + attention_mask
-    probs = keyed_dropout(nn.functional.softmax(weights, dim=-1), dropout, keys, keys.salts[id(module)], True)
+    probs = keyed_dropout(nn.functional.softmax(weights, dim=-1), dropout, keys, module.mmcse_salt, True)
     out = torch.matmul(probs, value).transpose(1, 2).contiguous()  # (R, L, heads, d)
     return out, probs
 
@@ -142,7 +145,7 @@ def install_keyed_dropout(backbone: nn.Module) -> RowKeys:
                 setattr(module, child_name, KeyedDropout(child.p, keys, salt))
         if hasattr(module, "attention_head_size"):  # a self-attention block: its probabilities' dropout
             salt += 1
-            keys.salts[id(module)] = salt
+            module.mmcse_salt = salt  # on the module: a deep copy of the backbone keeps its salts
             module.mmcse_row_keys = keys
     backbone.set_attn_implementation(KEYED_ATTENTION)
     backbone.mmcse_row_keys = keys
@@ -150,7 +153,7 @@ def install_keyed_dropout(backbone: nn.Module) -> RowKeys:
 
 
 @contextlib.contextmanager
-def row_keys(backbone: nn.Module, seed: int, rows: torch.Tensor) -> Iterator[None]:
+def row_keys(backbone: nn.Module, seed: int | torch.Tensor, rows: torch.Tensor) -> Iterator[None]:
     """Within the block, ``backbone``'s forward passes hold the rows ``rows`` (``(R,)`` int keys) of step
     ``seed``; a backbone without keyed dropout is left as it is."""
     keys: RowKeys | None = getattr(backbone, "mmcse_row_keys", None)

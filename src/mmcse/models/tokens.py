@@ -67,12 +67,14 @@ class TokenTable:
     def __len__(self) -> int:
         return int(self.lengths.shape[0])
 
-    def batch(self, idx: Sequence[int] | np.ndarray, device: torch.device) -> dict[str, torch.Tensor]:
+    def batch(self, idx: Sequence[int] | np.ndarray, device: torch.device,
+              full_width: bool = False) -> dict[str, torch.Tensor]:
         """``input_ids`` and ``attention_mask`` ``(B, l)`` of rows ``idx``, padded to their longest
-        (dynamic padding); copied from pinned memory without blocking on CUDA."""
+        (dynamic padding) or, with ``full_width``, to the table's width (``model.max_seq_len``: the static shapes
+        of a compiled step); copied from pinned memory without blocking on CUDA."""
         idx = np.asarray(idx, dtype=np.int64)
         lengths = self.lengths[idx]  # (B,)
-        width = int(lengths.max())
+        width = self.ids.shape[1] if full_width else int(lengths.max())
         ids = torch.from_numpy(self.ids[idx, :width].astype(np.int64))  # (B, l)
         mask = torch.from_numpy((np.arange(width)[None, :] < lengths[:, None]).astype(np.int64))  # (B, l)
         return {"input_ids": to_device(ids, device), "attention_mask": to_device(mask, device)}

@@ -47,7 +47,7 @@ from mmcse.integrity.files import (
     read_seal,
     seal_folder,
 )
-from mmcse.io import at_home, follow_umask, sha256_json, swap_in_dir
+from mmcse.io import BackgroundWriter, at_home, follow_umask, sha256_json, swap_in_dir
 from mmcse.models.student import HEADS_FILE, HEADS_META
 from mmcse.tracking import folder_key, remembered_run
 from mmcse.training.distributed import from_lead_object, world
@@ -180,26 +180,54 @@ def unshared(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return out
 
 
-def save_resume_point(
-    folder: Path, student: torch.nn.Module, optimizer, scheduler, scaler, state: TrainState, config_hash: str,
-) -> None:
-    """The resume point in ``folder``: weights, trainer state (optimizer, scheduler, scaler, RNG) and
-    ``state.json`` with the history, the configuration's hash and both files' SHA-256."""
+@dataclass
+class ResumeSnapshot:
+    """What a resume point holds, copied off the live model at one step (`resume_snapshot`), so that it can be
+    written while training goes on: weights, trainer state (optimizer, scheduler, scaler, RNG), the run's state."""
+
+    weights: dict[str, torch.Tensor]
+    trainer: dict[str, Any]
+    state: dict[str, Any]
+
+    @property
+    def nbytes(self) -> int:
+        return _tensor_bytes((self.weights, self.trainer))
+
+
+def _copied(tree: Any) -> Any:
+    """``tree`` with every tensor copied to the CPU (a new tensor even where it is on the CPU already)."""
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().to("cpu", copy=True)
+    if isinstance(tree, dict):
+        return {k: _copied(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(_copied(v) for v in tree)
+    return tree
+
+
+def resume_snapshot(student: torch.nn.Module, optimizer, scheduler, scaler, state: TrainState) -> ResumeSnapshot:
+    """The resume point of this step as CPU copies: later steps may change the model, never the snapshot."""
+    rng = {"rng": torch.get_rng_state()}
+    if torch.cuda.is_initialized():  # dropout on the GPU draws from the CUDA generators
+        rng["cuda_rng"] = torch.cuda.get_rng_state_all()
+    trainer = {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+               "scaler": scaler.state_dict(), **rng}
+    return ResumeSnapshot(_copied(unshared(student.state_dict())), _copied(trainer),
+                          json.loads(json.dumps(asdict(state))))
+
+
+def write_resume_point(folder: Path, snapshot: ResumeSnapshot, config_hash: str) -> None:
+    """The resume point ``snapshot`` in ``folder``: weights, trainer state and ``state.json`` with the history,
+    the configuration's hash and both files' SHA-256, swapped in whole (a crash leaves the previous one)."""
     tmp = _fresh_tmp(folder)
     try:
         tmp.mkdir(parents=True)
-        save_file(unshared(student.state_dict()), str(tmp / "student.safetensors"))
-        rng = {"rng": torch.get_rng_state()}
-        if torch.cuda.is_initialized():  # dropout on the GPU draws from the CUDA generators
-            rng["cuda_rng"] = torch.cuda.get_rng_state_all()
-        torch.save(
-            {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "scaler": scaler.state_dict(),
-             **rng},
-            tmp / "trainer.pt",
-        )
+        save_file(snapshot.weights, str(tmp / "student.safetensors"))
+        torch.save(snapshot.trainer, tmp / "trainer.pt")
+        state = snapshot.state
         (tmp / "state.json").write_text(
-            json.dumps({"step": state.step, "best_score": state.best_score, "best_step": state.best_step,
-                        "history": state.history, "config_hash": config_hash,
+            json.dumps({"step": state["step"], "best_score": state["best_score"], "best_step": state["best_step"],
+                        "history": state["history"], "config_hash": config_hash,
                         "code_files": code_files(TRAINING_CODE),
                         "files": {name: file_sha256(tmp / name) for name in RESUME_WEIGHTS}})
         )
@@ -207,11 +235,18 @@ def save_resume_point(
         swap_in_dir(tmp, folder)
     except Exception as err:
         if _disk_full(err):
-            raise disk_full_error(folder, _tensor_bytes((student.state_dict(), optimizer.state_dict()))) from None
+            raise disk_full_error(folder, snapshot.nbytes) from None
         raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def save_resume_point(
+    folder: Path, student: torch.nn.Module, optimizer, scheduler, scaler, state: TrainState, config_hash: str,
+) -> None:
+    """The resume point in ``folder``, written now (`resume_snapshot`, `write_resume_point`)."""
+    write_resume_point(folder, resume_snapshot(student, optimizer, scheduler, scaler, state), config_hash)
 
 
 def release_resume_point(out_dir: Path) -> int:
@@ -403,17 +438,6 @@ def restore_resume_point(folder: Path, model: torch.nn.Module, optimizer, schedu
     return TrainState(meta["step"], meta["best_score"], meta["best_step"], meta["history"])
 
 
-def _on_cpu(tree: Any) -> Any:
-    """``tree`` (dicts, lists, tuples of tensors and values) with every tensor copied to the CPU."""
-    if isinstance(tree, torch.Tensor):
-        return tree.detach().cpu()
-    if isinstance(tree, dict):
-        return {k: _on_cpu(v) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(_on_cpu(v) for v in tree)
-    return tree
-
-
 class Checkpoints:
     """The best checkpoint (``<out>/best``) and resume point (``<out>/last``) of one run of the
     configuration ``config_hash``, shared by the students' loop and DUET's. ``save_best(tmp, state)``
@@ -430,6 +454,7 @@ class Checkpoints:
         self.last, self.best = self.out_dir / "last", self.out_dir / "best"
         self.best_weights: dict[str, torch.Tensor] | None = None  # held until the next resume point
         self.restored = False  # `start` continued a resume point (else the run starts at step 0)
+        self.writer = BackgroundWriter()
 
     def start(self, model: torch.nn.Module, optimizer, scheduler, scaler) -> TrainState:
         """The run's state: restored from this configuration's resume point when `plan_start` takes it
@@ -444,7 +469,7 @@ class Checkpoints:
         self.restored = from_lead_object(self.restored)
         if not self.restored:  # every rank from the same seeded initial weights
             return state
-        shared = from_lead_object(_on_cpu({
+        shared = from_lead_object(_copied({
             "model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
             "scaler": scaler.state_dict() if scaler.is_enabled() else None,
             "state": asdict(state)} if rank == 0 else None))
@@ -490,19 +515,32 @@ class Checkpoints:
         self.best_weights = None
 
     def save(self, model: torch.nn.Module, optimizer, scheduler, scaler, state: TrainState) -> None:
-        """A checkpoint: the held best weights to ``best/``, then the resume point to ``last/``; weights
-        that are not finite are never written (`check_finite`)."""
+        """A checkpoint: the held best weights to ``best/``, then the resume point to ``last/`` (and the kept copy),
+        written on a thread while training goes on (`BackgroundWriter`: copied off the model first, at most one
+        write in flight, its error raised at the next save or at `wait`); weights that are not finite are never
+        written (`check_finite`)."""
         if not self.writes:
             return
         check_finite(model.state_dict(), "model", state.step)
+        self.writer.wait()  # the previous resume point is on disk before best/ moves past it
         self.write_best(model, state)
-        save_resume_point(self.last, model, optimizer, scheduler, scaler, state, self.config_hash)
-        if self.kept is not None:
-            keep_resume_point(self.out_dir, self.kept)
+        snapshot = resume_snapshot(model, optimizer, scheduler, scaler, state)
+
+        def write() -> None:
+            write_resume_point(self.last, snapshot, self.config_hash)
+            if self.kept is not None:
+                keep_resume_point(self.out_dir, self.kept)
+
+        self.writer.submit(write)
+
+    def wait(self) -> None:
+        """Until the last resume point is on disk (its write's error raised here)."""
+        self.writer.wait()
 
     def finish(self, result: Any) -> Any:
         """``result`` (the finished run's, `mmcse.training.engine.finished`), once the kept copy is removed:
         nothing is left to resume, and a finished folder's result is the DVC output's."""
+        self.writer.wait()
         if self.kept is not None and self.writes:
             shutil.rmtree(self.kept, ignore_errors=True)
         return result

@@ -12,6 +12,8 @@ statistics over the whole batch, so they train on one process (`mmcse.config.Tra
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from mmcse.config import LossConfig
@@ -22,6 +24,7 @@ from mmcse.models.dropout import row_keys
 from mmcse.models.duet import DuetModel, DuetOutput
 from mmcse.models.vsepp import VseppModel
 from mmcse.models.vsrn import VsrnModel
+from mmcse.training.compiled import CompiledStep, seed_tensor
 from mmcse.training.distributed import gathered, share
 from mmcse.training.engine import GRAD_NORM, Update
 
@@ -95,3 +98,24 @@ def duet_optimizer_step(model: RetrievalModel, loss: LossConfig, batch: dict[str
     with update.autocast():
         terms = duet_step_loss(model, loss, batch, regions, ignore, seed, ranks)
     return terms | {GRAD_NORM: update.apply(model, terms["loss"], ranks[1])}
+
+
+def retrieval_step_loss(model: RetrievalModel, loss: LossConfig) -> Callable[..., dict[str, torch.Tensor]]:
+    """`duet_step_loss` on one process as a function of tensors alone, what a compiled step traces:
+    ``(input_ids, attention_mask, regions, boxes, region mask, ignore, seed (0-d tensor)) -> terms``."""
+
+    def step_loss(ids: torch.Tensor, attention: torch.Tensor, r: torch.Tensor, boxes: torch.Tensor,
+                  mask: torch.Tensor, ignore: torch.Tensor, seed: torch.Tensor) -> dict[str, torch.Tensor]:
+        return duet_step_loss(model, loss, {"input_ids": ids, "attention_mask": attention}, (r, boxes, mask), ignore,
+                              seed)
+
+    return step_loss
+
+
+def compiled_duet_step(compiled: CompiledStep, step_loss: Callable[..., dict[str, torch.Tensor]],
+                       batch: dict[str, torch.Tensor], regions: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                       ignore: torch.Tensor, seed: int) -> dict[str, torch.Tensor]:
+    """`duet_optimizer_step` as compiled graphs (``train.compile: step``): ``step_loss`` (`retrieval_step_loss`),
+    its backward and the update; the same update on the same (full-width) batch."""
+    return compiled.step("pairs", step_loss, batch["input_ids"], batch["attention_mask"], *regions, ignore,
+                         seed_tensor(seed, compiled.update.device))

@@ -323,6 +323,7 @@ class Loop:
             self.hooks.log_metrics(entries)
         except StageError:
             self.save()
+            self.checkpoints.wait()
             raise
 
     def flush(self) -> None:
@@ -354,6 +355,7 @@ class Loop:
         """Ctrl-C / SIGTERM: a last resume point, then every rank stops at this step."""
         self.flush()
         self.save()
+        self.checkpoints.wait()
         wait_for_lead()  # the others stop once rank 0's resume point is written
         raise stopping.stop_exception(f"resume point written at step {self.state.step} of {self.task.total} "
                                       f"({self.out_dir / 'last'}); rerun to continue from it")
@@ -376,7 +378,8 @@ class Loop:
         self.watch.observe(state.step, terms["loss"], watched_norm(terms, task.update.scaler))
         if state.step % LOG_EVERY == 0 or task.logs_every_step(batch):
             metrics: dict[str, Any] = {k if k.startswith(STAT) else f"loss/{k}": v.detach() for k, v in terms.items()}
-            self.pending.append((metrics | {"lr": task.scheduler.get_last_lr()[0]}, state.step))
+            # the rate as a float: a compiled step's schedule holds it in a CPU tensor, not on the device
+            self.pending.append((metrics | {"lr": float(task.scheduler.get_last_lr()[0])}, state.step))
         # a phase's end (the run's, VSE++'s frozen phase) comes with a dev score and a resume point
         ends = state.step == task.total or task.ends_phase(state.step)
         evaluating = state.step % self.cfg.train.eval_steps == 0 or ends
@@ -395,6 +398,18 @@ class Loop:
     # ---------------------------------------------------------------- the run
 
     def run(self) -> TrainResult:
+        """The run from its start or resume point to its last step; a resume point being written when it ends (an
+        error, a stop) is on disk before it returns or raises."""
+        try:
+            return self._run()
+        except BaseException:
+            try:
+                self.checkpoints.wait()
+            except Exception as err:  # the run's own error is the one to raise; this one is said
+                log.warning("the last resume point could not be written: %s", err)
+            raise
+
+    def _run(self) -> TrainResult:
         task = self.task
         self.state = self.checkpoints.start(task.model, task.update.optimizer, task.scheduler, task.update.scaler)
         if self.checkpoints.restored and self.state.step >= task.total:  # finished before: its checked best/
@@ -423,6 +438,7 @@ class Loop:
             bar.close()
             task.close()
         self.flush()
+        self.checkpoints.wait()
         wait_for_lead()  # rank 0's last save is on disk before any rank reports the run finished
         return self.checkpoints.finish(finished(self.state, self.checkpoints.best, self.lead))
 

@@ -67,14 +67,25 @@ class CachedTokens:
     rows_per_pass: int
     forward_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     passes: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    # the encoder pass (default `direct_tokens`); ``train.compile: step`` gives a compiled one
+    # (`mmcse.training.compiled.CompiledPasses`), run for the cached forward and for the replay alike
+    encoder: TokenEncoder | None = None
 
     def _chunks(self, n: int) -> list[slice]:
         return [slice(i, min(i + self.rows_per_pass, n)) for i in range(0, n, self.rows_per_pass)]
 
+    def _encode(self) -> TokenEncoder:
+        return self.encoder or direct_tokens(self.student, self.seed)
+
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        encode = direct_tokens(self.student, self.seed)
+        encode = self._encode()
+        states: torch.Tensor | None = None
         with torch.no_grad():
-            states = torch.cat([encode(ids[c], mask[c], rows[c]) for c in self._chunks(ids.shape[0])])  # (R, L, H)
+            for c in self._chunks(ids.shape[0]):
+                part = encode(ids[c], mask[c], rows[c])  # (r, L, H)
+                if states is None:
+                    states = part.new_empty((ids.shape[0], *part.shape[1:]))  # (R, L, H)
+                states[c] = part  # copied now: a CUDA graph's next replay reuses its output's memory
         leaf = states.detach().requires_grad_(True)
         self.passes.append((ids, mask, rows, leaf))
         return leaf
@@ -82,7 +93,7 @@ class CachedTokens:
     def backward(self) -> None:
         """Back-propagate each cached pass's leaf gradient through the encoder, one micro-batch at a time
         (call after the loss's backward; a pass whose states no term used has no gradient to carry)."""
-        encode = direct_tokens(self.student, self.seed)
+        encode = self._encode()
         for ids, mask, rows, leaf in self.passes:
             if leaf.grad is None:
                 continue

@@ -6,6 +6,7 @@ geometry, and the best checkpoint as an HF folder with a sentence-transformers e
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from mmcse.io import write_json
 from mmcse.methods.losses import (
     IGNORED,
     aggregated_teacher_embedding,
+    mlm_draws,
     mlm_masking,
     span_mean,
     text_teacher_similarity,
@@ -31,7 +33,7 @@ from mmcse.methods.objectives import (
     needed_features,
     needed_inputs,
 )
-from mmcse.methods.step import step_objective, term_generator
+from mmcse.methods.step import step_objective, term_draws, term_generator
 from mmcse.methods.terms.simcse import MLM
 from mmcse.models.dropout import install_keyed_dropout
 from mmcse.models.export import EVAL_MAX_SEQ_LEN, export_sentence_transformers
@@ -39,6 +41,15 @@ from mmcse.models.precision import grad_scaler
 from mmcse.models.student import Student, load_backbone, load_mlm_head, load_tokenizer, save_student
 from mmcse.training.batches import Batches, BatchFeatures, TrainData, check_inputs
 from mmcse.training.checkpoints import TrainState
+from mmcse.training.compiled import (
+    BACKBONE,
+    STEP,
+    CompiledPasses,
+    CompiledStep,
+    on_device,
+    seed_tensor,
+    tensor_lr,
+)
 from mmcse.training.distributed import ShardedTokens, world
 from mmcse.training.engine import (
     DEV_GEOMETRY,
@@ -60,31 +71,49 @@ from mmcse.training.schedule import PAIR, TEXT
 log = logging.getLogger(__name__)
 
 
+def step_draws(student: Student, o: Objective, shape: tuple[int, int], pair_batch: bool, seed: int,
+               on: dict[str, bool] | None = None) -> dict[str, Any]:
+    """A step's random draws on the host, for a batch of ``shape`` = (B, L) token ids: the terms' (`term_draws`) and,
+    when SimCSE's MLM runs, its masks' numbers for the doubled batch (`mlm_draws`, under ``"mlm"``)."""
+    n, length = shape
+    on = on if on is not None else active_terms(o)
+    draws: dict[str, Any] = term_draws(o, n, pair_batch, seed, on)
+    if "mlm" in needed_inputs(o, pair_batch, on) and student.mlm_head is not None:
+        draws["mlm"] = mlm_draws((2 * n, length), student.mlm_head.vocab, term_generator(MLM, seed))
+    return draws
+
+
 def training_step_loss(
     student: Student,
     o: Objective,
     batch: dict[str, torch.Tensor],
     feats: BatchFeatures | None,
     pair_batch: bool,
-    seed: int = 0,
+    seed: int | torch.Tensor = 0,
     on: dict[str, bool] | None = None,
     encode: TokenEncoder | None = None,
+    draws: dict[str, Any] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Loss terms of one batch: two dropout passes (as one doubled batch) through the
     student, then every active term of the method on those embeddings and the cached
-    teacher features ``feats`` (no teacher runs here). ``seed`` seeds the step's random
-    draws (DALR mismatched pairs, ranking ties, keyed dropout); ``on`` is ``active_terms(o)``, worked
+    teacher features ``feats`` (no teacher runs here). ``seed`` seeds the step's keyed dropout and, when
+    ``draws`` is not given, its random draws (`step_draws`: DALR mismatched pairs, ranking ties, MLM masks);
+    a compiled step passes ``seed`` as a 0-d tensor and the draws made ahead. ``on`` is ``active_terms(o)``, worked
     out once per run by the training loop; ``encode`` runs the encoder (default: one pass with its
     graph; `mmcse.training.gradcache.CachedTokens`: micro-batches, cached)."""
     ids, mask = batch["input_ids"], batch["attention_mask"]
     n = ids.shape[0]
+    on = on if on is not None else active_terms(o)
+    if draws is None:
+        if not isinstance(seed, int):
+            raise TypeError("training_step_loss: a tensor seed needs the step's draws (step_draws) made ahead")
+        draws = step_draws(student, o, (n, ids.shape[1]), pair_batch, seed, on)
     encode = encode or direct_tokens(student, seed)
     rows = torch.arange(2 * n, device=ids.device)  # (2B,): each row's dropout key (two views, two keys)
     tokens = encode(ids.repeat(2, 1), mask.repeat(2, 1), rows)  # (2B, L, H): two dropout masks
     cls = tokens[:, 0]  # (2B, H)
     z = student.mlp(cls)  # (2B, H)
     e = StepEmbeddings(z1=z[:n], z2=z[n:], pair_batch=pair_batch)
-    on = on if on is not None else active_terms(o)
     wanted = needed_inputs(o, pair_batch, on)  # what this batch's active terms read
     feats = feats or BatchFeatures()
     if "mlm" in wanted:
@@ -93,11 +122,16 @@ def training_step_loss(
         head = student.mlm_head
         # SimCSE masks each of its two copies of a sentence on its own (train.py mask_tokens)
         masked, labels = mlm_masking(ids.repeat(2, 1), head.special_ids, head.mask_id, head.vocab,
-                                     o.loss.simcse.mlm_probability, term_generator(MLM, seed))  # (2B, L) each
-        chosen = labels != IGNORED  # (2B, L)
+                                     o.loss.simcse.mlm_probability, draws=draws["mlm"])  # (2B, L) each
         masked_states = encode(masked, mask.repeat(2, 1), rows + 2 * n)  # (2B, L, H): its own dropout
-        e.mlm_logits = head(masked_states[chosen])  # (M, V): only the chosen tokens reach the vocabulary
-        e.mlm_labels = labels[chosen]  # (M,)
+        if torch.compiler.is_compiling():
+            # every token through the head, the unchosen ones' labels IGNORED: the same mean cross-entropy, and
+            # no shape that depends on the draw (a compiled step's shapes are static)
+            e.mlm_logits, e.mlm_labels = head(masked_states.flatten(0, 1)), labels.flatten()  # (2B·L, V), (2B·L,)
+        else:
+            chosen = labels != IGNORED  # (2B, L)
+            e.mlm_logits = head(masked_states[chosen])  # (M, V): only the chosen tokens reach the vocabulary
+            e.mlm_labels = labels[chosen]  # (M,)
     if pair_batch and "s" in wanted:
         s = student.text_proj(cls)  # (2B, p): g_φ1 on [CLS] (MCSE Eq. 2)
         e.s1, e.s2 = s[:n], s[n:]
@@ -126,7 +160,7 @@ def training_step_loss(
         e.phrases = student.text_proj(phrase_states)  # (T, p)
         e.objects = student.image_proj(feats.objects)  # (T, p)
         e.object_pair = feats.object_row
-    return step_objective(o, e, seed, on)
+    return step_objective(o, e, on=on, draws=draws)
 
 
 def optimizer_step(
@@ -139,6 +173,7 @@ def optimizer_step(
     seed: int = 0,
     on: dict[str, bool] | None = None,
     ranks: tuple[int, int] = (0, 1),
+    passes: CompiledPasses | None = None,
 ) -> dict[str, torch.Tensor]:
     """One training step: the forward pass under ``train.precision``'s autocast, backward
     (through the fp16 loss scaler when enabled) and the optimizer update (`Update`). Returns the loss
@@ -146,18 +181,47 @@ def optimizer_step(
     caller defers). With ``train.micro_batch`` the encoder runs that many sentences per pass
     (`mmcse.training.gradcache`): the same update as the whole batch's. ``ranks`` = (this rank, world
     size) of a job over several processes, each given the step's whole ``batch`` and ``feats``: the rank
-    encodes its share of the rows (`mmcse.training.distributed`), the same update as one process's."""
+    encodes its share of the rows (`mmcse.training.distributed`), the same update as one process's. ``passes``
+    (``train.compile: step`` with ``train.micro_batch``): the micro-batches' encoder passes as compiled graphs."""
     rank, size = ranks
     train = update.train
     if size > 1 and train.dropout_rng != "per_row":
         raise ValueError("a step over several processes needs train.dropout_rng: per_row (a row's dropout masks "
                          "must not depend on which rank encodes it)")
-    cached = CachedTokens(student, seed, 2 * train.micro_batch, update.autocast) if train.micro_batch else None
+    cached = CachedTokens(student, seed, 2 * train.micro_batch, update.autocast,
+                          encoder=passes.encoder(seed) if passes else None) if train.micro_batch else None
     encode = cached if size == 1 else ShardedTokens(cached or direct_tokens(student, seed), rank, size)
     with update.autocast():
         terms = training_step_loss(student, o, batch, feats, pair_batch, seed, on, encode=encode)
     # a gradient cache backpropagates the encoder's share after the loss's, micro-batch by micro-batch
     return terms | {GRAD_NORM: update.apply(student, terms["loss"], size, cached.backward if cached else None)}
+
+
+StepLoss = Callable[..., dict[str, torch.Tensor]]
+
+
+def student_step_loss(student: Student, o: Objective, pair_batch: bool, on: dict[str, bool]) -> StepLoss:
+    """`training_step_loss` of one batch kind as a function of tensors alone, what a compiled step traces:
+    ``(input_ids, attention_mask, feats, seed (0-d tensor), draws) -> terms``."""
+
+    def step_loss(ids: torch.Tensor, mask: torch.Tensor, feats: BatchFeatures, seed: torch.Tensor,
+                  draws: dict[str, Any]) -> dict[str, torch.Tensor]:
+        return training_step_loss(student, o, {"input_ids": ids, "attention_mask": mask}, feats, pair_batch, seed, on,
+                                  draws=draws)
+
+    return step_loss
+
+
+def compiled_optimizer_step(compiled: CompiledStep, step_loss: StepLoss, student: Student, o: Objective,
+                            batch: dict[str, torch.Tensor], feats: BatchFeatures | None, pair_batch: bool, seed: int,
+                            on: dict[str, bool]) -> dict[str, torch.Tensor]:
+    """`optimizer_step` as compiled graphs (``train.compile: step``, `mmcse.training.compiled`): the step's draws
+    made on the host and moved to the device, then ``step_loss`` (`student_step_loss` of this batch kind), its
+    backward and the update. The same update as `optimizer_step` on the same (full-width) batch."""
+    device = compiled.update.device
+    draws = on_device(step_draws(student, o, tuple(batch["input_ids"].shape), pair_batch, seed, on), device)
+    return compiled.step(pair_batch, step_loss, batch["input_ids"], batch["attention_mask"], feats or BatchFeatures(),
+                         seed_tensor(seed, device), draws)
 
 
 class StudentTask(TrainTask):
@@ -204,7 +268,7 @@ class StudentTask(TrainTask):
                                        joint_text_dim=data.joint_text.dim).to(device)
         if on.get("mlm"):  # after the heads above: their initial weights do not move with the switch
             student.mlm_head = load_mlm_head(cfg.model, tokenizer, cfg.loss.simcse.mlm_head).to(device)
-        if cfg.train.compile:
+        if cfg.train.compile == BACKBONE:
             # in place, so parameter names (checkpoints, resume points) do not change
             student.backbone.compile(dynamic=True)
 
@@ -214,6 +278,18 @@ class StudentTask(TrainTask):
         optimizer, self.scheduler = build_optimizer(student, cfg.train, self.total, device,
                                                     steps_per_epoch=len(self.batches))
         self.update = Update(cfg.train, optimizer, grad_scaler(cfg.train.precision, device), device)
+        # train.compile: step: static shapes (full-width token batches); the step one graph per batch kind, or
+        # with train.micro_batch its encoder passes (cached forward and replay) compiled
+        self.full_width = cfg.train.compile == STEP
+        self.compiled: CompiledStep | None = None
+        self.passes: CompiledPasses | None = None
+        if self.full_width and cfg.train.micro_batch:
+            self.passes = CompiledPasses(student, self.update)
+        elif self.full_width:
+            tensor_lr(optimizer)
+            self.compiled = CompiledStep(student, self.update)
+            self.step_losses = {kind: student_step_loss(student, self.objective, kind == PAIR, on)
+                                for kind in (TEXT, PAIR)}
         # one encoder for the run: it keeps the dev batches' token ids on the device
         self.dev_encode = student_encoder(student, tokenizer, cfg.evaluate.pooler, cfg.model.max_seq_len, device,
                                           cfg.train.precision, keep_tokens=True)
@@ -229,13 +305,16 @@ class StudentTask(TrainTask):
             feats = self.data.text_features(idx, self.need[TEXT], device)
         else:
             feats = self.data.pair_features(idx, self.need[PAIR], device)
-        return kind, self.tokens[kind].batch(idx, device), feats
+        return kind, self.tokens[kind].batch(idx, device, full_width=self.full_width), feats
 
     def step(self, batch: tuple[str, dict[str, torch.Tensor], BatchFeatures], seed: int,
              ranks: tuple[int, int]) -> dict[str, torch.Tensor]:
         kind, tokens, feats = batch
+        if self.compiled is not None:
+            return compiled_optimizer_step(self.compiled, self.step_losses[kind], self.model, self.objective, tokens,
+                                           feats, kind == PAIR, seed, self.on)
         return optimizer_step(self.model, self.objective, tokens, feats, kind == PAIR, self.update, seed=seed,
-                              on=self.on, ranks=ranks)
+                              on=self.on, ranks=ranks, passes=self.passes)
 
     def logs_every_step(self, batch: tuple[str, Any, Any]) -> bool:
         return batch[0] == PAIR  # every image term is logged

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from mmcse.methods.compute.base import computes
+from mmcse.methods.compute.base import computes, draws
 from mmcse.methods.losses import (
     adapacse_loss,
     consistency_loss,
@@ -16,6 +16,7 @@ from mmcse.methods.losses import (
     listmle_loss,
     mismatch_permutation,
     teacher_rankings,
+    tie_order,
 )
 from mmcse.methods.terms import Objective, StepEmbeddings
 from mmcse.methods.terms.base import need
@@ -43,7 +44,7 @@ def dalr_text_target_similarity(o: Objective, e: StepEmbeddings, term: str) -> t
 
 
 @computes("info")
-def dalr_info(o: Objective, e: StepEmbeddings, generator: torch.Generator | None = None) -> torch.Tensor:
+def dalr_info(o: Objective, e: StepEmbeddings, draw: torch.Tensor | None = None) -> torch.Tensor:
     """DALR L_info, paper Eq. 4: sentence–image InfoNCE of s^z against h^v = g_φv(v̂). As printed
     on the one view s^z (``info_views: one``); ``mean`` of both dropout views as the authors' code,
     ``sum`` as MCSE's Eq. 3. ``info_margin`` adds KDMCSE's adaptive margin with Δ from the
@@ -63,17 +64,23 @@ def dalr_info(o: Objective, e: StepEmbeddings, generator: torch.Generator | None
     return total / len(per_view) if d.info_views == "mean" else total
 
 
+@draws("consistency")
+def mismatched_pairs(o: Objective, n: int, generator: torch.Generator) -> torch.Tensor:
+    """The batch's mismatched pairs D' (§3.2): image ``mismatch[i]`` with text i, ``(n,)`` (``loss.dalr.mismatch``)."""
+    return mismatch_permutation(n, o.loss.dalr.mismatch, generator)
+
+
 @computes("consistency")
-def dalr_consistency(o: Objective, e: StepEmbeddings, generator: torch.Generator | None = None) -> torch.Tensor:
-    """L_cons (Eq. 5) with the batch's mismatched pairs drawn from the term's own stream."""
+def dalr_consistency(o: Objective, e: StepEmbeddings, mismatch: torch.Tensor | None = None) -> torch.Tensor:
+    """L_cons (Eq. 5) with the batch's mismatched pairs (`mismatched_pairs`, drawn from the term's own stream)."""
     d = o.loss.dalr
-    mismatch = mismatch_permutation(e.z1.shape[0], d.mismatch, generator).to(e.z1.device, non_blocking=True)
+    mismatch = need(mismatch, "mismatched pairs", "consistency").to(e.z1.device, non_blocking=True)
     return consistency_loss(need(e.shared_text, "shared_text", "consistency"),
                             need(e.shared_image, "shared_image", "consistency"), mismatch, d.consistency_margin)
 
 
 @computes("cma")
-def dalr_cma(o: Objective, e: StepEmbeddings, generator: torch.Generator | None = None) -> torch.Tensor:
+def dalr_cma(o: Objective, e: StepEmbeddings, draw: torch.Tensor | None = None) -> torch.Tensor:
     """L_CMA (Eq. 6–8): the student's sentence–image distribution against the teachers' Q."""
     d = o.loss.dalr
     q_text, q_image = dalr_teacher_targets(o, e, "cma")
@@ -81,18 +88,24 @@ def dalr_cma(o: Objective, e: StepEmbeddings, generator: torch.Generator | None 
                                       q_text, q_image, d.cma_student_temperature, d.cma_teacher_temperature)
 
 
+@draws("rank")
+def ranking_ties(o: Objective, n: int, generator: torch.Generator) -> torch.Tensor:
+    """The order ``(n,)`` in which L_rank's teacher ranking breaks ties (`tie_order`)."""
+    return tie_order(n, generator)
+
+
 @computes("rank")
-def dalr_rank(o: Objective, e: StepEmbeddings, generator: torch.Generator | None = None) -> torch.Tensor:
+def dalr_rank(o: Objective, e: StepEmbeddings, ties: torch.Tensor | None = None) -> torch.Tensor:
     """L_rank (Eq. 10): ListMLE of the student's similarities against the text teachers' ranking
-    (ties broken by the term's own stream)."""
+    (ties broken in `ranking_ties`' order, drawn from the term's own stream)."""
     d = o.loss.dalr
-    ranking = teacher_rankings(need(e.text_teacher_sim, "text_teacher_sim", "rank"), generator,
-                               d.rank_include_diagonal)
+    ranking = teacher_rankings(need(e.text_teacher_sim, "text_teacher_sim", "rank"),
+                               include_diagonal=d.rank_include_diagonal, ties=need(ties, "tie order", "rank"))
     return listmle_loss(cosine_matrix(e.z1, e.z2), ranking.to(e.z1.device), d.rank_temperature)
 
 
 @computes("ima")
-def dalr_ima(o: Objective, e: StepEmbeddings, generator: torch.Generator | None = None) -> torch.Tensor:
+def dalr_ima(o: Objective, e: StepEmbeddings, draw: torch.Tensor | None = None) -> torch.Tensor:
     """L_IMA (Eq. 11–12) against Q^{t2t}."""
     d = o.loss.dalr
     return intra_modal_alignment_loss(e.z1, e.z2, dalr_text_target_similarity(o, e, "ima"),

@@ -12,7 +12,7 @@ from mmcse.methods.terms.base import need
 
 
 @computes("kdmcse")
-def kdmcse_terms(o: Objective, e: StepEmbeddings, generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+def kdmcse_terms(o: Objective, e: StepEmbeddings, draw: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """ℓ^{v'}, ℓ^{t'} (Eq. 9–13) and their mean (Eq. 14). Threshold filtering uses α^{t,v}
     (image term) and α^{t,t} (text term); the margin's Δ uses image–image and caption–caption
     α (``within``, the authors' code) or the same cross-modal α^{t,m} (``cross``). The α are

@@ -12,7 +12,7 @@ from mmcse.methods.terms.base import need
 
 
 @computes("image")
-def image_term(o: Objective, e: StepEmbeddings, generator: torch.Generator | None = None) -> torch.Tensor:
+def image_term(o: Objective, e: StepEmbeddings, draw: torch.Tensor | None = None) -> torch.Tensor:
     """MCSE's grounding InfoNCE against g_φ2 of the image features (KDMCSE Eq. 3: both dropout views);
     for mcseo, α·l_img-cap on one view (MCSEO Eq. 3) or both with ``loss.mcseo.image_views: 2``."""
     v = need(e.image, "image", "image")
@@ -23,7 +23,7 @@ def image_term(o: Objective, e: StepEmbeddings, generator: torch.Generator | Non
 
 
 @computes("clip_text")
-def clip_text_term(o: Objective, e: StepEmbeddings, generator: torch.Generator | None = None) -> torch.Tensor:
+def clip_text_term(o: Objective, e: StepEmbeddings, draw: torch.Tensor | None = None) -> torch.Tensor:
     """The image term's InfoNCE (KDMCSE Eq. 3) against the joint teacher's text embedding g_φt(t̂)."""
     return mcse_image_loss(need(e.s1, "s1", "clip_text"), need(e.s2, "s2", "clip_text"),
                            need(e.teacher_text, "teacher_text", "clip_text"), o.loss.temperature_img)

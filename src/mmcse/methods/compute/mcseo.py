@@ -11,7 +11,7 @@ from mmcse.methods.terms.base import need
 
 
 @computes("object")
-def object_term(o: Objective, e: StepEmbeddings, generator: torch.Generator | None = None) -> torch.Tensor:
+def object_term(o: Objective, e: StepEmbeddings, draw: torch.Tensor | None = None) -> torch.Tensor:
     """l_obj-phra (MCSEO Eq. 7) between the projected phrase spans and their object crops."""
     return object_phrase_loss(need(e.phrases, "phrases", "object"), need(e.objects, "objects", "object"),
                               need(e.object_pair, "object_pair", "object"), o.loss.mcseo.temperature)

@@ -11,7 +11,7 @@ from mmcse.methods.terms.base import need
 
 
 @computes("simcse")
-def text_term(o: Objective, e: StepEmbeddings, generator: torch.Generator | None = None) -> torch.Tensor:
+def text_term(o: Objective, e: StepEmbeddings, draw: torch.Tensor | None = None) -> torch.Tensor:
     """SimCSE (KDMCSE Eq. 1) on every batch (but DALR's image–caption batches, as printed); on
     text-only batches of kdmcse with ``text_batches: angular_margin``, a constant angular margin on
     every negative (AdapACSE, Eq. 12, with Δ = 1)."""
@@ -23,6 +23,6 @@ def text_term(o: Objective, e: StepEmbeddings, generator: torch.Generator | None
 
 
 @computes("mlm")
-def mlm_term(o: Objective, e: StepEmbeddings, generator: torch.Generator | None = None) -> torch.Tensor:
+def mlm_term(o: Objective, e: StepEmbeddings, draw: torch.Tensor | None = None) -> torch.Tensor:
     """SimCSE's auxiliary MLM loss ℓ^mlm (SimCSE App. E) on the tokens the step masked."""
     return masked_lm_loss(need(e.mlm_logits, "mlm_logits", "mlm"), need(e.mlm_labels, "mlm_labels", "mlm"))

@@ -128,9 +128,9 @@ class LossTerm:
     - ``reads(o)``: the ``loss.*`` parameters its function reads under ``o`` (dotted paths), beside its switch,
       weight and inputs, which are read here: with them, what a job's identity keeps of ``loss``
       (`mmcse.methods.objectives.objective_keys`);
-    - its function, ``compute(o, e, generator)`` (registered under ``name`` in :mod:`mmcse.methods.compute`):
-      its value, or a dict holding ``name`` plus sub-terms and ``stat/…`` diagnostics; ``generator`` is the
-      term's own CPU stream when ``stream`` is set;
+    - its function, ``compute(o, e, draw)`` (registered under ``name`` in :mod:`mmcse.methods.compute`):
+      its value, or a dict holding ``name`` plus sub-terms and ``stat/…`` diagnostics; ``draw`` is what the
+      term drew from its own CPU stream ahead of the step (``@draws``) when ``stream`` is set, else None;
     - ``on_pairs(o)``/``on_text(o)``: which batches it runs on (image–caption, text-only);
     - ``applies(e)``: False skips it for one batch (a pair batch without object–phrase pairs);
     - ``alone(o)``: on image–caption batches it replaces the text term and is summed unweighted
