@@ -74,9 +74,9 @@ def main() -> None:
         if not torch.equal(compiled_keyed(x, seed_t) != 0, eager_keyed(x, 7) != 0):
             raise SystemExit("the compiled keyed dropout drew another mask than the eager one")
         variants = {
-            "torch": lambda: torch.nn.functional.dropout(x, P, training=True).sum().backward(),
-            "keyed": lambda: eager_keyed(x, 7).sum().backward(),
-            "compiled": lambda: compiled_keyed(x, seed_t).sum().backward(),
+            "torch": lambda x=x: torch.nn.functional.dropout(x, P, training=True).sum().backward(),
+            "keyed": lambda x=x: eager_keyed(x, 7).sum().backward(),
+            "compiled": lambda x=x, seed_t=seed_t: compiled_keyed(x, seed_t).sum().backward(),
         }
         times: dict[str, list[float]] = {k: [] for k in variants}
         for round_ in range(args.warmup + args.repeats):
