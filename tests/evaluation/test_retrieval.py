@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from mmcse.evaluation.retrieval import coco_1k_folds, fold_mean, retrieval_metrics
+from mmcse.evaluation.retrieval import chance_metrics, chance_recalls, coco_1k_folds, fold_mean, retrieval_metrics
 
 
 def transcribed(image_emb, text_emb, text_image):
@@ -114,3 +114,30 @@ def test_any_block_size_gives_the_same_ranks_as_one_block(block):
     assert got == pytest.approx(transcribed(images, texts, owner.tolist()))
     ties = retrieval_metrics(np.ones((3, 4)), np.ones((6, 4)), [0, 0, 1, 1, 2, 2], block=block)
     assert (ties["i2t_R1"], ties["t2i_R1"], ties["i2t_R5"]) == (0.0, 0.0, 100.0)
+
+
+def test_chance_recalls_are_what_random_rankings_score_on_average():
+    """`chance_recalls` (the closed form) against `retrieval_metrics` of random embeddings, averaged over 3,000
+    draws: 7 images with 1 to 3 captions each (an image with more captions is found by chance more often)."""
+    text_image = [0, 0, 0, 1, 2, 2, 3, 4, 4, 4, 5, 6]
+    want = chance_recalls(text_image, 7)
+    rng = np.random.default_rng(0)
+    draws = [retrieval_metrics(rng.normal(size=(7, 16)), rng.normal(size=(12, 16)), text_image) for _ in range(3000)]
+    for key, value in want.items():
+        got = float(np.mean([d[key] for d in draws]))
+        spread = float(np.std([d[key] for d in draws])) / np.sqrt(len(draws))
+        assert abs(got - value) < 4 * spread + 1e-9, (key, got, value)
+    # a caption's image in the top K of N: K / N; an image with one of M captions: K / M
+    assert want["t2i_R5"] == pytest.approx(100 * 5 / 7)
+    one = chance_recalls(list(range(10)), 10)
+    assert one["i2t_R1"] == pytest.approx(10.0) and one["i2t_R10"] == pytest.approx(100.0)
+
+
+def test_the_demo_sets_chance_and_cocos_folds():
+    """100 images × 4 captions (the demo's test set): R@10 by chance ≈ 9.67 image→text, 10 text→image; COCO 5K's 1K
+    folds are each 1,000 images, so their chance is 1K's."""
+    demo = chance_metrics("demo", np.repeat(np.arange(100), 4), 100)
+    assert demo["demo_i2t_R10"] == pytest.approx(100 * (1 - np.prod([(396 - j) / (400 - j) for j in range(10)])))
+    assert demo["demo_t2i_R10"] == pytest.approx(10.0)
+    coco = chance_metrics("coco_5k", np.repeat(np.arange(5000), 5), 5000)
+    assert coco["coco_5k_t2i_R10"] == pytest.approx(0.2) and coco["coco_1k_t2i_R10"] == pytest.approx(1.0)

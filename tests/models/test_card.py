@@ -4,6 +4,7 @@ body names the method's paper, the resolved configuration, the commit and the en
 
 from __future__ import annotations
 
+import pytest
 import yaml
 from huggingface_hub import ModelCard
 
@@ -33,7 +34,12 @@ def test_the_card_parses_with_huggingface_hub_and_holds_the_scores(tmp_path):
     got = {(r.dataset_name, r.metric_type): r.metric_value for r in data.eval_results}
     assert got == {("STS12", "spearman_cosine"): tracked(70.123456),
                    ("STSBenchmark", "spearman_cosine"): tracked(80.98765), ("MR", "accuracy"): 81.25}
-    assert "| alignment | 0.5123 |" in card.text and "| demo_rsum | 27.0 |" in card.text
+    assert "| alignment | 0.5123 | mean squared distance" in card.text and "| demo_rsum | 27.0 | sum of" in card.text
+    assert "**Data**: trained on flickr30k image–caption pairs, the wiki1m text corpus" in card.text
+    assert "| method | kdmcse (KDMCSE:" in card.text
+    assert "| starts from | `bert-base-uncased` (pretrained) |" in card.text
+    # KDMCSE's points where its paper and its authors' code differ, as params.yaml sets them (the printed ones)
+    assert "| paper or code | as printed |" in card.text
     assert PAPERS["kdmcse"][1] in card.text and "mmcse commit: `0123abc`" in card.text
     assert "Python 3.11.7, torch 2.9.0" in card.text
     resolved = yaml.safe_load(card.text.split("```yaml\n")[1].split("```")[0])
@@ -47,6 +53,24 @@ def test_a_packaged_or_local_base_is_no_hub_id_and_the_demo_score_is_its_one_res
     (result,) = card.data.eval_results
     assert (result.dataset_name, result.metric_value) == ("mmcse demo STS", 66.1854)
     assert "starts from `packaged:all-MiniLM-L6-v2`" in card.text
+    assert "**Data: generated, not a benchmark.**" in card.text and "no benchmark result is claimed" in card.text
+
+
+def test_retrieval_scores_stand_beside_their_chance_level_and_every_score_has_its_scale(tmp_path):
+    """The chance column holds what `chance_metrics` gives for the test set (at eval.json's precision); every score
+    of the table says its measure and range."""
+    from mmcse.evaluation.retrieval import chance_metrics
+    from mmcse.models.card import score_scale
+
+    chance = chance_metrics("demo", [i // 4 for i in range(400)], 100)
+    scores = {"avg": 66.2, "demo_i2t_R10": 7.0, "demo_rsum": 27.0, "demo_NDCG25_rouge_l": 0.56, "uniformity": -1.9,
+              "STS12": 70.0, "MR": 80.0}
+    text = model_card(Config(), scores, ENV, "abc", chance=chance)
+    assert f"| demo_i2t_R10 | 7.0 | {score_scale('demo_i2t_R10')} | {tracked(chance['demo_i2t_R10'])} |" in text
+    assert tracked(chance["demo_i2t_R10"]) == pytest.approx(9.6662, abs=1e-4)
+    assert f"| demo_rsum | 27.0 | sum of the six R@K, 0–600 | {tracked(chance['demo_rsum'])} |" in text
+    assert all(score_scale(name) for name in scores)  # no score without its scale
+    assert "| avg | 66.2 | Spearman's correlation" in text and "| MR | 80.0 | accuracy ×100 |  |" in text
 
 
 def test_the_commit_is_this_checkouts_or_unknown(tmp_path):

@@ -178,6 +178,38 @@ def test_set_metrics(set_name: str, image_emb: np.ndarray, text_emb: np.ndarray,
     return scores
 
 
+def chance_recalls(text_image: Sequence[int], n_images: int) -> dict[str, float]:
+    """`retrieval_metrics`' keys as a random ranking scores them in expectation (×100): a caption's image is in the
+    top K of ``n_images`` with probability K / N_img; an image with c of the M captions has one of them in the top
+    K with probability 1 − C(M − c, K) / C(M, K) (`retrieval_ranks` ranks an image by its best caption). The
+    reference a trained model's R@K is read against."""
+    owner = check_text_image(text_image, len(text_image), n_images)
+    m = owner.size
+    per_image = np.bincount(owner, minlength=n_images)  # (N_img,) c of each image
+    scores: dict[str, float] = {}
+    for k in KS:
+        # C(M − c, K) / C(M, K) = Π_{j<K} (M − c − j) / (M − j): no huge binomials
+        j = np.arange(min(k, m))
+        miss = np.prod(np.clip(m - per_image[:, None] - j[None, :], 0, None) / (m - j[None, :]), axis=1)
+        scores[recall_key("i2t", k)] = float(100.0 * (1.0 - miss).mean())
+    for k in KS:
+        scores[recall_key("t2i", k)] = float(100.0 * min(k, n_images) / n_images)
+    scores[PRIMARY] = sum(scores.values())
+    return scores
+
+
+def chance_metrics(set_name: str, text_image: Sequence[int], n_images: int) -> dict[str, float]:
+    """`chance_recalls` of a test set under the keys `test_set_metrics` reports it with (COCO's 1K folds: their
+    mean)."""
+    scores = {f"{set_name}_{k}": v for k, v in chance_recalls(text_image, n_images).items()}
+    if set_name == "coco_5k" and n_images % 1000 == 0:
+        owner = np.asarray(text_image)
+        folds = [chance_recalls(owner[(owner >= f.start) & (owner < f.stop)] - f.start, len(f))
+                 for f in coco_1k_folds(n_images)]
+        scores |= {f"coco_1k_{k}": float(np.mean([f[k] for f in folds])) for k in folds[0]}
+    return scores
+
+
 def sentence_neighbours(captions: Sequence[str], embeddings: np.ndarray, text_image: Sequence[int],
                         queries: int, k: int) -> list[dict[str, object]]:
     """DALR Table 10: for ``queries`` captions spread evenly over the test set, the ``k`` most

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from mmcse.config import Config, to_dict
+from mmcse.config.readings import READING_POINTS, encoder_of, reading_summary, row_reading
 from mmcse.data.senteval import STS_TASKS, TRANSFER_TASKS
 from mmcse.environment import describe
 from mmcse.integrity.code import TRAINING_CODE, code_digest, code_files, source_state
@@ -81,10 +82,76 @@ def _eval_results(scores: dict[str, float]) -> list[Any]:
     return results
 
 
+# What a score's number is, by the end of its name (the first that matches): its measure and its range.
+SCALES: tuple[tuple[str, str], ...] = (
+    ("_rsum", "sum of the six R@K, 0–600"),
+    ("_R1", "recall@1: % of queries whose match ranks first, 0–100"),
+    ("_R5", "recall@5: % of queries with a match in the top 5, 0–100"),
+    ("_R10", "recall@10: % of queries with a match in the top 10, 0–100"),
+    ("alignment", "mean squared distance of positive pairs' unit vectors, 0–4, lower is closer"),
+    ("uniformity", "log of the mean Gaussian potential of all pairs, ≤ 0, lower is more uniform"),
+    ("silhouette", "silhouette of the t-SNE map's clusters, −1–1"),
+    ("transfer_avg", "mean accuracy of the transfer tasks ×100"),
+)
+
+
+def score_scale(name: str) -> str:
+    """The measure and range of the score ``name`` (`SCALES`; NDCG, STS and transfer tasks by their names)."""
+    if "NDCG" in name:
+        return "graded NDCG@K of the ranking, 0–1"
+    if name in STS_TASKS or name == "avg":
+        return "Spearman's correlation of cosine similarities ×100, −100–100"
+    if name in TRANSFER_TASKS:
+        return "accuracy ×100"
+    return next((scale for end, scale in SCALES if name.endswith(end)), "")
+
+
+def data_statement(cfg: Config) -> str:
+    """The card's first word on data: what the model saw and was scored on; the demo's generated sets say so."""
+    if cfg.data.pairs == "demo" and cfg.data.source == "demo":
+        return ("**Data: generated, not a benchmark.** Trained and scored on mmcse's demo world: images of generated "
+                "scenes with template captions, a generated text corpus and generated STS pairs (the download "
+                "stage writes them). Its scores show the pipeline ran end to end; they say nothing about Flickr30k, "
+                "COCO or SentEval, and no benchmark result is claimed.")
+    pairs = "no image–caption pairs" if cfg.data.pairs == "none" else f"{cfg.data.pairs} image–caption pairs"
+    corpus = f", the {cfg.data.corpus} text corpus" if cfg.data.corpus != "demo" else ", the generated text corpus"
+    sts = "SentEval's STS sets" if cfg.data.source == "senteval" else "the generated demo STS pairs"
+    return f"**Data**: trained on {pairs}{corpus}; STS scored on {sts}."
+
+
+def recipe_rows(cfg: Config) -> list[str]:
+    """The recipe in a short table: method, start, teachers, data, steps, the points where paper and code differ."""
+    t, joint = cfg.teachers, cfg.teachers.joint
+    text = ", ".join(f"{x.teacher} ×{x.weight}" for x in t.text) or "none"
+    method = cfg.train.method
+    own = {p.key: value for p in READING_POINTS if p.paper == method
+           for value in [_setting(cfg, p.key)]}
+    rows = [("method", f"{method} ({PAPERS.get(method, (method, ''))[0]})"),
+            ("starts from", f"`{cfg.model.name_or_path}` ({cfg.model.init})"),
+            ("teachers", f"image {t.image_encoder}; joint {joint.kind}"
+                         f"{'' if joint.kind == 'cca' else ' ' + joint.model}; text {text}"),
+            ("data", f"pairs {cfg.data.pairs}, corpus {cfg.data.corpus}, STS {cfg.data.source}"),
+            ("steps", f"{cfg.train.epochs} epoch(s), at most {cfg.train.max_steps or 'all'} steps, batch "
+                      f"{cfg.train.batch_size}, learning rate {cfg.train.learning_rate}, {cfg.train.precision}, "
+                      f"seed {cfg.base.seed}"),
+            ("paper or code", reading_summary(row_reading(own, encoder_of(cfg.model.name_or_path))))]
+    return ["| | |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)]
+
+
+def _setting(cfg: Config, dotted: str) -> Any:
+    value: Any = cfg
+    for part in dotted.split("."):
+        value = getattr(value, part)
+    return value
+
+
 def model_card(cfg: Config, scores: dict[str, float], environment: dict[str, str], commit: str,
-               model_name: str = "mmcse sentence encoder", changed: Sequence[str] = (), code: str = "") -> str:
+               model_name: str = "mmcse sentence encoder", changed: Sequence[str] = (), code: str = "",
+               chance: dict[str, float] | None = None) -> str:
     """The card's text for a model trained with ``cfg`` and scored ``scores`` (bare score names, as
-    `mmcse.pipeline.evaluate.run_evaluate` returns them) in ``environment`` (`mmcse.environment.environment`)."""
+    `mmcse.pipeline.evaluate.run_evaluate` returns them) in ``environment`` (`mmcse.environment.environment`);
+    ``chance``: what a random ranking scores on the same retrieval sets (`mmcse.evaluation.retrieval.
+    chance_metrics`), shown beside R@K."""
     from huggingface_hub import ModelCardData
 
     scores = tracked(dict(scores))  # the precision metrics/eval.json keeps: the card says the same numbers
@@ -99,12 +166,16 @@ def model_card(cfg: Config, scores: dict[str, float], environment: dict[str, str
         base_model=hub_base, datasets=datasets or None, model_name=model_name,
         eval_results=_eval_results(scores) or None)
     resolved = {k: v for k, v in to_dict(cfg).items() if k not in ("ablate", "sweep")}
-    rows = "\n".join(f"| {name} | {value} |" for name, value in sorted(scores.items()))
+    chance = tracked(dict(chance or {}))
+    rows = "\n".join(f"| {name} | {value} | {score_scale(name)} | {chance.get(name, '')} |"
+                     for name, value in sorted(scores.items()))
     return "\n".join([
         "---", data.to_yaml(), "---", "",
         f"# {model_name}", "",
+        data_statement(cfg), "",
         f"A sentence encoder trained with **{method}** by mmcse: {title}. It starts from `{base}` and encodes a "
         f"sentence into one vector (pooler `{cfg.evaluate.pooler}`, as it was scored).", "",
+        *recipe_rows(cfg), "",
         "**License**: not set. Add a `license:` to the metadata above before publishing, compatible with the "
         f"licenses of `{base}` and of the training data.", "",
         "## Use", "",
@@ -113,25 +184,25 @@ def model_card(cfg: Config, scores: dict[str, float], environment: dict[str, str
         'embeddings = model.encode(["A dog runs on the beach.", "A puppy plays in the sand."])',
         "print(model.similarity(embeddings, embeddings))", "```", "",
         "## Scores", "",
-        "The evaluate stage's test scores (`metrics/eval.json`, keyed `test_<name>` there): STS as Spearman's "
-        "correlation of cosine similarities ×100, transfer tasks as accuracy ×100, image–text retrieval as "
-        "R@K ×100.", "",
-        "| score | value |", "|---|---|", rows, "",
+        "The evaluate stage's test scores (`metrics/eval.json`, keyed `test_<name>` there), each with its scale. "
+        "Retrieval (`<set>_i2t_*`: an image's captions among all captions; `<set>_t2i_*`: a caption's image among all "
+        "images) is beside what a random ranking scores on the same set in expectation (chance).", "",
+        "| score | value | scale | chance |", "|---|---|---|---|", rows, "",
         "## Training", "",
         f"- mmcse commit: `{commit}`" + (f", **with uncommitted changes in** {', '.join(changed)}" if changed else ""),
         *([f"- training code digest: `{code}`"] if code else []),
         f"- environment: {describe(environment)}",
         f"- seed {cfg.base.seed}, {cfg.train.epochs} epoch(s) (max_steps {cfg.train.max_steps}), batch "
         f"{cfg.train.batch_size}, learning rate {cfg.train.learning_rate}, precision {cfg.train.precision}", "",
-        "The resolved configuration (params.yaml after profile and recipe):", "",
-        "```yaml", yaml.safe_dump(resolved, sort_keys=False, allow_unicode=True).rstrip(), "```", "",
+        "<details><summary>The resolved configuration (params.yaml after profile and recipe)</summary>", "",
+        "```yaml", yaml.safe_dump(resolved, sort_keys=False, allow_unicode=True).rstrip(), "```", "", "</details>", "",
         "## Citation", "",
         *(["```bibtex", bibtex, "```", ""] if bibtex else []),
     ])
 
 
 def write_model_card(folder: str | Path, cfg: Config, scores: dict[str, float], environment: dict[str, str],
-                     commit: str | None = None) -> Path:
+                     commit: str | None = None, chance: dict[str, float] | None = None) -> Path:
     """``folder/README.md`` (`model_card`), written atomically; returns its path. Without ``commit`` the card
     names the checkout's commit, any uncommitted change to its code (`source_state`: a model made from a dirty
     tree is not its commit's model) and the digest of the training code."""
@@ -142,5 +213,5 @@ def write_model_card(folder: str | Path, cfg: Config, scores: dict[str, float], 
         state = source_state()
         commit, changed = state["commit"], state["changed"]
         code = code_digest(code_files(TRAINING_CODE))[:16]
-    write_text(path, model_card(cfg, scores, environment, commit, changed=changed, code=code))
+    write_text(path, model_card(cfg, scores, environment, commit, changed=changed, code=code, chance=chance))
     return path

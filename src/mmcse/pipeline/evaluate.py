@@ -24,6 +24,7 @@ from mmcse.evaluation.names import test_metrics
 from mmcse.evaluation.ndcg import test_set_ndcg
 from mmcse.evaluation.plots import save_figure, sts_scatter
 from mmcse.evaluation.retrieval import (
+    chance_metrics,
     evaluate_test_set,
     neighbours_markdown,
     sentence_neighbours,
@@ -193,7 +194,9 @@ def run_evaluate(cfg: Config, paths: Paths, model_dir: Path, outputs: EvalOutput
     # with its model card (README.md: sentence-transformers keeps a folder's card when it saves the model)
     published = plots_dir is not None and (Path(model_dir) / "modules.json").is_file()
     if published and (Path(model_dir) / "train_state.json").is_file():  # mmcse trained it: the card says how
-        write_model_card(model_dir, cfg, scores, environment(cfg.base.device))
+        chance = (chance_metrics(test_set.set_name, test_set.text_image, test_set.image_emb.shape[0])
+                  if test_set is not None and test_set.image_emb is not None else None)
+        write_model_card(model_dir, cfg, scores, environment(cfg.base.device), chance=chance)
     model = (model_dir, [p.s1 for pairs in tasks.values() for p in pairs[:2]]) if published else None
     minutes = (time.perf_counter() - started) / 60.0
     record_evaluation(cfg, scores, outputs, EvaluationMade(
