@@ -28,6 +28,17 @@ class TrainingDiverged(RuntimeError):
     cause."""
 
 
+class StoppedEarly(Exception):
+    """Raised by a training's ``on_eval`` hook to end it as planned at a dev evaluation (a pruned sweep
+    trial): the loop writes the best checkpoint so far and a resume point before it propagates, and the
+    MLflow run ends FINISHED, not FAILED (`mmcse.tracking.run` reads ``mlflow_status``). The loop sets
+    ``best_score`` and ``best_step``: the checkpoint it wrote (the initial evaluation's, step 0, included)."""
+
+    mlflow_status = "FINISHED"
+    best_score: float = float("nan")
+    best_step: int = -1
+
+
 class StageError(RuntimeError):
     """A problem of what a stage runs on, not of its input: an output another process holds, a damaged
     or locked tracking store, a full disk, a server that did not start. One line: what, where, what to

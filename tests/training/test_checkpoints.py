@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from mmcse import tracking
 from mmcse.config import with_overrides
-from mmcse.errors import CorruptArtifact, TrainingDiverged
+from mmcse.errors import CorruptArtifact, StoppedEarly, TrainingDiverged
 from mmcse.experiments.params import load_config
 from mmcse.integrity.files import SEAL, check_model_folder, read_seal
 from mmcse.pipeline.evaluate import require_trained_with
@@ -117,6 +117,34 @@ def edit_training_code(monkeypatch, name="mmcse/methods/terms/mcse.py"):
 
 
 @pytest.mark.slow  # end to end: the full suite runs it (fast tier under 5 min)
+def test_a_planned_stop_leaves_its_best_checkpoint_and_a_resume_point_a_crash_does_not(project):
+    """`StoppedEarly` (a pruned sweep trial) at the step-2 evaluation, between checkpoints: the best weights
+    held so far and a resume point are written before it propagates; any other exception there is a crash,
+    which leaves nothing new (the folder as its last checkpoint left it)."""
+    cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 8, "train.eval_steps": 2,
+                                                       "train.checkpoint_steps": 8})
+    scores = {}
+
+    def prune_at_4(step, score):
+        scores[step] = score
+        if step == 4:
+            raise StoppedEarly("pruned at step 4")
+
+    with pytest.raises(StoppedEarly) as stopped:
+        train(cfg, "data/raw", "data/teachers", project / "pruned", hooks=Hooks(on_eval=prune_at_4, progress=False))
+    sealed = check_model_folder(project / "pruned/best", "")
+    assert sealed["step"] == stopped.value.best_step and sealed["config_hash"] == run_definition_hash(cfg)
+    # the best of the evaluations so far (the initial one, step 0, is not reported to on_eval)
+    assert stopped.value.best_score >= max(scores.values())
+    if stopped.value.best_step > 0:
+        assert scores[stopped.value.best_step] == stopped.value.best_score
+    assert json.loads((project / "pruned/last/state.json").read_text())["step"] == 4
+
+    with pytest.raises(Killed):
+        train(cfg, "data/raw", "data/teachers", project / "killed", hooks=Hooks(on_eval=kill_at(4), progress=False))
+    assert not (project / "killed/best").exists() and not (project / "killed/last").exists()
+
+
 def test_a_checkpoint_of_code_edited_since_is_trained_again_not_taken(project, cfg, monkeypatch):
     """A finished run, and a run killed after its first checkpoint, then an edit of a loss: DVC reruns
     the stage, which must train from step 0 (not stop at the sealed best/, not continue the resume

@@ -6,7 +6,9 @@ for many machines) and is resumed by name: any number of worker processes may ru
 or pruned): under a lock shared by the workers (`trial_lock`) a worker starts a trial only while
 finished + running trials are fewer. Running trials send heartbeats; one whose worker was
 killed goes stale after ``GRACE_PERIOD`` s, is failed, and its slot is run again.
-Each trial is an MLflow run nested under its worker's sweep run, with its params; both
+Each trial is an MLflow run nested under its worker's sweep run, with its params; its best checkpoint
+is a logged model of that run (`link_trial`: the drawn params, the best dev score, the study and trial as
+tags), and the trial's user attrs name the run, the model and the checkpoint. Sweep and trial runs
 carry the device ``base.device`` resolved to in the worker (`mmcse.models.device.device_tags`), so
 with one worker per GPU (``CUDA_VISIBLE_DEVICES=<i>``) every trial says which GPU ran it.
 """
@@ -34,13 +36,17 @@ from tqdm.auto import tqdm
 
 from mmcse import tracking
 from mmcse.config import RETRIEVAL_METHODS, Config, with_overrides
-from mmcse.errors import StageError, TrainingDiverged
+from mmcse.errors import StageError, StoppedEarly, TrainingDiverged
 from mmcse.experiments.upstream import resolve_on_record
 from mmcse.integrity.code import TRAINING_CODE, changed_code, code_digest, code_files
+from mmcse.integrity.files import SEAL
 from mmcse.io import at_home, ensure_sqlite_parent
 from mmcse.methods.objectives import Objective, check_sweep_space
 from mmcse.models.device import device_tags
 from mmcse.pipeline.train import JobArtifacts, RunNames, run_train
+from mmcse.records import folder_run_id
+from mmcse.tracking.lineage import link_checkpoint_model
+from mmcse.training.checkpoints import run_definition_hash
 from mmcse.training.engine import Hooks
 
 # A running trial records a heartbeat every HEARTBEAT_INTERVAL s (Optuna wants whole seconds);
@@ -60,6 +66,12 @@ WAIT = object()  # _next_trial: no trial for now, look again
 # reason) and counts towards n_trials: a space that diverges everywhere ends, the study goes on otherwise.
 DIVERGED_ATTR = "mmcse.diverged"
 CODE_ATTR = "mmcse.training_code"  # study user attr: {file: SHA-256} of the code its trials train with
+# the study -> MLflow links (the MLflow -> study ones are the runs' and models' tags, `trial_tags`): the
+# study's experiment, and each finished trial's run, logged model and checkpoint folder
+EXPERIMENT_ATTR = "mlflow_experiment_id"
+RUN_ATTR = "mlflow_run_id"
+MODEL_ATTR = "mlflow_model_id"
+CHECKPOINT_ATTR = "checkpoint"
 
 
 def suggest(trial: Any, space: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
@@ -130,31 +142,46 @@ def run_sweep(
     with (
         bar,
         tracking.tagged({**device_tags(cfg.base.device), **(tags or {})}),
-        tracking.run(cfg, "sweep", run_name=f"sweep {study_name}", tags={"study": study_name}) as parent,
+        tracking.run(cfg, "sweep", run_name=f"sweep {study_name}",
+                     tags={"study": study_name, **study_tags(study_name, storage_url)}) as parent,
     ):
         mlflow.log_params(sweep_params(cfg, study_name, n_trials, storage_url))
+        study.set_user_attr(EXPERIMENT_ATTR, parent.info.experiment_id)
 
         def objective(trial: optuna.Trial) -> float:
             overrides = suggest(trial, cfg.sweep.space)
             trial_cfg = with_overrides(cfg, overrides, where=f"sweep trial {trial.number}")
+            out_dir = out_root / f"trial-{trial.number}"
 
             def report(step: int, score: float) -> None:
                 bar.write(f"[sweep {study_name}] trial {trial.number}: step {step}, {objective_name(cfg)} {score:.2f}")
                 trial.report(score, step)
                 if trial.should_prune():
                     mlflow.set_tags({"optuna.pruned": f"step {step}", "optuna.state": "PRUNED"})
-                    pruned = optuna.TrialPruned(f"pruned at step {step} (dev {score:.2f})")
-                    pruned.mlflow_status = "FINISHED"  # stopped as planned: not a failure (tracking.run)
-                    raise pruned
+                    # a planned stop: the loop writes the best checkpoint first, the run ends FINISHED
+                    raise StoppedEarly(f"pruned at step {step} (dev {score:.2f})")
 
-            upstream = resolve_on_record(trial_cfg, paths, cfg.base.seed, "sweep", trial_run_name(trial.number),
-                                         parent.info.run_id)  # a trial's own upstream artifacts, before it trains
-            summary = run_train(
-                trial_cfg, paths, out_dir=out_root / f"trial-{trial.number}",
-                names=RunNames(experiment="sweep", run=trial_run_name(trial.number), parent_id=parent.info.run_id),
-                hooks=Hooks(on_eval=report, progress=False), job=JobArtifacts(cfg.base.seed, upstream),
-            )
-            trial.set_user_attr("mlflow_run_id", summary["run_id"])
+            # every run of the trial (its upstream's, its training's) names its study and trial
+            with tracking.tagged(trial_tags(study_name, trial.number, storage_url)):
+                upstream = resolve_on_record(trial_cfg, paths, cfg.base.seed, "sweep", trial_run_name(trial.number),
+                                             parent.info.run_id)  # a trial's own upstream artifacts, before it trains
+                try:
+                    summary = run_train(
+                        trial_cfg, paths, out_dir=out_dir,
+                        names=RunNames(experiment="sweep", run=trial_run_name(trial.number),
+                                       parent_id=parent.info.run_id),
+                        hooks=Hooks(on_eval=report, progress=False), job=JobArtifacts(cfg.base.seed, upstream),
+                    )
+                except StoppedEarly as pruned:
+                    # its best checkpoint up to the pruning step is a model too (the loop wrote it and says
+                    # which); none when no evaluation gave a finite score
+                    if pruned.best_step >= 0 and (out_dir / "best" / SEAL).is_file():
+                        run_id = folder_run_id(out_dir, config_hash=run_definition_hash(trial_cfg))
+                        link_trial(trial, study_name, storage_url, trial_cfg, overrides, run_id, out_dir / "best",
+                                   pruned.best_score, pruned.best_step, "PRUNED")
+                    raise optuna.TrialPruned(str(pruned)) from None
+            link_trial(trial, study_name, storage_url, trial_cfg, overrides, summary["run_id"],
+                       Path(summary["checkpoint"]), summary["best_dev"], summary["best_step"], "COMPLETE")
             return summary["best_dev"]  # dev STS, or DUET's val rsum
 
         waiting = False
@@ -204,6 +231,41 @@ def claim_study_code(study: Any, study_name: str, storage_url: str) -> None:
             f"(changed since: {changed_code(recorded, current)}); their values cannot be set against new trials'. "
             "Name a new study (sweep.study_name, or --study-name) or delete this one (optuna delete-study)")
     study.set_user_attr(CODE_ATTR, current)
+
+
+def study_tags(study_name: str, storage_url: str) -> dict[str, str]:
+    """The MLflow tags naming an Optuna study: its name and storage (without a password)."""
+    return {"optuna.study": study_name, "optuna.storage": masked_url(storage_url)}
+
+
+def trial_tags(study_name: str, number: int, storage_url: str) -> dict[str, str]:
+    """The MLflow tags of a trial's runs and model: its study (`study_tags`) and its number."""
+    return {**study_tags(study_name, storage_url), "optuna.trial_number": str(number)}
+
+
+def link_trial(trial: Any, study_name: str, storage_url: str, trial_cfg: Config, drawn: Mapping[str, Any],
+               run_id: str, checkpoint: Path, best: float, best_step: int, state: str) -> str:
+    """A finished trial's best checkpoint as an MLflow model of its run (`mmcse.tracking.lineage`): the
+    parameters the trial drew as the model's params, its best dev score and step as its metrics, the study
+    and trial as its tags; the trial's user attrs name the run, the model and the checkpoint, so each end
+    finds the other. Returns the model id."""
+
+    dev_key = "best_dev_rsum" if trial_cfg.train.method in RETRIEVAL_METHODS else "best_dev_sts"
+    model_id = link_checkpoint_model(
+        run_id, checkpoint, name=f"trial-{trial.number}", params=drawn,
+        metrics={dev_key: best, "best_step": best_step},
+        tags={**trial_tags(study_name, trial.number, storage_url), "optuna.state": state,
+              "method": trial_cfg.train.method},
+        model_type=f"mmcse {'retrieval model' if trial_cfg.train.method in RETRIEVAL_METHODS else 'student'}",
+    )
+    for key, value in {RUN_ATTR: run_id, MODEL_ATTR: model_id, CHECKPOINT_ATTR: str(checkpoint.resolve())}.items():
+        trial.set_user_attr(key, value)
+    return model_id
+
+
+def masked_url(url: str) -> str:
+    """A database URL as it may be shown: its password hidden."""
+    return sqlalchemy.engine.make_url(url).render_as_string(hide_password=True)
 
 
 def objective_name(cfg: Config) -> str:
@@ -308,7 +370,7 @@ def sweep_params(cfg: Config, study_name: str, n_trials: int, storage_url: str) 
         "sweep.study_name": study_name,
         "sweep.n_trials": str(n_trials),
         "sweep.direction": s.direction,
-        "sweep.storage": sqlalchemy.engine.make_url(storage_url).render_as_string(hide_password=True)[:500],
+        "sweep.storage": masked_url(storage_url)[:500],
         "sweep.space": json.dumps(s.space, sort_keys=True)[:6000],
         "sweep.pruner": f"median (startup {s.pruner_startup_trials} trials, warmup {s.pruner_warmup_steps} steps)",
     }

@@ -202,7 +202,8 @@ EXPERIMENT_DESCRIPTIONS = {
               "curves and `test_*` scores.",
     "sweep": "Optuna sweeps (mmcse sweep, Prefect flow sweep). One run per worker, named `sweep <study>`, "
              "with trials_finished and best_value; each trial is a nested run `trial <n>` whose value is its best "
-             "dev score (val rsum for duet / vsepp / vsrn).",
+             "dev score (val rsum for duet / vsepp / vsrn), and its best checkpoint the logged model `trial-<n>` "
+             "(the drawn params, the best dev score; tags optuna.study, optuna.trial_number).",
     "figures": "Figures comparing finished runs (mmcse figures), logged when no parent run is named.",
 }
 

@@ -25,7 +25,7 @@ from transformers import get_linear_schedule_with_warmup
 
 from mmcse import stopping
 from mmcse.config import RETRIEVAL_METHODS, Config, TrainConfig
-from mmcse.errors import StageError, TrainingDiverged, TrainingOutOfMemory
+from mmcse.errors import StageError, StoppedEarly, TrainingDiverged, TrainingOutOfMemory
 from mmcse.methods.objectives import STAT
 from mmcse.models.device import resolve_device
 from mmcse.models.precision import (
@@ -66,8 +66,9 @@ GRAD_NORM = f"{STAT}grad_norm"  # a step's gradient L2 norm before clipping: log
 class Hooks:
     """What a caller hears of a run: ``log_metrics`` receives batches of ``(metrics, step)`` (logged values are
     read back from the device every `FLUSH_EVERY` steps and at every dev evaluation, not per step);
-    ``on_eval(step, score)`` after each dev evaluation, which may raise to stop early (Optuna pruning);
-    ``progress``: a progress bar (rank 0 only)."""
+    ``on_eval(step, score)`` after each dev evaluation, which may raise to stop: `StoppedEarly` for a
+    planned stop (Optuna pruning: the best checkpoint so far and a resume point are written first), anything
+    else as a crash; ``progress``: a progress bar (rank 0 only)."""
 
     log_metrics: StepLogger | None = None
     on_eval: EvalCallback | None = None
@@ -387,7 +388,14 @@ class Loop:
         if evaluating:
             self.evaluate()
             if self.hooks.on_eval:
-                self.hooks.on_eval(state.step, self.last_dev)
+                try:
+                    self.hooks.on_eval(state.step, self.last_dev)
+                except StoppedEarly as stop:  # a planned stop leaves its best checkpoint and a resume point
+                    self.flush()
+                    self.save()
+                    self.checkpoints.wait()
+                    stop.best_score, stop.best_step = state.best_score, state.best_step
+                    raise
         if state.step % FLUSH_EVERY == 0 or checkpointing:
             self.flush()
         if checkpointing:
