@@ -32,6 +32,7 @@ def test_ui_commands_serve_the_project_stores_on_localhost(params):
     assert commands == {
         "mlflow": [sys.executable, "-m", "mlflow", "server",
                    "--backend-store-uri", f"sqlite:///{params}/mlruns/mlflow.db",
+                   "--registry-store-uri", f"sqlite:///{params}/mlruns/mlflow.db",
                    "--host", "127.0.0.1", "--port", "5123", "--workers", "1",
                    "--artifacts-destination", (params / "mlruns" / "artifacts").as_uri()],
         "optuna": ["/opt/bin/optuna-dashboard", f"sqlite:///{params}/mlruns/optuna.db",
@@ -47,6 +48,7 @@ def test_ui_commands_keep_a_server_store_as_given(params):
     Path("params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     commands = views.ui_commands(load_config("params.yaml"), dashboard="optuna-dashboard")
     assert commands["mlflow"][4:] == ["--backend-store-uri", "postgresql+psycopg://mmcse@db:5432/mlflow",
+                                      "--registry-store-uri", "postgresql+psycopg://mmcse@db:5432/mlflow",
                                       "--host", "127.0.0.1", "--port", "5000", "--workers", "1"]
     assert commands["optuna"][1] == "postgresql+psycopg://mmcse@db:5432/optuna"
 
@@ -86,6 +88,7 @@ def test_mmcse_ui_prints_both_urls_and_stops_both_on_ctrl_c(params, monkeypatch,
     assert "http://127.0.0.1:8124/" in out
     assert [p.cmd[0] for p in started] == [sys.executable, "/opt/bin/optuna-dashboard"]
     assert started[0].env["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false" and started[1].env is None
+    assert started[0].env["PYTHONWARNINGS"] == "ignore:starlette.middleware.wsgi is deprecated"
     assert all(p.terminated for p in started)
     assert out.rstrip().endswith("\nstopped MLflow and optuna-dashboard")  # a normal stop: one line, no "error"
 

@@ -65,12 +65,16 @@ def test_retrieval_scores_stand_beside_their_chance_level_and_every_score_has_it
     chance = chance_metrics("demo", [i // 4 for i in range(400)], 100)
     scores = {"avg": 66.2, "demo_i2t_R10": 7.0, "demo_rsum": 27.0, "demo_NDCG25_rouge_l": 0.56, "uniformity": -1.9,
               "STS12": 70.0, "MR": 80.0}
-    text = model_card(Config(), scores, ENV, "abc", chance=chance)
-    assert f"| demo_i2t_R10 | 7.0 | {score_scale('demo_i2t_R10')} | {tracked(chance['demo_i2t_R10'])} |" in text
+    untrained = {"avg": 41.23456, "demo_i2t_R10": 8.5, "demo_rsum": 30.0}  # no transfer tasks in the reference
+    text = model_card(Config(), scores, ENV, "abc", chance=chance, untrained=untrained)
+    assert (f"| demo_i2t_R10 | 7.0 | {score_scale('demo_i2t_R10')} | 8.5 | {tracked(chance['demo_i2t_R10'])} |"
+            in text)
     assert tracked(chance["demo_i2t_R10"]) == pytest.approx(9.6662, abs=1e-4)
-    assert f"| demo_rsum | 27.0 | sum of the six R@K, 0–600 | {tracked(chance['demo_rsum'])} |" in text
+    assert f"| demo_rsum | 27.0 | sum of the six R@K, 0–600 | 30.0 | {tracked(chance['demo_rsum'])} |" in text
     assert all(score_scale(name) for name in scores)  # no score without its scale
-    assert "| avg | 66.2 | Spearman's correlation" in text and "| MR | 80.0 | accuracy ×100 |  |" in text
+    assert f"| avg | 66.2 | {score_scale('avg')} | {tracked(41.23456)} |  |" in text
+    assert "| MR | 80.0 | accuracy ×100 |  |  |" in text
+    assert "| score | value | scale | untrained | chance |" in text
 
 
 def test_the_commit_is_this_checkouts_or_unknown(tmp_path):

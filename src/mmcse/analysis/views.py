@@ -87,7 +87,9 @@ def write_headline_views(cfg: Config) -> dict[str, list[str]]:
 UI_HOST = "127.0.0.1"  # the UIs have no login: this machine only (an SSH tunnel reaches them from elsewhere)
 # The MLflow server's background job runner (GenAI scorers, trace archival: 7 extra processes) is
 # off for `mmcse ui`: nothing of mmcse uses it, and the server starts in about half the time.
-UI_MLFLOW_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+# Its import of a deprecated Starlette module warns on every start; a user can do nothing about it.
+UI_MLFLOW_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+                 "PYTHONWARNINGS": "ignore:starlette.middleware.wsgi is deprecated"}
 
 
 def ui_commands(cfg: Config, port: int = 5000, dashboard_port: int = 8080,
@@ -99,8 +101,9 @@ def ui_commands(cfg: Config, port: int = 5000, dashboard_port: int = 8080,
     The MLflow server is started with `UI_MLFLOW_ENV` added to the environment."""
     tracking_uri = ensure_sqlite_parent(cfg.base.mlflow_tracking_uri)
     # one worker process: one user's browser; 4 (MLflow's default) take twice as long to start
+    # the registry in the same store, named: MLflow otherwise says so on every start
     mlflow_cmd = [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri,
-                  "--host", UI_HOST, "--port", str(port), "--workers", "1"]
+                  "--registry-store-uri", tracking_uri, "--host", UI_HOST, "--port", str(port), "--workers", "1"]
     if cfg.base.mlflow_tracking_uri.startswith("sqlite:///mlruns/"):
         # runs logged by mmcse name their artifact folder themselves; an experiment made in the UI
         # gets its artifacts next to them

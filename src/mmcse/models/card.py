@@ -147,11 +147,12 @@ def _setting(cfg: Config, dotted: str) -> Any:
 
 def model_card(cfg: Config, scores: dict[str, float], environment: dict[str, str], commit: str,
                model_name: str = "mmcse sentence encoder", changed: Sequence[str] = (), code: str = "",
-               chance: dict[str, float] | None = None) -> str:
+               chance: dict[str, float] | None = None, untrained: dict[str, float] | None = None) -> str:
     """The card's text for a model trained with ``cfg`` and scored ``scores`` (bare score names, as
     `mmcse.pipeline.evaluate.run_evaluate` returns them) in ``environment`` (`mmcse.environment.environment`);
     ``chance``: what a random ranking scores on the same retrieval sets (`mmcse.evaluation.retrieval.
-    chance_metrics`), shown beside R@K."""
+    chance_metrics`), shown beside R@K; ``untrained``: the scores of the encoder training started from on the
+    same sets (`mmcse.pipeline.evaluate.untrained_scores`)."""
     from huggingface_hub import ModelCardData
 
     scores = tracked(dict(scores))  # the precision metrics/eval.json keeps: the card says the same numbers
@@ -166,8 +167,8 @@ def model_card(cfg: Config, scores: dict[str, float], environment: dict[str, str
         base_model=hub_base, datasets=datasets or None, model_name=model_name,
         eval_results=_eval_results(scores) or None)
     resolved = {k: v for k, v in to_dict(cfg).items() if k not in ("ablate", "sweep")}
-    chance = tracked(dict(chance or {}))
-    rows = "\n".join(f"| {name} | {value} | {score_scale(name)} | {chance.get(name, '')} |"
+    chance, untrained = tracked(dict(chance or {})), tracked(dict(untrained or {}))
+    rows = "\n".join(f"| {name} | {value} | {score_scale(name)} | {untrained.get(name, '')} | {chance.get(name, '')} |"
                      for name, value in sorted(scores.items()))
     return "\n".join([
         "---", data.to_yaml(), "---", "",
@@ -186,8 +187,9 @@ def model_card(cfg: Config, scores: dict[str, float], environment: dict[str, str
         "## Scores", "",
         "The evaluate stage's test scores (`metrics/eval.json`, keyed `test_<name>` there), each with its scale. "
         "Retrieval (`<set>_i2t_*`: an image's captions among all captions; `<set>_t2i_*`: a caption's image among all "
-        "images) is beside what a random ranking scores on the same set in expectation (chance).", "",
-        "| score | value | scale | chance |", "|---|---|---|---|", rows, "",
+        "images) is beside what a random ranking scores on the same set in expectation (chance). *Untrained*: the "
+        f"encoder training started from (`{base}`, the method's heads as initialised) on the same sets.", "",
+        "| score | value | scale | untrained | chance |", "|---|---|---|---|---|", rows, "",
         "## Training", "",
         f"- mmcse commit: `{commit}`" + (f", **with uncommitted changes in** {', '.join(changed)}" if changed else ""),
         *([f"- training code digest: `{code}`"] if code else []),
@@ -202,7 +204,8 @@ def model_card(cfg: Config, scores: dict[str, float], environment: dict[str, str
 
 
 def write_model_card(folder: str | Path, cfg: Config, scores: dict[str, float], environment: dict[str, str],
-                     commit: str | None = None, chance: dict[str, float] | None = None) -> Path:
+                     commit: str | None = None, chance: dict[str, float] | None = None,
+                     untrained: dict[str, float] | None = None) -> Path:
     """``folder/README.md`` (`model_card`), written atomically; returns its path. Without ``commit`` the card
     names the checkout's commit, any uncommitted change to its code (`source_state`: a model made from a dirty
     tree is not its commit's model) and the digest of the training code."""
@@ -213,5 +216,6 @@ def write_model_card(folder: str | Path, cfg: Config, scores: dict[str, float], 
         state = source_state()
         commit, changed = state["commit"], state["changed"]
         code = code_digest(code_files(TRAINING_CODE))[:16]
-    write_text(path, model_card(cfg, scores, environment, commit, changed=changed, code=code, chance=chance))
+    write_text(path, model_card(cfg, scores, environment, commit, changed=changed, code=code, chance=chance,
+                                untrained=untrained))
     return path

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,11 +13,12 @@ import mlflow
 import numpy as np
 
 from mmcse import tracking
-from mmcse.config import RETRIEVAL_METHODS, Config
+from mmcse.config import RETRIEVAL_METHODS, Config, with_overrides
 from mmcse.data.images import ImagePixels
 from mmcse.data.senteval import TRANSFER_TASKS, SentencePair, TransferExample
 from mmcse.detection.regions import RegionStore
 from mmcse.environment import environment
+from mmcse.errors import TrainingDiverged
 from mmcse.evaluation.evaluators import EvaluationInputs, EvaluatorProgress, build_evaluators, run_evaluators
 from mmcse.evaluation.evaluators.sts import STSEvaluator
 from mmcse.evaluation.figures import TSNE_CLUSTERS, TSNE_POINTS, sample_sentences, tsne_figure
@@ -45,6 +48,10 @@ from mmcse.pipeline.relevance import relevance_for
 from mmcse.training.batches import teacher_set_folder
 from mmcse.training.checkpoints import code_change, run_definition_hash
 from mmcse.training.duet import RetrievalSplit, load_duet, split_embeddings
+from mmcse.training.engine import Hooks
+from mmcse.training.loop import train
+
+log = logging.getLogger(__name__)
 
 
 def require_trained_with(cfg: Config, model_dir: Path) -> str:
@@ -193,19 +200,46 @@ def run_evaluate(cfg: Config, paths: Paths, model_dir: Path, outputs: EvalOutput
     # the stage's student as an MLflow model of its run (ablation jobs and trials would copy one per job),
     # with its model card (README.md: sentence-transformers keeps a folder's card when it saves the model)
     published = plots_dir is not None and (Path(model_dir) / "modules.json").is_file()
+    untrained: dict[str, float] | None = None
     if published and (Path(model_dir) / "train_state.json").is_file():  # mmcse trained it: the card says how
         chance = (chance_metrics(test_set.set_name, test_set.text_image, test_set.image_emb.shape[0])
                   if test_set is not None and test_set.image_emb is not None else None)
-        write_model_card(model_dir, cfg, scores, environment(cfg.base.device), chance=chance)
+        untrained = untrained_scores(cfg, paths, trained_on)
+        write_model_card(model_dir, cfg, scores, environment(cfg.base.device), chance=chance, untrained=untrained)
     model = (model_dir, [p.s1 for pairs in tasks.values() for p in pairs[:2]]) if published else None
     minutes = (time.perf_counter() - started) / 60.0
+    dicts = {"evaluation/sts_predictions.json": predictions,
+             **({"evaluation/untrained_scores.json": untrained} if untrained else {})}
     record_evaluation(cfg, scores, outputs, EvaluationMade(
-        fig, examples, tsne, {"evaluation/sts_predictions.json": predictions}, model=model,
+        fig, examples, tsne, dicts, model=model,
         folders={"mteb": mteb_dir} if mteb_dir is not None and mteb_tasks else {},
         tags={COLLAPSED_TAG: collapsed_message(result.collapsed)} if result.collapsed else {}, minutes=minutes))
     if outputs.run_id:  # beside the run's record too: a plan's estimate reads it without MLflow
         tracking.note_run(Path(model_dir).parent, eval_minutes=minutes)
     return scores
+
+
+UNTRAINED_EVALUATORS = ("sts", "geometry", "retrieval")  # the untrained reference's: its seconds, not minutes
+
+
+def untrained_scores(cfg: Config, paths: Paths, trained_on: TrainedOn) -> dict[str, float] | None:
+    """The scores of the encoder a training of ``cfg`` starts from — ``model.name_or_path`` with the method's
+    heads as initialised at step 0 (``train.epochs: 0``, made in a scratch folder removed after) — on the same
+    test sets (STS, geometry, retrieval: `UNTRAINED_EVALUATORS`): the model card's "untrained" column, so
+    what training added reads beside what the start already scored. None when no dev evaluation of it gives a
+    finite score (nothing to hold as a checkpoint)."""
+
+    initial = with_overrides(cfg, {"train.epochs": 0, "evaluate.mteb": [], "evaluate.retrieval.examples": 0,
+                                   "evaluate.evaluators": list(UNTRAINED_EVALUATORS)}, where="the untrained reference")
+    raw = trained_on.data_dir or paths.raw
+    teachers = trained_on.teacher_manifest.parent if trained_on.teacher_manifest else paths.teachers
+    with tempfile.TemporaryDirectory(prefix="mmcse-untrained-") as scratch:
+        try:
+            start = train(initial, raw, teachers, Path(scratch) / "untrained", Hooks(progress=False))
+        except TrainingDiverged as err:
+            log.warning("no untrained reference on the model card: %s", err)
+            return None
+        return run_evaluate(initial, paths, start.best_dir, trained_on=trained_on, transfer=False)
 
 
 def record_evaluation(cfg: Config, scores: dict[str, float], outputs: EvalOutputs, made: EvaluationMade) -> None:
