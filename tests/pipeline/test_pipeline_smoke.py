@@ -67,6 +67,16 @@ def test_dvc_repro_produces_every_artifact(repo_copy):
     assert scores["demo_rsum"] == pytest.approx(sum(scores[k] for k in retrieval - {"demo_rsum"}), abs=1e-3)
     table = (root / "plots/sentence_retrieval.md").read_text()
     assert table.count("| 1 |") == 5 and table.count("| 3 |") == 5  # 5 queries × 3 neighbours
+    # issue 56: the card's first screen says what data the model saw; its score table is eval.json's, retrieval
+    # beside the untrained encoder's and chance's
+    card = (root / "models/student/best/README.md").read_text().split("\n---\n", 1)[1].lstrip()
+    assert card.splitlines()[2].startswith("**Data: generated, not a benchmark.**")
+    rows = {cells[0]: cells[1:] for line in card.splitlines() if line.startswith("| ")
+            and len(cells := [c.strip() for c in line.strip("|").split("|")]) == 5}
+    assert rows.pop("score") == ["value", "scale", "untrained", "chance"]
+    assert {name: float(cells[0]) for name, cells in rows.items()} == scores
+    for name in retrieval:
+        assert rows[name][2] and rows[name][3], name  # an untrained and a chance number beside each R@K
 
 
 def test_every_long_stage_says_what_it_is_doing_and_the_table_fits_120_columns(repo_copy):
