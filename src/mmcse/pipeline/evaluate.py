@@ -176,7 +176,13 @@ def run_evaluate(cfg: Config, paths: Paths, model_dir: Path, outputs: EvalOutput
             retrieval=retrieval_scores if retrieval else None,
             data_dir=raw, batch_size=cfg.evaluate.batch_size, device=str(device), asked=tuple(cfg.evaluate.evaluators),
         ))
-        steps = EvaluatorProgress([e.label for e in evaluators] + (["t-SNE"] if plots_dir is not None else []),
+        # the stage's student as an MLflow model of its run (ablation jobs and trials would copy one per job), with
+        # its model card (README.md: sentence-transformers keeps a folder's card when it saves the model) when mmcse
+        # trained it; the card's untrained reference is the stage's last step
+        published = plots_dir is not None and (Path(model_dir) / "modules.json").is_file()
+        carded = published and (Path(model_dir) / "train_state.json").is_file()
+        steps = EvaluatorProgress([e.label for e in evaluators] + (["t-SNE"] if plots_dir is not None else [])
+                                  + (["untrained reference"] if carded else []),
                                   show=plots_dir is not None)  # the stage shows it; an ablation job prints its line
         scores = run_evaluators(evaluators, encoder, steps)
     result = next(e.result for e in evaluators if isinstance(e, STSEvaluator))
@@ -196,16 +202,14 @@ def run_evaluate(cfg: Config, paths: Paths, model_dir: Path, outputs: EvalOutput
     # per-pair predictions, so figures comparing runs (`mmcse figures`) need no re-encoding
     predictions = {task: {"cos": cos.tolist(), "gold": gold.tolist()}
                    for task, (cos, gold) in result.predictions.items()}
-    steps.close()
-    # the stage's student as an MLflow model of its run (ablation jobs and trials would copy one per job),
-    # with its model card (README.md: sentence-transformers keeps a folder's card when it saves the model)
-    published = plots_dir is not None and (Path(model_dir) / "modules.json").is_file()
     untrained: dict[str, float] | None = None
-    if published and (Path(model_dir) / "train_state.json").is_file():  # mmcse trained it: the card says how
+    if carded:  # mmcse trained it: the card says how
+        steps.next()
         chance = (chance_metrics(test_set.set_name, test_set.text_image, test_set.image_emb.shape[0])
                   if test_set is not None and test_set.image_emb is not None else None)
         untrained = untrained_scores(cfg, paths, trained_on)
         write_model_card(model_dir, cfg, scores, environment(cfg.base.device), chance=chance, untrained=untrained)
+    steps.close()
     model = (model_dir, [p.s1 for pairs in tasks.values() for p in pairs[:2]]) if published else None
     minutes = (time.perf_counter() - started) / 60.0
     dicts = {"evaluation/sts_predictions.json": predictions,
