@@ -45,7 +45,8 @@ def test_every_point_defaults_to_the_paper_as_printed_and_is_a_valid_setting_doc
     params = flatten(yaml.safe_load((REPO / "params.yaml").read_text()))
     methods_doc = (REPO / "docs/methods.md").read_text()
     for point in READING_POINTS:
-        assert defaults[point.key] == point.printed == params[point.key], point.key
+        assert defaults[point.key] == point.default_value == params[point.key], point.key
+        assert point.default is None or point.default == point.code_value("bert")  # the prose, which the code follows
         for encoder in ("bert", "roberta"):
             with_overrides(Config(), {point.key: point.code_value(encoder)}, where="test")  # a valid value
         assert point.printed != point.code_value("bert") or point.printed != point.code_value("roberta")
@@ -66,7 +67,9 @@ def test_reading_values_printed_code_and_each_papers_recipe():
     assert recipe == {"loss.kdmcse.margin_similarity": "within", "loss.kdmcse.pair_objective": "kdmcse",
                       "loss.dalr.simcse_on_pairs": True, "loss.dalr.info_views": "mean",
                       "loss.dalr.info_weight": 0.1, "loss.dalr.consistency_scale": 0.01,
-                      "loss.dalr.teacher_space": "projected"}
+                      "loss.dalr.teacher_space": "projected", "loss.mcse.image_views": "mean",
+                      "teachers.joint.model": "openai/clip-vit-base-patch32", "loss.kdmcse.margin": 0.125,
+                      "loss.kdmcse.threshold": 0.9, "loss.kdmcse.threshold_drops": "above"}
     with pytest.raises(ValueError, match="unknown reading 'paper'; readings: recipe, printed, code"):
         reading_values("paper", None, recipes)
 
@@ -112,11 +115,15 @@ def test_under_a_dalr_profile_a_table_runs_as_its_recipes_as_printed_or_as_the_c
                 assert {e["follows"] for e in row["reading"]} <= {"code"}
     kd = by_reading["recipe"]["KDMCSE"]["reading"]
     assert {e["key"]: e["follows"] for e in kd}["loss.kdmcse.margin_similarity"] == "code"
-    assert by_reading["recipe"]["MCSE"]["reading"] == []
+    # MCSE's recipe is its authors' run: the mean of the views' image term (and no CLIP teacher to read)
+    assert [(e["key"], e["follows"]) for e in by_reading["recipe"]["MCSE"]["reading"]] == [
+        ("loss.mcse.image_views", "code")]
     text = plan_text(plan(params, "dalr-table4"), {})
     assert "profile dalr-flickr-bert, preset dalr-table4, reading recipe, seeds [1, 2, 3, 4, 5]" in text
-    assert "\nMCSE: mcse, recipe mcse (bert)\n  reading: as printed (no point where paper and code differ)\n" in text
-    assert "\nKDMCSE: kdmcse, recipe kdmcse (bert)\n  reading: loss.kdmcse.margin_similarity: 'within' (code; " in text
+    assert ("\nMCSE: mcse, recipe mcse (bert)\n  reading: loss.mcse.image_views: 'mean' (code; printed 'sum')\n"
+            in text)
+    assert ("\nKDMCSE: kdmcse, recipe kdmcse (bert)\n  reading: loss.kdmcse.threshold_drops: 'above' (code; printed "
+            "'below'); loss.kdmcse.margin_similarity: 'within' (code; ") in text
     assert "base.seed" not in text  # the seeds are the first line's, not a setting of the first seed
     # the job identity follows the reading: both tables can sit in one store, side by side
     hashes = {}
@@ -124,7 +131,7 @@ def test_under_a_dalr_profile_a_table_runs_as_its_recipes_as_printed_or_as_the_c
         cfg = load_config(params, {"ablate.preset": "dalr-table4", "ablate.reading": reading})
         hashes[reading] = {j.variant: job_hash(job_config(cfg, j)) for j in expand(cfg) if j.seed == 1}
     assert hashes["printed"]["DALR"] != hashes["code"]["DALR"]
-    assert hashes["printed"]["MCSE"] == hashes["code"]["MCSE"]  # no point where MCSE's paper and code differ
+    assert hashes["printed"]["MCSE"] != hashes["code"]["MCSE"]  # the views' sum or their mean
     # the command line, and a bad reading in one line listing the valid ones
     assert cli_main(["plan", "--params", str(params), "--preset", "dalr-table4", "--reading", "printed"]) in (0, None)
     assert "reading printed" in capsys.readouterr().out

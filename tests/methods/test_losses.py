@@ -141,7 +141,7 @@ def test_every_loss_returns_tensors_on_the_input_device(device):
     a, b, c = r(6, 5), r(6, 5), r(6, 5)
     feats = r(6, 8).detach()
     alpha = cosine_matrix(feats, feats)  # (6, 6) teacher cosines
-    keep = threshold_keep_mask(alpha, 0.3)
+    keep = threshold_keep_mask(alpha, 0.3, "above")
     ranking = teacher_rankings(alpha, torch.Generator().manual_seed(0))
     ranking_no_diag = teacher_rankings(alpha, torch.Generator().manual_seed(0), include_diagonal=False)
     mismatch = mismatch_permutation(6, "derangement", torch.Generator().manual_seed(0)).to(device)
@@ -156,7 +156,7 @@ def test_every_loss_returns_tensors_on_the_input_device(device):
         "simcse": simcse_loss(a, b, 0.05),
         "mcse_image": mcse_image_loss(a, b, c, 0.05),
         "threshold_keep_mask": keep,
-        "threshold_keep_mask_off": threshold_keep_mask(alpha, None),
+        "threshold_keep_mask_off": threshold_keep_mask(alpha, None, "above"),
         "adapacse": adapacse_loss(a, c, 0.05, 0.1, alpha, keep),
         "adapacse_plain": adapacse_loss(a, c, 0.05),
         "kdmcse_term": image,

@@ -88,6 +88,7 @@ def test_kdmcse_is_algorithm1_eq14_of_eq13_per_view_with_projected_soft_labels(d
     raw-CLIP soft labels."""
     e = _embeddings(1)
     cfg = _cfg(**{"train.method": "kdmcse", "loss.lambda_img": 0.5, "loss.kdmcse.threshold": 0.3,
+                  "loss.kdmcse.threshold_drops": "above",
                   "loss.kdmcse.margin": 0.1, "loss.kdmcse.soft_labels": "projections",
                   "loss.kdmcse.margin_similarity": "within"})
     terms = _step(device, cfg, e)
@@ -122,9 +123,13 @@ def test_kdmcse_is_algorithm1_eq14_of_eq13_per_view_with_projected_soft_labels(d
 
 def test_kdmcse_defaults_are_the_paper_as_printed_and_its_recipe_names_the_code(device):
     """Eq. 7's α on the CLIP features t̂, v̂ and the margin from text-text / text-visual α by default (the
-    printed paper); the kdmcse recipe keeps the printed α (the code agrees) and takes the code's α^{v,v} margin."""
+    printed paper), Eq. 8's filter dropping the negatives above the threshold (its prose and the code: the equation
+    as typeset, which drops those below, contradicts them); the kdmcse recipe keeps the printed α (the code agrees)
+    and takes the code's α^{v,v} margin."""
     cfg = _cfg(**{"train.method": "kdmcse", "loss.kdmcse.threshold": 0.3, "loss.kdmcse.margin": 0.1})
     assert (cfg.loss.kdmcse.soft_labels, cfg.loss.kdmcse.margin_similarity) == ("clip", "cross")
+    assert (cfg.loss.kdmcse.threshold_drops, cfg.loss.kdmcse.text_filter, cfg.loss.kdmcse.margin_gate) == (
+        "above", "tt", "every")
     e = _embeddings(1)
     a_tv, a_tt, _ = _alphas(e.joint_text, e.joint_image)
     image = sum(eq13_loop(s, e.teacher_image, 0.05, 0.1, a_tv, a_tv, 0.3) for s in (e.s1, e.s2))
@@ -134,6 +139,7 @@ def test_kdmcse_defaults_are_the_paper_as_printed_and_its_recipe_names_the_code(
     assert float(terms["kdmcse_text"]) == pytest.approx(text, abs=1e-6)
     recipe = load_recipes(REPO)["kdmcse"].values("bert")
     assert (recipe["loss.kdmcse.soft_labels"], recipe["loss.kdmcse.margin_similarity"]) == ("clip", "within")
+    assert recipe["loss.kdmcse.threshold_drops"] == "above"
 
 
 def _eq13_torch(s, m, tau, margin, alpha_margin, alpha_filter, threshold):
@@ -156,6 +162,7 @@ def test_kdmcse_gradients_treat_the_soft_labels_as_labels(device):
     """The projections g_φt(t̂), g_φv(v̂) get gradient as Eq. 13's candidates, none through α."""
     e = _embeddings(12)
     cfg = _cfg(**{"train.method": "kdmcse", "loss.kdmcse.threshold": 0.4, "loss.kdmcse.margin": 0.15,
+                  "loss.kdmcse.threshold_drops": "above",
                   "loss.kdmcse.soft_labels": "projections", "loss.kdmcse.margin_similarity": "within"})
     leaves = {name: getattr(e, name).clone().requires_grad_(True) for name in ("s1", "s2", "teacher_text",
                                                                                 "teacher_image")}
@@ -174,7 +181,7 @@ def test_kdmcse_gradients_treat_the_soft_labels_as_labels(device):
 def test_kdmcse_threshold_above_every_similarity_equals_no_filtering(device):
     e = _embeddings(2)
     base = {"train.method": "kdmcse", "loss.kdmcse.soft_labels": "projections",
-            "loss.kdmcse.margin_similarity": "within"}
+            "loss.kdmcse.margin_similarity": "within", "loss.kdmcse.threshold_drops": "above"}
     above = _step(device, _cfg(**base, **{"loss.kdmcse.threshold": 1.0}), e)
     off = _step(device, _cfg(**base, **{"loss.kdmcse.threshold": "off"}), e)
     assert float(above["loss"]) == pytest.approx(float(off["loss"]), abs=1e-12)
@@ -199,11 +206,12 @@ def test_kdmcse_angular_margin_on_text_batches(device):
     zeros = torch.zeros(N, N, dtype=torch.float64)  # Δ = |1 − 0| = 1: the same margin on every negative
     assert float(terms["simcse"]) == pytest.approx(eq13_loop(e.z1, e.z2, 0.05, 0.2, zeros, zeros, None), abs=1e-6)
     assert float(terms["simcse"]) > float(simcse_loss(e.z1, e.z2, 0.05))  # the margin makes negatives harder
-    # pair batches: no SimCSE under Algorithm 1; plain SimCSE with the authors' objective
+    # pair batches: no SimCSE under Algorithm 1; with the authors' objective their SimCSE term carries the same
+    # margin (their MCSE.compute_loss scores every batch with one ArcSimilarity)
     assert "simcse" not in _step(device, cfg, _embeddings(3))
     code = with_overrides(cfg, {"loss.kdmcse.pair_objective": "simcse_plus_kdmcse"})
     pair = _step(device, code, _embeddings(3))
-    assert float(pair["simcse"]) == pytest.approx(eq1_loop(e.z1, e.z2, 0.05), abs=1e-6)
+    assert float(pair["simcse"]) == pytest.approx(eq13_loop(e.z1, e.z2, 0.05, 0.2, zeros, zeros, None), abs=1e-6)
 
 
 DALR = {"train.method": "dalr"}

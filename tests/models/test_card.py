@@ -38,8 +38,9 @@ def test_the_card_parses_with_huggingface_hub_and_holds_the_scores(tmp_path):
     assert "**Data**: trained on flickr30k image–caption pairs, the wiki1m text corpus" in card.text
     assert "| method | kdmcse (KDMCSE:" in card.text
     assert "| starts from | `bert-base-uncased` (pretrained) |" in card.text
-    # KDMCSE's points where its paper and its authors' code differ, as params.yaml sets them (the printed ones)
-    assert "| paper or code | as printed |" in card.text
+    # KDMCSE's points where its paper and its authors' code differ, as params.yaml sets them: the printed ones, but
+    # Eq. 8's direction, where params.yaml follows the paper's prose and the code against the equation as typeset
+    assert "| paper or code | loss.kdmcse.threshold_drops: 'above' (code; printed 'below') |" in card.text
     assert PAPERS["kdmcse"][1] in card.text and "mmcse commit: `0123abc`" in card.text
     assert "Python 3.11.7, torch 2.9.0" in card.text
     resolved = yaml.safe_load(card.text.split("```yaml\n")[1].split("```")[0])

@@ -2,9 +2,11 @@
 
 A **reading point** is one parameter whose value the printed paper gives one way and the authors' code
 another (docs/methods.md, "Paper and code, side by side"). params.yaml's default of every point is the
-printed value; a recipe (`recipes/<paper>.yaml`) may take the code's, and a table is run under one of
-three **readings** (``ablate.reading``): ``recipe`` (each point as the recipe of its paper sets it),
-``printed`` (every point as printed) or ``code`` (every point as the authors' code has it).
+printed value (where the paper prints none, mmcse's choice, ``not_printed``; where an equation as
+typeset contradicts the paper's own prose, the prose's, ``default``); a recipe (`recipes/<paper>.yaml`)
+may take the code's, and a table is run under one of three **readings** (``ablate.reading``): ``recipe``
+(each point as the recipe of its paper sets it), ``printed`` (every point as printed) or ``code`` (every
+point as the authors' code has it).
 
 A point belongs to the paper whose equation it concerns (``loss.dalr.*`` to DALR, whichever method's row
 reads it), so within one table every row that reads a point has the same value (a DALR term on a KDMCSE
@@ -30,6 +32,16 @@ class ReadingPoint:
     code: Any  # a value, or one per encoder ({"bert": ..., "roberta": ...})
     printed_source: str
     code_source: str
+    # the paper prints no value: ``printed`` is mmcse's choice where it is silent (the default), said so
+    not_printed: bool = False
+    # where the paper contradicts itself (an equation as typeset against its own prose): params.yaml's default, the
+    # prose's value; None: the default is ``printed``
+    default: Any = None
+
+    @property
+    def default_value(self) -> Any:
+        """params.yaml's value of the point: the printed one, or the prose's where the paper contradicts itself."""
+        return self.printed if self.default is None else self.default
 
     def code_value(self, encoder: str | None) -> Any:
         """The code's value for ``encoder`` (a per-encoder value with no encoder known: BERT's, the papers'
@@ -42,7 +54,39 @@ class ReadingPoint:
         return f"printed: {self.printed_source}; code: {self.code_source}"
 
 
+# The released code the ``code`` sources cite (repository @ commit): uds-lsv/MCSE @ 3031426,
+# duyngtr16061999/KDMCSE @ 33270bc, Hekang001/DALR @ c53e1fc, princeton-nlp/SimCSE @ 49fa580
+# (tests/methods/test_authors_code.py transcribes their loss functions line by line).
 READING_POINTS: tuple[ReadingPoint, ...] = (
+    ReadingPoint("mcse", "loss.mcse.image_views", "the two views of MCSE's image term", "sum", "mean",
+                 "kdmcse.txt Eq. 3 (Σ over z, z')",
+                 "uds-lsv/MCSE src/model.py l.194 ((loss(p1) + loss(p2)) / 2); src/train_mix.py l.383"),
+    ReadingPoint("kdmcse", "teachers.joint.model", "the CLIP teacher", "openai/clip-vit-base-patch32",
+                 "openai/clip-vit-large-patch14",
+                 "kdmcse.txt §4.2 (clip-vit-base-patch32); dalr.txt App. B (CLIP-ViT-B/32)",
+                 "KDMCSE src/train_mix.py l.292 (ClipVisnModel(768)), scripts IMG=*_ViT_L14.json; "
+                 "DALR scripts CLIP_MODEL=ViT-L-14.pt"),
+    ReadingPoint("kdmcse", "loss.kdmcse.margin", "AdapACSE's margin m (image and text terms)", 0.125, 0.15,
+                 "kdmcse.txt Fig. 7 (m = 0.125)",
+                 "scripts/run_wiki_{flickr,coco}.sh MARGIN2=0.15 (--margin2: sim_vl, src/model.py l.244)"),
+    ReadingPoint("kdmcse", "loss.kdmcse.text_margin", "the SimCSE term's constant angular margin", 0.1, 0.15,
+                 "none (Algorithm 1 trains plain SimCSE; 0.1 is train_mix.py's --margin1 default)",
+                 "scripts/run_wiki_{flickr,coco}.sh MARGIN1=0.15 (--margin1: self.sim, src/model.py l.243)",
+                 not_printed=True),
+    ReadingPoint("kdmcse", "loss.kdmcse.margin_gate", "which negatives the angular margin shifts", "every",
+                 "beyond_margin", "kdmcse.txt Eq. 12 (every j ≠ i)",
+                 "src/model.py l.78–80 (ArcSimilarity.calculate_arccos2: only where θ_ij > m)"),
+    ReadingPoint("kdmcse", "loss.kdmcse.threshold", "threshold filtering (Eq. 8)", 0.9, "off",
+                 "kdmcse.txt §6.2 ('a threshold of about 0.85-0.9')",
+                 "scripts pass no --using_threshhold (src/train_mix.py l.220–223, src/model.py l.294): off; "
+                 "with it, SCORE_BASE=0.8 on the raw scores"),
+    ReadingPoint("kdmcse", "loss.kdmcse.threshold_drops", "which negatives Eq. 8 removes", "below", "above",
+                 "kdmcse.txt Eq. 8 as typeset (φ = 0 if α < threshold); its prose (§3.2 'remove noisy negative "
+                 "samples', §6.2) removes the similar ones, params.yaml's default",
+                 "src/train_mix.py l.332–337 (−99999.99 where the score > score_base)", default="above"),
+    ReadingPoint("kdmcse", "loss.kdmcse.text_filter", "the scores that filter the text term", "tt", "vt",
+                 "kdmcse.txt Eq. 9 (φ^{t,t})",
+                 "src/train_mix.py l.322, l.332; src/model.py l.297 (vc_slabels: image i · caption j)"),
     ReadingPoint("kdmcse", "loss.kdmcse.margin_similarity", "similarity behind Δ of the image term",
                  "cross", "within", "kdmcse.txt §3.3 (Eq. 12–13: α^{t,v})",
                  "src/model.py l.286 (slabels=vv_scores)"),
@@ -68,8 +112,9 @@ READING_POINTS: tuple[ReadingPoint, ...] = (
                  "dalr.txt Eq. 3, 7 (h^t = g_φt(f_t(t)), h^v)",
                  "src/model_modified.py l.741–745 (the raw teacher and CLIP image features)"),
     ReadingPoint("simcse", "loss.simcse.mlm_head", "the LM head of the MLM objective", "pretrained",
-                 {"bert": "new", "roberta": "pretrained"}, "SimCSE App. E (not printed: the checkpoint's own)",
-                 "simcse/models.py BertForCL (a new lm_head for BERT; RoBERTa's own)"),
+                 {"bert": "new", "roberta": "pretrained"}, "none (SimCSE App. E names no head; mmcse: the "
+                 "checkpoint's own)", "simcse/models.py BertForCL (a new lm_head for BERT; RoBERTa's own)",
+                 not_printed=True),
 )
 
 
@@ -110,17 +155,22 @@ def row_reading(reads: Mapping[str, Any], encoder: str | None) -> list[dict[str,
             value = reads[point.key]
             out.append({"key": point.key, "what": point.what, "value": value,
                         "follows": follows(point, value, encoder), "printed": point.printed,
-                        "code": point.code_value(encoder), "source": point.source()})
+                        "not_printed": point.not_printed, "code": point.code_value(encoder),
+                        "source": point.source()})
     return out
 
 
 def reading_summary(entries: list[dict[str, Any]]) -> str:
     """One line: ``as printed`` when a row follows the printed text at every point it reads, else the
-    points where it does not (``loss.dalr.info_weight: 0.1 (code; printed 1.0)``)."""
+    points where it does not (``loss.dalr.info_weight: 0.1 (code; printed 1.0)``; a point the paper prints no
+    value for: ``(code; not printed, default 'pretrained')``)."""
     off = [e for e in entries if e["follows"] != "printed"]
     if not off:
         return "as printed" + ("" if entries else " (no point where paper and code differ)")
-    return "; ".join(f"{e['key']}: {e['value']!r} ({e['follows']}; printed {e['printed']!r})" for e in off)
+    def printed(e: dict[str, Any]) -> str:
+        return f"not printed, default {e['printed']!r}" if e.get("not_printed") else f"printed {e['printed']!r}"
+
+    return "; ".join(f"{e['key']}: {e['value']!r} ({e['follows']}; {printed(e)})" for e in off)
 
 
 READING_TAG = "mmcse.reading"  # an ablation job's run: the table's reading; `READING_TAG.<key>` per point

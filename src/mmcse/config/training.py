@@ -286,19 +286,32 @@ def _off(value: Any) -> Any:
 class KDMCSELossConfig:
     __pydantic_config__ = SECTION
     # train.method kdmcse: λ·(ℓ^v' + ℓ^t')/2 (Eq. 14) replaces MCSE's image term on pair batches.
-    # Eq. 8: drop negatives whose teacher α is above; off (YAML 1.1 reads it as false): no filtering
+    # Eq. 8: a threshold on the teacher's α; off (YAML 1.1 reads it as false): no filtering
     threshold: Annotated[float | Literal["off"], BeforeValidator(_off)] = 0.9
-    """Eq. 8: drop negatives whose teacher α is above it (paper 0.85–0.9); off: no filter"""
+    """Eq. 8's threshold (kdmcse.txt §6.2: about 0.85–0.9); off: no filter (the authors' scripts: their
+    --using_threshhold is never passed)"""
+    threshold_drops: Literal["above", "below"] = "above"
+    """which negatives Eq. 8 removes: above = those with α > threshold, the likely false negatives (§3.2 "remove noisy
+    negative samples", §6.2; the authors' train_mix.py) | below = those with α < threshold (Eq. 8 as typeset: φ = 0
+    if α < threshold, which contradicts the prose; `--reading printed`)"""
+    text_filter: Literal["tt", "vt"] = "tt"
+    """the α that filters the text term's negatives: tt = caption–caption φ^{t,t} (Eq. 9) | vt = image i against
+    caption j (the authors' vc_slabels, src/train_mix.py)"""
     margin: Angle = 0.125
     """AdapACSE m (Eq. 12); 0 = InfoNCE with threshold filtering"""
+    margin_gate: Literal["every", "beyond_margin"] = "every"
+    """which negatives the angular margin shifts: every = each j ≠ i (Eq. 12) | beyond_margin = only those whose angle
+    θ_ij exceeds m (the authors' ArcSimilarity, src/model.py)"""
     margin_similarity: Literal["within", "cross"] = "cross"
     """Δ of the margin (Eq. 12) from the teacher's cross-modal α^{t,v} for the image term and α^{t,t} for the text
     term (cross: the paper's "exclusively text-text and text-visual pairings") | within: the image term's from
     image–image α^{v,v} (the authors' src/model.py: slabels=vv_scores)"""
     text_batches: Literal["simcse", "angular_margin"] = "simcse"
-    """simcse | angular_margin: constant margin text_margin on text negatives (authors' code)"""
+    """SimCSE's text term: simcse (Eq. 1) | angular_margin: a constant angular margin text_margin on every negative,
+    wherever the term runs (text batches, and pair batches under simcse_plus_kdmcse: the authors' code)"""
     text_margin: Angle = 0.1
-    """the constant angular margin of text_batches: angular_margin"""
+    """the constant angular margin of text_batches: angular_margin (not printed; the authors' --margin1 default 0.1,
+    their scripts 0.15)"""
     pair_objective: Literal["kdmcse", "simcse_plus_kdmcse"] = "kdmcse"
     """pair batches: kdmcse = ℓ^KDMCSE alone (Algorithm 1, App. D) | simcse_plus_kdmcse = SimCSE + λ·ℓ^KDMCSE (the
     authors' train_mix.py)"""
@@ -411,6 +424,9 @@ class MCSELossConfig:
     # grounding InfoNCE (KDMCSE Eq. 3) against the joint teacher's text embedding g_φt(t̂), weighted λ.
     clip_text: Bool = False
     """+ λ·Eq. 3 against the joint teacher's text g_φt(t̂): KDMCSE Table 5's "MCSE + CLIP text" row"""
+    image_views: Literal["sum", "mean"] = "sum"
+    """the two dropout views' InfoNCE against the images: sum (KDMCSE Eq. 3, Σ over z, z') | mean (MCSE's released
+    src/model.py: (loss(p1) + loss(p2)) / 2)"""
 
 
 @dataclass(frozen=True)

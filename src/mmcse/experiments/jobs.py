@@ -87,7 +87,8 @@ def job_identity(job_cfg: Config, data_seed: int | None = None) -> dict[str, Any
     (`mmcse.methods.objectives.objective_keys`; a retrieval method reads ``loss.<method>``), the other
     retrieval models' ``model.*``, ``regions`` for a sentence encoder, and the teachers (with their
     cache's key) and the detected objects for a method that trains on no cached teacher feature (SimCSE;
-    VSE++ / VSRN on region files) — plus the keys of the upstream artifacts it trains on (``data_seed``:
+    VSE++ / VSRN on region files), the joint teacher's settings for one that reads none of its features
+    (MCSE) — plus the keys of the upstream artifacts it trains on (``data_seed``:
     the pipeline's seed the data is made with, `mmcse.experiments.upstream`)."""
     tree = to_dict(job_cfg)
     tree.pop("ablate")
@@ -112,6 +113,8 @@ def job_identity(job_cfg: Config, data_seed: int | None = None) -> dict[str, Any
         tree.pop("detect")
         artifacts.pop("teachers")
         artifacts.pop("objects")
+    elif not retrieval and "joint" not in needed_features(o, True) | needed_features(o, False):
+        tree["teachers"].pop("joint")  # MCSE, MCSEO: no CLIP feature reaches their step
     tree["artifacts"] = artifacts
     return tree
 

@@ -81,14 +81,20 @@ def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
 
 
 def mcse_image_loss(
-    s1: torch.Tensor, s2: torch.Tensor, v: torch.Tensor, temperature: float
+    s1: torch.Tensor, s2: torch.Tensor, v: torch.Tensor, temperature: float, views: str = "sum"
 ) -> torch.Tensor:
     """MCSE's sentence–image objective, KDMCSE paper Eq. 3 (mean over the batch).
 
     ``s1, s2 (N, p)``: the projected dropout views s^z, s^z' (Eq. 2); ``v (N, p)``: the
-    projected images. Eq. 3 sums the InfoNCE of both views against the images.
+    projected images. Eq. 3 sums the InfoNCE of both views against the images (``views="sum"``);
+    MCSE's released code averages them (``"mean"``: uds-lsv/MCSE src/model.py ``compute_loss``).
     """
-    return info_nce(s1, v, temperature) + info_nce(s2, v, temperature)
+    total = info_nce(s1, v, temperature) + info_nce(s2, v, temperature)
+    if views == "sum":
+        return total
+    if views == "mean":
+        return total / 2.0
+    raise ValueError(f"loss.mcse.image_views: {views!r}; choose sum or mean")
 
 
 def mcseo_image_caption_loss(h_cap: torch.Tensor, h_img: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -110,17 +116,23 @@ def safe_arccos(cos: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return torch.arccos(cos.clamp(-1.0 + eps, 1.0 - eps))
 
 
-def threshold_keep_mask(teacher_sim: torch.Tensor, threshold: float | None) -> torch.Tensor:
-    """KDMCSE Threshold Filtering, paper Eq. 8 (as the text and the authors' code intend).
+def threshold_keep_mask(teacher_sim: torch.Tensor, threshold: float | None, drops: str) -> torch.Tensor:
+    """KDMCSE Threshold Filtering, paper Eq. 8: φ_ij, as a bool ``(N, N)`` mask of the kept terms.
 
-    ``teacher_sim (N, N)`` holds α_ij; negative j of anchor i is dropped from the
-    denominator when α_ij is *above* ``threshold`` (a likely false negative). The
-    positive (diagonal) is always kept; ``threshold=None`` keeps everything.
-    Returns a bool ``(N, N)`` mask of the kept terms.
+    ``teacher_sim (N, N)`` holds α_ij. ``drops="below"`` is Eq. 8 as typeset (φ = 0 where α_ij <
+    threshold: only negatives at least as similar as the threshold stay); ``"above"`` drops negative j of
+    anchor i when α_ij is *above* ``threshold`` (a likely false negative), as §6.2's prose and the authors'
+    train_mix.py (−99999.99 added where the score exceeds ``score_base``). The positive (diagonal) is always
+    kept; ``threshold=None`` keeps everything.
     """
     keep = torch.ones_like(teacher_sim, dtype=torch.bool)
     if threshold is not None:
-        keep = teacher_sim <= threshold
+        if drops == "above":
+            keep = teacher_sim <= threshold
+        elif drops == "below":
+            keep = teacher_sim >= threshold
+        else:
+            raise ValueError(f"loss.kdmcse.threshold_drops: {drops!r}; choose below or above")
     return keep | torch.eye(teacher_sim.shape[0], dtype=torch.bool, device=teacher_sim.device)
 
 
@@ -131,13 +143,16 @@ def adapacse_loss(
     margin: float = 0.0,
     margin_sim: torch.Tensor | None = None,
     keep: torch.Tensor | None = None,
+    beyond_margin: bool = False,
 ) -> torch.Tensor:
     """AdapACSE with Threshold Filtering, KDMCSE paper Eq. 12–13 (mean over anchors).
 
     ``anchors, targets (N, p)``: target i is the positive of anchor i. The positive
     logit is cos(θ_ii)/τ; negative j gets cos(θ_ij − m·Δ_ij)/τ with Δ_ij = |1 − α_ij|
     from ``margin_sim (N, N)`` (α); ``keep (N, N)`` removes filtered negatives (Eq. 13's φ).
-    With ``margin=0`` and no filtering this is InfoNCE.
+    With ``margin=0`` and no filtering this is InfoNCE. ``beyond_margin`` shifts only the negatives
+    whose angle θ_ij exceeds m (the authors' ArcSimilarity.calculate_arccos2, KDMCSE and DALR src/model*.py;
+    Eq. 12 shifts every negative).
     """
     theta = safe_arccos(cosine_matrix(anchors, targets))  # (N, N)
     n = anchors.shape[0]
@@ -145,7 +160,8 @@ def adapacse_loss(
     if margin and margin_sim is None:
         raise ValueError("an adaptive margin needs the teacher similarities margin_sim")
     delta = (1.0 - margin_sim).abs() if margin_sim is not None else torch.zeros_like(theta)  # (N, N)
-    shifted = torch.where(eye, theta, theta - margin * delta)
+    unshifted = eye | (theta <= margin) if beyond_margin else eye  # (N, N)
+    shifted = torch.where(unshifted, theta, theta - margin * delta)
     logits = torch.cos(shifted) / temperature  # (N, N)
     if keep is not None:
         logits = logits.masked_fill(~keep, float("-inf"))
@@ -160,10 +176,12 @@ def kdmcse_term(
     margin: float,
     margin_sim: torch.Tensor | None,
     keep: torch.Tensor | None,
+    beyond_margin: bool = False,
 ) -> torch.Tensor:
     """ℓ^{m'} of one modality m: Eq. 13 applied to both dropout views s^z, s^z' and summed,
     as Eq. 9 sums over z (``teacher_proj (N, p)`` = g_φm of the cached CLIP features)."""
-    return sum(adapacse_loss(s, teacher_proj, temperature, margin, margin_sim, keep) for s in (s1, s2))
+    return sum(adapacse_loss(s, teacher_proj, temperature, margin, margin_sim, keep, beyond_margin)
+               for s in (s1, s2))
 
 
 def kdmcse_soft_labels(text: torch.Tensor, image: torch.Tensor) -> dict[str, torch.Tensor]:

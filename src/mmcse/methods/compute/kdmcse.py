@@ -14,7 +14,8 @@ from mmcse.methods.terms.base import need
 @computes("kdmcse")
 def kdmcse_terms(o: Objective, e: StepEmbeddings, draw: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """ℓ^{v'}, ℓ^{t'} (Eq. 9–13) and their mean (Eq. 14). Threshold filtering uses α^{t,v}
-    (image term) and α^{t,t} (text term); the margin's Δ uses image–image and caption–caption
+    (image term) and α^{t,t} (text term; ``text_filter: vt``: the image–caption α, as the authors' code),
+    dropping below or above the threshold (``threshold_drops``); the margin's Δ uses image–image and caption–caption
     α (``within``, the authors' code) or the same cross-modal α^{t,m} (``cross``). The α are
     `kdmcse_soft_labels` of the raw CLIP features t̂, v̂ (``soft_labels: clip``: Eq. 7, kdmcse-2.txt's
     Algorithm 1) or, with ``soft_labels: projections``, of g_φt(t̂), g_φv(v̂)."""
@@ -28,10 +29,16 @@ def kdmcse_terms(o: Objective, e: StepEmbeddings, draw: torch.Tensor | None = No
         alpha = kdmcse_soft_labels(need(e.joint_text, "joint_text", "kdmcse"),
                                    need(e.joint_image, "joint_image", "kdmcse"))
     margin_v = alpha["vv"] if k.margin_similarity == "within" else alpha["tv"]
-    keep_v = threshold_keep_mask(alpha["tv"], k.threshold_value)
-    keep_t = threshold_keep_mask(alpha["tt"], k.threshold_value)
-    image = kdmcse_term(s1, s2, g_v, tau, k.margin, margin_v, keep_v)
-    text = kdmcse_term(s1, s2, g_t, tau, k.margin, alpha["tt"], keep_t)
+    if k.threshold_value is None:  # no filter: its direction and scores are not read
+        keep_v = keep_t = torch.ones_like(alpha["tv"], dtype=torch.bool)
+    else:
+        # the text term's filter: φ^{t,t} (Eq. 9) or, as the authors' vc_slabels, image i against caption j
+        text_scores = alpha["tt"] if k.text_filter == "tt" else alpha["tv"].T  # (N, N)
+        keep_v = threshold_keep_mask(alpha["tv"], k.threshold_value, k.threshold_drops)
+        keep_t = threshold_keep_mask(text_scores, k.threshold_value, k.threshold_drops)
+    gate = k.margin_gate == "beyond_margin"
+    image = kdmcse_term(s1, s2, g_v, tau, k.margin, margin_v, keep_v, gate)
+    text = kdmcse_term(s1, s2, g_t, tau, k.margin, alpha["tt"], keep_t, gate)
     n = s1.shape[0]
     return {
         "kdmcse_image": image, "kdmcse_text": text, "kdmcse": kdmcse_objective(image, text),

@@ -12,13 +12,16 @@ from mmcse.methods.terms.base import need
 
 @computes("simcse")
 def text_term(o: Objective, e: StepEmbeddings, draw: torch.Tensor | None = None) -> torch.Tensor:
-    """SimCSE (KDMCSE Eq. 1) on every batch (but DALR's image–caption batches, as printed); on
-    text-only batches of kdmcse with ``text_batches: angular_margin``, a constant angular margin on
-    every negative (AdapACSE, Eq. 12, with Δ = 1)."""
+    """SimCSE (KDMCSE Eq. 1) on every batch (but DALR's image–caption batches, as printed); for kdmcse
+    with ``text_batches: angular_margin``, a constant angular margin on every negative (AdapACSE, Eq. 12,
+    with Δ = 1) wherever the term runs: the authors' MCSE.compute_loss scores every batch's SimCSE
+    term with the same ArcSimilarity (text batches, and pair batches under ``simcse_plus_kdmcse``), gated as
+    ``margin_gate`` says."""
     k = o.loss.kdmcse
-    if o.method == "kdmcse" and not e.pair_batch and k.text_batches == "angular_margin":
+    if o.method == "kdmcse" and k.text_batches == "angular_margin":
         none_similar = torch.zeros(e.z1.shape[0], e.z1.shape[0], dtype=e.z1.dtype, device=e.z1.device)
-        return adapacse_loss(e.z1, e.z2, o.loss.temperature, k.text_margin, margin_sim=none_similar)
+        return adapacse_loss(e.z1, e.z2, o.loss.temperature, k.text_margin, margin_sim=none_similar,
+                             beyond_margin=k.margin_gate == "beyond_margin")
     return simcse_loss(e.z1, e.z2, o.loss.temperature)
 
 

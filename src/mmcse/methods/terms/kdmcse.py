@@ -16,7 +16,9 @@ register(LossTerm(
     active=lambda o: o.method == "kdmcse" and o.loss.image_term,
     inputs=_inputs,
     reads=lambda o: {"loss.temperature_img", "loss.kdmcse.soft_labels", "loss.kdmcse.margin_similarity",
-                     "loss.kdmcse.threshold", "loss.kdmcse.margin"},
+                     "loss.kdmcse.threshold", "loss.kdmcse.margin", "loss.kdmcse.margin_gate"}
+    | ({"loss.kdmcse.threshold_drops", "loss.kdmcse.text_filter"}
+       if o.loss.kdmcse.threshold_value is not None else set()),
     # KDMCSE Algorithm 1 (App. D): an image–caption batch trains on ℓ^KDMCSE alone, without SimCSE or λ
     alone=lambda o: o.loss.kdmcse.pair_objective == "kdmcse",
     alone_reason="trains image–caption batches on ℓ^KDMCSE alone (loss.kdmcse.pair_objective: kdmcse, "

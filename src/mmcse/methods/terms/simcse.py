@@ -8,11 +8,12 @@ from mmcse.methods.terms.base import LossTerm, Objective, register
 
 
 def text_reads(o: Objective) -> set[str]:
-    """The text term's parameters: τ; on kdmcse's text-only batches its ``text_batches`` and, with
-    ``angular_margin``, the margin."""
+    """The text term's parameters: τ; for kdmcse its ``text_batches`` and, with ``angular_margin``, the margin
+    and its gate."""
     if o.method != "kdmcse":
         return {"loss.temperature"}
-    margin = {"loss.kdmcse.text_margin"} if o.loss.kdmcse.text_batches == "angular_margin" else set()
+    margin = ({"loss.kdmcse.text_margin", "loss.kdmcse.margin_gate"}
+              if o.loss.kdmcse.text_batches == "angular_margin" else set())
     return {"loss.temperature", "loss.kdmcse.text_batches"} | margin
 
 
