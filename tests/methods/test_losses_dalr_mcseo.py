@@ -15,6 +15,7 @@ import torch
 from mmcse.methods.losses import (
     aggregated_teacher_similarity,
     consistency_loss,
+    cosine_matrix,
     cross_modal_alignment_loss,
     intra_modal_alignment_loss,
     listmle_loss,
@@ -97,7 +98,9 @@ def test_cross_modal_alignment_matches_eq6_to_8(ts, tt, device):
         q_tt = _softmax([_cos(ft[i], ft[j]) / tt for j in range(n)])
         q_vv = _softmax([_cos(fv[i], fv[j]) / tt for j in range(n)])
         total += 0.5 * (_kl(q_tt, p_t2v) + _kl(q_vv, p_v2t))
-    got = cross_modal_alignment_loss(*on(device, s, h, ft, fv), ts, tt)
+    s_d, h_d, ft_d, fv_d = on(device, s, h, ft, fv)
+    got = cross_modal_alignment_loss(cosine_matrix(s_d, h_d), cosine_matrix(ft_d, ft_d), cosine_matrix(fv_d, fv_d),
+                                     ts, tt)
     assert_on(device, got)
     assert float(got.cpu()) == pytest.approx(total / n, abs=1e-9)
 
@@ -107,7 +110,8 @@ def test_intra_modal_alignment_matches_eq11_12(device):
     teacher = torch.tensor([[_cos(ft[i], ft[j]) for j in range(5)] for i in range(5)], dtype=torch.float64)
     total = sum(_kl(_softmax([float(teacher[i, j]) / 0.5 for j in range(5)]),
                     _softmax([_cos(s1[i], s2[j]) / 0.1 for j in range(5)])) for i in range(5))
-    got = intra_modal_alignment_loss(*on(device, s1, s2, teacher), 0.1, 0.5)
+    s1_d, s2_d, teacher_d = on(device, s1, s2, teacher)
+    got = intra_modal_alignment_loss(cosine_matrix(s1_d, s2_d), teacher_d, 0.1, 0.5)
     assert_on(device, got)
     assert float(got.cpu()) == pytest.approx(total / 5, abs=1e-9)
 
@@ -255,8 +259,9 @@ def test_gradients_are_finite_and_match_finite_differences(device):
     pair = torch.tensor([0, 0, 1, 1], device=device)
     checks = [
         lambda x, y: consistency_loss(x, y, perm, 0.2),
-        lambda x, y: cross_modal_alignment_loss(x, y, ft, ft, 0.5, 0.5),
-        lambda x, y: intra_modal_alignment_loss(x, y, teacher, 0.5, 1.0),
+        lambda x, y: cross_modal_alignment_loss(cosine_matrix(x, y), cosine_matrix(ft, ft), cosine_matrix(ft, ft),
+                                                0.5, 0.5),
+        lambda x, y: intra_modal_alignment_loss(cosine_matrix(x, y), teacher, 0.5, 1.0),
         lambda x, y: listmle_loss(x @ y.T, order, 0.5),
         lambda x, y: object_phrase_loss(x, y, pair, 0.3),
     ]

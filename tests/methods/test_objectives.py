@@ -34,7 +34,7 @@ def _embeddings(seed: int = 0, pair_batch: bool = True) -> StepEmbeddings:
     return StepEmbeddings(
         z1=r(N, H), z2=r(N, H), pair_batch=pair_batch, s1=r(N, P), s2=r(N, P), image=r(N, P),
         teacher_text=r(N, P), teacher_image=r(N, P), joint_text=r(N, K), joint_image=r(N, K),
-        shared_text=r(N, P), shared_image=r(N, P), text_teacher_sim=sim, text_teacher=r(N, P),
+        shared_text=r(N, P), shared_image=r(N, P), text_teacher_sim=sim, rank_teacher_sim=sim, text_teacher=r(N, P),
         phrases=r(7, P), objects=r(7, P), object_pair=torch.tensor([0, 0, 2, 2, 2, 5, 5]),
     )
 
@@ -302,7 +302,8 @@ def _kl_torch(q_logits, p_logits):
 def test_dalr_shares_one_projected_q_t2t_between_cma_and_ima(device):
     """Eq. 3, 7, 11: Q^{t2t} comes from h^t = g_φt(f_t(t)) in both L_CMA and L_IMA, Q^{v2v} from
     h^v = g_φv(f_v(v)); the equations have no stop-gradient, so h^t and h^v get gradient through Q.
-    ``teacher_space: raw`` keeps the CLIP features for L_CMA and the teachers' own cosines for L_IMA."""
+    ``teacher_space: raw`` takes the unprojected teachers (the authors' code): the text teachers' own cosines
+    (Q^{t2t} of L_CMA and L_IMA) and the raw image features' (Q^{v2v})."""
     e = _embeddings(13)
     cfg = _cfg(**DALR, **{"loss.dalr.cma_student_temperature": 0.5, "loss.dalr.cma_teacher_temperature": 0.2,
                           "loss.dalr.ima_student_temperature": 0.3, "loss.dalr.ima_teacher_temperature": 0.4})
@@ -314,12 +315,12 @@ def test_dalr_shares_one_projected_q_t2t_between_cma_and_ima(device):
     ref = {name: t.detach().clone().requires_grad_(True) for name, t in leaves.items()}
     cos = torch.nn.functional.cosine_similarity
 
-    def cma(s, h_v, q_t, q_v):  # Eq. 6–8, mean over the batch
+    def cma(s, h_v, q_t, q_v, text_rows=None):  # Eq. 6–8, mean over the batch
         total = 0.0
         for i in range(N):
             p_t2v = torch.stack([cos(s[j], h_v[i], dim=0) for j in range(N)]) / 0.5  # image i over texts
             p_v2t = torch.stack([cos(s[i], h_v[j], dim=0) for j in range(N)]) / 0.5  # text i over images
-            q_tt = torch.stack([cos(q_t[i], q_t[j], dim=0) for j in range(N)]) / 0.2
+            q_tt = (text_rows(i) if text_rows else torch.stack([cos(q_t[i], q_t[j], dim=0) for j in range(N)])) / 0.2
             q_vv = torch.stack([cos(q_v[i], q_v[j], dim=0) for j in range(N)]) / 0.2
             total = total + 0.5 * (_kl_torch(q_tt, p_t2v) + _kl_torch(q_vv, p_v2t))
         return total / N
@@ -339,7 +340,7 @@ def test_dalr_shares_one_projected_q_t2t_between_cma_and_ima(device):
     assert float(ref["text_teacher"].grad.abs().sum()) > 0  # g_φt learns through Q^{t2t}
 
     raw = _step(device, with_overrides(cfg, {"loss.dalr.teacher_space": "raw"}), e)
-    want_raw_cma = cma(e.s1, e.teacher_image, e.joint_text, e.joint_image)
+    want_raw_cma = cma(e.s1, e.teacher_image, None, e.joint_image, lambda i: e.text_teacher_sim[i])
     want_raw_ima = ima(e.z1, e.z2, lambda i: e.text_teacher_sim[i])
     assert float(raw["cma"]) == pytest.approx(float(want_raw_cma), abs=1e-9)
     assert float(raw["ima"]) == pytest.approx(float(want_raw_ima), abs=1e-9)
@@ -352,8 +353,10 @@ def test_dalr_projected_targets_need_the_text_teachers_on_pair_batches():
     assert needed_features(Objective.of(_cfg(**DALR)), pair_batch=True) == {"joint", "text_teachers"}
     cml_only = _cfg(**DALR, **{"loss.dalr.iml": False})
     assert needed_features(Objective.of(cml_only), pair_batch=True) == {"joint", "text_teachers"}
-    raw = with_overrides(cml_only, {"loss.dalr.teacher_space": "raw"})
-    assert needed_features(Objective.of(raw), pair_batch=True) == {"joint"}
+    raw = with_overrides(cml_only, {"loss.dalr.teacher_space": "raw"})  # the text teachers' own similarity
+    assert needed_features(Objective.of(raw), pair_batch=True) == {"joint", "text_teachers"}
+    no_cma = with_overrides(raw, {"loss.dalr.alignment": False})
+    assert needed_features(Objective.of(no_cma), pair_batch=True) == {"joint"}
 
 
 @pytest.mark.parametrize("include_diagonal", [True, False])
@@ -364,7 +367,7 @@ def test_dalr_draws_do_not_depend_on_the_device(include_diagonal, mismatch, devi
     e = _embeddings(11)
     # tied teacher scores (two values off the diagonal), so the tie order is the seed's
     tied = (e.text_teacher_sim > e.text_teacher_sim.median()).to(torch.float64) * 0.5
-    e = dataclasses.replace(e, text_teacher_sim=tied.fill_diagonal_(1.0))
+    e = dataclasses.replace(e, rank_teacher_sim=tied.fill_diagonal_(1.0))
     cfg = _cfg(**DALR, **{"loss.dalr.rank_include_diagonal": include_diagonal, "loss.dalr.mismatch": mismatch})
     per_seed = []
     for seed in (0, 1, 2, 3):
@@ -388,13 +391,13 @@ def test_dalr_with_lambda_mu_zero_is_info_alone(device):
 
 def test_dalr_info_margin_option_uses_the_adaptive_margin(device):
     e = _embeddings(6)
-    terms = _step(device, _cfg(**DALR, **{"loss.dalr.info_margin": True, "loss.kdmcse.margin": 0.2,
+    terms = _step(device, _cfg(**DALR, **{"loss.dalr.info_margin": True, "loss.dalr.info_margin_size": 0.2,
                                           "loss.dalr.info_views": "sum"}), e)
     v = torch.nn.functional.normalize(e.joint_image, dim=1)
     a_vv = v @ v.T
     expected = sum(eq13_loop(s, e.teacher_image, 0.05, 0.2, a_vv, a_vv, None) for s in (e.s1, e.s2))
     assert float(terms["info"]) == pytest.approx(expected, abs=1e-6)
-    one = _step(device, _cfg(**DALR, **{"loss.dalr.info_margin": True, "loss.kdmcse.margin": 0.2}), e)
+    one = _step(device, _cfg(**DALR, **{"loss.dalr.info_margin": True, "loss.dalr.info_margin_size": 0.2}), e)
     assert float(one["info"]) == pytest.approx(eq13_loop(e.s1, e.teacher_image, 0.05, 0.2, a_vv, a_vv, None),
                                                abs=1e-6)
 

@@ -37,7 +37,7 @@ def old_needed_features(cfg: Config, pair_batch: bool) -> set[str]:
             need.add("objects")
     if (pair_batch or cfg.loss.dalr.text_batches) and (on["rank"] or on["ima"]):
         need.add("text_teachers")
-    if pair_batch and on["cma"] and cfg.loss.dalr.teacher_space == "projected":
+    if pair_batch and on["cma"]:  # Q^{t2t}: h^t (projected) or the text teachers' own similarity (raw)
         need.add("text_teachers")
     return need
 
@@ -152,12 +152,17 @@ def test_a_swept_weight_must_weigh_an_active_term():
 def test_the_step_builds_only_the_embeddings_its_terms_read():
     dalr = Objective.of(_cfg(**{"train.method": "dalr"}))
     assert needed_inputs(dalr, pair_batch=False) == {"z"}
-    # L_rank reads the teachers' own similarity, L_CMA and L_IMA the projected h^t
-    assert needed_inputs(dalr, pair_batch=True) == {"z", "s", "teacher_image", "text_teacher", "text_teacher_sim",
+    # L_rank reads the teachers' ranking scores, L_CMA and L_IMA the projected h^t
+    assert needed_inputs(dalr, pair_batch=True) == {"z", "s", "teacher_image", "text_teacher", "rank_teacher_sim",
                                                     "shared_text", "shared_image"}
+    # raw: L_CMA's and L_IMA's targets from the text teachers' own similarity and the raw image features
     raw = Objective.of(_cfg(**{"train.method": "dalr", "loss.dalr.teacher_space": "raw"}))
-    assert needed_inputs(raw, pair_batch=True) == {"z", "s", "teacher_image", "joint_text", "joint_image",
-                                                   "text_teacher_sim", "shared_text", "shared_image"}
+    assert needed_inputs(raw, pair_batch=True) == {"z", "s", "teacher_image", "joint_image", "text_teacher_sim",
+                                                   "rank_teacher_sim", "shared_text", "shared_image"}
+    code = Objective.of(_cfg(**{"train.method": "dalr", "loss.dalr.teacher_space": "raw",
+                                "loss.dalr.cma_inputs": "raw"}))  # the student side: z against v̂
+    assert needed_inputs(code, pair_batch=True) == {"z", "s", "teacher_image", "joint_image", "text_teacher_sim",
+                                                    "rank_teacher_sim", "shared_text", "shared_image"}
     assert needed_inputs(Objective.of(_cfg(**{"train.method": "simcse"})), pair_batch=True) == {"z"}
     projections = _cfg(**{"train.method": "kdmcse", "loss.kdmcse.soft_labels": "projections"})
     assert needed_inputs(Objective.of(projections), pair_batch=True) == {"z", "s", "teacher_text", "teacher_image"}

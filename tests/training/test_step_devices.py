@@ -235,3 +235,25 @@ def test_a_dalr_step_reads_an_image_only_teachers_v_hat_of_its_own_width(device)
     terms = run_step(student, cfg, batch, feats, device)
     assert {k for k in terms if not k.startswith("stat/")} - {"loss"} == METHOD_TERMS["dalr"]
     assert all(torch.isfinite(t) for t in terms.values())
+
+
+@pytest.mark.parametrize("sentence", ["encoder", "pooler"])
+def test_dalr_consistency_reads_the_sentence_its_setting_names(sentence, monkeypatch):
+    """``loss.dalr.consistency_text``: L_cons's sentence side is f_θ's [CLS] (§3.2) or the SimCSE space z (the
+    authors' ``self.consistency(z1, …)``): the step hands the consistency head the one it names."""
+    from mmcse.config import with_overrides
+    from mmcse.training import loop
+
+    cfg = with_overrides(tiny_config("dalr"), {"loss.dalr.consistency_text": sentence}, where="test")
+    student = tiny_student(cfg, dropout=0.0).train()
+    batch, feats = step_inputs(cfg, student.backbone.config.vocab_size)
+    seen: dict = {}
+    monkeypatch.setattr(loop, "step_objective", lambda o, e, **kw: seen.setdefault("e", e) and {"loss": e.z1.sum()})
+    run_step(student, cfg, batch, feats, torch.device("cpu"))
+    e = seen["e"]
+    with torch.no_grad():  # dropout 0: the encoder's [CLS] of the same batch, computed apart
+        cls = student.backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state[
+            :, 0]  # (B, H)
+        read, other = (cls, e.z1) if sentence == "encoder" else (e.z1, cls)
+        assert torch.allclose(e.shared_text, student.shared_text(read), atol=1e-5)
+        assert not torch.allclose(e.shared_text, student.shared_text(other), atol=1e-3)

@@ -348,7 +348,16 @@ class DALRLossConfig:
     """Eq. 4 on the one view s^z (printed) | mean: of both dropout views (authors' src/model_modified.py l.764) | sum:
     both views summed (MCSE's Eq. 3, mmcse's earlier reading)"""
     info_margin: Bool = False
-    """the KDMCSE adaptive margin (kdmcse.margin) on L_info (authors' code)"""
+    """KDMCSE's adaptive angular margin on L_info (authors' code), of size info_margin_size"""
+    info_margin_size: Angle = 0.125
+    """m of L_info's adaptive margin (not printed: KDMCSE's m; the authors' scripts MARGIN2=0.18)"""
+    student_margin: Angle = 0.0
+    """a constant angular margin on the student's off-diagonal similarities of L_text, L_CMA, L_IMA and L_rank
+    (0: the plain cosines of Eq. 1, 6, 10, 11 | the authors' ArcSimilarity(τ, MARGIN1 = 0.18), gated as
+    loss.kdmcse.margin_gate says)"""
+    consistency_text: Literal["encoder", "pooler"] = "encoder"
+    """the sentence side of L_cons (Eq. 5): encoder = f_θ's [CLS] (§3.2: "using f_v and f_θ") | pooler = the SimCSE
+    space z (the authors' self.consistency(z1, …))"""
     cml: Switch = "auto"
     """L_CML = L_cons + L_CMA (Eq. 9); auto: on for dalr; true with kdmcse = KDMCSE + CML"""
     lambda_cml: NonNegative = 0.1
@@ -364,9 +373,16 @@ class DALRLossConfig:
     alignment: Bool = True
     """L_CMA (Eq. 6–8)"""
     cma_student_temperature: Positive = 1.0
-    """the paper prints none (1.0); contrastive-style code divides by 0.05"""
+    """Eq. 6 divides by none (1.0); the authors' code by 0.05 · 0.45 = 0.0225"""
     cma_teacher_temperature: Positive = 1.0
-    """the teacher side's temperature in L_CMA (Eq. 6-8); the paper prints none (1.0)"""
+    """the teacher side's temperature in L_CMA (Eq. 7: none, 1.0; the authors' code 0.5)"""
+    cma_inputs: Literal["projected", "raw"] = "projected"
+    """P^{t2v} of L_CMA from s^z and h^v (Eq. 6) | raw: the SimCSE space z against the raw image features v̂ (the
+    authors' code; their widths must agree, as BERT-base's 768 and CLIP ViT-L/14's)"""
+    cma_pairing: Literal["eq8", "by_rows"] = "eq8"
+    """which target each distribution meets: eq8 = Q^{t2t} with P^{t2v} (each image over the texts) and Q^{v2v} with
+    its transpose (Eq. 8) | by_rows = Q^{t2t} with each text's distribution over the images, Q^{v2v} with each
+    image's over the texts (the authors' code)"""
     iml: Switch = "auto"
     """L_IML = L_rank + L_IMA (Eq. 13); auto: on for dalr; true with kdmcse = KDMCSE + IML"""
     mu_iml: NonNegative = 0.2
@@ -377,12 +393,17 @@ class DALRLossConfig:
     """the temperature of the student's scores in L_rank's ListMLE (Eq. 10; RankCSE: 0.05)"""
     rank_include_diagonal: Bool = True
     """RankCSE includes the sentence itself; false drops it"""
+    rank_teacher_weighting: Literal["embeddings", "similarities"] = "embeddings"
+    """the text teachers' ranking of L_rank: embeddings = the cosines of their weighted [CLS] embeddings (§3.3) |
+    similarities = the weighted sum of each teacher's similarity lists (the authors' code)"""
+    rank_eps: NonNegative = 0.0
+    """ε inside ListMLE's log, log(Σ_{k≥j} exp(S_k − max S) + ε) (Eq. 10: 0; the authors' ListMLE: 1e-7)"""
     ima: Bool = True
     """L_IMA (Eq. 11–12)"""
     ima_student_temperature: Positive = 1.0
-    """the paper prints none (1.0)"""
+    """Eq. 11 divides by none (1.0); the authors' code by 0.05 · 0.45 = 0.0225"""
     ima_teacher_temperature: Positive = 1.0
-    """the teacher side's temperature in L_IMA (Eq. 11-12); the paper prints none (1.0)"""
+    """the teacher side's temperature in L_IMA (Eq. 11-12: none, 1.0; the authors' code 0.5)"""
     text_batches: Bool = False
     """also μ·L_IML on text-only batches (text teachers cover every sentence)"""
     teacher_weighting: Literal["embeddings", "similarities"] = "embeddings"
@@ -390,8 +411,8 @@ class DALRLossConfig:
     cosine matrix) or as a weighted sum of each teacher's cosine matrix"""
     teacher_space: Literal["projected", "raw"] = "projected"
     """Q^{t2t} / Q^{v2v} of L_CMA and L_IMA: projected = one h^t = g_φt(aggregated text teacher) and h^v = g_φv(v̂)
-    for both (Eq. 3, 7, 11) | raw = L_CMA on the CLIP caption/image features, L_IMA on the text teachers' own
-    similarity (mmcse's earlier reading)"""
+    for both (Eq. 3, 7, 11) | raw = the unprojected teachers: the text teachers' own similarity (their aggregated
+    embedding's, under teacher_weighting: embeddings) and the raw image features' (the authors' code)"""
 
     def validate(self, where: str) -> None:
         p = "loss.dalr."

@@ -6,6 +6,8 @@ Equation numbers refer to the background section of the KDMCSE paper
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -136,6 +138,24 @@ def threshold_keep_mask(teacher_sim: torch.Tensor, threshold: float | None, drop
     return keep | torch.eye(teacher_sim.shape[0], dtype=torch.bool, device=teacher_sim.device)
 
 
+def angular_margin_cosines(
+    anchors: torch.Tensor, targets: torch.Tensor, margin: float, margin_sim: torch.Tensor | None,
+    beyond_margin: bool = False,
+) -> torch.Tensor:
+    """The cosines of KDMCSE Eq. 12 before τ ``(N, N)``: cos θ_ii on the diagonal (the positives), cos(θ_ij − m·Δ_ij)
+    for j ≠ i, Δ_ij = |1 − α_ij| from ``margin_sim (N, N)`` (all zeros: Δ = 1, a constant margin m, ArcCSE's form;
+    None: no shift). ``beyond_margin`` shifts only the negatives whose angle θ_ij exceeds m (the authors'
+    ArcSimilarity.calculate_arccos2, KDMCSE src/model.py l.78–90 and DALR src/model_modified.py l.80–92; Eq. 12
+    shifts every negative)."""
+    theta = safe_arccos(cosine_matrix(anchors, targets))  # (N, N)
+    eye = torch.eye(theta.shape[0], theta.shape[1], dtype=torch.bool, device=theta.device)
+    if margin and margin_sim is None:
+        raise ValueError("an adaptive margin needs the teacher similarities margin_sim")
+    delta = (1.0 - margin_sim).abs() if margin_sim is not None else torch.zeros_like(theta)  # (N, N)
+    unshifted = eye | (theta <= margin) if beyond_margin else eye  # (N, N)
+    return torch.cos(torch.where(unshifted, theta, theta - margin * delta))
+
+
 def adapacse_loss(
     anchors: torch.Tensor,
     targets: torch.Tensor,
@@ -149,20 +169,10 @@ def adapacse_loss(
 
     ``anchors, targets (N, p)``: target i is the positive of anchor i. The positive
     logit is cos(θ_ii)/τ; negative j gets cos(θ_ij − m·Δ_ij)/τ with Δ_ij = |1 − α_ij|
-    from ``margin_sim (N, N)`` (α); ``keep (N, N)`` removes filtered negatives (Eq. 13's φ).
-    With ``margin=0`` and no filtering this is InfoNCE. ``beyond_margin`` shifts only the negatives
-    whose angle θ_ij exceeds m (the authors' ArcSimilarity.calculate_arccos2, KDMCSE and DALR src/model*.py;
-    Eq. 12 shifts every negative).
+    from ``margin_sim (N, N)`` (α; `angular_margin_cosines`, ``beyond_margin`` the code's gate); ``keep (N, N)``
+    removes filtered negatives (Eq. 13's φ). With ``margin=0`` and no filtering this is InfoNCE.
     """
-    theta = safe_arccos(cosine_matrix(anchors, targets))  # (N, N)
-    n = anchors.shape[0]
-    eye = torch.eye(n, dtype=torch.bool, device=anchors.device)
-    if margin and margin_sim is None:
-        raise ValueError("an adaptive margin needs the teacher similarities margin_sim")
-    delta = (1.0 - margin_sim).abs() if margin_sim is not None else torch.zeros_like(theta)  # (N, N)
-    unshifted = eye | (theta <= margin) if beyond_margin else eye  # (N, N)
-    shifted = torch.where(unshifted, theta, theta - margin * delta)
-    logits = torch.cos(shifted) / temperature  # (N, N)
+    logits = angular_margin_cosines(anchors, targets, margin, margin_sim, beyond_margin) / temperature  # (N, N)
     if keep is not None:
         logits = logits.masked_fill(~keep, float("-inf"))
     return (torch.logsumexp(logits, dim=1) - logits.diagonal()).mean()
@@ -250,40 +260,44 @@ def _kl_rows(target_logits: torch.Tensor, pred_logits: torch.Tensor) -> torch.Te
 
 
 def cross_modal_alignment_loss(
-    sentences: torch.Tensor,
-    images: torch.Tensor,
-    teacher_text: torch.Tensor,
-    teacher_image: torch.Tensor,
+    text_image: torch.Tensor,
+    teacher_text_sim: torch.Tensor,
+    teacher_image_sim: torch.Tensor,
     student_temperature: float = 1.0,
     teacher_temperature: float = 1.0,
+    pairing: str = "eq8",
 ) -> torch.Tensor:
     """DALR L_CMA, paper Eq. 6–8 (mean over the batch instead of the printed sum).
 
-    P^{t2v}_i = softmax_j sim(s_j, h^v_i)/τ_s (image i over texts); Q^{t2t}_i, Q^{v2v}_i are
-    the teacher text/image self-similarities softmaxed with τ_t. (P^{t2v})^T is read as the
-    softmax of the transposed similarities (text i over images), a distribution per row.
-    ``sentences, images (N, p)`` are student / projected image features; the teacher
-    features may have any width. With both temperatures 1 this is the paper as printed.
-    """
-    sim = cosine_matrix(images, sentences) / student_temperature  # (N_img, N_txt): row i = image i
-    q_tt = cosine_matrix(teacher_text, teacher_text) / teacher_temperature
-    q_vv = cosine_matrix(teacher_image, teacher_image) / teacher_temperature
-    return 0.5 * (_kl_rows(q_tt, sim) + _kl_rows(q_vv, sim.T))
+    ``text_image (N_txt, N_img)``: the student's sim(s_j, h^v_i) at [j, i]; ``teacher_text_sim``,
+    ``teacher_image_sim (N, N)``: the teachers' self-similarities behind Q^{t2t}, Q^{v2v} (softmaxed with τ_t).
+    ``pairing="eq8"``: P^{t2v}_i = softmax_j sim(s_j, h^v_i)/τ_s (image i over the texts) against Q^{t2t}_i and
+    (P^{t2v})^T, read as the softmax of the transposed similarities (text i over the images), against Q^{v2v}_i,
+    as Eq. 8 prints; ``"by_rows"``: each text's distribution over the images against Q^{t2t}, each image's over
+    the texts against Q^{v2v} (the authors' src/model_modified.py l.748–750). With both temperatures 1 this is the
+    paper as printed."""
+    p_text = text_image / student_temperature  # (N_txt, N_img): row j = text j over the images
+    q_tt = teacher_text_sim / teacher_temperature
+    q_vv = teacher_image_sim / teacher_temperature
+    if pairing == "eq8":
+        return 0.5 * (_kl_rows(q_tt, p_text.T) + _kl_rows(q_vv, p_text))
+    if pairing == "by_rows":
+        return 0.5 * (_kl_rows(q_tt, p_text) + _kl_rows(q_vv, p_text.T))
+    raise ValueError(f"loss.dalr.cma_pairing: {pairing!r}; choose eq8 or by_rows")
 
 
 def intra_modal_alignment_loss(
-    s1: torch.Tensor,
-    s2: torch.Tensor,
+    student_sim: torch.Tensor,
     teacher_sim: torch.Tensor,
     student_temperature: float = 1.0,
     teacher_temperature: float = 1.0,
 ) -> torch.Tensor:
     """DALR L_IMA, paper Eq. 11–12: KL(Q^{t2t}_i ‖ P^{t2t}_i), mean over i.
 
-    P^{t2t}_i = softmax_j sim(s^z_i, s^{z'}_j)/τ_s from the two dropout views ``s1, s2 (N, p)``;
+    P^{t2t}_i = softmax_j sim(s^z_i, s^{z'}_j)/τ_s of the student's view-to-view similarities ``student_sim (N, N)``;
     ``teacher_sim (N, N)`` is the (possibly multi-teacher) teacher cosine matrix.
     """
-    return _kl_rows(teacher_sim / teacher_temperature, cosine_matrix(s1, s2) / student_temperature)
+    return _kl_rows(teacher_sim / teacher_temperature, student_sim / student_temperature)
 
 
 def tie_order(m: int, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -315,15 +329,22 @@ def teacher_rankings(
     return order.gather(1, keep)
 
 
-def listmle_loss(student_scores: torch.Tensor, ranking: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+def listmle_loss(student_scores: torch.Tensor, ranking: torch.Tensor, temperature: float = 1.0,
+                 eps: float = 0.0) -> torch.Tensor:
     """ListMLE, DALR paper Eq. 10 (mean over lists instead of the printed sum).
 
     −Σ_j [S_{π(j)}/τ − log Σ_{k≥j} exp(S_{π(k)}/τ)] for each row of ``student_scores (N, M)``
-    ordered by ``ranking (N, L)`` (teacher order, L ≤ M).
+    ordered by ``ranking (N, L)`` (teacher order, L ≤ M). ``eps`` > 0 is the authors' ListMLE
+    (src/model_modified.py l.206–212): each row shifted by its maximum, then log(Σ_{k≥j} exp(·) + ε), which
+    no longer cancels the shift: the list's low tail, exp(·) ≪ ε, adds log ε − x.
     """
     ordered = student_scores.gather(1, ranking) / temperature  # (N, L)
+    if eps:
+        ordered = ordered - ordered.max(dim=1, keepdim=True).values  # (N, L), as the code (the gradient too)
     # log Σ_{k≥j} exp(x_k): a reversed cumulative logsumexp
     tail = torch.logcumsumexp(ordered.flip(1), dim=1).flip(1)
+    if eps:
+        tail = torch.logaddexp(tail, torch.full_like(tail, math.log(eps)))  # log(Σ exp + ε)
     return (tail - ordered).sum(1).mean()
 
 

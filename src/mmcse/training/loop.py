@@ -34,6 +34,7 @@ from mmcse.methods.objectives import (
     needed_inputs,
 )
 from mmcse.methods.step import step_objective, term_draws, term_generator
+from mmcse.methods.terms.dalr import cma_width_problem
 from mmcse.methods.terms.simcse import MLM
 from mmcse.models.dropout import install_keyed_dropout
 from mmcse.models.export import EVAL_MAX_SEQ_LEN, export_sentence_transformers
@@ -144,13 +145,21 @@ def training_step_loss(
         if "teacher_image" in wanted:
             e.teacher_image = student.teacher_image_proj(feats.joint_image)  # (B, p): g_φv(v̂)
         if "shared_text" in wanted or "shared_image" in wanted:
-            e.shared_text = student.shared_text(cls[:n])  # (B, p)
+            # L_cons's sentence: f_θ's [CLS] (§3.2) or the SimCSE space z (the authors' code)
+            sentence = cls[:n] if o.loss.dalr.consistency_text == "encoder" else e.z1  # (B, H)
+            e.shared_text = student.shared_text(sentence)  # (B, p)
             e.shared_image = student.shared_image(feats.joint_image)  # (B, p)
     if feats.text_teachers is not None:
         if "text_teacher_sim" in wanted:
             with torch.no_grad():
                 e.text_teacher_sim = text_teacher_similarity(feats.text_teachers, feats.text_weights,
                                                              o.loss.dalr.teacher_weighting)  # (B, B)
+        if "rank_teacher_sim" in wanted:
+            same = o.loss.dalr.rank_teacher_weighting == o.loss.dalr.teacher_weighting
+            with torch.no_grad():
+                e.rank_teacher_sim = e.text_teacher_sim if same and e.text_teacher_sim is not None else (
+                    text_teacher_similarity(feats.text_teachers, feats.text_weights,
+                                            o.loss.dalr.rank_teacher_weighting))  # (B, B)
         if "text_teacher" in wanted:
             # DALR h^t = g_φt(f_t(t)) (Eq. 3): one projected text teacher for L_CMA's and L_IMA's Q^{t2t}
             e.text_teacher = student.text_teacher_proj(
@@ -261,6 +270,8 @@ class StudentTask(TrainTask):
         self.tokenizer = tokenizer = load_tokenizer(cfg.model.name_or_path)
         self.tokens = data.token_tables(tokenizer, cfg.model.max_seq_len, data_dir.parent / "tokens")
         backbone = load_backbone(cfg.model, dropout=cfg.train.dropout)
+        if problem := cma_width_problem(self.objective, on, backbone.config.hidden_size, data.joint_image.dim):
+            raise ValueError(problem)
         if cfg.train.dropout_rng == "per_row":  # each row's masks from (step, row, layer) alone: micro-batches replay
             install_keyed_dropout(backbone)
         self.model = student = Student(backbone, data.image_features.dim, cfg.model.proj_dim, data.joint_image.dim,

@@ -16,11 +16,13 @@ def text_term(o: Objective, e: StepEmbeddings, draw: torch.Tensor | None = None)
     with ``text_batches: angular_margin``, a constant angular margin on every negative (AdapACSE, Eq. 12,
     with Δ = 1) wherever the term runs: the authors' MCSE.compute_loss scores every batch's SimCSE
     term with the same ArcSimilarity (text batches, and pair batches under ``simcse_plus_kdmcse``), gated as
-    ``margin_gate`` says."""
+    ``margin_gate`` says; for dalr, ``loss.dalr.student_margin`` (the authors' ArcSimilarity(τ, MARGIN1))."""
     k = o.loss.kdmcse
-    if o.method == "kdmcse" and k.text_batches == "angular_margin":
+    margin = (k.text_margin if o.method == "kdmcse" and k.text_batches == "angular_margin"
+              else o.loss.dalr.student_margin if o.method == "dalr" else 0.0)
+    if margin:
         none_similar = torch.zeros(e.z1.shape[0], e.z1.shape[0], dtype=e.z1.dtype, device=e.z1.device)
-        return adapacse_loss(e.z1, e.z2, o.loss.temperature, k.text_margin, margin_sim=none_similar,
+        return adapacse_loss(e.z1, e.z2, o.loss.temperature, margin, margin_sim=none_similar,
                              beyond_margin=k.margin_gate == "beyond_margin")
     return simcse_loss(e.z1, e.z2, o.loss.temperature)
 

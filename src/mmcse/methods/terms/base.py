@@ -38,6 +38,7 @@ INPUT_FEATURES: dict[str, str | None] = {
     "shared_text": None,
     "shared_image": "joint",
     "text_teacher_sim": "text_teachers",
+    "rank_teacher_sim": "text_teachers",
     "text_teacher": "text_teachers",
     "phrases": "objects",
     "objects": "objects",
@@ -49,7 +50,9 @@ INPUT_FEATURES: dict[str, str | None] = {
 INPUT_SETTINGS: dict[str, tuple[str, ...]] = {
     "mlm": ("loss.simcse.mlm_probability", "loss.simcse.mlm_head"),
     "text_teacher_sim": ("loss.dalr.teacher_weighting",),
+    "rank_teacher_sim": ("loss.dalr.rank_teacher_weighting",),
     "text_teacher": ("loss.dalr.teacher_weighting",),
+    "shared_text": ("loss.dalr.consistency_text",),
 }
 
 
@@ -72,7 +75,8 @@ class StepEmbeddings:
     joint_image: torch.Tensor | None = None  # (N, k) v̂: raw cached joint-teacher image features
     shared_text: torch.Tensor | None = None  # (N, p) DALR consistency MLP on the sentence
     shared_image: torch.Tensor | None = None  # (N, p) DALR consistency MLP on the image
-    text_teacher_sim: torch.Tensor | None = None  # (N, N) the text teachers' own similarity (L_rank; raw L_IMA)
+    text_teacher_sim: torch.Tensor | None = None  # (N, N) the text teachers' own similarity (raw L_CMA, L_IMA)
+    rank_teacher_sim: torch.Tensor | None = None  # (N, N) the text teachers' ranking scores of L_rank
     text_teacher: torch.Tensor | None = None  # (N, p) DALR h^t = g_φt(Σ_k w_k F_k) (Eq. 3; projected Q^{t2t})
     phrases: torch.Tensor | None = None  # (T, p) projected phrase span means (MCSEO)
     objects: torch.Tensor | None = None  # (T, p) projected object-crop features (MCSEO)

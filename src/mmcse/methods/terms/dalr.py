@@ -23,9 +23,31 @@ def projected(o: Objective) -> bool:
 
 
 def info_reads(o: Objective) -> set[str]:
-    """L_info's parameters: its views, τ_img, its margin switch and, with the margin, KDMCSE's margin."""
-    margin = {"loss.kdmcse.margin"} if o.loss.dalr.info_margin else set()
+    """L_info's parameters: its views, τ_img, its margin switch and, with the margin, its size and gate."""
+    margin = {"loss.dalr.info_margin_size", "loss.kdmcse.margin_gate"} if o.loss.dalr.info_margin else set()
     return {"loss.dalr.info_views", "loss.temperature_img", "loss.dalr.info_margin"} | margin
+
+
+def student_reads(o: Objective) -> set[str]:
+    """What `mmcse.methods.compute.dalr.student_cosines` reads: the student margin and, with one, its gate."""
+    return {"loss.dalr.student_margin"} | ({"loss.kdmcse.margin_gate"} if o.loss.dalr.student_margin else set())
+
+
+def cma_inputs(o: Objective) -> set[str]:
+    """L_CMA's student side (s^z and h^v, or z and v̂) and its targets (projected or the raw teachers')."""
+    student = {"s", "teacher_image"} if o.loss.dalr.cma_inputs == "projected" else {"z", "joint_image"}
+    targets = {"text_teacher", "teacher_image"} if projected(o) else {"text_teacher_sim", "joint_image"}
+    return student | targets
+
+
+def cma_width_problem(o: Objective, on: dict[str, bool], hidden: int, image_dim: int) -> str | None:
+    """Why L_CMA cannot run as configured, or None: ``cma_inputs: raw`` compares the student's SimCSE space with the raw
+    image features directly, which needs one width (BERT-base's 768 and CLIP ViT-L/14's in the authors' code)."""
+    if not on["cma"] or o.loss.dalr.cma_inputs != "raw" or hidden == image_dim:
+        return None
+    return (f"loss.dalr.cma_inputs: raw compares the student's SimCSE space (width {hidden}) with the raw image "
+            f"features (width {image_dim}) directly, as the authors' code does with BERT-base and CLIP ViT-L/14 (768 "
+            "each); here they differ: set loss.dalr.cma_inputs: projected")
 
 
 def _text_batches(o: Objective) -> bool:
@@ -49,16 +71,17 @@ register(
     LossTerm(
         name="cma", equation="DALR L_CMA (Eq. 6–8)", order=60, weight="loss.dalr.lambda_cml",
         active=lambda o: cml_on(o) and o.loss.dalr.alignment,
-        inputs=lambda o: {"s", "teacher_image"} | (
-            {"text_teacher"} if projected(o) else {"joint_text", "joint_image"}),
+        inputs=cma_inputs,
         reads=lambda o: {"loss.dalr.teacher_space", "loss.dalr.cma_student_temperature",
-                         "loss.dalr.cma_teacher_temperature"},
+                         "loss.dalr.cma_teacher_temperature", "loss.dalr.cma_inputs", "loss.dalr.cma_pairing"}
+        | student_reads(o),
     ),
     LossTerm(
         name="rank", equation="DALR L_rank (Eq. 10)", order=80, weight="loss.dalr.mu_iml",
         active=lambda o: iml_on(o) and o.loss.dalr.rank,
-        inputs=lambda o: {"z", "text_teacher_sim"}, on_text=_text_batches, stream=2,
-        reads=lambda o: {"loss.dalr.rank_include_diagonal", "loss.dalr.rank_temperature"},
+        inputs=lambda o: {"z", "rank_teacher_sim"}, on_text=_text_batches, stream=2,
+        reads=lambda o: {"loss.dalr.rank_include_diagonal", "loss.dalr.rank_temperature", "loss.dalr.rank_eps"}
+        | student_reads(o),
     ),
     LossTerm(
         name="ima", equation="DALR L_IMA (Eq. 11–12)", order=90, weight="loss.dalr.mu_iml",
@@ -66,6 +89,6 @@ register(
         inputs=lambda o: {"z", "text_teacher" if projected(o) else "text_teacher_sim"},
         on_text=_text_batches,
         reads=lambda o: {"loss.dalr.teacher_space", "loss.dalr.ima_student_temperature",
-                         "loss.dalr.ima_teacher_temperature"},
+                         "loss.dalr.ima_teacher_temperature"} | student_reads(o),
     ),
 )

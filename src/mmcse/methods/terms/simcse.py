@@ -9,7 +9,10 @@ from mmcse.methods.terms.base import LossTerm, Objective, register
 
 def text_reads(o: Objective) -> set[str]:
     """The text term's parameters: τ; for kdmcse its ``text_batches`` and, with ``angular_margin``, the margin
-    and its gate."""
+    and its gate; for dalr the student margin (and its gate)."""
+    if o.method == "dalr":
+        gate = {"loss.kdmcse.margin_gate"} if o.loss.dalr.student_margin else set()
+        return {"loss.temperature", "loss.dalr.student_margin"} | gate
     if o.method != "kdmcse":
         return {"loss.temperature"}
     margin = ({"loss.kdmcse.text_margin", "loss.kdmcse.margin_gate"}
