@@ -25,10 +25,10 @@ from mmcse.evaluation.ndcg import (
 )
 
 
-def transcribed(image_emb, text_emb, text_image, image_rel, k, exclude_zero=True):
+def transcribed(image_emb, text_emb, text_image, image_rel, k, left_out=("i2t",)):
     """The protocol written out: caption c's relevance to image i is R[c][i]; rank by cosine (ties: least
     relevant first), DCG with gain 2^r - 1 and discount log2(rank + 1), ideal DCG from the whole gallery
-    sorted, mean over non-zero NDCGs."""
+    sorted, mean over the queries, leaving out the zero NDCGs of the directions in ``left_out``."""
     images = [x / np.linalg.norm(x) for x in np.asarray(image_emb, dtype=float)]
     texts = [x / np.linalg.norm(x) for x in np.asarray(text_emb, dtype=float)]
     n_img, n_txt = len(images), len(texts)
@@ -47,11 +47,72 @@ def transcribed(image_emb, text_emb, text_image, image_rel, k, exclude_zero=True
     i2t = [one([float(images[i] @ t) for t in texts], [rel(c, i) for c in range(n_txt)]) for i in range(n_img)]
     t2i = [one([float(im @ texts[c]) for im in images], [rel(c, i) for i in range(n_img)]) for c in range(n_txt)]
 
-    def mean(values):
-        values = [v for v in values if v != 0] if exclude_zero else values
+    def mean(values, direction):
+        values = [v for v in values if v != 0] if direction in left_out else values
         return sum(values) / len(values) if values else 0.0
 
-    return mean(i2t), mean(t2i), i2t, t2i
+    return mean(i2t, "i2t"), mean(t2i, "t2i"), i2t, t2i
+
+
+# ----------------------------------------------------------------------------- TERAN's code, transcribed
+# mesnico/TERAN @ e564ecb: evaluate_utils/dcg.py (DCG.compute_ndcg, dcg_from_ranking, ndcg_from_ranking) and
+# evaluation.py (i2t, t2i), line by line on the same relevance matrix (N_txt, N_img) and similarities.
+
+
+def teran_dcg_from_ranking(y_true, ranking):
+    y_true = np.asarray(y_true)  # dcg.py l.186
+    ranking = np.asarray(ranking)  # l.187
+    rel = y_true[ranking]  # l.188
+    gains = 2 ** rel - 1  # l.189
+    discounts = np.log2(np.arange(len(ranking)) + 2)  # l.190
+    return np.sum(gains / discounts)  # l.191
+
+
+def teran_ndcg_from_ranking(y_true, ranking):
+    k = len(ranking)  # l.211
+    best_ranking = np.argsort(y_true)[::-1]  # l.212
+    best = teran_dcg_from_ranking(y_true, best_ranking[:k])  # l.213
+    if best == 0:  # l.214
+        return 0  # l.215
+    return teran_dcg_from_ranking(y_true, ranking) / best  # l.216
+
+
+def teran_means(sims_i2t, sims_t2i, relevance, rank=25):
+    """evaluation.py i2t (l.242–325) and t2i (l.328–411) for one fold: ``sims_i2t (N_img, N_txt)``, ``sims_t2i
+    (N_txt, N_img)``; DCG(rank=25) reads relevance[:, image] for image→text ('sentence') and relevance[caption, :]
+    for text→image ('image', dcg.py l.19–33)."""
+    n_img, n_txt = sims_i2t.shape
+    i2t = np.zeros(n_img)  # l.254
+    for index in range(n_img):
+        inds = np.argsort(sims_i2t[index])[::-1]  # l.296 (their d is one image's row)
+        relevances = relevance[:, index]  # dcg.py l.29: retrieval == 'sentence'
+        i2t[index] = teran_ndcg_from_ranking(relevances, inds[:rank].astype(int))  # dcg.py l.20, l.31; l.310
+    t2i = np.zeros(n_txt)  # l.342
+    for query in range(n_txt):
+        inds = np.argsort(sims_t2i[query])[::-1]  # l.389
+        relevances = relevance[query, :]  # dcg.py l.25: retrieval == 'image'
+        t2i[query] = teran_ndcg_from_ranking(relevances, inds[:rank].astype(int))  # l.395–397
+    return np.mean(i2t[i2t != 0]), np.mean(t2i)  # l.320 (non-zero only), l.405 (every query)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 3])
+def test_authors_code_teran_ndcg_per_direction(seed):
+    """mmcse's NDCG against TERAN's released code, transcribed: the image→text mean over the non-zero queries only,
+    the text→image mean over every query; a sparse relevance makes zero-NDCG queries in both directions."""
+    images, texts, owner, image_rel = random_case(seed, n_img=12, sparse=seed == 3)
+    unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)  # noqa: E731
+    sims = unit(images) @ unit(texts).T  # (N_img, N_txt) cosine, as mmcse scores
+    k = 2 if seed == 3 else 4
+    i2t, t2i = teran_means(sims, sims.T, image_rel.astype(np.float64), rank=k)
+    got = ndcg_metrics(images, texts, owner, {"spice": image_rel}, k=k)
+    assert (got[f"i2t_NDCG{k}_spice"], got[f"t2i_NDCG{k}_spice"]) == pytest.approx((i2t, t2i), abs=1e-6)
+    if seed == 3:  # the directions' rules differ where zeros occur: leaving them out of t2i breaks the equality
+        per_query = ndcg_per_query(images, texts, owner, {"spice": image_rel}, k=k)["spice"]
+        assert (per_query[0] == 0).any() and (per_query[1] == 0).any()
+        both = ndcg_metrics(images, texts, owner, {"spice": image_rel}, k=k, left_out=("i2t", "t2i"))
+        assert both[f"t2i_NDCG{k}_spice"] != pytest.approx(t2i, abs=1e-6)
+        kept = ndcg_metrics(images, texts, owner, {"spice": image_rel}, k=k, left_out=())
+        assert kept[f"i2t_NDCG{k}_spice"] != pytest.approx(i2t, abs=1e-6)
 
 
 def random_case(seed, n_img=9, sparse=False):
@@ -81,14 +142,16 @@ def test_matches_the_transcription_in_both_directions(seed, k):
     assert ndcg_metrics(images, texts, owner, {"rouge_l": image_rel}, k=k, block=1000) == pytest.approx(got)
 
 
-def test_zero_ndcg_queries_are_left_out_of_the_mean_like_teran_unless_asked():
+def test_zero_ndcg_queries_are_left_out_of_the_mean_of_the_directions_asked():
     images, texts, owner, image_rel = random_case(3, n_img=12, sparse=True)
     _, _, i2t_all, t2i_all = transcribed(images, texts, owner.tolist(), image_rel.tolist(), 2)
-    assert 0.0 in t2i_all  # some query has nothing relevant in its top 2
-    for exclude in (True, False):
-        got = ndcg_metrics(images, texts, owner, {"spice": image_rel}, k=2, exclude_zero=exclude)
-        i2t, t2i, _, _ = transcribed(images, texts, owner.tolist(), image_rel.tolist(), 2, exclude_zero=exclude)
+    assert 0.0 in t2i_all and 0.0 in i2t_all  # some query has nothing relevant in its top 2
+    for left_out in (("i2t",), (), ("i2t", "t2i"), ("t2i",)):
+        got = ndcg_metrics(images, texts, owner, {"spice": image_rel}, k=2, left_out=left_out)
+        i2t, t2i, _, _ = transcribed(images, texts, owner.tolist(), image_rel.tolist(), 2, left_out=left_out)
         assert (got["i2t_NDCG2_spice"], got["t2i_NDCG2_spice"]) == pytest.approx((i2t, t2i))
+    with pytest.raises(ValueError, match="left_out: directions among i2t, t2i"):
+        ndcg_metrics(images, texts, owner, {"spice": image_rel}, k=2, left_out=("up",))
     per_query = ndcg_per_query(images, texts, owner, {"spice": image_rel}, k=2)["spice"]
     np.testing.assert_allclose(per_query[0], i2t_all)
     np.testing.assert_allclose(per_query[1], t2i_all)
@@ -313,8 +376,12 @@ def test_spice_relevance_with_a_fake_java_scores_each_caption_against_each_image
     monkeypatch.setattr(ndcg, "_spice_missing", lambda: [])
     monkeypatch.setattr(ndcg, "_spice_dir", lambda: tmp_path)
     monkeypatch.setattr(ndcg, "SPICE_CHUNK", 4)  # 4 captions x 3 images: three runs
+    # TERAN tokenises SPICE's inputs first (PTB, lower-cased, punctuation dropped): a stand-in that does the same to
+    # these captions, so the scores below are those of the tokenised text
+    monkeypatch.setattr(ndcg, "ptb_tokenized", lambda cs: [c.lower().replace(" .", "").replace(",", "") for c in cs])
+    raw = ["A dog runs .", "a dog, sleeps", "", "Cat on mat"]
+    got = relevance_matrix(raw, [0, 0, 1, 2], "spice", tmp_path / "cache")
     captions, owner = ["a dog runs", "a dog sleeps", "", "cat on mat"], [0, 0, 1, 2]
-    got = relevance_matrix(captions, owner, "spice", tmp_path / "cache")
 
     def jaccard(a, refs):
         a, b = set(a.split()), {w for r in refs for w in r.split()}
@@ -325,7 +392,7 @@ def test_spice_relevance_with_a_fake_java_scores_each_caption_against_each_image
     np.testing.assert_allclose(got, want, rtol=1e-6)
     assert len(log.read_text().splitlines()) == 12  # each caption against each image's references together
     assert "a dog runs|a dog runs/a dog sleeps" in log.read_text().splitlines()
-    assert (tmp_path / "cache" / f"spice-{relevance_key(captions, owner, 'spice')}.npy").is_file()
+    assert (tmp_path / "cache" / f"spice-{relevance_key(raw, owner, 'spice')}.npy").is_file()
 
 
 def test_parse_spice_output_places_by_image_id_and_reads_nan_as_zero():

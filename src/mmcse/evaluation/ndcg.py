@@ -16,15 +16,17 @@ Protocol as implemented here (facts from TERAN's evaluation code):
   computes it: tokens are the lower-cased caption split on single spaces, P = max over the references
   of LCS / |c|, R = max of LCS / |r|, F = (1 + β²)·P·R / (R + β²·P) with β = 1.2 (0 when P or R is 0).
   ``spice``: SPICE's F of the caption against the image's references together (the union of their
-  scene graphs), pycocoevalcap's jar.
+  scene graphs), pycocoevalcap's jar, on captions PTB-tokenised first as TERAN's evaluate_utils/spice.py does
+  (l.40–42: Stanford's PTBTokenizer, lower-cased, punctuation dropped; `ptb_tokenized`).
 * **Gain and discount.** ``DCG@k = sum_{r=1..k} (2^rel_r - 1) / log2(r + 1)`` over the top k of
   the ranking (exponential gain, log2 discount with rank 1 undiscounted).
 * **Ideal DCG.** The same sum over the gallery's k largest relevances in decreasing order (all
   of the query's gallery, not just the retrieved items); NDCG = DCG / IDCG, 0 where IDCG is 0.
 * **k = 25** (DUET: "NDCG@25"); with a gallery smaller than k, the whole gallery is ranked.
-* **Mean over queries.** TERAN averages only the queries whose NDCG is non-zero (a query with
-  nothing relevant in its top 25 is left out); ``exclude_zero=True`` (the default) does the same,
-  ``False`` averages every query.
+* **Mean over queries.** TERAN's evaluation.py leaves out the image→text queries whose NDCG is zero
+  (``i2t``: ``np.mean(rougel_ndcgs[rougel_ndcgs != 0])``, l.320–321: a query with nothing relevant in its
+  top 25) and averages every text→image query (l.405–406); ``left_out=("i2t",)`` (the default, `TERAN_LEFT_OUT`)
+  does the same, ``()`` averages every query in both directions, ``("i2t", "t2i")`` leaves out both.
 * **Scale.** Raw NDCG in [0, 1], as DUET and TERAN report it (e.g. 0.735), not ×100.
 * **Scores.** Cosine similarity of the embeddings. Ties in similarity count against the model
   (the project's convention, as in `retrieval`): items scoring the same are ranked least
@@ -69,7 +71,9 @@ K = 25
 KINDS = ("rouge_l", "spice")
 PRIMARY = ndcg_key(K, "rouge_l")
 # bumped when the way a relevance matrix is computed changes: old cache files stop matching
-RELEVANCE_VERSION = 2  # 2: caption-to-image relevance (TERAN's multi-reference ROUGE-L / SPICE)
+RELEVANCE_VERSION = 3  # 2: caption-to-image relevance (TERAN's multi-reference ROUGE-L / SPICE); 3: SPICE on
+# PTB-tokenised captions
+TERAN_LEFT_OUT = ("i2t",)  # the directions whose zero-NDCG queries TERAN's mean leaves out (evaluation.py l.320, l.405)
 SPICE_JARS = ("spice-1.0.jar", "lib/stanford-corenlp-3.6.0.jar", "lib/stanford-corenlp-3.6.0-models.jar")
 SPICE_CHUNK = 200_000  # caption pairs per SPICE run: bounds the JSON files and the JVM heap
 SPICE_MAX_JAVA = 14  # SPICE 1.0 writes -out through Nashorn (gone in Java 15); its LMDB cache fails on 16+
@@ -266,12 +270,23 @@ def parse_spice_output(results: list[dict], n_items: int) -> np.ndarray:
     return f
 
 
+def ptb_tokenized(captions: list[str]) -> list[str]:
+    """SPICE's inputs as TERAN prepares them (evaluate_utils/spice.py l.40–42, ptbtokenizer.py): Stanford's
+    PTBTokenizer, lower-cased, the punctuation tokens dropped, through coco-caption's wrapper in pycocoevalcap (the
+    same tokenizer and punctuation list; Java, which SPICE needs anyway)."""
+    from pycocoevalcap.tokenizer.ptbtokenizer import PTBTokenizer  # the spice extra, checked by _spice_missing
+
+    out = PTBTokenizer().tokenize({i: [{"caption": c}] for i, c in enumerate(captions)})
+    return [out[i][0] for i in range(len(captions))]
+
+
 def _spice_relevance(captions: list[str], owner: np.ndarray) -> np.ndarray:
     missing = _spice_missing()
     if missing:
         raise SpiceUnavailable(f"SPICE relevance cannot run: missing {'; '.join(missing)}. {SPICE_INSTALL}")
     spice_dir = _spice_dir()
     assert spice_dir is not None
+    captions = ptb_tokenized(captions)  # candidates and references alike, once each
     n_txt, n_img = len(captions), int(owner.max()) + 1
     refs = [[] for _ in range(n_img)]  # each image's captions: the references of every candidate
     for c, i in zip(captions, owner.tolist(), strict=True):
@@ -421,6 +436,13 @@ def _mean(values: np.ndarray, exclude_zero: bool) -> float:
     return float(values.mean()) if values.size else 0.0
 
 
+def _check_left_out(left_out: Sequence[str]) -> tuple[str, ...]:
+    unknown = sorted(set(left_out) - {"i2t", "t2i"})
+    if unknown or isinstance(left_out, str):
+        raise ValueError(f"left_out: directions among i2t, t2i, got {left_out!r}")
+    return tuple(left_out)
+
+
 def ndcg_per_query(image_emb: np.ndarray, text_emb: np.ndarray, text_image: Sequence[int],
                    relevance: Mapping[str, np.ndarray], k: int = K,
                    block: int = 1024) -> dict[str, tuple[np.ndarray, np.ndarray]]:
@@ -454,22 +476,23 @@ def ndcg_per_query(image_emb: np.ndarray, text_emb: np.ndarray, text_image: Sequ
 
 def ndcg_metrics(image_emb: np.ndarray, text_emb: np.ndarray, text_image: Sequence[int],
                  relevance: dict[str, np.ndarray], k: int = K, block: int = 1024, *,
-                 exclude_zero: bool = True) -> dict[str, float]:
+                 left_out: Sequence[str] = TERAN_LEFT_OUT) -> dict[str, float]:
     """``i2t_NDCG<k>_<kind>``, ``t2i_NDCG<k>_<kind>`` and their mean ``NDCG<k>_<kind>``
     (raw, in [0, 1]) for each relevance kind given; `PRIMARY` is ``NDCG25_rouge_l``
-    (`mmcse.evaluation.names`). Means over queries leave out zero NDCGs as TERAN does unless
-    ``exclude_zero=False`` (`ndcg_per_query`)."""
+    (`mmcse.evaluation.names`). The means over queries leave out the zero NDCGs of the directions in
+    ``left_out``: TERAN's image→text only, by default (`ndcg_per_query`, the module docstring)."""
+    left_out = _check_left_out(left_out)
     scores: dict[str, float] = {}
     for kind, (i2t, t2i) in ndcg_per_query(image_emb, text_emb, text_image, relevance, k, block).items():
-        scores[ndcg_key(k, kind, "i2t")] = _mean(i2t, exclude_zero)
-        scores[ndcg_key(k, kind, "t2i")] = _mean(t2i, exclude_zero)
+        scores[ndcg_key(k, kind, "i2t")] = _mean(i2t, "i2t" in left_out)
+        scores[ndcg_key(k, kind, "t2i")] = _mean(t2i, "t2i" in left_out)
         scores[ndcg_key(k, kind)] = (scores[ndcg_key(k, kind, "i2t")] + scores[ndcg_key(k, kind, "t2i")]) / 2
     return scores
 
 
 def ndcg_fold_mean(image_emb: np.ndarray, text_emb: np.ndarray, text_image: Sequence[int],
                    relevance: dict[str, np.ndarray], folds: Sequence[range], k: int = K, block: int = 1024, *,
-                   exclude_zero: bool = True) -> dict[str, float]:
+                   left_out: Sequence[str] = TERAN_LEFT_OUT) -> dict[str, float]:
     """Mean of `ndcg_metrics` over image folds (COCO 1K: `retrieval.coco_1k_folds`), each with its
     own images' captions and their relevance to its images."""
     owner = np.asarray(text_image, dtype=np.int64)
@@ -478,7 +501,7 @@ def ndcg_fold_mean(image_emb: np.ndarray, text_emb: np.ndarray, text_image: Sequ
         keep = np.flatnonzero((owner >= images.start) & (owner < images.stop))
         sub = {kind: np.asarray(rel)[keep, images.start:images.stop] for kind, rel in relevance.items()}
         per_fold.append(ndcg_metrics(np.asarray(image_emb)[images.start:images.stop], np.asarray(text_emb)[keep],
-                                     owner[keep] - images.start, sub, k, block, exclude_zero=exclude_zero))
+                                     owner[keep] - images.start, sub, k, block, left_out=left_out))
     return {key: float(np.mean([f[key] for f in per_fold])) for key in per_fold[0]}
 
 
