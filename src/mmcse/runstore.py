@@ -25,6 +25,9 @@ SQLITE_PREFIX = "sqlite:///"
 VARIANT_TAG, SEED_TAG = "ablation.variant", "ablation.seed"
 # a job trained with offline stand-in teachers under a paper profile (teachers.stand_ins: allow): what stood in
 STAND_IN_TAG = "mmcse.stand_in_teachers"
+# a job no seed can change (`mmcse.experiments.jobs.seed_free`): it ran once, and `mmcse report` compares it with the
+# printed interval, not with a spread
+SEED_FREE_TAG = "mmcse.seed_free"
 # a training run's wall-clock minutes, summed over its resumed sessions (DALR Table 7): MLflow only,
 # like the run id, since a DVC output must not change between two identical runs
 TRAIN_MINUTES = "train_minutes"

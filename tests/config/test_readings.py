@@ -115,9 +115,10 @@ def test_under_a_dalr_profile_a_table_runs_as_its_recipes_as_printed_or_as_the_c
                 assert {e["follows"] for e in row["reading"]} <= {"code"}
     kd = by_reading["recipe"]["KDMCSE"]["reading"]
     assert {e["key"]: e["follows"] for e in kd}["loss.kdmcse.margin_similarity"] == "code"
-    # MCSE's recipe is its authors' run: the mean of the views' image term (and no CLIP teacher to read)
-    assert [(e["key"], e["follows"]) for e in by_reading["recipe"]["MCSE"]["reading"]] == [
-        ("loss.mcse.image_views", "code")]
+    # MCSE's recipe is its authors' run: the mean of the views' image term (and no CLIP teacher to read), but for
+    # the profile's bf16 where MCSE's script trains fp32 (a run-script point: the recipe names it)
+    assert [(e["key"], e["follows"], e["side"]) for e in by_reading["recipe"]["MCSE"]["reading"]] == [
+        ("loss.mcse.image_views", "code", "printed"), ("train.precision", "printed", "profile")]
     text = plan_text(plan(params, "dalr-table4"), {})
     assert "profile dalr-flickr-bert, preset dalr-table4, reading recipe, seeds [1, 2, 3, 4, 5]" in text
     assert ("\nMCSE: mcse, recipe mcse (bert)\n  reading: loss.mcse.image_views: 'mean' (code; printed 'sum')\n"
@@ -162,3 +163,18 @@ def test_under_demo_the_recipe_reading_keeps_params_values_and_printed_sets_ever
     assert plan(params, "dalr-table4")["rows"][-1]["config"]["loss"]["dalr"]["info_weight"] == 0.5
     coded = {row["variant"]: row for row in plan(params, "dalr-table4", "code")["rows"]}
     assert _dalr(coded["DALR"]) == DALR_CODE
+
+
+def test_a_rows_own_setting_of_a_point_is_the_ablations_variable_not_a_reading():
+    """KDMCSE Table 3's "w/o threshold filtering" sets the threshold off itself: that is the row, not the code's
+    reading of the paper; the point reads ``row`` and the row's summary does not list it."""
+    reads = {"loss.kdmcse.threshold": "off", "loss.kdmcse.margin_similarity": "within"}
+    entries = row_reading(reads, "bert", own={"loss.kdmcse.threshold"})
+    assert [(e["key"], e["follows"]) for e in entries] == [("loss.kdmcse.threshold", "row"),
+                                                           ("loss.kdmcse.margin_similarity", "code")]
+    assert reading_summary(entries) == "loss.kdmcse.margin_similarity: 'within' (code; printed 'cross')"
+    tags = reading_tags("recipe", entries)
+    assert [p.split(":")[0] for p in points_off_printed(tags)] == ["loss.kdmcse.margin_similarity"]
+    # a point the paper prints no value for says so
+    mlm = row_reading({"loss.simcse.mlm_head": "new"}, "bert")
+    assert reading_summary(mlm) == "loss.simcse.mlm_head: 'new' (code; not printed, default 'pretrained')"

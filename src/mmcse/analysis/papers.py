@@ -22,7 +22,10 @@ produce says why (``not_reproduced``); a row of differences names its two rows (
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -70,6 +73,16 @@ class Cell:
             raise ConfigError(f"{where}: cell {text!r} is not 'mean', 'mean±std' or 'mean*±std'")
         return cls(text, float(m.group(1)), float(m.group(3)) if m.group(3) else None, bool(m.group(2)))
 
+    @property
+    def resolution(self) -> float:
+        """The unit of the printed mean's last digit: 0.1 for '76.3', 0.01 for '76.25', 1 for '76' (0: nothing
+        printed). The printed number stands for ± half of it (`mmcse.analysis.statistics.printed_interval`)."""
+        numbers = self.numbers()
+        if not numbers:
+            return 0.0
+        decimals = len(numbers[0].split(".")[1]) if "." in numbers[0] else 0
+        return 10.0 ** -decimals
+
     def numbers(self) -> list[str]:
         """The numbers as printed, in order (mean, then std)."""
         if self.printed is None:
@@ -106,6 +119,8 @@ class PaperTable:
     blocks: dict[str, dict[str, PaperRow]]
     order: str = "printed"
     runs: int | None = None  # how many runs each printed mean ± std is over (None: the paper does not say)
+    # metric -> (σ, cells): the reproduction tolerance of a printed number without a std (`reproduction_tolerances`)
+    tolerances: dict[str, tuple[float, int]] = field(default_factory=dict)
 
     @property
     def kind(self) -> str:
@@ -219,6 +234,30 @@ def load_paper(name: str, root: Path | str = ".") -> Paper:
     declared = build(_PaperFile, yaml.safe_load(file.read_text(encoding="utf-8")) or {}, str(file))
     tables = {k: _table(name, k, t, f"{file}: tables.{k}") for k, t in declared.tables.items()}
     return Paper(name, declared.paper or name, declared.text or f"{name}.txt", tables, file, declared.second_text)
+
+
+def reproduction_tolerances(papers: Iterable[Paper]) -> dict[str, tuple[float, int]]:
+    """Per metric, the papers' own run-to-run noise: the root mean square of every std the ``papers`` print for it
+    (a cell ``mean±std``, std > 0), and how many cells it is from. It stands in for a printed number's noise where
+    a table prints none (`mmcse.analysis.statistics.reproduction_verdict`'s ``prior_std``); a metric no paper
+    prints a std for has none."""
+    squares: dict[str, list[float]] = {}
+    for paper in papers:
+        for table in paper.tables.values():
+            metrics = list(table.columns.values())
+            for rows in table.blocks.values():
+                for row in rows.values():
+                    for metric, cell in zip(metrics, row.cells, strict=True):
+                        if cell.std is not None and cell.std > 0:
+                            squares.setdefault(metric, []).append(cell.std ** 2)
+    return {m: (math.sqrt(sum(v) / len(v)), len(v)) for m, v in sorted(squares.items())}
+
+
+def with_tolerances(paper: Paper, tolerances: dict[str, tuple[float, int]]) -> Paper:
+    """``paper`` with each table carrying the tolerances of its metrics (`reproduction_tolerances`)."""
+    tables = {k: dataclasses.replace(t, tolerances={m: tolerances[m] for m in t.columns.values() if m in tolerances})
+              for k, t in paper.tables.items()}
+    return dataclasses.replace(paper, tables=tables)
 
 
 def list_papers(root: Path | str = ".") -> list[str]:

@@ -33,6 +33,7 @@ class RunCell:
     std: float = math.nan
     n: int = 0
     p: float = math.nan
+    deterministic: bool = False  # no seed changes it (`mmcse.experiments.jobs.seed_free`): it ran once
 
 
 @dataclass
@@ -107,37 +108,55 @@ NO_VERDICT_METRICS = ("train_minutes",)  # a device's minutes are compared, not 
 
 
 def cell_verdict(table: PaperTable, cell: Cell, metric: str, ours: RunCell | None) -> dict | None:
-    """Whether mmcse's cell reproduces the paper's printed one (`reproduction_verdict`: Welch's test where the
-    table prints a std over a known number of runs, else against the spread of mmcse's seeds); None where no
-    test can be made (no printed value, fewer than 2 seeds, a difference row, training minutes)."""
+    """Whether mmcse's cell reproduces the paper's printed one (`reproduction_verdict`): the printed number as the
+    interval its digits stand for; Welch's test where the table prints a std over a known number of runs, else the
+    metric's reproduction tolerance (`PaperTable.tolerances`), else mmcse's own spread; a deterministic row against
+    the interval. None where no test can be made (no printed value, one seed and no tolerance, a difference row,
+    training minutes)."""
     if cell.mean is None or ours is None or metric in NO_VERDICT_METRICS:
         return None
-    return reproduction_verdict(cell.mean, cell.std, table.runs, ours.mean, ours.std, ours.n)
+    prior = table.tolerances.get(metric)
+    return reproduction_verdict(cell.mean, cell.std, table.runs, ours.mean, ours.std, ours.n,
+                                resolution=cell.resolution, prior_std=prior[0] if prior else None,
+                                deterministic=ours.deterministic)
 
 
-def verdict_counts(table: PaperTable, paper_rows: dict[str, PaperRow], found: Reproduction) -> tuple[int, int]:
-    """``(consistent cells, cells with a verdict)`` of one block."""
-    verdicts = []
+def _verdicts(table: PaperTable, paper_rows: dict[str, PaperRow], found: Reproduction) -> list[dict]:
+    out = []
     for variant, row in paper_rows.items():
         if row.not_reproduced or row.difference or variant not in found.rows:
             continue
         for i, metric in enumerate(table.columns.values()):
             v = cell_verdict(table, row.cells[i], metric, found.rows[variant].get(metric))
             if v is not None:
-                verdicts.append(v["verdict"])
+                out.append(v)
+    return out
+
+
+def verdict_counts(table: PaperTable, paper_rows: dict[str, PaperRow], found: Reproduction) -> tuple[int, int]:
+    """``(consistent cells, cells with a verdict)`` of one block."""
+    verdicts = [v["verdict"] for v in _verdicts(table, paper_rows, found)]
     return verdicts.count("consistent"), len(verdicts)
 
 
 def verdict_lines(table: PaperTable, paper_rows: dict[str, PaperRow], found: Reproduction) -> list[str]:
-    """The block's verdict and the test behind it, stated under its table."""
-    consistent, n = verdict_counts(table, paper_rows, found)
-    if not n:
-        return ["Verdict: none yet (a cell needs at least 2 seeds and a printed value)."]
-    test = VERDICT_TESTS["welch"] if table.runs else VERDICT_TESTS["one-sample"]
-    return [f"**Verdict: {consistent} of {n} cells consistent with the paper** (α = {ALPHA}; beside each Δ: "
-            "consistent, lower or higher). Test: " + test + (f"; the paper's cells are over {table.runs} runs"
-            if table.runs else "") + ". Assumed: each side's runs are a normal sample, and the paper's printed "
-            "numbers are exact (they are rounded to the digits shown)."]
+    """The block's verdict and the tests behind it, stated under its table, with the tolerances it used."""
+    verdicts = _verdicts(table, paper_rows, found)
+    if not verdicts:
+        return ["Verdict: none yet (a cell needs a printed value and at least 2 seeds, or one seed of a deterministic "
+                "row, or a tolerance for its metric)."]
+    consistent = sum(v["verdict"] == "consistent" for v in verdicts)
+    used = sorted({v["test"] for v in verdicts}, key=list(VERDICT_TESTS).index)
+    tests = "; ".join(f"{name}: {VERDICT_TESTS[name]}" for name in used)
+    runs = f"; the paper's cells are over {table.runs} runs" if table.runs and "welch" in used else ""
+    tolerance = ""
+    if "prior" in used and table.tolerances:
+        tolerance = " Tolerances σ (the root mean square of the papers' printed stds of the metric): " + ", ".join(
+            f"{metric} {sigma:.2f} ({cells} cells)" for metric, (sigma, cells) in table.tolerances.items()) + "."
+    return [f"**Verdict: {consistent} of {len(verdicts)} cells consistent with the paper** (α = {ALPHA}; beside each "
+            f"Δ: consistent, lower or higher). A printed number stands for the interval its digits round from (76.3: "
+            f"76.25–76.35), and a test measures mmcse's distance to it. Tests: {tests}{runs}.{tolerance} Assumed: each "
+            "side's runs are a normal sample."]
 
 
 def _difference(rows: dict[str, dict[str, RunCell]], pair: tuple[str, str], metric: str) -> RunCell | None:

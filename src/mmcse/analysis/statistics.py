@@ -120,36 +120,79 @@ def paired_significance(
 
 VERDICTS = ("consistent", "lower", "higher")
 VERDICT_TESTS = {
-    "welch": "Welch's t-test from summary statistics (scipy.stats.ttest_ind_from_stats, unequal variances): "
-             "mmcse's mean ± std over its seeds against the paper's printed mean ± std over its printed number of "
+    "welch": "Welch's t-test from summary statistics (unequal variances): the distance from mmcse's mean ± std over "
+             "its seeds to the paper's printed interval, against the paper's printed std over its printed number of "
              "runs, two-sided",
-    "one-sample": "one-sample t-test of mmcse's seeds against the paper's printed mean (the paper prints no std, "
-                  "or not over how many runs): t = (mean − paper) / (std / √n), n − 1 degrees of freedom, two-sided",
+    "prior": "a z-test of the distance from mmcse's mean to the paper's printed interval, against the paper's "
+             "run-to-run noise where it prints none (the reproduction tolerance σ: the root mean square of the "
+             "papers' printed stds of that metric) and mmcse's own spread over its seeds, two-sided",
+    "one-sample": "one-sample t-test of mmcse's seeds against the paper's printed interval (no printed std and no "
+                  "tolerance for the metric): t = distance / (std / √n), n − 1 degrees of freedom, two-sided",
+    "interval": "a result no seed changes (a deterministic row, or both sides without spread) against the paper's "
+                "printed interval: consistent inside it, lower or higher outside",
 }
 
 
+def printed_interval(paper_mean: float, resolution: float) -> tuple[float, float]:
+    """What a printed number stands for: ``paper_mean`` ± half its last digit's unit (``resolution``: 0.1 for
+    '76.3', 0.01 for '76.25'), the numbers that round to it."""
+    half = resolution / 2
+    return paper_mean - half, paper_mean + half
+
+
+def distance_to_interval(value: float, low: float, high: float) -> float:
+    """``value`` minus the nearest point of ``[low, high]``: 0 inside (a difference rounding alone can make)."""
+    return value - high if value > high else (value - low if value < low else 0.0)
+
+
 def reproduction_verdict(paper_mean: float, paper_std: float | None, paper_runs: int | None,
-                         mean: float, std: float, n: int, alpha: float = ALPHA) -> dict[str, Any] | None:
-    """Whether mmcse's cell (``mean`` ± ``std`` over ``n`` seeds) reproduces the paper's: ``{"verdict":
-    consistent | lower | higher, "test": welch | one-sample, "p"}``. Welch's test where the paper prints a std
-    and its number of runs (`VERDICT_TESTS`), else a one-sample test against the spread of mmcse's own seeds;
-    ``consistent`` when p ≥ ``alpha``, else ``lower`` / ``higher`` by the sign of mean − paper. None where no
-    test can be made (fewer than 2 seeds). Both assume each side's runs are a normal sample."""
-    if n < 2 or not math.isfinite(mean) or not math.isfinite(std):
+                         mean: float, std: float, n: int, alpha: float = ALPHA, *, resolution: float = 0.0,
+                         prior_std: float | None = None, deterministic: bool = False) -> dict[str, Any] | None:
+    """Whether mmcse's cell (``mean`` ± ``std`` over ``n`` seeds) reproduces the paper's printed one: ``{"verdict":
+    consistent | lower | higher, "test": welch | prior | one-sample | interval, "p", "distance"}``.
+
+    The printed number stands for an interval (`printed_interval`: ± half of ``resolution``), and every test
+    measures mmcse's distance to it (`distance_to_interval`), so rounding alone never reads as a difference:
+
+    - ``interval``: a ``deterministic`` row (no seed changes it: it runs once) or two sides without spread: consistent
+      inside the interval, else lower / higher (``p`` None);
+    - ``welch``: the paper prints a std over ``paper_runs`` ≥ 2 runs: Welch's t-test of the distance;
+    - ``prior``: it prints none, and the metric has a reproduction tolerance ``prior_std`` (the papers' own
+      run-to-run noise; a std printed without its number of runs counts as one): a z-test of the distance against
+      √(σ² + s²/n), s mmcse's std over its seeds (σ again where it has one seed);
+    - ``one-sample``: neither, the distance against mmcse's own spread (≥ 2 seeds).
+
+    ``consistent`` when p ≥ ``alpha``, else ``lower`` / ``higher`` by the distance's sign. None where no test can be
+    made (a single seed with no tolerance, a non-finite mean). Each side's runs are assumed a normal sample."""
+    if not math.isfinite(mean):
         return None
-    if paper_std is not None and paper_runs is not None and paper_runs >= 2:
-        test = "welch"
-        if std == 0 and paper_std == 0:
-            p = 1.0 if mean == paper_mean else 0.0
-        else:
-            p = float(stats.ttest_ind_from_stats(mean, std, n, paper_mean, paper_std, paper_runs,
-                                                 equal_var=False).pvalue)
-    else:
-        test = "one-sample"
-        if std == 0:
-            p = 1.0 if mean == paper_mean else 0.0
-        else:
-            t = (mean - paper_mean) / (std / math.sqrt(n))
-            p = float(2 * stats.t.sf(abs(t), n - 1))
-    verdict = "consistent" if p >= alpha else ("lower" if mean < paper_mean else "higher")
-    return {"verdict": verdict, "test": test, "p": p}
+    low, high = printed_interval(paper_mean, resolution)
+    gap = distance_to_interval(mean, low, high)
+    has_spread = n >= 2 and math.isfinite(std) and std > 0
+    paper_spread = paper_std is not None and paper_std > 0
+
+    def verdict(p: float | None, test: str) -> dict[str, Any]:
+        consistent = gap == 0 if p is None else p >= alpha
+        word = "consistent" if consistent else ("lower" if gap < 0 else "higher")
+        return {"verdict": word, "test": test, "p": p, "distance": gap}
+
+    if deterministic or (n >= 2 and std == 0 and not paper_spread):
+        return verdict(None, "interval")
+    if paper_spread and paper_runs is not None and paper_runs >= 2:
+        if not has_spread and n < 2:
+            return None
+        own = std ** 2 / n if has_spread else 0.0
+        theirs = paper_std ** 2 / paper_runs
+        se = math.sqrt(own + theirs)
+        t = gap / se
+        df = (own + theirs) ** 2 / ((own ** 2 / (n - 1) if own else 0.0) + theirs ** 2 / (paper_runs - 1))
+        return verdict(float(2 * stats.t.sf(abs(t), df)), "welch")
+    sigma = paper_std if paper_spread else prior_std
+    if sigma is not None and sigma > 0:
+        s = std if has_spread else sigma
+        z = gap / math.sqrt(sigma ** 2 + s ** 2 / max(n, 1))
+        return verdict(float(2 * stats.norm.sf(abs(z))), "prior")
+    if not has_spread:
+        return None
+    t = gap / (std / math.sqrt(n))
+    return verdict(float(2 * stats.t.sf(abs(t), n - 1)), "one-sample")

@@ -16,7 +16,7 @@ row weighs as on the DALR row). A point applies to a row when the row's method r
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +37,8 @@ class ReadingPoint:
     # where the paper contradicts itself (an equation as typeset against its own prose): params.yaml's default, the
     # prose's value; None: the default is ``printed``
     default: Any = None
+    # what the non-code side is: the paper as ``printed``, or (a run script's setting) mmcse's ``recipe`` or ``profile``
+    side: str = "printed"
 
     @property
     def default_value(self) -> Any:
@@ -171,35 +173,44 @@ def encoder_of(model_name: str) -> str:
 
 
 def follows(point: ReadingPoint, value: Any, encoder: str | None) -> str:
-    """``printed``, ``code`` or ``neither`` (a row that sets the point to a third value)."""
+    """``printed`` (or the point's other ``side``: a run script's ``recipe``), ``code`` or ``neither`` (a row that
+    sets the point to a third value)."""
     if value == point.printed:
         return "printed"
     return "code" if value == point.code_value(encoder) else "neither"
 
 
-def row_reading(reads: Mapping[str, Any], encoder: str | None) -> list[dict[str, Any]]:
+def row_reading(reads: Mapping[str, Any], encoder: str | None, own: Collection[str] = (),
+                extra: Sequence[ReadingPoint] = ()) -> list[dict[str, Any]]:
     """One entry per reading point a row reads (``reads``: its flat dotted keys and values, the keys its
-    method reads): ``{key, what, value, follows, printed, code, source}``."""
+    method reads): ``{key, what, value, follows, printed, code, source}``; ``follows`` is ``row`` at a point the
+    row's own overrides set (``own``: the ablation's variable, e.g. KDMCSE Table 3's "w/o threshold filtering"),
+    which is neither reading's. ``extra``: the row's run-script settings where its recipe differs
+    (`mmcse.experiments.recipes.script_points`), listed after the catalogue's points."""
     out = []
-    for point in READING_POINTS:
+    known = {p.key for p in READING_POINTS}
+    for point in (*READING_POINTS, *(p for p in extra if p.key not in known)):
         if point.key in reads:
             value = reads[point.key]
+            side = "row" if point.key in own else follows(point, value, encoder)
             out.append({"key": point.key, "what": point.what, "value": value,
-                        "follows": follows(point, value, encoder), "printed": point.printed,
-                        "not_printed": point.not_printed, "code": point.code_value(encoder),
+                        "follows": side, "printed": point.printed,
+                        "not_printed": point.not_printed, "side": point.side, "code": point.code_value(encoder),
                         "source": point.source()})
     return out
 
 
 def reading_summary(entries: list[dict[str, Any]]) -> str:
-    """One line: ``as printed`` when a row follows the printed text at every point it reads, else the
-    points where it does not (``loss.dalr.info_weight: 0.1 (code; printed 1.0)``; a point the paper prints no
-    value for: ``(code; not printed, default 'pretrained')``)."""
-    off = [e for e in entries if e["follows"] != "printed"]
+    """One line: ``as printed`` when a row follows the printed text at every point it reads (its own overrides
+    aside), else the points where it does not (``loss.dalr.info_weight: 0.1 (code; printed 1.0)``; a point the
+    paper prints no value for: ``(code; not printed, default 'pretrained')``)."""
+    off = [e for e in entries if e["follows"] not in ("printed", "row")]
     if not off:
         return "as printed" + ("" if entries else " (no point where paper and code differ)")
     def printed(e: dict[str, Any]) -> str:
-        return f"not printed, default {e['printed']!r}" if e.get("not_printed") else f"printed {e['printed']!r}"
+        if e.get("not_printed"):
+            return f"not printed, default {e['printed']!r}"
+        return f"{e.get('side', 'printed')} {e['printed']!r}"
 
     return "; ".join(f"{e['key']}: {e['value']!r} ({e['follows']}; {printed(e)})" for e in off)
 
@@ -212,8 +223,8 @@ def reading_tags(reading: str, entries: list[dict[str, Any]]) -> dict[str, str]:
     (printed <value>; <sources>)``."""
     tags = {READING_TAG: reading}
     for e in entries:
-        tags[f"{READING_TAG}.{e['key']}"] = (f"{e['follows']}: {e['value']!r} (printed {e['printed']!r}; "
-                                             f"{e['source']})")[:5000]
+        tags[f"{READING_TAG}.{e['key']}"] = (f"{e['follows']}: {e['value']!r} ({e.get('side', 'printed')} "
+                                             f"{e['printed']!r}; {e['source']})")[:5000]
     return tags
 
 
@@ -222,4 +233,4 @@ def points_off_printed(tags: Mapping[str, str]) -> list[str]:
     follow as printed (empty: the row is the paper as printed)."""
     prefix = READING_TAG + "."
     return [f"{k[len(prefix):]}: {v}" for k, v in sorted(tags.items())
-            if k.startswith(prefix) and not v.startswith("printed:")]
+            if k.startswith(prefix) and not v.startswith(("printed:", "row:"))]

@@ -26,7 +26,10 @@ from mmcse.experiments.jobs import (
     job_hash,
     job_identity,
     job_run_name,
+    seed_free,
 )
+from mmcse.experiments.params import preset_row_keys
+from mmcse.experiments.recipes import script_points
 from mmcse.experiments.stand_ins import paper_stand_ins
 from mmcse.experiments.upstream import resolve_on_record
 from mmcse.integrity.code import EVALUATION_CODE, code_digest, code_files
@@ -203,10 +206,13 @@ def run_job(
     # (and marks a row trained with allowed stand-in teachers under a paper profile)
     stood_in = paper_stand_ins(job_cfg)
     # per point where its paper and its authors' code differ, the reading the row follows (mmcse report marks it)
-    reading = row_reading(tracking.flatten(job_identity(job_cfg)), encoder_of(job_cfg.model.name_or_path))
+    reading = row_reading(tracking.flatten(job_identity(job_cfg)), encoder_of(job_cfg.model.name_or_path),
+                          own=preset_row_keys(cfg, job.variant),
+                          extra=script_points(Path("."), cfg.base.profile, job_cfg.train.method, job_cfg.data.pairs))
     with tracking.tagged({**where, **(tags or {}), tracking.VARIANT_TAG: job.variant,
                           tracking.SEED_TAG: str(job.seed), **reading_tags(cfg.ablate.reading, reading),
-                          **({tracking.STAND_IN_TAG: "; ".join(stood_in)} if stood_in else {})}):
+                          **({tracking.STAND_IN_TAG: "; ".join(stood_in)} if stood_in else {}),
+                          **({tracking.SEED_FREE_TAG: "true"} if seed_free(job_cfg) else {})}):
         # found or computed before the job trains (a failure leaves the job's run FAILED)
         upstream = resolve_on_record(job_cfg, paths, cfg.base.seed, "ablate", job_run_name(job), parent_run_id)
         # several processes (train.devices: 2, or auto on a worker that sees several GPUs): torchrun starts them

@@ -34,11 +34,29 @@ def slug(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.=-]+", "_", name).strip("_") or "variant"
 
 
+def seed_free(job_cfg: Config) -> bool:
+    """Whether no seed can change a job's result: it trains no step (``train.epochs: 0``) from pretrained weights and
+    scores only what those weights give (SimCSE's untrained encoder, pooled without its fresh MLP: MCSEO Table 1's
+    first row). Such a row runs on the table's first seed alone."""
+    return (job_cfg.train.epochs == 0 and job_cfg.train.method == "simcse" and job_cfg.model.init == "pretrained"
+            and job_cfg.evaluate.pooler != "cls")
+
+
+def _row_seeds(cfg: Config, name: str, overrides: dict[str, Any]) -> list[int]:
+    """The seeds a row trains on: the table's, or its first alone for a `seed_free` row."""
+    seeds = list(cfg.ablate.seeds)
+    try:
+        free = seed_free(with_overrides(cfg, dict(overrides), where=f"params.yaml (ablate.variants.{name})"))
+    except ValueError:  # a bad override fails as its jobs do, later, with its own message
+        free = False
+    return seeds[:1] if free else seeds
+
+
 def expand(cfg: Config) -> list[Job]:
-    """Every (variant, seed) with its overrides (seed included), in params.yaml order."""
+    """Every (variant, seed) with its overrides (seed included), in params.yaml order; a `seed_free` row once."""
     jobs = []
     for name, overrides in cfg.ablate.variants.items():
-        for seed in cfg.ablate.seeds:
+        for seed in _row_seeds(cfg, name, overrides):
             jobs.append(Job(name, seed, {**overrides, "base.seed": seed}))
     slugs = [slug(n) for n in cfg.ablate.variants]
     if len(set(slugs)) != len(slugs):

@@ -112,6 +112,16 @@ def expand_preset(raw: Mapping[str, Any], root: Path, where: str) -> dict[str, A
     return raw
 
 
+def preset_row_keys(cfg: Config, variant: str, root: Path | str = ".") -> set[str]:
+    """The keys a preset's row sets itself (its own overrides and the preset's ``base``: the ablation's variable,
+    before any recipe or reading), empty for a row of params.yaml's own ``ablate.variants``."""
+    if cfg.ablate.preset == "none":
+        return set()
+    raw = {"ablate": {"preset": cfg.ablate.preset, "presets_dir": cfg.ablate.presets_dir}}
+    rows = expand_preset(raw, Path(root), f"preset {cfg.ablate.preset}")["ablate"]["variants"]
+    return set(rows.get(variant) or {})
+
+
 def check_params(path: str | Path = "params.yaml") -> Config:
     """Everything ``path`` asks for, checked at once and before any stage runs (DVC stage
     ``check_params``; the ablate stage and ``mmcse`` commands call it first): `load_config` (every

@@ -18,7 +18,7 @@ from mmcse.config.readings import encoder_of, reading_summary, row_reading
 from mmcse.experiments.estimate import estimate
 from mmcse.experiments.jobs import expand, job_config, job_identity
 from mmcse.experiments.params import load_config, read_params
-from mmcse.experiments.recipes import DEMO, profile_values, recipe_conflicts, row_recipe
+from mmcse.experiments.recipes import DEMO, profile_values, recipe_conflicts, row_recipe, script_points
 from mmcse.experiments.stand_ins import paper_stand_ins
 
 
@@ -84,7 +84,9 @@ def plan(params: str | Path = "params.yaml", preset: str | None = None, reading:
             "overrode_recipe": recipe_conflicts(raw, own, params.parent),
             "stand_ins": paper_stand_ins(job_cfg),
             "caveat": cfg.ablate.caveats.get(job.variant, ""),
-            "reading": row_reading(_flat(reads), encoder_of(job_cfg.model.name_or_path)),
+            "reading": row_reading(_flat(reads), encoder_of(job_cfg.model.name_or_path), own=set(own),
+                                   extra=script_points(params.parent, cfg.base.profile, job_cfg.train.method,
+                                                       job_cfg.data.pairs)),
             "config": to_dict(job_cfg),
             "reads": reads,
         })

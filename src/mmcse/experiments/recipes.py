@@ -37,7 +37,7 @@ import yaml
 
 from mmcse.config import Config, ConfigError, apply_overrides, is_fixed, to_dict
 from mmcse.config.declared import SECTION, Str, build
-from mmcse.config.readings import READINGS, reading_values
+from mmcse.config.readings import READINGS, ReadingPoint, reading_values
 
 RECIPES_DIR, PROFILES_DIR = "recipes", "profiles"
 DEMO = "demo"
@@ -90,6 +90,119 @@ def _check_keys(file: Path, where: str, overrides: Mapping[str, Any]) -> None:
     """Every key a recipe or profile names is a params.yaml key with a valid value (one line naming
     the file and the key otherwise)."""
     apply_overrides(to_dict(Config()), overrides, where=f"{file} ({where})")
+
+
+@dataclass(frozen=True)
+class _ScriptSetting:
+    __pydantic_config__ = SECTION
+    key: Str  # the params.yaml key the script's setting is
+    value: Any
+    source: Str  # the script's line (or its train_mix.py default) that sets it
+    pairs: Str | None = None  # only for this data set's script (None: every script of the method)
+
+
+@dataclass(frozen=True)
+class _NotASetting:
+    __pydantic_config__ = SECTION
+    setting: Str
+    why: Str
+
+
+@dataclass(frozen=True)
+class _ScriptsFile:
+    __pydantic_config__ = SECTION
+    method: Str
+    repository: Str
+    commit: Str
+    encoder: Str  # the encoder the scripts train (their MODEL)
+    scripts: dict[str, str]  # data.pairs -> the script's path in the repository
+    checked_by: dict[str, list[str]]  # data.pairs -> [profile, preset, row]: the plan row held to the script
+    settings: list[_ScriptSetting]
+    not_settings: list[_NotASetting] = field(default_factory=list)
+
+
+SCRIPTS_DIR = "scripts"  # under RECIPES_DIR: recipes/scripts/<method>.yaml, a method's released run scripts
+
+
+@dataclass(frozen=True)
+class RunScripts:
+    """A method's released run scripts as settings (recipes/scripts/<method>.yaml): the values `--reading code` trains
+    a row of the method with under a paper profile of the scripts' encoder, each with the script line it comes from,
+    and the script's arguments that are no setting of mmcse's, each with why."""
+
+    method: str
+    repository: str
+    commit: str
+    encoder: str
+    scripts: dict[str, str]
+    checked_by: dict[str, tuple[str, str, str]]
+    settings: tuple[_ScriptSetting, ...]
+    not_settings: tuple[_NotASetting, ...]
+    file: Path
+
+    def values(self, pairs: str) -> dict[str, Any]:
+        """The settings of the script of data set ``pairs`` (empty where the method has no such script)."""
+        if pairs not in self.scripts:
+            return {}
+        return {s.key: s.value for s in self.settings if s.pairs in (None, pairs)}
+
+    def sources(self, pairs: str) -> dict[str, str]:
+        return {s.key: s.source for s in self.settings if s.pairs in (None, pairs)}
+
+
+def load_scripts(root: Path) -> dict[str, RunScripts]:
+    """Every method's released run scripts under ``root/recipes/scripts``, by method, checked: known keys, valid
+    values."""
+    out: dict[str, RunScripts] = {}
+    for file in sorted((root / RECIPES_DIR / SCRIPTS_DIR).glob("*.yaml")):
+        raw = _read(file, _ScriptsFile)
+        for pairs in raw.scripts:
+            values = {s.key: s.value for s in raw.settings if s.pairs in (None, pairs)}
+            _check_keys(file, f"settings of {pairs}", values)
+        if set(raw.checked_by) != set(raw.scripts) or any(len(v) != 3 for v in raw.checked_by.values()):
+            raise ConfigError(f"{file}: checked_by must name [profile, preset, row] for each script's data set "
+                              f"({', '.join(raw.scripts)})")
+        out[raw.method] = RunScripts(raw.method, raw.repository, raw.commit, raw.encoder, dict(raw.scripts),
+                                     {k: (v[0], v[1], v[2]) for k, v in raw.checked_by.items()},
+                                     tuple(raw.settings), tuple(raw.not_settings), file)
+    return out
+
+
+def script_values(scripts: Mapping[str, RunScripts], method: str, pairs: str, encoder: str | None) -> dict[str, Any]:
+    """What ``method``'s released script for data set ``pairs`` sets, where it trains ``encoder`` (the scripts are
+    BERT's: a RoBERTa row keeps its recipe); empty where there is no such script."""
+    run = scripts.get(method)
+    return run.values(pairs) if run is not None and encoder == run.encoder else {}
+
+
+def script_points(root: Path, profile_name: str, method: str, pairs: str) -> tuple[ReadingPoint, ...]:
+    """The settings where ``method``'s released script for ``pairs`` differs from what mmcse trains the row with as
+    printed (its recipe for the profile's encoder, else the profile), as reading points of the row (their non-code
+    side ``recipe`` or ``profile``): `mmcse plan` and a job's tags name them beside the catalogue's
+    (`mmcse.config.readings.row_reading`). Empty under demo, for an encoder the scripts do not train, or a method
+    without scripts."""
+    if profile_name == DEMO:
+        return ()
+    recipes = load_recipes(root)
+    profile = load_profile(profile_name, root, recipes)
+    run = load_scripts(root).get(method)
+    if run is None or profile.encoder != run.encoder or pairs not in run.scripts:
+        return ()
+    recipe = recipes[method].values(profile.encoder) if method in recipes else {}
+    sources = run.sources(pairs)
+    points = []
+    for key, value in run.values(pairs).items():
+        if key in recipe:
+            ours, side, where = recipe[key], "recipe", f"recipes/{method}.yaml"
+        elif key in profile.context:
+            ours, side, where = profile.context[key], "profile", f"profiles/{profile.file.name}"
+        else:
+            continue
+        if ours != value:
+            points.append(ReadingPoint(method, key, f"{method}'s run script", ours, value, where,
+                                       f"{run.repository} @ {run.commit} {run.scripts[pairs]}: {sources[key]}",
+                                       side=side))
+    return tuple(points)
 
 
 @dataclass(frozen=True)
@@ -291,6 +404,10 @@ def expand_recipes(raw: dict[str, Any], root: Path) -> dict[str, Any]:
     if name != DEMO:
         load_profile(str(name), root)  # an unknown profile is named even without an ablation
     reading = table_reading(raw, root)
+    # under the code reading each row also takes its method's released script (BERT, the profile's data set)
+    code = str(_get(raw, "ablate.reading")) == "code" and name != DEMO
+    scripts = load_scripts(root) if code else {}
+    encoder = load_profile(str(name), root).encoder if code else None
     for variant, overrides in list(variants.items()):
         overrides = dict(overrides or {})
         if RECIPE in overrides and not (root / RECIPES_DIR / f"{overrides[RECIPE]}.yaml").is_file():
@@ -299,7 +416,11 @@ def expand_recipes(raw: dict[str, Any], root: Path) -> dict[str, Any]:
                               f"{root / RECIPES_DIR} (recipes: {', '.join(known)})")
         swap = row_recipe(raw, overrides, root)["swap"]
         overrides.pop(RECIPE, None)  # under demo a row keeps params.yaml's values, whatever recipe it names
-        variants[variant] = {**swap, **reading, **overrides}
+        row = {**raw, "ablate": raw["ablate"]}
+        method = overrides.get("train.method", swap.get("train.method", _get(row, "train.method")))
+        pairs = overrides.get("data.pairs", swap.get("data.pairs", _get(row, "data.pairs")))
+        script = script_values(scripts, str(method), str(pairs), encoder)
+        variants[variant] = {**swap, **reading, **script, **overrides}
     return raw
 
 

@@ -14,6 +14,7 @@ the command answers in about a second), another store through MLflow's client.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections import defaultdict
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mmcse.analysis.papers import Paper, load_paper
+from mmcse.analysis.papers import Paper, list_papers, load_paper, reproduction_tolerances, with_tolerances
 from mmcse.analysis.report import Reproduction, RunCell, paper_report, to_html, to_markdown, verdict_counts
 from mmcse.config import Config, ConfigError
 from mmcse.config.readings import READING_TAG, points_off_printed
@@ -31,6 +32,7 @@ from mmcse.runstore import (
     CHANGED_TAG,
     COMMIT_TAG,
     DIRTY_TAG,
+    SEED_FREE_TAG,
     STAND_IN_TAG,
     TRAIN_MINUTES,
     VARIANT_TAG,
@@ -71,6 +73,7 @@ def reproduction(reader: RunReader, run: StoredRun, experiment_id: str) -> Repro
     stand_ins: dict[str, str] = {}
     readings: dict[str, list[str]] = {}
     uncommitted: dict[str, str] = {}
+    seed_free: set[str] = set()
     jobs = reader.runs(experiment_id, tag=("mlflow.parentRunId", run.info.run_id))
     for job in jobs:
         variant = job.data.tags.get(VARIANT_TAG)
@@ -84,9 +87,13 @@ def reproduction(reader: RunReader, run: StoredRun, experiment_id: str) -> Repro
             stand_ins[variant] = job.data.tags[STAND_IN_TAG]
         if READING_TAG in job.data.tags:
             readings[variant] = points_off_printed(job.data.tags)
+        if job.data.tags.get(SEED_FREE_TAG) == "true":
+            seed_free.add(variant)
         if job.data.tags.get(DIRTY_TAG) == "true":  # trained from a checkout whose code differed from its commit
             uncommitted[variant] = (f"{job.data.tags.get(CHANGED_TAG, 'unknown files')} (commit "
                                     f"{job.data.tags.get(COMMIT_TAG, 'unknown')[:7]})")
+    for variant in seed_free & rows.keys():
+        rows[variant] = {m: dataclasses.replace(c, deterministic=True) for m, c in rows[variant].items()}
     for variant, values in minutes.items():
         mean = sum(values) / len(values)
         std = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5 if len(values) > 1 else math.nan
@@ -162,7 +169,9 @@ def build_report(cfg: Config, paper_name: str, table: str | None = None, root: P
     """The report of ``paper_name`` (one ``table``, or all) from the runs ``reader`` reads (default: the
     configured SQLite store)."""
     reader = reader or default_reader(cfg)
-    paper = load_paper(paper_name, root)
+    # a printed number without a std carries the papers' own run-to-run noise of its metric (the verdict's tolerance)
+    tolerances = reproduction_tolerances(load_paper(name, root) for name in list_papers(root))
+    paper = with_tolerances(load_paper(paper_name, root), tolerances)
     keys = table_keys(paper, table)
     presets = set(list_presets(Path(root) / cfg.ablate.presets_dir))
     found = {k: find_reproductions(cfg, t.preset, reader) for k, t in paper.tables.items()

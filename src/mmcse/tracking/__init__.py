@@ -40,6 +40,7 @@ from mmcse.runstore import (  # noqa: F401
     CODE_TAG,
     COMMIT_TAG,
     DIRTY_TAG,
+    SEED_FREE_TAG,
     SEED_TAG,
     STAND_IN_TAG,
     TRAIN_MINUTES,
