@@ -448,3 +448,17 @@ def test_the_first_line_counts_only_the_jobs_it_will_train(monkeypatch, tmp_path
     assert ablate.start_line(cfg) == f"{n} job(s): all {n} finished before, reused; nothing to train"
     finished.clear()
     assert ablate.start_line(cfg) == f"{n} job(s) to train"
+
+
+def test_a_row_no_seed_changes_runs_once():
+    """The untrained pretrained encoder pooled without a fresh head is the same under every seed (MCSEO Table 1's
+    first row): one job; with a fresh head (pooler cls), random weights or a training step it is not."""
+    from mmcse.config import Config, with_overrides
+    from mmcse.experiments.jobs import seed_free
+
+    untrained = with_overrides(Config(), {"train.method": "simcse", "train.epochs": 0,
+                                          "evaluate.pooler": "avg_embeddings_last"}, where="test")
+    assert seed_free(untrained)
+    for change in ({"evaluate.pooler": "cls"}, {"model.init": "random"}, {"train.epochs": 1},
+                   {"train.method": "mcse"}):
+        assert not seed_free(with_overrides(untrained, change, where="test")), change
