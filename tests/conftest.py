@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
+import atexit
 import copy
+import importlib.abc
+import importlib.util
 import os
 import runpy
 import shutil
 import signal
 import sqlite3
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-import sqlalchemy
-import torch
 import yaml
-from mlflow.store.db import utils as mlflow_db
 
 from mmcse import stopping
+
+# Nothing heavy at collection: torch, MLflow's database utilities and SQLAlchemy load where a test or fixture uses
+# them (a unit test file runs in seconds; the suite imports them once per worker anyway).
 
 # tests.durations: every run's per-test seconds (.pytest-durations.json) and a summary at the end; pytester: the
 # plugin's own test
@@ -51,8 +55,10 @@ def pytest_configure(config) -> None:
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
     if workers > 1:
         threads = max(1, (os.cpu_count() or 1) // workers)
-        os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        os.environ.setdefault("OMP_NUM_THREADS", str(threads))  # torch reads it when first imported
+        if "torch" in sys.modules:
+            sys.modules["torch"].set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    sys.meta_path.insert(0, _MlflowSchemaOnce())
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook; a machine without the plugin runs with -o addopts=
@@ -70,42 +76,80 @@ def pytest_collection_modifyitems(config, items) -> None:
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
-# Every device this machine has: the loss, objective and step tests run once per entry.
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+def _devices() -> list[str]:
+    """Every device this machine has: the loss, objective and step tests run once per entry."""
+    import torch
+
+    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
-@pytest.fixture(scope="session", autouse=True)
-def mlflow_schema_built_once(tmp_path_factory):
-    """A fresh SQLite tracking store gets its schema from MLflow's migrations (about 2 s each); the tests
-    create a fresh store in most projects, so MLflow builds the schema once here and each new store gets
-    a copy of it (SQLite's backup API). MLflow still creates the default experiment in each store itself;
-    stores in subprocesses (stage runs) build their own."""
-    original = mlflow_db._initialize_tables
-    template = tmp_path_factory.mktemp("mlflow-schema") / "mlflow.db"
-    engine = sqlalchemy.create_engine(f"sqlite:///{template}")
-    original(engine)
-    engine.dispose()
-
-    def initialize(engine) -> None:
-        database = engine.url.database
-        if engine.url.get_backend_name() != "sqlite" or not database or database == ":memory:":
-            original(engine)
-            return
-        source, target = sqlite3.connect(template), sqlite3.connect(database)
-        try:
-            source.backup(target)
-        finally:
-            source.close()
-            target.close()
-
-    mlflow_db._initialize_tables = initialize
-    yield
-    mlflow_db._initialize_tables = original
+def pytest_generate_tests(metafunc) -> None:
+    if "device" in metafunc.fixturenames:
+        devices = _devices()
+        metafunc.parametrize("device", devices, ids=devices, indirect=True)
 
 
-@pytest.fixture(params=DEVICES, ids=DEVICES)
-def device(request) -> torch.device:
+class _MlflowSchemaOnce(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """A fresh SQLite tracking store gets its schema from MLflow's migrations (about 2 s each); the tests create a
+    fresh store in most projects, so MLflow builds the schema once, in a template, and each new store gets a copy of
+    it (SQLite's backup API). Installed as an import hook: MLflow's database utilities are patched when something
+    first imports them, and a test that never opens a store never pays for them. MLflow still creates the default
+    experiment in each store itself; stores in subprocesses (stage runs) build their own."""
+
+    NAME = "mlflow.store.db.utils"
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.NAME:
+            return None
+        sys.meta_path.remove(self)  # the real module, found by the others
+        spec = importlib.util.find_spec(fullname)
+        sys.meta_path.insert(0, self)
+        if spec is None:
+            return None
+        self._real = spec.loader
+        spec.loader = self
+        return spec
+
+    def create_module(self, spec):
+        return self._real.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        self._real.exec_module(module)
+        original = module._initialize_tables
+        template: list[Path] = []
+
+        def initialize(engine) -> None:
+            database = engine.url.database
+            if engine.url.get_backend_name() != "sqlite" or not database or database == ":memory:":
+                original(engine)
+                return
+            if not template:  # built on the first store: the migrations run once per process
+                import tempfile
+
+                import sqlalchemy
+
+                folder = Path(tempfile.mkdtemp(prefix="mlflow-schema-"))
+                atexit.register(shutil.rmtree, folder, ignore_errors=True)
+                path = folder / "mlflow.db"
+                made = sqlalchemy.create_engine(f"sqlite:///{path}")
+                original(made)
+                made.dispose()
+                template.append(path)
+            source, target = sqlite3.connect(template[0]), sqlite3.connect(database)
+            try:
+                source.backup(target)
+            finally:
+                source.close()
+                target.close()
+
+        module._initialize_tables = initialize
+
+
+@pytest.fixture
+def device(request):
     """The device a test's inputs live on: ``cpu`` always, ``cuda`` when one is present."""
+    import torch
+
     return torch.device(request.param)
 
 

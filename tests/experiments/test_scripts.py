@@ -6,14 +6,12 @@ from __future__ import annotations
 import pytest
 
 from mmcse.config.coercion import flatten
-from mmcse.experiments.plan import plan
-from mmcse.experiments.profiles import apply_profile
 from mmcse.experiments.recipes import load_scripts
-from mmcse.experiments.scripts import DOC, script_rows, scripts_markdown
-from tests.conftest import REPO, params_copy
+from mmcse.experiments.scripts import DOC, planned_rows, script_rows, scripts_markdown
+from tests.conftest import REPO
 
 
-def _check(method: str, pairs: str, tmp_path) -> None:
+def _check(method: str, pairs: str) -> None:
     run = load_scripts(REPO)[method]
     rows = script_rows(REPO, run, pairs)
     assert rows and {r.key for r in rows} == set(run.values(pairs))
@@ -21,10 +19,8 @@ def _check(method: str, pairs: str, tmp_path) -> None:
     assert not wrong, f"--reading code does not plan {method}'s script ({run.scripts[pairs]}) at: {wrong}"
     # where the printed reading differs, the row's reading line names the point (no "no point differs" there)
     profile, preset, variant = run.checked_by[pairs]
-    params = params_copy(tmp_path) / "params.yaml"
-    apply_profile(params, profile)
     for reading in ("printed", "code"):
-        row = next(r for r in plan(params, preset, reading)["rows"] if r["variant"] == variant)
+        row = planned_rows(REPO, profile, preset)[reading][variant]
         named = {e["key"]: e["follows"] for e in row["reading"]}
         reads = flatten(row["reads"])  # a key the row does not read under this reading (a margin off) is no point
         for r in rows:
@@ -33,10 +29,10 @@ def _check(method: str, pairs: str, tmp_path) -> None:
                 assert named[r.key] == ("code" if reading == "code" else "printed"), (reading, r.key, named[r.key])
 
 
-def test_dalrs_coco_script_is_the_code_reading_of_its_row(tmp_path):
+def test_dalrs_coco_script_is_the_code_reading_of_its_row():
     """DALR's wiki+coco script trains at LR 1e-5 for 3 epochs (the paper prints 2e-5 and 4): the code reading of a
     DALR row under dalr-coco-bert takes them, and the plan names both."""
-    _check("dalr", "coco", tmp_path)
+    _check("dalr", "coco")
     rows = {r.key: r for r in script_rows(REPO, load_scripts(REPO)["dalr"], "coco")}
     assert (rows["train.learning_rate"].code, rows["train.epochs"].code) == (1e-5, 3)
     assert (rows["train.learning_rate"].printed, rows["train.epochs"].printed) == (2e-5, 4)
@@ -44,8 +40,8 @@ def test_dalrs_coco_script_is_the_code_reading_of_its_row(tmp_path):
 
 @pytest.mark.slow  # every script of every method: nine plans under two readings
 @pytest.mark.parametrize(("method", "pairs"), [(m, p) for m, run in load_scripts(REPO).items() for p in run.scripts])
-def test_every_released_script_is_the_code_reading_of_its_row(method, pairs, tmp_path):
-    _check(method, pairs, tmp_path)
+def test_every_released_script_is_the_code_reading_of_its_row(method, pairs):
+    _check(method, pairs)
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ printed`` in the plan row the script is held to, as one Markdown page (docs/auth
 
 from __future__ import annotations
 
+import functools
 import shutil
 import sys
 import tempfile
@@ -38,17 +39,19 @@ class ScriptRow:
         return self.code == self.script
 
 
+@functools.lru_cache(maxsize=8)
 def planned_rows(root: Path, profile: str, preset: str) -> dict[str, dict[str, dict[str, Any]]]:
-    """``{reading: {row: flat config}}`` of ``preset`` under ``profile`` for the code and printed readings, planned in
-    a scratch copy of ``root``'s params.yaml, presets, profiles and recipes (``root`` is not touched)."""
+    """``{reading: {row: its plan row, "config" flattened}}`` of ``preset`` under ``profile`` for the code and
+    printed readings, planned in a scratch copy of ``root``'s params.yaml, presets, profiles and recipes (``root`` is
+    not touched); one plan per (profile, preset) and reading in a process. Read-only."""
     with tempfile.TemporaryDirectory(prefix="mmcse-scripts-") as tmp:
         scratch = Path(tmp)
         shutil.copy(root / "params.yaml", scratch / "params.yaml")
         for folder in ("ablations", PROFILES_DIR, RECIPES_DIR):
             shutil.copytree(root / folder, scratch / folder)
         apply_profile(scratch / "params.yaml", profile)
-        return {reading: {row["variant"]: flatten(row["config"]) for row in plan(scratch / "params.yaml", preset,
-                                                                              reading)["rows"]}
+        return {reading: {row["variant"]: {**row, "config": flatten(row["config"])}
+                          for row in plan(scratch / "params.yaml", preset, reading)["rows"]}
                 for reading in ("code", "printed")}
 
 
@@ -57,8 +60,8 @@ def script_rows(root: Path, run: RunScripts, pairs: str) -> list[ScriptRow]:
     profile, preset, variant = run.checked_by[pairs]
     planned = planned_rows(root, profile, preset)
     sources = run.sources(pairs)
-    return [ScriptRow(sources[key], key, value, planned["code"][variant].get(key),
-                      planned["printed"][variant].get(key)) for key, value in run.values(pairs).items()]
+    return [ScriptRow(sources[key], key, value, planned["code"][variant]["config"].get(key),
+                      planned["printed"][variant]["config"].get(key)) for key, value in run.values(pairs).items()]
 
 
 def _cell(value: Any) -> str:
