@@ -13,13 +13,15 @@ from typing import Any
 
 import yaml
 
-from mmcse.config import Config, apply_overrides, parse_config, to_dict
+from mmcse.config import RETRIEVAL_METHODS, Config, apply_overrides, parse_config, to_dict
 from mmcse.config.readings import encoder_of, reading_summary, row_reading
 from mmcse.experiments.estimate import estimate
 from mmcse.experiments.jobs import expand, job_config, job_identity
 from mmcse.experiments.params import load_config, read_params
 from mmcse.experiments.recipes import DEMO, profile_values, recipe_conflicts, row_recipe, script_points
 from mmcse.experiments.stand_ins import paper_stand_ins
+from mmcse.methods.objectives import Objective, active_terms
+from mmcse.methods.terms import TERMS
 
 
 def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -89,6 +91,8 @@ def plan(params: str | Path = "params.yaml", preset: str | None = None, reading:
                                                        job_cfg.data.pairs)),
             "config": to_dict(job_cfg),
             "reads": reads,
+            "terms": row_terms(job_cfg),
+            "not_applied": not_applied(job_cfg, own, _flat(reads)),
         })
     time = estimate(cfg, [job_config(cfg, job) for job in jobs], params.parent)
     return {"profile": cfg.base.profile, "preset": cfg.ablate.preset, "reading": cfg.ablate.reading,
@@ -96,6 +100,38 @@ def plan(params: str | Path = "params.yaml", preset: str | None = None, reading:
             "figures": list(cfg.ablate.figures), "figure_captions": cfg.ablate.figure_captions,
             "jobs": time.jobs, "estimate": time.line(), "train_minutes": time.minutes, "rows": rows,
             "skipped": [{"variant": v, "why": why} for v, why in cfg.ablate.skipped.items()]}
+
+
+def row_terms(job_cfg: Config) -> list[str]:
+    """The loss terms a row trains with (`mmcse.methods.objectives.active_terms`); a retrieval model's objective is
+    its ``loss.<method>`` section."""
+    if job_cfg.train.method in RETRIEVAL_METHODS:
+        return [f"loss.{job_cfg.train.method}"]
+    return [name for name, on in active_terms(Objective.of(job_cfg)).items() if on]
+
+
+def not_applied(job_cfg: Config, own: dict[str, Any], reads: dict[str, Any]) -> dict[str, str]:
+    """The row's own overrides its method does not read, each with why (a term's weight or setting whose term is
+    off, or a key the method never reads): the plan names them instead of dropping them."""
+    o = Objective.of(job_cfg)
+    on = active_terms(o)
+    out = {}
+    for key in own:
+        if key in reads or key == "base.seed" or any(r.startswith(key + ".") for r in reads):
+            continue
+        owners = [t.name for t in TERMS if key in (t.weight, t.scale) or key in _term_keys(t, o)]
+        off = [name for name in owners if not on[name]]
+        why = (f"term{'s' if len(off) > 1 else ''} {', '.join(f'`{n}`' for n in off)} "
+               f"{'are' if len(off) > 1 else 'is'} off") if off else f"{job_cfg.train.method} does not read it"
+        out[key] = f"`{key}` does not apply to this row: {why}"
+    return out
+
+
+def _term_keys(term: Any, o: Objective) -> set[str]:
+    try:
+        return set(term.reads(o))
+    except (AttributeError, TypeError, ValueError):  # a term's reads under another method's settings
+        return set()
 
 
 def plan_text(result: dict[str, Any], defaults: dict[str, Any]) -> str:
@@ -120,6 +156,10 @@ def plan_text(result: dict[str, Any], defaults: dict[str, Any]) -> str:
         if row["caveat"]:
             lines.append(f"  not the paper's row: {row['caveat']}")
         lines.append(f"  reading: {reading_summary(row['reading'])}")
+        if row.get("terms"):
+            lines.append(f"  terms: {', '.join(row['terms'])}")
+        for why in row.get("not_applied", {}).values():
+            lines.append(f"  not applied: {why}")
         if row["stand_ins"]:
             allowed = row["config"]["teachers"]["stand_ins"] == "allow"
             lines.append(f"  not the paper's teacher ({'teachers.stand_ins: allow' if allowed else 'refused'}): "
