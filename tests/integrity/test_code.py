@@ -73,3 +73,27 @@ def test_mmcse_version_names_the_package_and_the_commit_its_code_is():
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith(f"mmcse {metadata.version('mmcse')} (commit {state['commit'][:12]}")
     assert ("uncommitted changes in" in out.stdout) == bool(state["changed"])
+
+
+def test_prose_and_code_that_computes_nothing_leave_a_results_identity(tmp_path):
+    """A docstring or comment, or anything in a package that only logs, shows progress or takes commands
+    (`NO_NUMBERS`: mmcse.tracking …), is no part of a result's code identity: editing it keeps resume points, finished
+    ablation jobs and sweep studies (issue 66.10); a change to what a module computes still counts."""
+    package = write_package(tmp_path)
+    (package / "tracking").mkdir()
+    (package / "tracking/__init__.py").write_text('"""Logs."""\nLEVEL = 1\n')
+    (package / "b.py").write_text('"""B."""\nfrom mmcse.sub import d\nimport mmcse.tracking\n\n'
+                                  'def f():\n    """F."""\n    from mmcse import e  # run when called: counts\n')
+    code_files.cache_clear()
+    before = code_files(("mmcse.a",), package)
+    assert "mmcse/tracking/__init__.py" not in before and "mmcse/b.py" in before
+    (package / "tracking/__init__.py").write_text('"""Logs, now louder."""\nLEVEL = 2\n')
+    (package / "b.py").write_text('"""B, reworded."""\nfrom mmcse.sub import d\nimport mmcse.tracking\n\n'
+                                  'def f():\n    """F, reworded."""\n    # a new comment\n    from mmcse import e\n')
+    code_files.cache_clear()
+    assert code_files(("mmcse.a",), package) == before
+    (package / "b.py").write_text('"""B."""\nfrom mmcse.sub import d\nimport mmcse.tracking\n\n'
+                                  'def f():\n    """F."""\n    from mmcse import e\n    return 1\n')
+    code_files.cache_clear()
+    assert changed_code(before, code_files(("mmcse.a",), package)) == "mmcse/b.py"
+    code_files.cache_clear()

@@ -17,7 +17,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from mmcse.io import sha256_file, sha256_json
+from mmcse.io import sha256_json
 
 PACKAGE = Path(__file__).resolve().parents[1]  # src/mmcse
 TRAINING_CODE = ("mmcse.pipeline.train",)  # what the train stage, an ablation job and a sweep trial run to train
@@ -94,17 +94,40 @@ def modules_run(roots: Iterable[str], graph: Mapping[str, set[str]]) -> set[str]
     return seen
 
 
+# Packages that cannot change a number a run computes: they log, show progress or take commands. A result's code
+# identity leaves them out, so editing them keeps resume points, finished jobs and sweep studies.
+NO_NUMBERS = ("mmcse.tracking", "mmcse.progress", "mmcse.cli", "mmcse.entry")
+
+
+def behaviour_digest(path: Path) -> str:
+    """SHA-256 of what a module does: its syntax tree without docstrings (comments are no part of it), so editing
+    prose in a module changes no result's identity."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return sha256_json({"ast": ast.dump(tree, include_attributes=False)})
+
+
+def _numberless(module: str) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in NO_NUMBERS)
+
+
 @functools.lru_cache(maxsize=8)
 def code_files(roots: Sequence[str] = TRAINING_CODE, package: Path = PACKAGE) -> dict[str, str]:
-    """``{path under src/: SHA-256}`` of every module importing ``roots`` runs (`modules_run`), read
-    once per process (a process runs the code it imported, not later edits)."""
+    """``{path under src/: digest}`` of every module importing ``roots`` runs (`modules_run`) that can change a
+    number (`NO_NUMBERS` left out), each its `behaviour_digest` (docstrings and comments left out), read once per
+    process (a process runs the code it imported, not later edits)."""
     files = module_files(package)
     unknown = [r for r in roots if r not in files]
     if unknown:
         raise ValueError(f"no module {unknown} in {package}")
     run = modules_run(roots, import_graph(package))
-    return {str(files[m].relative_to(package.parent)): sha256_file(files[m])
-            for m in sorted(run)}
+    return {str(files[m].relative_to(package.parent)): behaviour_digest(files[m])
+            for m in sorted(run) if not _numberless(m)}
 
 
 def code_digest(files: Mapping[str, str]) -> str:
