@@ -175,3 +175,21 @@ def test_step_embeddings_fields_are_the_inputs_a_term_may_read():
     # z, s: both dropout views; mlm: the LM head's logits at the masked tokens and their labels
     named = set(INPUT_FEATURES) - {"z", "s", "mlm"} | {"z1", "z2", "s1", "s2", "mlm_logits", "mlm_labels"}
     assert fields == named
+
+
+def test_the_codes_raw_l_cma_needs_one_width_and_says_so_before_training():
+    """``loss.dalr.cma_inputs: raw`` compares the SimCSE space with the raw image features (BERT-base and CLIP
+    ViT-L/14: 768 each); other widths are refused in one line naming the setting, before any step."""
+    from mmcse.methods.objectives import active_terms
+    from mmcse.methods.terms.dalr import cma_width_problem
+
+    raw = Objective.of(_cfg(**{"train.method": "dalr", "loss.dalr.cma_inputs": "raw"}))
+    on = active_terms(raw)
+    assert cma_width_problem(raw, on, 768, 768) is None
+    problem = cma_width_problem(raw, on, 384, 32)
+    assert problem.startswith("loss.dalr.cma_inputs: raw compares the student's SimCSE space (width 384) with the "
+                              "raw image features (width 32)") and "set loss.dalr.cma_inputs: projected" in problem
+    projected = Objective.of(_cfg(**{"train.method": "dalr"}))
+    assert cma_width_problem(projected, active_terms(projected), 384, 32) is None
+    no_cma = Objective.of(_cfg(**{"train.method": "dalr", "loss.dalr.cma_inputs": "raw", "loss.dalr.alignment": False}))
+    assert cma_width_problem(no_cma, active_terms(no_cma), 384, 32) is None

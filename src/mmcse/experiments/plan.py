@@ -7,6 +7,7 @@ shows is what would train.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,8 @@ def plan(params: str | Path = "params.yaml", preset: str | None = None, reading:
     variants = raw["ablate"]["variants"]
     rows = []
     jobs = expand(cfg)
+    # the run-script points of a (method, data set), read from the recipes once per plan, not once per row
+    scripts = functools.cache(lambda method, pairs: script_points(params.parent, cfg.base.profile, method, pairs))
     for job in jobs:
         if any(row["variant"] == job.variant for row in rows):
             continue
@@ -87,8 +90,7 @@ def plan(params: str | Path = "params.yaml", preset: str | None = None, reading:
             "stand_ins": paper_stand_ins(job_cfg),
             "caveat": cfg.ablate.caveats.get(job.variant, ""),
             "reading": row_reading(_flat(reads), encoder_of(job_cfg.model.name_or_path), own=set(own),
-                                   extra=script_points(params.parent, cfg.base.profile, job_cfg.train.method,
-                                                       job_cfg.data.pairs)),
+                                   extra=scripts(job_cfg.train.method, job_cfg.data.pairs)),
             "config": to_dict(job_cfg),
             "reads": reads,
             "terms": row_terms(job_cfg),
@@ -117,21 +119,15 @@ def not_applied(job_cfg: Config, own: dict[str, Any], reads: dict[str, Any]) -> 
     on = active_terms(o)
     out = {}
     for key in own:
-        if key in reads or key == "base.seed" or any(r.startswith(key + ".") for r in reads):
+        if key in reads or any(r.startswith(key + ".") for r in reads):
             continue
-        owners = [t.name for t in TERMS if key in (t.weight, t.scale) or key in _term_keys(t, o)]
+        owners = [t.name for t in TERMS if key in (t.weight, t.scale) or key in t.reads(o)]
         off = [name for name in owners if not on[name]]
         why = (f"term{'s' if len(off) > 1 else ''} {', '.join(f'`{n}`' for n in off)} "
                f"{'are' if len(off) > 1 else 'is'} off") if off else f"{job_cfg.train.method} does not read it"
         out[key] = f"`{key}` does not apply to this row: {why}"
     return out
 
-
-def _term_keys(term: Any, o: Objective) -> set[str]:
-    try:
-        return set(term.reads(o))
-    except (AttributeError, TypeError, ValueError):  # a term's reads under another method's settings
-        return set()
 
 
 def plan_text(result: dict[str, Any], defaults: dict[str, Any]) -> str:

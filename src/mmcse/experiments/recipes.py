@@ -416,9 +416,8 @@ def expand_recipes(raw: dict[str, Any], root: Path) -> dict[str, Any]:
                               f"{root / RECIPES_DIR} (recipes: {', '.join(known)})")
         swap = row_recipe(raw, overrides, root)["swap"]
         overrides.pop(RECIPE, None)  # under demo a row keeps params.yaml's values, whatever recipe it names
-        row = {**raw, "ablate": raw["ablate"]}
-        method = overrides.get("train.method", swap.get("train.method", _get(row, "train.method")))
-        pairs = overrides.get("data.pairs", swap.get("data.pairs", _get(row, "data.pairs")))
+        method = overrides.get("train.method", swap.get("train.method", _get(raw, "train.method")))
+        pairs = overrides.get("data.pairs", swap.get("data.pairs", _get(raw, "data.pairs")))
         script = script_values(scripts, str(method), str(pairs), encoder)
         variants[variant] = {**swap, **reading, **script, **overrides}
     return raw

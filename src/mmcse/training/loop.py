@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from mmcse.config import Config
+from mmcse.config import Config, ConfigError
 from mmcse.evaluation.geometry import POSITIVE_GOLD, check_sts_geometry, sts_geometry
 from mmcse.evaluation.sts import PRIMARY_METRIC, evaluate_sts, student_encoder
 from mmcse.integrity.keys import Upstream
@@ -271,7 +271,7 @@ class StudentTask(TrainTask):
         self.tokens = data.token_tables(tokenizer, cfg.model.max_seq_len, data_dir.parent / "tokens")
         backbone = load_backbone(cfg.model, dropout=cfg.train.dropout)
         if problem := cma_width_problem(self.objective, on, backbone.config.hidden_size, data.joint_image.dim):
-            raise ValueError(problem)
+            raise ConfigError(problem)
         if cfg.train.dropout_rng == "per_row":  # each row's masks from (step, row, layer) alone: micro-batches replay
             install_keyed_dropout(backbone)
         self.model = student = Student(backbone, data.image_features.dim, cfg.model.proj_dim, data.joint_image.dim,
