@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from mmcse.entry import run_entry
+from mmcse.errors import InputError
 
 if TYPE_CHECKING:
 
@@ -60,7 +61,7 @@ def _cmd_eval(args: argparse.Namespace) -> None:
                      (("--senteval-dir", args.senteval_dir is not None), ("--mteb", bool(args.mteb)),
                       ("--transfer", args.transfer is not None)) if given]
         if problems:
-            raise ValueError("; ".join(problems))
+            raise InputError("; ".join(problems))
         from mmcse.experiments.params import load_config
         from mmcse.pipeline.evaluate import checkpoint_retrieval
         from mmcse.pipeline.paths import Paths
@@ -85,7 +86,7 @@ def _cmd_eval(args: argparse.Namespace) -> None:
         except (ValueError, KeyError) as err:
             problems.append(str(err))
     if problems:
-        raise ValueError("; ".join(problems))
+        raise InputError("; ".join(problems))
     if mteb_tasks:  # every data set loaded (offline: from the HF cache) before the model loads
         from mmcse.evaluation.mteb import load_task_data
 
@@ -96,7 +97,7 @@ def _cmd_eval(args: argparse.Namespace) -> None:
         transfer = args.transfer or present
         unknown = [t for t in transfer if t not in TRANSFER_TASKS]
         if unknown:
-            raise ValueError(f"--transfer: unknown task(s) {', '.join(unknown)}; valid: {', '.join(TRANSFER_TASKS)}")
+            raise InputError(f"--transfer: unknown task(s) {', '.join(unknown)}; valid: {', '.join(TRANSFER_TASKS)}")
         missing = [t for t in transfer if t not in present]
         if missing or not transfer:
             raise FileNotFoundError(f"{args.senteval_dir}: no data for transfer task(s) "
@@ -147,7 +148,7 @@ def _cmd_export(args: argparse.Namespace) -> None:
 
     # a local folder only: the export writes into it (never into site-packages or the HF cache)
     if args.model.startswith("packaged:"):
-        raise ValueError("--model: export writes into the folder; copy the packaged model to a folder of yours first")
+        raise InputError("--model: export writes into the folder; copy the packaged model to a folder of yours first")
     folder = Path(args.model).expanduser()
     if not folder.is_dir():
         raise FileNotFoundError(f"--model {args.model}: no such local model folder")
@@ -346,7 +347,7 @@ def _cmd_prefect(args: argparse.Namespace) -> None:
     from mmcse.experiments.prefect_server import prefect_down, prefect_up
 
     if args.workers is not None and args.workers < 1:
-        raise ValueError(f"--workers {args.workers}: must be >= 1")
+        raise InputError(f"--workers {args.workers}: must be >= 1")
     if args.action == "up":
         prefect_up(".", port=args.port, gpu_workers=args.workers, gpus_per_worker=args.gpus_per_worker)
     else:

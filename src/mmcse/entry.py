@@ -1,24 +1,19 @@
 """The error wrapper of every entry point (DVC stages, Prefect flows, the ``mmcse`` console script):
-expected input errors become one clear line and exit status 2, library chatter is kept out of logs."""
+what a user can fix (`mmcse.errors.USER_ERRORS`: a configuration, an input file, missing data) becomes one clear
+line and exit status 2; any other exception is a bug and keeps its traceback, then the same one line (exit 1);
+library chatter is kept out of logs."""
 
 from __future__ import annotations
 
 import logging
 import os
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from mmcse import stopping
-from mmcse.errors import (
-    ConfigError,
-    DownloadError,
-    ModelUnavailableError,
-    PrecisionError,
-    StageError,
-    TrainingDiverged,
-    TrainingOutOfMemory,
-)
+from mmcse.errors import USER_ERRORS, ConfigError
 from mmcse.experiments.params import leftover_note, load_config
 from mmcse.io import hold_outputs
 from mmcse.pipeline.paths import Paths
@@ -69,8 +64,7 @@ def _run_entry(fn: Callable[[], object], stage: str, params: str) -> None:
             holds = Paths.of(load_config(params)).written_by(stage)
         with hold_outputs(holds, f"the {stage} stage" if stage else "another mmcse process"):
             fn()
-    except (ConfigError, ModelUnavailableError, DownloadError, FileNotFoundError, ValueError, KeyError,
-            PrecisionError, TrainingOutOfMemory, TrainingDiverged, StageError) as err:
+    except USER_ERRORS as err:
         print(f"error: {err}", file=sys.stderr)
         if isinstance(err, ConfigError) and (note := leftover_note(params)):
             print(note, file=sys.stderr)
@@ -78,3 +72,7 @@ def _run_entry(fn: Callable[[], object], stage: str, params: str) -> None:
     except stopping.StopRequested as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(err.exit_code) from None
+    except Exception as err:  # a bug: where it happened first, then the line a log's last screen shows
+        traceback.print_exc()
+        print(f"error: {type(err).__name__}: {err} (a bug in mmcse: the traceback above says where)", file=sys.stderr)
+        raise SystemExit(1) from None

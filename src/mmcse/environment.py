@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy
 from packaging.requirements import InvalidRequirement, Requirement
 
+from mmcse.errors import InputError
 from mmcse.io import sha256_file, sha256_json
 
 LOCK_NAME = "requirements.lock"
@@ -55,10 +56,10 @@ def locked_versions(path: Path) -> dict[str, str]:
         try:
             req = Requirement(text)
         except InvalidRequirement as err:
-            raise ValueError(f"{path}:{number}: not a requirement: {text!r} ({err})") from None
+            raise InputError(f"{path}:{number}: not a requirement: {text!r} ({err})") from None
         specs = list(req.specifier)
         if len(specs) != 1 or specs[0].operator != "==":
-            raise ValueError(f"{path}:{number}: {text!r} is not an exact pin (name==version): re-make the lock")
+            raise InputError(f"{path}:{number}: {text!r} is not an exact pin (name==version): re-make the lock")
         if req.marker is None or req.marker.evaluate():
             pins[normalize(req.name)] = specs[0].version
     return pins

@@ -2,6 +2,21 @@
 this module loads no framework)."""
 
 
+class InputError(ValueError):
+    """What a user gave that cannot be used: a file or data set in the wrong shape, a value or option out of
+    range, a checkpoint from another configuration. The message is one line naming the file or option and
+    what to do; an entry point prints that line alone (a ``ValueError`` of any other class is a bug in mmcse:
+    its traceback is printed too)."""
+
+
+class MissingEntry(InputError, KeyError):
+    """An id or name a user's files or arguments lack (an image row, a cached feature, an MLflow run): a
+    ``KeyError`` for the code that looks it up, one line for the user (no quotes around it)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 class PrecisionError(RuntimeError):
     """A precision the device cannot run (raised before any compute)."""
 
@@ -10,7 +25,7 @@ class TrainingOutOfMemory(RuntimeError):
     """The device ran out of memory during a training step (the resume point is untouched)."""
 
 
-class CorruptArtifact(ValueError):
+class CorruptArtifact(InputError):
     """A stored artifact (feature store, checkpoint, image) that does not match its own header or
     the digest / size recorded for it; the message is one line: ``<path>: <problem>; <fix>``."""
 
@@ -45,7 +60,7 @@ class StageError(RuntimeError):
     do; nothing is lost (the previous outputs and the last resume point stay)."""
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """A params file or override that cannot be turned into a valid config."""
 
 
@@ -57,11 +72,11 @@ class DownloadError(RuntimeError):
     """A download or archive that cannot be used; the message names the source and why."""
 
 
-class TokenCacheError(ValueError):
+class TokenCacheError(InputError):
     """A token cache folder that does not match its header (truncated or foreign files)."""
 
 
-class MTEBTaskError(ValueError):
+class MTEBTaskError(InputError):
     """A task name that is neither an mteb task nor a task type of :data:`TABLE5_TYPES`."""
 
 
@@ -71,3 +86,11 @@ class MTEBDataMissing(FileNotFoundError):
 
 class SpiceUnavailable(RuntimeError):
     """SPICE relevance cannot run here (raised before any compute, naming what to install)."""
+
+
+# What a user can fix: an entry point prints the message alone and exits 2 (`mmcse.entry`); any other exception
+# is a bug in mmcse and prints its traceback before that line.
+USER_ERRORS: tuple[type[BaseException], ...] = (
+    InputError, ModelUnavailableError, DownloadError, FileNotFoundError, PrecisionError, TrainingOutOfMemory,
+    TrainingDiverged, StageError, SpiceUnavailable,
+)

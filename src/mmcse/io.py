@@ -18,7 +18,7 @@ from typing import Any
 
 from PIL import Image, UnidentifiedImageError
 
-from mmcse.errors import StageError
+from mmcse.errors import InputError, StageError
 
 
 def _file_mode() -> int:
@@ -141,7 +141,7 @@ def read_json(path: str | Path) -> Any:
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: corrupt JSON: {err}") from None
+        raise InputError(f"{path}: corrupt JSON: {err}") from None
 
 
 def write_jsonl(path: str | Path, rows: Iterable[dict[str, Any]]) -> None:
@@ -159,7 +159,7 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
         try:
             rows.append(json.loads(line))
         except json.JSONDecodeError as err:
-            raise ValueError(f"{path}:{lineno}: corrupt JSON line: {err}") from None
+            raise InputError(f"{path}:{lineno}: corrupt JSON line: {err}") from None
     return rows
 
 
@@ -217,7 +217,7 @@ def open_image(path: str | Path, hint: str = ""):
     except FileNotFoundError:
         raise FileNotFoundError(f"{path}: image not found{suffix}") from None
     except (UnidentifiedImageError, OSError) as err:
-        raise ValueError(f"{path}: corrupt or unreadable image ({err}){suffix}") from None
+        raise InputError(f"{path}: corrupt or unreadable image ({err}){suffix}") from None
 
 
 def _lock_file(output: Path) -> Path:

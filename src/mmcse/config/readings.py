@@ -20,6 +20,8 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mmcse.errors import InputError
+
 READINGS = ("recipe", "printed", "code")
 
 
@@ -157,7 +159,7 @@ def reading_values(reading: str, encoder: str | None, recipe_settings: Mapping[s
     ``recipe``: each point as ``recipe_settings[<its paper>]`` sets it (recipes/<paper>.yaml's values for the
     encoder; a point its recipe leaves alone is not set, i.e. params.yaml's value holds)."""
     if reading not in READINGS:
-        raise ValueError(f"unknown reading {reading!r}; readings: {', '.join(READINGS)}")
+        raise InputError(f"unknown reading {reading!r}; readings: {', '.join(READINGS)}")
     if reading == "printed":
         return {p.key: p.printed for p in READING_POINTS}
     if reading == "code":

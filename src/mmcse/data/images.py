@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from mmcse.errors import CorruptArtifact
+from mmcse.errors import CorruptArtifact, MissingEntry
 from mmcse.io import open_image, read_jsonl
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -108,7 +108,7 @@ class ImagePixels:
         rows = image_rows(raw_dir)
         missing = [i for i in dict.fromkeys(ids) if i not in rows]
         if missing:
-            raise KeyError(f"{raw_dir}: no image row for {len(missing)} id(s) in "
+            raise MissingEntry(f"{raw_dir}: no image row for {len(missing)} id(s) in "
                            f"{', '.join(t for t in IMAGE_TABLES if (raw_dir / t).is_file())}, "
                            f"e.g. {', '.join(missing[:5])}")
         self.ids = list(dict.fromkeys(ids))
@@ -125,7 +125,7 @@ class ImagePixels:
         try:
             return np.asarray([self._row[i] for i in ids], dtype=np.int64)
         except KeyError as err:
-            raise KeyError(f"image {err.args[0]} is not among this set's {len(self.ids)} images") from None
+            raise MissingEntry(f"image {err.args[0]} is not among this set's {len(self.ids)} images") from None
 
     def _read(self, rows: np.ndarray, transform) -> torch.Tensor:
         def one(k: int) -> torch.Tensor:

@@ -51,6 +51,7 @@ from mmcse.data.sources import (
     real_pairs,
     senteval_folder,
 )
+from mmcse.errors import InputError
 from mmcse.io import atomic_path, build_dir, sha256_file, write_bytes, write_json, write_jsonl, write_text
 
 log = logging.getLogger(__name__)
@@ -125,7 +126,7 @@ def select_captions(pairs: list[dict], mode: str, seed: int) -> list[dict]:
         return [rng.choice(group) for group in by_image.values()]
     if mode == "longest":
         return [max(group, key=lambda p: len(p["caption"])) for group in by_image.values()]
-    raise ValueError(f"unknown caption choice {mode!r}; choices: all, random, longest")
+    raise InputError(f"unknown caption choice {mode!r}; choices: all, random, longest")
 
 
 def retrieval_set_name(pairs: str) -> str:
@@ -212,7 +213,7 @@ def load_corpus(cfg: DataConfig, seed: int, downloads: str | Path | None = None,
         with open(source.path, encoding="utf-8") as handle:
             sentences = [line.strip() for line in handle if line.strip()]
         if not sentences:
-            raise ValueError(f"params.yaml: data.corpus={cfg.corpus!r}: {source.path} holds no sentences")
+            raise InputError(f"params.yaml: data.corpus={cfg.corpus!r}: {source.path} holds no sentences")
     return sentences[: cfg.corpus_limit] if cfg.corpus_limit else sentences
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mmcse.config.inputs import TRANSFER_TASKS
+from mmcse.errors import InputError
 
 STS_YEARS = ("STS12", "STS13", "STS14", "STS15", "STS16")
 STS_TASKS = (*STS_YEARS, "STSBenchmark", "SICKRelatedness")
@@ -55,13 +56,13 @@ def _read_sts_year(folder: Path, task: str) -> list[SentencePair]:
         lines = input_path.read_text(encoding="utf8").splitlines()
         golds = gold_path.read_text(encoding="utf8").splitlines()
         if len(lines) != len(golds):
-            raise ValueError(f"{input_path}: {len(lines)} pairs but {gold_path.name} has {len(golds)} scores")
+            raise InputError(f"{input_path}: {len(lines)} pairs but {gold_path.name} has {len(golds)} scores")
         for lineno, (line, gold) in enumerate(zip(lines, golds, strict=True), 1):
             if not gold.strip():  # SentEval skips pairs without a gold score
                 continue
             cols = line.split("\t")
             if len(cols) < 2:
-                raise ValueError(f"{input_path}:{lineno}: expected two tab-separated sentences")
+                raise InputError(f"{input_path}:{lineno}: expected two tab-separated sentences")
             pairs.append(SentencePair(task, subset, _norm(cols[0]), _norm(cols[1]), float(gold)))
     return pairs
 
@@ -71,7 +72,7 @@ def _read_stsb(path: Path, split: str) -> list[SentencePair]:
     for lineno, line in enumerate(path.read_text(encoding="utf8").splitlines(), 1):
         cols = line.strip().split("\t")
         if len(cols) < 7:
-            raise ValueError(f"{path}:{lineno}: expected 7 tab-separated columns, got {len(cols)}")
+            raise InputError(f"{path}:{lineno}: expected 7 tab-separated columns, got {len(cols)}")
         pairs.append(SentencePair("STSBenchmark", split, _norm(cols[5]), _norm(cols[6]), float(cols[4])))
     return pairs
 
@@ -81,7 +82,7 @@ def _read_sick(path: Path, split: str) -> list[SentencePair]:
     for lineno, line in enumerate(path.read_text(encoding="utf8").splitlines()[1:], 2):
         cols = line.strip().split("\t")
         if len(cols) < 4:
-            raise ValueError(f"{path}:{lineno}: expected >= 4 tab-separated columns")
+            raise InputError(f"{path}:{lineno}: expected >= 4 tab-separated columns")
         pairs.append(SentencePair("SICKRelatedness", split, _norm(cols[1]), _norm(cols[2]), float(cols[3])))
     return pairs
 
@@ -110,7 +111,7 @@ def read_sts_task(root: str | Path, task: str, split: str = "test") -> list[Sent
     if task == "SICKRelatedness":
         name = {"train": "SICK_train.txt", "dev": "SICK_trial.txt", "test": "SICK_test_annotated.txt"}[split]
         return _read_sick(down / "SICK" / name, split)
-    raise ValueError(f"unknown STS task {task!r}; known: {', '.join(STS_TASKS)}")
+    raise InputError(f"unknown STS task {task!r}; known: {', '.join(STS_TASKS)}")
 
 
 def read_sts_tasks(root: str | Path) -> dict[str, list[SentencePair]]:
@@ -170,7 +171,7 @@ def _transfer_files(down: Path, task: str) -> list[Path]:
         return [down / "TREC" / "train_5500.label", down / "TREC" / "TREC_10.label"]
     if task == "MRPC":
         return [down / "MRPC" / "msr_paraphrase_train.txt", down / "MRPC" / "msr_paraphrase_test.txt"]
-    raise ValueError(f"unknown transfer task {task!r}; known: {', '.join(TRANSFER_TASKS)}")
+    raise InputError(f"unknown transfer task {task!r}; known: {', '.join(TRANSFER_TASKS)}")
 
 
 def available_transfer_tasks(root: str | Path) -> list[str]:
@@ -199,14 +200,14 @@ def read_transfer_task(root: str | Path, task: str) -> list[TransferExample]:
             for lineno, line in enumerate(_lines(path, "utf-8"), 1):
                 cols = line.strip().split("\t")
                 if len(cols) != 2 or cols[1] not in ("0", "1"):
-                    raise ValueError(f"{path}:{lineno}: expected 'sentence<TAB>0|1'")
+                    raise InputError(f"{path}:{lineno}: expected 'sentence<TAB>0|1'")
                 examples.append(TransferExample(task, split, _norm(cols[0]), int(cols[1])))
     elif task == "TREC":
         for path, split in zip(files, ("train", "test"), strict=True):
             for lineno, line in enumerate(_lines(path, "latin-1"), 1):
                 target, _, rest = line.strip().partition(":")
                 if target not in TREC_CLASSES or " " not in rest:
-                    raise ValueError(f"{path}:{lineno}: expected 'CLASS:fine question' with CLASS in "
+                    raise InputError(f"{path}:{lineno}: expected 'CLASS:fine question' with CLASS in "
                                      f"{', '.join(TREC_CLASSES)}")
                 question = rest.split(" ", 1)[1]  # drop the fine-grained label
                 examples.append(TransferExample(task, split, _norm(question), TREC_CLASSES.index(target)))
@@ -215,6 +216,6 @@ def read_transfer_task(root: str | Path, task: str) -> list[TransferExample]:
             for lineno, line in enumerate(_lines(path, "utf-8-sig")[1:], 2):
                 cols = line.strip().split("\t")
                 if len(cols) != 5 or cols[0] not in ("0", "1"):
-                    raise ValueError(f"{path}:{lineno}: expected 5 tab-separated columns starting with 0|1")
+                    raise InputError(f"{path}:{lineno}: expected 5 tab-separated columns starting with 0|1")
                 examples.append(TransferExample(task, split, _norm(cols[3]), int(cols[0]), _norm(cols[4])))
     return examples

@@ -27,6 +27,7 @@ from tqdm.auto import tqdm
 
 from mmcse.config import DataConfig, SourceConfig
 from mmcse.data.fetch import DownloadError, file_digest, http_download, hub_file, safe_extract
+from mmcse.errors import InputError
 from mmcse.io import open_image, sha256_file, write_json
 
 log = logging.getLogger(__name__)
@@ -161,7 +162,7 @@ def read_karpathy(path: str | Path, dataset: str, splits: list[str]) -> list[Kar
         data = json.loads(path.read_text(encoding="utf8"))
         entries = data["images"]
     except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise ValueError(f"{path}: not a Karpathy split file ({type(err).__name__}: {err})") from None
+        raise InputError(f"{path}: not a Karpathy split file ({type(err).__name__}: {err})") from None
     images = []
     for entry in entries:
         split = entry.get("split")
@@ -170,7 +171,7 @@ def read_karpathy(path: str | Path, dataset: str, splits: list[str]) -> list[Kar
         filename = entry["filename"]
         captions = tuple(" ".join(s.get("raw", "").split()) for s in entry.get("sentences", []))
         if not captions or not all(captions):
-            raise ValueError(f"{path}: image {filename} has an empty caption or none")
+            raise InputError(f"{path}: image {filename} has an empty caption or none")
         if dataset == "coco":
             image_id = f"coco-{entry.get('cocoid', Path(filename).stem)}"
         else:
@@ -218,7 +219,7 @@ def parse_entities_sentence(line: str) -> EntityCaption:
             close = line.find("]", i)
             head_end = line.find(" ", i)
             if close < 0 or head_end < 0 or head_end > close:
-                raise ValueError(f"malformed phrase markup at column {i}: {line!r}")
+                raise InputError(f"malformed phrase markup at column {i}: {line!r}")
             entity = line[i + len("[/EN#") : head_end].split("/")[0]
             start = sum(map(len, text))
             text.append(line[head_end + 1 : close])
@@ -269,7 +270,7 @@ def read_entities_split(path: Path, split: str) -> list[str]:
         if not line.strip():
             continue
         if not line.strip().isdigit():
-            raise ValueError(f"{path}:{number}: not a Flickr30k image id: {line.strip()!r} (a {split}.txt of "
+            raise InputError(f"{path}:{number}: not a Flickr30k image id: {line.strip()!r} (a {split}.txt of "
                              "Flickr30k Entities lists one numeric id a line)")
         ids.append(line.strip())
     return ids
@@ -298,7 +299,7 @@ def entities_images(cfg: DataConfig, downloads: Path) -> tuple[list[KarpathyImag
             lines = [ln.strip() for ln in sentences.read_text(encoding="utf8").splitlines() if ln.strip()]
             captions = tuple(" ".join(parse_entities_sentence(ln).text.split()) for ln in lines)
             if not captions or not all(captions):
-                raise ValueError(f"{sentences}: image {stem} has an empty caption or none")
+                raise InputError(f"{sentences}: image {stem} has an empty caption or none")
             images.append(KarpathyImage(f"flickr30k-{stem}", f"{stem}.jpg", "", split, captions))
     return images, folder, sources, missing
 
@@ -379,7 +380,7 @@ def real_pairs(cfg: DataConfig, out: Path, downloads: Path, allow_empty: bool = 
     if not entries:
         if allow_empty:
             return [], [], {"sources": sources}
-        raise ValueError(f"params.yaml: data.splits={cfg.splits} selects no {dataset} images")
+        raise InputError(f"params.yaml: data.splits={cfg.splits} selects no {dataset} images")
 
     roots: dict[str, Path] = {}
     if dataset == "flickr30k":
@@ -390,7 +391,7 @@ def real_pairs(cfg: DataConfig, out: Path, downloads: Path, allow_empty: bool = 
         for folder in sorted({e.folder for e in entries}):
             name = f"coco_{folder}"
             if not hasattr(cfg.sources, name):
-                raise ValueError(f"Karpathy COCO entry names folder {folder!r}; no data.sources.{name} for it")
+                raise InputError(f"Karpathy COCO entry names folder {folder!r}; no data.sources.{name} for it")
             fetched = extracted_source(getattr(cfg.sources, name), name, downloads)
             sources[name] = fetched.record
             roots[folder] = find_named(fetched.path, folder, want_dir=True)
@@ -447,7 +448,7 @@ def real_pairs(cfg: DataConfig, out: Path, downloads: Path, allow_empty: bool = 
     for v in verdicts.values():
         v.save()
     if not images:
-        raise ValueError(f"no readable {dataset} images among {len(entries)} listed (see the warnings above)")
+        raise InputError(f"no readable {dataset} images among {len(entries)} listed (see the warnings above)")
     return images, pairs, report
 
 
@@ -461,7 +462,7 @@ def _cc12m_shards(spec: SourceConfig, downloads: Path) -> Iterator[tuple[str, Pa
     if spec.path:
         root = fetch_source(spec, "cc12m", downloads).path
         if not root.is_dir():
-            raise ValueError(f"params.yaml: data.sources.cc12m.path={spec.path!r} must be a folder of shards "
+            raise InputError(f"params.yaml: data.sources.cc12m.path={spec.path!r} must be a folder of shards "
                              "(*.tar) or of samples (<key>.jpg + <key>.txt)")
         tars = sorted(root.glob("*.tar"))
         if not tars:
@@ -543,10 +544,10 @@ def cc12m_pairs(cfg: DataConfig, out: Path, downloads: Path) -> tuple[list[dict]
             break
     bar.close()
     if not images:
-        raise ValueError(f"data.sources.cc12m: no readable image–caption sample in subset {k} "
+        raise InputError(f"data.sources.cc12m: no readable image–caption sample in subset {k} "
                          f"({seen} samples before it)")
     if n and len(images) < n:
-        raise ValueError(f"data.sources.cc12m: subset {k} of {n:,} pairs needs {k * n:,} samples, the shards "
+        raise InputError(f"data.sources.cc12m: subset {k} of {n:,} pairs needs {k * n:,} samples, the shards "
                          f"hold {seen:,}")
     return images, pairs, report
 

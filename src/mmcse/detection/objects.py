@@ -29,6 +29,7 @@ from mmcse.detection.crops import (
     write_objects,
 )
 from mmcse.detection.sam2 import detect_objects_sam2
+from mmcse.errors import InputError, MissingEntry
 from mmcse.io import atomic_path, open_image, read_jsonl
 
 log = logging.getLogger(__name__)
@@ -72,10 +73,10 @@ def detect_objects_annotations(
         stats["pairs_unannotated"] += not pair.get("phrases")
         caption = pair["caption"]
         if not caption.strip():
-            raise ValueError(f"{data_dir / 'pairs.jsonl'}: pair {pair['pair_id']} has an empty caption")
+            raise InputError(f"{data_dir / 'pairs.jsonl'}: pair {pair['pair_id']} has an empty caption")
         image_row = images.get(pair["image_id"])
         if image_row is None:
-            raise KeyError(f"{data_dir / 'pairs.jsonl'}: pair {pair['pair_id']} names unknown image")
+            raise MissingEntry(f"{data_dir / 'pairs.jsonl'}: pair {pair['pair_id']} names unknown image")
         offsets = caption_offsets(tokenizer, caption, max_seq_len)
         objects = []
         for phrase in pair["phrases"]:

@@ -96,7 +96,7 @@ from mmcse.detection.region_files import (
     read_butd_tsv,
     read_npy_regions,
 )
-from mmcse.errors import CorruptArtifact
+from mmcse.errors import CorruptArtifact, InputError, MissingEntry
 from mmcse.integrity.files import (
     HashingWriter,
     check_image_digests,
@@ -131,7 +131,7 @@ def _missing_images(raw_dir: Path, ids: Sequence[str], rows: dict[str, Any], tab
     if missing:
         present = [t for t in tables if (raw_dir / t).is_file()] or list(tables)  # the tables searched
         names = ", ".join(str(raw_dir / t) for t in present)
-        raise KeyError(f"{names}: no image row for {len(missing)} id(s), e.g. {', '.join(missing[:5])}")
+        raise MissingEntry(f"{names}: no image row for {len(missing)} id(s), e.g. {', '.join(missing[:5])}")
 
 
 # mmcse.teachers.cache.ImageEncoder: (files, label) -> (N, d)
@@ -194,7 +194,7 @@ def regions_from_objects(
 
     raw_dir, objects_dir = Path(raw_dir), Path(objects_dir)
     if max_regions < 1:
-        raise ValueError(f"max_regions={max_regions}: must be >= 1")
+        raise InputError(f"max_regions={max_regions}: must be >= 1")
     rows = image_rows(raw_dir)
     _missing_images(raw_dir, image_ids, rows, IMAGE_TABLES)
     detected = _detected_objects(objects_dir)
@@ -242,7 +242,7 @@ def regions_from_objects(
                 if whole_image and len(plan) < max_regions:
                     plan.append(("image", image_id, [0, 0, width, height]))
                 if not plan:
-                    raise ValueError(f"{file}: no objects and whole_image is off, so image {image_id} has no region")
+                    raise InputError(f"{file}: no objects and whole_image is off, so image {image_id} has no region")
                 plans.append(plan)
                 sizes.append((width, height))
             encoded: dict[tuple[str, str], np.ndarray] = {}
@@ -304,7 +304,7 @@ def tsv_source(files: Sequence[str | Path], dim: int | None = None) -> RegionSou
     """Bottom-up-attention TSV file(s) (module doc); every file must exist."""
     paths = [Path(f) for f in files]
     if not paths:
-        raise ValueError("tsv_source: no TSV files given")
+        raise InputError("tsv_source: no TSV files given")
     for p in paths:
         if not p.is_file():
             raise CorruptArtifact(p, "missing", FIX_INPUT)
@@ -478,7 +478,7 @@ class RegionStore:
         try:
             return np.fromiter((lookup[i] for i in ids), dtype=np.int64, count=len(ids))
         except KeyError as err:
-            raise KeyError(f"{self.folder}: no cached regions for image {err.args[0]!r}") from None
+            raise MissingEntry(f"{self.folder}: no cached regions for image {err.args[0]!r}") from None
 
     def take(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(regions (B, n_max, d) float32, boxes (B, n_max, 5) float32, mask (B, n_max) bool)`` of row
@@ -559,9 +559,9 @@ def build_region_cache(
     :meth:`RegionStore.open` is deleted and rebuilt. Built in a temporary folder in ``out_dir`` and
     renamed into place when complete. Returns the store and whether it was a cache hit."""
     if max_regions < 1:
-        raise ValueError(f"max_regions={max_regions}: must be >= 1")
+        raise InputError(f"max_regions={max_regions}: must be >= 1")
     if dtype not in ("float16", "float32"):
-        raise ValueError(f"dtype={dtype!r}: choices float16, float32")
+        raise InputError(f"dtype={dtype!r}: choices float16, float32")
     ids = list(image_ids)
     if len(set(ids)) != len(ids):
         raise ValueError("build_region_cache: image_ids lists an id twice")

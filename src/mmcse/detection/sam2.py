@@ -32,6 +32,7 @@ from transformers import PreTrainedTokenizerBase
 from mmcse.config import DetectConfig, to_dict
 from mmcse.detection.crops import caption_offsets, char_span_to_token_span, masked_crop, object_record, write_objects
 from mmcse.detection.grounding import TASK, GroundedPhrase, parse_grounding
+from mmcse.errors import InputError, MissingEntry
 from mmcse.hub import ModelUnavailableError, hf_download_command, hub_unreachable, resolve_model
 from mmcse.io import atomic_path, open_image, read_jsonl, sha256_file, sha256_json, write_jsonl
 from mmcse.models.device import resolve_device
@@ -149,14 +150,14 @@ def build_sam2_model(config: str, checkpoint: Path | None) -> torch.nn.Module:
         try:
             state = torch.load(checkpoint, map_location="cpu", weights_only=True)
         except Exception as err:  # unpickling refusals and corrupt files alike
-            raise ValueError(f"{checkpoint}: not a loadable SAM 2 checkpoint ({type(err).__name__}: "
+            raise InputError(f"{checkpoint}: not a loadable SAM 2 checkpoint ({type(err).__name__}: "
                              f"{str(err).splitlines()[0][:200]})") from None
         if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
-            raise ValueError(f"{checkpoint}: a SAM 2 checkpoint holds its weights under the key 'model'")
+            raise InputError(f"{checkpoint}: a SAM 2 checkpoint holds its weights under the key 'model'")
         try:
             model.load_state_dict(state["model"], strict=True)
         except RuntimeError as err:
-            raise ValueError(f"{checkpoint}: does not fit detect.sam2_config {config} "
+            raise InputError(f"{checkpoint}: does not fit detect.sam2_config {config} "
                              f"({str(err).splitlines()[0][:200]})") from None
     return model.eval()
 
@@ -375,9 +376,9 @@ def detect_objects_sam2(
     by_image: dict[str, list[dict[str, Any]]] = {}
     for pair in pairs:
         if not pair["caption"].strip():
-            raise ValueError(f"{data_dir / 'pairs.jsonl'}: pair {pair['pair_id']} has an empty caption")
+            raise InputError(f"{data_dir / 'pairs.jsonl'}: pair {pair['pair_id']} has an empty caption")
         if pair["image_id"] not in known:
-            raise KeyError(f"{data_dir / 'pairs.jsonl'}: pair {pair['pair_id']} names unknown image")
+            raise MissingEntry(f"{data_dir / 'pairs.jsonl'}: pair {pair['pair_id']} names unknown image")
         by_image.setdefault(pair["image_id"], []).append(pair)
     order = [r for r in images if r["image_id"] in by_image]  # images with captions, in images.jsonl order
     shards = [order[i : i + cfg.shard_size] for i in range(0, len(order), cfg.shard_size)]

@@ -24,6 +24,7 @@ from sklearn.cluster import KMeans
 from sklearn.manifold import TSNE
 from sklearn.metrics import normalized_mutual_info_score, silhouette_score
 
+from mmcse.errors import InputError, MissingEntry
 from mmcse.evaluation.plots import plt
 from mmcse.evaluation.retrieval import unit_rows
 from mmcse.evaluation.sts import spearman_x100
@@ -337,7 +338,7 @@ def default_task(predictions_by_run: Mapping[str, Predictions]) -> str:
     runs = list(predictions_by_run.values())
     common = [t for t in runs[0] if all(t in r for r in runs[1:])] if runs else []
     if not common:
-        raise KeyError("the runs share no STS task: " + "; ".join(
+        raise MissingEntry("the runs share no STS task: " + "; ".join(
             f"{label}: {', '.join(p) or 'none'}" for label, p in predictions_by_run.items()))
     return STSB if STSB in common else common[0]
 
@@ -360,10 +361,10 @@ def sts_run_statistics(predictions_by_run: Mapping[str, Predictions], task: str 
 
 def _task_of(label: str, preds: Predictions, task: str) -> tuple[np.ndarray, np.ndarray]:
     if task not in preds:
-        raise KeyError(f"run {label}: no predictions for STS task {task!r} (has: {', '.join(preds) or 'none'})")
+        raise MissingEntry(f"run {label}: no predictions for STS task {task!r} (has: {', '.join(preds) or 'none'})")
     cos, gold = (np.asarray(v, dtype=np.float64) for v in preds[task])
     if cos.shape != gold.shape or cos.ndim != 1 or cos.size < 2:
-        raise ValueError(f"run {label}, task {task}: cos {cos.shape} and gold {gold.shape} must be equal 1-D (≥ 2)")
+        raise InputError(f"run {label}, task {task}: cos {cos.shape} and gold {gold.shape} must be equal 1-D (≥ 2)")
     return cos, gold
 
 

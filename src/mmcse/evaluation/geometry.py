@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from mmcse.data.senteval import SentencePair
+from mmcse.errors import InputError
 from mmcse.evaluation.retrieval import unit_rows
 from mmcse.evaluation.sts import encode_unique
 
@@ -69,10 +70,10 @@ def check_sts_geometry(pairs: DevPairs, threshold: float = POSITIVE_GOLD, where:
     flat = _flat(pairs)
     if not positive_pairs(flat, threshold):
         top = max((p.score for p in flat), default=float("nan"))
-        raise ValueError(f"{where}: no pair with gold score >= {threshold:g} (highest {top:g} in {len(flat)} pairs), "
+        raise InputError(f"{where}: no pair with gold score >= {threshold:g} (highest {top:g} in {len(flat)} pairs), "
                          "so the dev alignment has no positive pairs; use a dev set with high-similarity pairs")
     if len({s for p in flat for s in (p.s1, p.s2)}) < 2:
-        raise ValueError(f"{where}: fewer than two distinct sentences, so the dev uniformity is undefined")
+        raise InputError(f"{where}: fewer than two distinct sentences, so the dev uniformity is undefined")
 
 
 def sts_geometry(

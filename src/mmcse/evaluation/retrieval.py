@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from mmcse.config import EvaluateConfig
+from mmcse.errors import InputError
 from mmcse.evaluation.names import recall_key
 from mmcse.evaluation.sts import encode_unique
 from mmcse.io import read_jsonl
@@ -148,7 +149,7 @@ def project(encoder: TextEncoder, captions: Sequence[str], image_features: np.nd
 
     student = encoder.student
     if student is None:
-        raise ValueError("retrieval needs an mmcse student checkpoint (heads.safetensors beside the model)")
+        raise InputError("retrieval needs an mmcse student checkpoint (heads.safetensors beside the model)")
     texts = []
     for start in range(0, len(captions), batch_size):
         batch = encoder.tokenizer(list(captions[start:start + batch_size]), padding=True, truncation=True,
@@ -269,7 +270,7 @@ def evaluate_test_set(evaluate: EvaluateConfig, encoder: TextEncoder, data_dir: 
     index = {row["image_id"]: i for i, row in enumerate(images)}
     unknown = sorted({row["image_id"] for row in rows} - index.keys())
     if unknown:
-        raise ValueError(f"{data_dir / 'retrieval' / 'captions.jsonl'}: captions of images not in the test set "
+        raise InputError(f"{data_dir / 'retrieval' / 'captions.jsonl'}: captions of images not in the test set "
                          f"{unknown[:5]}; rerun the download stage (dvc repro download)")
     captions = [row["caption"] for row in rows]
     text_image = np.array([index[row["image_id"]] for row in rows], dtype=np.int64)
@@ -283,7 +284,7 @@ def evaluate_test_set(evaluate: EvaluateConfig, encoder: TextEncoder, data_dir: 
         return result
     head_name, feature_set = head
     if head_name not in ("image_proj", "teacher_image_proj") or not feature_set.startswith("retrieval_"):
-        raise ValueError(f"unknown image head {head!r}")
+        raise InputError(f"unknown image head {head!r}")
     if feature_set not in feature_sets:
         raise FileNotFoundError(f"no cached {feature_set} features for the retrieval test set: rerun "
                                 "cache_teachers (dvc repro cache_teachers)")

@@ -20,6 +20,7 @@ from scipy.stats import spearmanr
 from tqdm.auto import tqdm
 
 from mmcse.data.senteval import SentencePair
+from mmcse.errors import InputError
 from mmcse.hub import resolve_model
 from mmcse.integrity.files import check_model_folder
 from mmcse.models.precision import autocast, check_precision
@@ -93,7 +94,7 @@ def evaluate_sts(
     reuses them instead of encoding the dev set twice)."""
     tasks = {name: list(pairs) for name, pairs in tasks.items() if pairs}
     if not tasks:
-        raise ValueError("no STS pairs to evaluate")
+        raise InputError("no STS pairs to evaluate")
     sentences = [s for pairs in tasks.values() for p in pairs for s in (p.s1, p.s2)]
     vectors = encode_unique(encode, sentences, batch_size)
     result = STSResult(scores={}, vectors=vectors if keep_vectors else {})
@@ -160,7 +161,7 @@ class TextEncoder:
         if self.pooler == "cls" and self.student is None:
             pooled = getattr(out, "pooler_output", None)
             if pooled is None:
-                raise ValueError("pooler 'cls' needs a model with a pooler output; use cls_before_pooler or avg")
+                raise InputError("pooler 'cls' needs a model with a pooler output; use cls_before_pooler or avg")
         else:
             pooled = pool(self.pooler, out.hidden_states, batch["attention_mask"], self.student and self.student.mlp)
         return pooled

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from mmcse.errors import MissingEntry
 from mmcse.evaluation.names import recall_key
 from mmcse.evaluation.plots import plt, save_figure
 from mmcse.evaluation.retrieval import check_text_image, unit_rows
@@ -265,7 +266,7 @@ def cached_joint_teacher(
     sets = read_json(manifest_file).get("sets", {})
     missing = [k for k in ("joint_text", "joint_image") if k not in sets]
     if missing:
-        raise KeyError(f"{manifest_file}: no {', '.join(missing)} set listed; rerun the cache_teachers stage")
+        raise MissingEntry(f"{manifest_file}: no {', '.join(missing)} set listed; rerun the cache_teachers stage")
 
     def store(name: str) -> FeatureStore:
         for folder in (teachers_dir, *map(Path, set_dirs)):
@@ -279,7 +280,7 @@ def cached_joint_teacher(
     try:
         owners = [pairs[i] for i in text.ids]
     except KeyError as err:
-        raise KeyError(f"{raw_dir / 'pairs.jsonl'}: no pair {err.args[0]!r} of {text.folder}") from None
+        raise MissingEntry(f"{raw_dir / 'pairs.jsonl'}: no pair {err.args[0]!r} of {text.folder}") from None
     return np.asarray(text.features), np.asarray(image.features), image.row_indices(owners)
 
 

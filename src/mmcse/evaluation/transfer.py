@@ -31,6 +31,7 @@ from tqdm.auto import tqdm
 
 from mmcse.config import TransferConfig
 from mmcse.data.senteval import TREC_CLASSES, TransferExample
+from mmcse.errors import InputError
 from mmcse.evaluation.sts import EncodeFn, encode_unique
 
 TRANSFER_PRIMARY = "transfer_avg"
@@ -238,17 +239,17 @@ def evaluate_transfer(
     sentence is encoded once. Splits are checked before anything is encoded."""
     tasks = {name: list(rows) for name, rows in tasks.items() if rows}
     if not tasks:
-        raise ValueError("no transfer-task examples to evaluate")
+        raise InputError("no transfer-task examples to evaluate")
     for name, rows in tasks.items():
         if name not in NUM_CLASSES:
-            raise ValueError(f"unknown transfer task {name!r}; known: {', '.join(NUM_CLASSES)}")
+            raise InputError(f"unknown transfer task {name!r}; known: {', '.join(NUM_CLASSES)}")
         splits = {e.split for e in rows}
         expected = _SPLITS.get(name, {"all"})
         if splits != expected:
-            raise ValueError(f"transfer task {name}: splits {sorted(splits)}, expected {sorted(expected)}")
+            raise InputError(f"transfer task {name}: splits {sorted(splits)}, expected {sorted(expected)}")
         labels = {e.label for e in rows}
         if not labels <= set(range(NUM_CLASSES[name])) or len(labels) < 2:
-            raise ValueError(f"transfer task {name}: labels {sorted(labels)} outside 0..{NUM_CLASSES[name] - 1} "
+            raise InputError(f"transfer task {name}: labels {sorted(labels)} outside 0..{NUM_CLASSES[name] - 1} "
                              "or a single class")
     sentences = [s for rows in tasks.values() for e in rows for s in (e.text, e.text2) if s is not None]
     vectors = encode_unique(encode, sentences, batch_size, desc="encode transfer")

@@ -18,6 +18,7 @@ from mmcse import tracking
 from mmcse.config import Config
 from mmcse.config.readings import encoder_of, reading_tags, row_reading
 from mmcse.environment import environment
+from mmcse.errors import InputError
 from mmcse.experiments.estimate import estimate
 from mmcse.experiments.jobs import (
     Job,
@@ -188,7 +189,7 @@ def run_job(
     folder = job.folder(root)
     config_hash = job_hash(job_cfg, cfg.base.seed)
     if expected_hash is not None and expected_hash != config_hash:
-        raise ValueError(
+        raise InputError(
             f"params.yaml: job {job.variant!r} seed {job.seed} resolves to config hash {config_hash[:12]} here but "
             f"{expected_hash[:12]} where it was submitted: the worker's checkout differs (params.yaml or the "
             "library code; sync the checkout)"

@@ -17,6 +17,7 @@ from mlflow.entities import Metric
 from mmcse.analysis.statistics import ALPHA, TESTS, significance
 from mmcse.analysis.tables import aggregate_metrics, column_label, headline_metrics, table_markdown, table_metric
 from mmcse.config import Config
+from mmcse.errors import InputError
 from mmcse.evaluation.figures import (
     DROPOUT_MASKS,
     NEIGHBOURS,
@@ -219,7 +220,7 @@ def _dropout_tsne(cfg: Config, jobs: dict[str, dict[str, Any]], ablations: Path)
 
     sentences = list(cfg.ablate.sentences)
     if len(sentences) < 2:
-        raise ValueError("dropout_tsne needs ablate.sentences (the figure's sentences, at least 2)")
+        raise InputError("dropout_tsne needs ablate.sentences (the figure's sentences, at least 2)")
     views = {}
     for variant, best in _best_checkpoints(jobs, ablations).items():
         encoder = _encoder(cfg, best)
@@ -249,7 +250,7 @@ def _neighbours(cfg: Config, jobs: dict[str, dict[str, Any]], ablations: Path,
 
     pool = neighbour_pool(raw)
     if len(pool) <= NEIGHBOURS:
-        raise ValueError(f"{raw / 'pairs.jsonl'}: {len(pool)} captions, too few to retrieve {NEIGHBOURS} neighbours")
+        raise InputError(f"{raw / 'pairs.jsonl'}: {len(pool)} captions, too few to retrieve {NEIGHBOURS} neighbours")
     queries = list(cfg.ablate.sentences)
     if not queries:
         pick = np.random.default_rng(cfg.base.seed).choice(len(pool), min(NEIGHBOUR_QUERIES, len(pool)), replace=False)

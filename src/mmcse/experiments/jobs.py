@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mmcse.config import LAUNCH_KEYS, RETRIEVAL_METHODS, Config, to_dict, with_overrides
+from mmcse.errors import InputError
 from mmcse.integrity.code import TRAINING_CODE, code_digest, code_files
 from mmcse.integrity.keys import artifact_keys
 from mmcse.io import sha256_json
@@ -60,7 +61,7 @@ def expand(cfg: Config) -> list[Job]:
             jobs.append(Job(name, seed, {**overrides, "base.seed": seed}))
     slugs = [slug(n) for n in cfg.ablate.variants]
     if len(set(slugs)) != len(slugs):
-        raise ValueError(f"params.yaml: ablate.variants names collide as folder names: {slugs}")
+        raise InputError(f"params.yaml: ablate.variants names collide as folder names: {slugs}")
     return jobs
 
 

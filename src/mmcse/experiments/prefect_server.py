@@ -27,7 +27,7 @@ from typing import Any
 
 import psutil
 
-from mmcse.errors import StageError
+from mmcse.errors import InputError, StageError
 
 OWNER_VARIABLE = "MMCSE_PREFECT_SERVER_OWNER"  # "<pid>:<start time>:<project folder>"
 
@@ -224,7 +224,7 @@ def worker_gpus(gpus: int, per_worker: int) -> list[str]:
     """The ``CUDA_VISIBLE_DEVICES`` of each ``gpu`` worker on a machine with ``gpus`` GPUs, ``per_worker`` each
     (``0,1,2,3`` then ``4,5,6,7``): a job asking for ``train.devices: auto`` trains on all of its worker's."""
     if per_worker < 1 or (gpus and gpus % per_worker):
-        raise ValueError(f"--gpus-per-worker {per_worker}: must be >= 1 and divide this machine's {gpus} GPUs")
+        raise InputError(f"--gpus-per-worker {per_worker}: must be >= 1 and divide this machine's {gpus} GPUs")
     return [",".join(str(g) for g in range(first, first + per_worker)) for first in range(0, gpus, per_worker)]
 
 

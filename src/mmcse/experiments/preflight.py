@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from mmcse.config import Config, parse_config, to_dict, with_overrides
+from mmcse.config import Config, ConfigError, parse_config, to_dict, with_overrides
 from mmcse.config.inputs import JOINT_TEXT_TEACHER
 from mmcse.config.training import RETRIEVAL_METHODS
 from mmcse.data.sizes import published_counts
@@ -133,7 +133,7 @@ def _mlm_head(job: Config, config: Any, real: bool) -> MaskedLMHead:
     from transformers import AutoModelForMaskedLM
 
     if config.model_type not in MASKING:
-        raise ValueError(f"loss.simcse.mlm: no tokenizer of {job.model.name_or_path!r} here and no known mask "
+        raise ConfigError(f"loss.simcse.mlm: no tokenizer of {job.model.name_or_path!r} here and no known mask "
                          f"token for model type {config.model_type!r}")
     model = AutoModelForMaskedLM.from_config(config)
     head = next(m for name, m in model.named_children() if name != model.base_model_prefix)
@@ -481,13 +481,13 @@ def preflight(params: str | Path = "params.yaml", preset: str | None = None, ste
     "total_minutes", "teacher_caches": [...], "cache_minutes"}``. ``progress(row)`` is called as each row
     and each cache check finishes."""
     if cache_items < 0 or cache_items == 1:
-        raise ValueError(f"cache_items={cache_items}: 0 (no teacher-cache check) or at least 2 (an item's time is "
+        raise ConfigError(f"cache_items={cache_items}: 0 (no teacher-cache check) or at least 2 (an item's time is "
                          "measured between 1 item and that many)")
     if steps < MIN_STEPS:
-        raise ValueError(f"--steps {steps}: at least {MIN_STEPS} (the first step is not timed: it builds kernels "
+        raise ConfigError(f"--steps {steps}: at least {MIN_STEPS} (the first step is not timed: it builds kernels "
                          "and caches)")
     if timeout is not None and timeout < MIN_TIMEOUT:
-        raise ValueError(f"--timeout {timeout:g}: at least {MIN_TIMEOUT} s (a row's process imports torch and builds "
+        raise ConfigError(f"--timeout {timeout:g}: at least {MIN_TIMEOUT} s (a row's process imports torch and builds "
                          "its models before its first step), or leave it out: no limit")
     params = Path(params)
     cfg = load_config(params, {"ablate.preset": preset} if preset else None)

@@ -27,7 +27,7 @@ from PIL import Image
 
 from mmcse.config import Config
 from mmcse.config.inputs import JOINT_TEXT_TEACHER
-from mmcse.errors import ModelUnavailableError
+from mmcse.errors import InputError, ModelUnavailableError
 from mmcse.experiments.stand_ins import used_sets
 from mmcse.hub import local_model
 from mmcse.models.architectures import model_config
@@ -153,7 +153,7 @@ def teacher_cache_check(job: Config, items: int) -> dict[str, Any]:
     the stage's cache and read back; ``counted``: the download's counts of the items the stage runs the set's
     encoder on)."""
     if items < 2:
-        raise ValueError(f"--cache-items {items}: an item's time is measured between 1 and at least 2 items")
+        raise InputError(f"--cache-items {items}: an item's time is measured between 1 and at least 2 items")
     t, j = job.teachers, job.teachers.joint
     used = used_sets(job)  # only the sets the row's terms read
     device = resolve_device(job.base.device)

@@ -26,6 +26,7 @@ from mmcse.analysis.papers import Paper, list_papers, load_paper, reproduction_t
 from mmcse.analysis.report import Reproduction, RunCell, paper_report, to_html, to_markdown, verdict_counts
 from mmcse.config import Config, ConfigError
 from mmcse.config.readings import READING_TAG, points_off_printed
+from mmcse.errors import InputError
 from mmcse.experiments.params import list_presets
 from mmcse.io import write_text
 from mmcse.runstore import (
@@ -159,7 +160,7 @@ def default_reader(cfg: Config) -> RunReader:
     MLflow (`mmcse.tracking.reading.run_reader`, a layer up: its caller passes it)."""
     reader = SqliteRuns.open(cfg.base.mlflow_tracking_uri)
     if reader is None:
-        raise ValueError(f"base.mlflow_tracking_uri {cfg.base.mlflow_tracking_uri}: not a SQLite file; read it "
+        raise InputError(f"base.mlflow_tracking_uri {cfg.base.mlflow_tracking_uri}: not a SQLite file; read it "
                          "with mmcse.tracking.reading.run_reader")
     return reader
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from mmcse.config import Config, to_dict
+from mmcse.errors import InputError
 from mmcse.io import read_json, sha256_json, write_json
 
 KINDS = ("data", "objects", "teachers")
@@ -88,7 +89,7 @@ def require_top_level(cfg: Config, paths: Any) -> Upstream:
     up = top_level(cfg, paths)
     stale = stale_artifacts(up)
     if stale:
-        raise ValueError(
+        raise InputError(
             f"{', '.join(stale)}: params.yaml names other upstream artifacts: run `dvc repro` (or the download, "
             "detect_objects and cache_teachers stages) first"
         )

@@ -35,6 +35,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from mmcse.config import POOLERS
+from mmcse.errors import InputError
 from mmcse.integrity.files import check_sealed, seal_folder
 from mmcse.io import build_dir, write_json
 from mmcse.models.student import HEADS_FILE, HEADS_META
@@ -79,7 +80,7 @@ def _mlp_weights(folder: Path) -> tuple[torch.Tensor, torch.Tensor]:
     try:
         return heads["mlp.dense.weight"], heads["mlp.dense.bias"]
     except KeyError as err:
-        raise ValueError(f"{folder / HEADS_FILE}: no {err.args[0]} (the student's MLP pooler)") from None
+        raise InputError(f"{folder / HEADS_FILE}: no {err.args[0]} (the student's MLP pooler)") from None
 
 
 def _save_module(module: torch.nn.Module, folder: Path, name: str) -> None:
@@ -123,9 +124,9 @@ def export_sentence_transformers(
 
     folder = Path(model_folder)
     if pooler not in POOLERS:
-        raise ValueError(f"unknown pooler {pooler!r}; poolers: {', '.join(POOLERS)}")
+        raise InputError(f"unknown pooler {pooler!r}; poolers: {', '.join(POOLERS)}")
     if max_seq_len < 1:
-        raise ValueError(f"max_seq_len must be positive, got {max_seq_len}")
+        raise InputError(f"max_seq_len must be positive, got {max_seq_len}")
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{folder}: not a model folder (no config.json)")
     # a sealed checkpoint (`mmcse.integrity.files.SEAL`) is checked first and sealed again afterwards
@@ -141,7 +142,7 @@ def export_sentence_transformers(
         else:
             dense = _hf_pooler_weights(folder) if config.model_type in _TANH_POOLER_TYPES else None
             if dense is None:
-                raise ValueError(
+                raise InputError(
                     f"{folder}: pooler 'cls' needs the student's MLP ({HEADS_META} + heads.safetensors) or a saved "
                     "BERT-style pooler (pooler.dense.*); this folder has neither: export with cls_before_pooler or avg"
                 )

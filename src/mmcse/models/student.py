@@ -22,6 +22,7 @@ from transformers import (
 )
 
 from mmcse.config import POOLERS, ModelConfig
+from mmcse.errors import InputError
 from mmcse.hub import resolve_model
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ def configure(config: PretrainedConfig, cfg: ModelConfig, dropout: float | None 
         overrides |= {"hidden_dropout_prob": dropout, "attention_probs_dropout_prob": dropout}
     for key, value in overrides.items():
         if not hasattr(config, key):
-            raise ValueError(
+            raise InputError(
                 f"params.yaml: model.config_overrides.{key} is not a field of {type(config).__name__}"
             )
         setattr(config, key, value)
@@ -126,7 +127,7 @@ def load_mlm_head(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, kind: st
     folders); ``new`` builds fresh weights (SimCSE's BertForCL). The head's decoder is its own
     parameter, not tied to the student's input embeddings (SimCSE's code ties neither)."""
     if tokenizer.mask_token_id is None:
-        raise ValueError(f"loss.simcse.mlm: the tokenizer of {cfg.name_or_path!r} has no mask token to train MLM with")
+        raise InputError(f"loss.simcse.mlm: the tokenizer of {cfg.name_or_path!r} has no mask token to train MLM with")
     location, config = backbone_config(cfg)
     if cfg.init == "pretrained" and kind == "pretrained":
         model, info = AutoModelForMaskedLM.from_pretrained(location, config=config, output_loading_info=True)
@@ -138,7 +139,7 @@ def load_mlm_head(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, kind: st
         model = AutoModelForMaskedLM.from_config(config)
     heads = [m for name, m in model.named_children() if name != model.base_model_prefix]
     if len(heads) != 1:
-        raise ValueError(f"loss.simcse.mlm: {type(model).__name__} has no single masked-LM head module "
+        raise InputError(f"loss.simcse.mlm: {type(model).__name__} has no single masked-LM head module "
                          f"(found {len(heads)}); MLM trains BERT- and RoBERTa-style encoders")
     vocab = min(len(tokenizer), config.vocab_size)
     return MaskedLMHead(heads[0], tokenizer.mask_token_id, vocab, tokenizer.all_special_ids)
@@ -161,7 +162,7 @@ def pool(
         return last[:, 0]
     if pooler == "cls":
         if mlp is None:
-            raise ValueError("pooler 'cls' needs the model's MLP pooler; use cls_before_pooler or avg")
+            raise InputError("pooler 'cls' needs the model's MLP pooler; use cls_before_pooler or avg")
         return mlp(last[:, 0])
     if pooler == "avg":
         return masked_mean(last, attention_mask)
@@ -171,7 +172,7 @@ def pool(
         return masked_mean((hidden_states[0] + last) / 2.0, attention_mask)
     if pooler == "avg_top2":
         return masked_mean((hidden_states[-2] + last) / 2.0, attention_mask)
-    raise ValueError(f"unknown pooler {pooler!r}; poolers: {', '.join(POOLERS)}")
+    raise InputError(f"unknown pooler {pooler!r}; poolers: {', '.join(POOLERS)}")
 
 
 class MLPPooler(nn.Module):
@@ -209,7 +210,7 @@ def projection_head(in_dim: int, out_dim: int, kind: str) -> nn.Module:
         return nn.Sequential(nn.Linear(in_dim, out_dim), nn.Tanh())
     if kind == "linear":
         return nn.Linear(in_dim, out_dim)
-    raise ValueError(f"model.projection_head: {kind!r}; choose one of {', '.join(PROJECTION_HEADS)}")
+    raise InputError(f"model.projection_head: {kind!r}; choose one of {', '.join(PROJECTION_HEADS)}")
 
 
 HEADS = ("mlp", "text_proj", "image_proj", "teacher_text_proj", "teacher_image_proj", "text_teacher_proj",

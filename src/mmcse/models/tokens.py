@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from mmcse.errors import TokenCacheError
+from mmcse.errors import InputError, TokenCacheError
 from mmcse.io import read_json, sha256_file, sha256_json, write_json
 
 FORMAT = 2  # 2: the arrays' SHA-256 and the key in tokens.json
@@ -92,7 +92,7 @@ def tokenize_texts(tokenizer: Any, texts: Sequence[str], max_len: int, desc: str
     """Tokenize ``texts`` (truncated to ``max_len`` tokens, special tokens added) into a table."""
     pad_id = tokenizer.pad_token_id
     if pad_id is None:
-        raise ValueError(f"tokenizer {tokenizer.name_or_path!r} has no padding token")
+        raise InputError(f"tokenizer {tokenizer.name_or_path!r} has no padding token")
     ids = np.full((len(texts), max_len), pad_id, dtype=np.int32)
     lengths = np.zeros(len(texts), dtype=np.int32)
     chunks = range(0, len(texts), _CHUNK)

@@ -18,7 +18,7 @@ from mmcse.data.images import ImagePixels
 from mmcse.data.senteval import TRANSFER_TASKS, SentencePair, TransferExample
 from mmcse.detection.regions import RegionStore
 from mmcse.environment import environment
-from mmcse.errors import TrainingDiverged
+from mmcse.errors import InputError, TrainingDiverged
 from mmcse.evaluation.evaluators import EvaluationInputs, EvaluatorProgress, build_evaluators, run_evaluators
 from mmcse.evaluation.evaluators.sts import STSEvaluator
 from mmcse.evaluation.figures import TSNE_CLUSTERS, TSNE_POINTS, sample_sentences, tsne_figure
@@ -64,12 +64,12 @@ def require_trained_with(cfg: Config, model_dir: Path) -> str:
     sealed = check_model_folder(model_dir, fix)
     expected = run_definition_hash(cfg)
     if sealed is None:
-        raise ValueError(f"{model_dir}: no checkpoint seal (written by an older mmcse, or not by the train stage), "
+        raise InputError(f"{model_dir}: no checkpoint seal (written by an older mmcse, or not by the train stage), "
                          f"so which configuration trained it is unknown; {fix}")
     if sealed.get("config_hash") != expected:
         if (changed := code_change(sealed)) is not None:
-            raise ValueError(f"{model_dir}: {changed}; {fix}")
-        raise ValueError(f"{model_dir}: trained with another configuration than params.yaml's (its seal records "
+            raise InputError(f"{model_dir}: {changed}; {fix}")
+        raise InputError(f"{model_dir}: trained with another configuration than params.yaml's (its seal records "
                          f"{str(sealed.get('config_hash'))[:12]}, params.yaml makes {expected[:12]}); {fix}")
     return expected
 
@@ -148,7 +148,7 @@ def run_evaluate(cfg: Config, paths: Paths, model_dir: Path, outputs: EvalOutput
     raw = trained_on.data_dir or paths.raw
     tasks = group_by_task([SentencePair.from_row(r) for r in read_jsonl(raw / "sts" / "test.jsonl")])
     if not tasks:
-        raise ValueError(f"{raw / 'sts' / 'test.jsonl'}: no STS pairs to evaluate; rerun the download stage")
+        raise InputError(f"{raw / 'sts' / 'test.jsonl'}: no STS pairs to evaluate; rerun the download stage")
     transfer_files = [raw / "transfer" / f"{t}.jsonl" for t in TRANSFER_TASKS] if transfer else []
     transfer_tasks = {
         f.stem: [TransferExample.from_row(r) for r in read_jsonl(f)] for f in transfer_files if f.is_file()
@@ -307,7 +307,7 @@ def evaluate_duet(cfg: Config, paths: Paths, model_dir: Path, outputs: EvalOutpu
     manifest = read_json(raw / "manifest.json")
     set_name = manifest.get("retrieval_set")
     if not set_name:
-        raise ValueError(f"{raw}: no retrieval test set (data.pairs: {cfg.data.pairs}); DUET is scored by retrieval")
+        raise InputError(f"{raw}: no retrieval test set (data.pairs: {cfg.data.pairs}); DUET is scored by retrieval")
     split, image_emb, text_emb = duet_test_embeddings(cfg, raw, model_dir, trained_on.region_sets.get("test"))
     block = cfg.evaluate.retrieval.block_size
     scores = test_set_metrics(set_name, image_emb, text_emb, split.text_image, block)
@@ -394,11 +394,11 @@ def checkpoint_retrieval(cfg: Config, paths: Paths, encoder: Any, model_dir: Pat
                                 "trained image head (models/student/best)")
     state = read_json(state_file)
     if "image_head" not in state:
-        raise ValueError(f"{state_file}: written before checkpoints recorded their image head; retrain it "
+        raise InputError(f"{state_file}: written before checkpoints recorded their image head; retrain it "
                          "(dvc repro train) or use the evaluate stage")
     up = require_top_level(cfg, paths)
     if not read_json(up.raw / "manifest.json").get("retrieval_set"):
-        raise ValueError(f"{up.raw}: no retrieval test set (data.pairs: {cfg.data.pairs})")
+        raise InputError(f"{up.raw}: no retrieval test set (data.pairs: {cfg.data.pairs})")
     head = tuple(state["image_head"]) if state["image_head"] else None
     return retrieval_test_set(cfg, paths, encoder, up.raw, up.teacher_manifest, up.teacher_dirs, head).scores
 

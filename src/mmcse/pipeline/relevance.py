@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from mmcse.config import Config
+from mmcse.errors import InputError
 from mmcse.evaluation.ndcg import relevance_key, relevance_matrix
 from mmcse.io import read_jsonl
 from mmcse.pipeline.paths import Paths
@@ -20,7 +21,7 @@ def test_captions(paths: Paths) -> tuple[list[str], list[int]]:
     index = {row["image_id"]: i for i, row in enumerate(read_jsonl(paths.raw / "retrieval" / "images.jsonl"))}
     missing = sorted({r["image_id"] for r in rows} - set(index))
     if missing:
-        raise ValueError(f"{table}: captions of images {missing[:5]} that retrieval/images.jsonl does not list")
+        raise InputError(f"{table}: captions of images {missing[:5]} that retrieval/images.jsonl does not list")
     return [row["caption"] for row in rows], [index[row["image_id"]] for row in rows]
 
 

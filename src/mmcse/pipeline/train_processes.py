@@ -16,6 +16,7 @@ from typing import Any
 
 from mmcse import stopping, tracking
 from mmcse.config import Config, parse_config, to_dict
+from mmcse.errors import InputError
 from mmcse.integrity.keys import Upstream
 from mmcse.io import read_json, write_json
 from mmcse.pipeline.paths import Paths
@@ -33,7 +34,7 @@ def run_train_on_processes(cfg: Config, paths: Paths, out_dir: Path, names: RunN
     (Optuna's pruning) cannot reach other processes: refused."""
     names, hooks = names or RunNames(), hooks or Hooks(progress=False)
     if hooks.on_eval is not None:
-        raise ValueError("a sweep trial trains in one process (its pruning callback cannot reach the job's "
+        raise InputError("a sweep trial trains in one process (its pruning callback cannot reach the job's "
                          "processes): set train.devices: 1 for the sweep")
     if paths != Paths.of(cfg):
         raise ValueError(f"run_train_on_processes: the job's processes take the working directory's paths, not {paths}")

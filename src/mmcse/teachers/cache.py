@@ -24,7 +24,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from mmcse.config import TeachersConfig
-from mmcse.errors import CorruptArtifact
+from mmcse.errors import CorruptArtifact, InputError, MissingEntry
 from mmcse.hub import resolve_model
 from mmcse.integrity.files import HashingWriter, check_npy, find_cached_set, read_json_artifact, remember_sha256
 from mmcse.io import atomic_path, open_image, sha256_json, write_json
@@ -103,7 +103,7 @@ def text_teacher_features(
     device = device or torch.device("cpu")
     if "clip" in poolers:
         if set(poolers) != {"clip"}:
-            raise ValueError(f"teachers.text: {name_or_path} is a CLIP model (pooler clip); it has no "
+            raise InputError(f"teachers.text: {name_or_path} is a CLIP model (pooler clip); it has no "
                              f"{sorted(set(poolers) - {'clip'})} pooling of hidden states")
 
         return {"clip": clip_text_features(name_or_path, sentences, batch_size, device, loaded)}
@@ -191,7 +191,7 @@ def pretrained_joint_teacher(cfg: TeachersConfig, device: torch.device) -> tuple
                                          device)
 
         return {"kind": "open_clip", **described}, open_clip
-    raise ValueError(f"teachers.joint.kind={j.kind!r} is not a pretrained teacher (cca is fitted here)")
+    raise InputError(f"teachers.joint.kind={j.kind!r} is not a pretrained teacher (cca is fitted here)")
 
 
 # --------------------------------------------------------------------------- joint teacher
@@ -229,9 +229,9 @@ def fit_cca(text: np.ndarray, image: np.ndarray, dim: int, regularization: float
     """
     n = text.shape[0]
     if text.shape[0] != image.shape[0] or n < 2:
-        raise ValueError(f"CCA needs the same number (>= 2) of text and image rows: {text.shape[0]}, {image.shape[0]}")
+        raise InputError(f"CCA needs the same number (>= 2) of text and image rows: {text.shape[0]}, {image.shape[0]}")
     if dim > min(text.shape[1], image.shape[1]):
-        raise ValueError(f"teachers.joint.dim={dim} exceeds the feature widths {text.shape[1]}, {image.shape[1]}")
+        raise InputError(f"teachers.joint.dim={dim} exceeds the feature widths {text.shape[1]}, {image.shape[1]}")
     x = text.astype(np.float64) - text.mean(0)
     y = image.astype(np.float64) - image.mean(0)
     cxx, cyy, cxy = x.T @ x / (n - 1), y.T @ y / (n - 1), x.T @ y / (n - 1)
@@ -287,7 +287,7 @@ class FeatureStore:
         try:
             return np.fromiter((lookup[i] for i in ids), dtype=np.int64, count=len(ids))
         except KeyError as err:
-            raise KeyError(f"{self.folder}: no cached features for id {err.args[0]!r}") from None
+            raise MissingEntry(f"{self.folder}: no cached features for id {err.args[0]!r}") from None
 
     def take(self, rows: np.ndarray) -> np.ndarray:
         """Features ``(n, dim)`` of row numbers ``rows`` (a copy out of the memory map)."""

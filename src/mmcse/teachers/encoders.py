@@ -21,6 +21,7 @@ from safetensors.torch import load_file as load_safetensors
 from tqdm.auto import tqdm
 
 from mmcse.data.images import IMAGENET_MEAN, IMAGENET_STD
+from mmcse.errors import InputError
 from mmcse.hub import ModelUnavailableError, offline, resolve_model
 from mmcse.io import open_image, sha256_file
 from mmcse.models.cnn import RESNETS, pooled_resnet
@@ -120,7 +121,7 @@ def resolve_resnet50(weights: str, arch: str = "resnet50", setting: str = "teach
     downloaded only when online and ``download``), a local ``.pth``/``.safetensors`` file, or ``random``;
     ``setting``: the key an error tells the user to change."""
     if arch not in RESNETS:
-        raise ValueError(f"{arch!r} is not one of {sorted(RESNETS)}")
+        raise InputError(f"{arch!r} is not one of {sorted(RESNETS)}")
     preprocess: Callable = resize_crop_normalise()
     described: dict[str, Any] = {"model": f"torchvision/{arch}", "weights": weights}
     path: Path | None = None
@@ -165,10 +166,10 @@ def build_resnet50(path: Path | None, arch: str = "resnet50") -> torch.nn.Module
         try:
             missing, unexpected = model.load_state_dict(state, strict=False)
         except RuntimeError as err:  # shape mismatches
-            raise ValueError(f"{path}: not {_resnet_name(arch)} weights "
+            raise InputError(f"{path}: not {_resnet_name(arch)} weights "
                              f"({str(err).splitlines()[-1].strip()})") from None
         if missing or unexpected:
-            raise ValueError(f"{path}: not {_resnet_name(arch)} weights (missing {missing[:3]}, "
+            raise InputError(f"{path}: not {_resnet_name(arch)} weights (missing {missing[:3]}, "
                              f"unexpected {unexpected[:3]})")
     return model.eval()
 

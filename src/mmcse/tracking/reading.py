@@ -12,6 +12,7 @@ import mlflow
 import numpy as np
 from mlflow.exceptions import MlflowException
 
+from mmcse.errors import InputError, MissingEntry
 from mmcse.runstore import SqliteRuns
 
 PREDICTIONS_ARTIFACT = "evaluation/sts_predictions.json"  # logged by pipeline.run_evaluate
@@ -27,7 +28,7 @@ def load_sts_predictions(run_id: str) -> dict[str, tuple[np.ndarray, np.ndarray]
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for task, entry in raw.items():
         if not isinstance(entry, dict) or not {"cos", "gold"} <= set(entry):
-            raise ValueError(f"run {run_id}: {PREDICTIONS_ARTIFACT} task {task!r} lacks 'cos'/'gold' lists")
+            raise InputError(f"run {run_id}: {PREDICTIONS_ARTIFACT} task {task!r} lacks 'cos'/'gold' lists")
         out[task] = (np.asarray(entry["cos"], dtype=np.float64), np.asarray(entry["gold"], dtype=np.float64))
     return out
 
@@ -40,7 +41,7 @@ def run_labels(run_ids: Sequence[str]) -> dict[str, str]:
         try:
             name = client.get_run(run_id).info.run_name or "run"
         except MlflowException:
-            raise KeyError(f"--run {run_id}: no such MLflow run in {mlflow.get_tracking_uri()}") from None
+            raise MissingEntry(f"--run {run_id}: no such MLflow run in {mlflow.get_tracking_uri()}") from None
         labels[f"{name} [{run_id[:8]}]"] = run_id
     return labels
 
@@ -59,13 +60,13 @@ def ablation_job_runs(parent_run_id: str, variants: Sequence[str], seed: int | N
     out: dict[str, str] = {}
     for variant in variants:
         if variant not in known:
-            raise KeyError(f"--ablation {variant}: not a variant of run {parent_run_id} (has: {', '.join(known)})")
+            raise MissingEntry(f"--ablation {variant}: not a variant of run {parent_run_id} (has: {', '.join(known)})")
         mine = sorted((j for j in done if j["variant"] == variant), key=lambda j: j["seed"])
         if seed is not None:
             mine = [j for j in mine if j["seed"] == seed]
         if not mine:
             which = f" with seed {seed}" if seed is not None else ""
-            raise KeyError(f"--ablation {variant}: no finished job run{which} under run {parent_run_id}")
+            raise MissingEntry(f"--ablation {variant}: no finished job run{which} under run {parent_run_id}")
         out[f"{variant} seed={mine[0]['seed']}"] = mine[0]["run_id"]
     return out
 

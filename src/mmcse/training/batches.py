@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from mmcse.data.senteval import SentencePair
+from mmcse.errors import InputError
 from mmcse.evaluation.sts import group_by_task
 from mmcse.io import read_json, read_jsonl
 from mmcse.models.tokens import TokenTable, cached_tokens, to_device
@@ -79,12 +80,12 @@ class TrainData:
         pairs = read_jsonl(data_dir / "pairs.jsonl")
         empty = [p["pair_id"] for p in pairs if not p["caption"].strip()]
         if empty:
-            raise ValueError(f"{data_dir / 'pairs.jsonl'}: empty captions in pairs {empty[:5]}")
+            raise InputError(f"{data_dir / 'pairs.jsonl'}: empty captions in pairs {empty[:5]}")
         manifest = manifest or teachers_dir / "manifest.json"
         sets = read_json(manifest)["sets"]
         missing = [k for k in ("image", "object", "joint_text", "joint_image", "text") if k not in sets]
         if missing:
-            raise ValueError(
+            raise InputError(
                 f"{manifest}: no cached sets {missing} (written by an older version): "
                 "rerun the cache_teachers stage"
             )
@@ -110,16 +111,16 @@ class TrainData:
         has >= ``min_objects`` objects and every phrase span is non-empty and ends before the
         maximum length (checked here, on the host, so the training step needs no check)."""
         if not self.objects:
-            raise ValueError(f"{objects_dir / 'objects.jsonl'}: no object–phrase pairs; run detect_objects")
+            raise InputError(f"{objects_dir / 'objects.jsonl'}: no object–phrase pairs; run detect_objects")
         for pair_id, objects in self.objects.items():
             if len(objects) < min_objects:
-                raise ValueError(f"{objects_dir / 'objects.jsonl'}: pair {pair_id} has {len(objects)} objects "
+                raise InputError(f"{objects_dir / 'objects.jsonl'}: pair {pair_id} has {len(objects)} objects "
                                  f"(< detect.min_objects={min_objects}); rerun detect_objects")
             if any(o["token_end"] > max_seq_len - 1 for o in objects):  # the last position is [SEP]
-                raise ValueError(f"{objects_dir / 'objects.jsonl'}: pair {pair_id} has a phrase past "
+                raise InputError(f"{objects_dir / 'objects.jsonl'}: pair {pair_id} has a phrase past "
                                  f"model.max_seq_len={max_seq_len}; rerun detect_objects with this model")
             if any(not 0 <= o["token_start"] < o["token_end"] for o in objects):
-                raise ValueError(f"{objects_dir / 'objects.jsonl'}: pair {pair_id} has an empty phrase span; "
+                raise InputError(f"{objects_dir / 'objects.jsonl'}: pair {pair_id} has an empty phrase span; "
                                  "rerun detect_objects")
 
     def _rows(self, group: str) -> Any:

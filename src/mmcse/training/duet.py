@@ -39,6 +39,7 @@ from safetensors.torch import load_file, save_file
 from mmcse.config import Config, DuetModelConfig, VseppModelConfig, VsrnModelConfig, reads_pixels
 from mmcse.data.images import ImagePixels, OneAhead
 from mmcse.detection.regions import RegionStore
+from mmcse.errors import InputError
 from mmcse.evaluation.retrieval import check_text_image, retrieval_metrics
 from mmcse.integrity.files import check_model_folder
 from mmcse.io import read_json, read_jsonl, write_json
@@ -145,7 +146,7 @@ def load_duet(folder: str | Path, device: torch.device | str = "cpu") -> tuple[R
         try:
             model.load_state_dict(load_file(str(folder / weights)))
         except RuntimeError as err:
-            raise ValueError(f"{folder / weights}: does not match {folder / meta} "
+            raise InputError(f"{folder / weights}: does not match {folder / meta} "
                              f"({str(err).splitlines()[0]}); retrain it") from None
         return model.to(device).eval(), AutoTokenizer.from_pretrained(folder)
     check_model_folder(folder, "retrain it (dvc repro train)", required=BEST_REQUIRED)
@@ -156,7 +157,7 @@ def load_duet(folder: str | Path, device: torch.device | str = "cpu") -> tuple[R
     missing, unexpected = model.load_state_dict(rest, strict=False)
     missing = [k for k in missing if not k.startswith(TEXT_PREFIX)]
     if missing or unexpected:
-        raise ValueError(f"{folder / DUET_WEIGHTS}: does not match {folder / DUET_META} "
+        raise InputError(f"{folder / DUET_WEIGHTS}: does not match {folder / DUET_META} "
                          f"(missing {missing[:3]}, unexpected {unexpected[:3]}); retrain it")
     return model.to(device).eval(), AutoTokenizer.from_pretrained(folder)
 
@@ -184,12 +185,12 @@ class RetrievalSplit:
         image_ids = [row["image_id"] for row in read_jsonl(images_file)]
         rows = read_jsonl(captions_file)
         if not image_ids or not rows:
-            raise ValueError(f"{images_file}: no images or captions in this split; train.method duet needs a "
+            raise InputError(f"{images_file}: no images or captions in this split; train.method duet needs a "
                              "retrieval val split (data.splits must not include val)")
         index = {image_id: i for i, image_id in enumerate(image_ids)}
         unknown = sorted({row["image_id"] for row in rows} - index.keys())
         if unknown:
-            raise ValueError(f"{captions_file}: captions of images not in {images_file.name}: {unknown[:5]}")
+            raise InputError(f"{captions_file}: captions of images not in {images_file.name}: {unknown[:5]}")
         text_image = check_text_image([index[row["image_id"]] for row in rows], len(rows), len(image_ids))
         regions.row_indices(image_ids)  # every image has regions, or a KeyError names the set
         return cls(image_ids, [row["caption"] for row in rows], text_image, regions)
@@ -216,7 +217,7 @@ class DuetData:
                                             "(dvc repro cache_regions)")
         pairs = read_jsonl(data_dir / "pairs.jsonl")
         if not pairs:
-            raise ValueError(f"{data_dir / 'pairs.jsonl'}: no image–caption pairs; train.method duet needs them")
+            raise InputError(f"{data_dir / 'pairs.jsonl'}: no image–caption pairs; train.method duet needs them")
         image_ids = [p["image_id"] for p in pairs]
         val_images = data_dir / "retrieval" / "val_images.jsonl"
         val_captions = data_dir / "retrieval" / "val_captions.jsonl"
@@ -353,7 +354,7 @@ class RetrievalTask(TrainTask):
         b = cfg.train.batch_size
         self.per_epoch = len(data.captions) // b
         if self.per_epoch == 0:
-            raise ValueError(f"train.batch_size={b} exceeds the {len(data.captions)} image–caption pairs")
+            raise InputError(f"train.batch_size={b} exceeds the {len(data.captions)} image–caption pairs")
         # VSE++'s fine-tuning: train.epochs with the CNN frozen, then model.vsepp.finetune_epochs more with it
         self.finetune_epochs = cfg.model.vsepp.finetune_epochs if pixels else 0
         self.frozen_steps = self.per_epoch * cfg.train.epochs  # the step the fine-tuning starts at

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from mmcse.config import Config, ConfigError
+from mmcse.errors import InputError
 from mmcse.evaluation.geometry import POSITIVE_GOLD, check_sts_geometry, sts_geometry
 from mmcse.evaluation.sts import PRIMARY_METRIC, evaluate_sts, student_encoder
 from mmcse.integrity.keys import Upstream
@@ -119,7 +120,7 @@ def training_step_loss(
     feats = feats or BatchFeatures()
     if "mlm" in wanted:
         if student.mlm_head is None:
-            raise ValueError("loss.simcse.mlm is on, but the student was built without its LM head (load_mlm_head)")
+            raise InputError("loss.simcse.mlm is on, but the student was built without its LM head (load_mlm_head)")
         head = student.mlm_head
         # SimCSE masks each of its two copies of a sentence on its own (train.py mask_tokens)
         masked, labels = mlm_masking(ids.repeat(2, 1), head.special_ids, head.mask_id, head.vocab,
@@ -195,7 +196,7 @@ def optimizer_step(
     rank, size = ranks
     train = update.train
     if size > 1 and train.dropout_rng != "per_row":
-        raise ValueError("a step over several processes needs train.dropout_rng: per_row (a row's dropout masks "
+        raise InputError("a step over several processes needs train.dropout_rng: per_row (a row's dropout masks "
                          "must not depend on which rank encodes it)")
     cached = CachedTokens(student, seed, 2 * train.micro_batch, update.autocast,
                           encoder=passes.encoder(seed) if passes else None) if train.micro_batch else None
@@ -260,7 +261,7 @@ class StudentTask(TrainTask):
         aggregates = (cfg.loss.dalr.teacher_weighting == "embeddings"
                       and "text_teachers" in self.need[TEXT] | self.need[PAIR])
         if aggregates and len(widths) > 1:
-            raise ValueError(f"teachers.text: embeddings of widths {widths} cannot be aggregated with "
+            raise InputError(f"teachers.text: embeddings of widths {widths} cannot be aggregated with "
                              "loss.dalr.teacher_weighting: embeddings (DALR App. B); use teachers of one width, or "
                              "loss.dalr.teacher_weighting: similarities with loss.dalr.teacher_space: raw")
         if "objects" in self.need[PAIR]:

@@ -10,6 +10,7 @@ import pkgutil
 
 from tqdm.auto import tqdm
 
+from mmcse.errors import InputError
 from mmcse.evaluation.evaluators.base import REGISTRY, EvaluationInputs, Evaluator, register
 from mmcse.evaluation.names import evaluator_writes
 from mmcse.evaluation.sts import EncodeFn
@@ -24,7 +25,7 @@ def build_evaluators(inputs: EvaluationInputs) -> list[Evaluator]:
     keeps its registered name (``name``), so `run_evaluators` holds its keys to its declaration."""
     missing = [n for n in inputs.asked if n not in REGISTRY]
     if missing:
-        raise ValueError(f"evaluate.evaluators names {missing}, which no module of mmcse.evaluation.evaluators "
+        raise InputError(f"evaluate.evaluators names {missing}, which no module of mmcse.evaluation.evaluators "
                          f"registers; registered: {', '.join(sorted(REGISTRY))}")
     built = []
     for r in sorted(REGISTRY.values(), key=lambda r: r.order):
