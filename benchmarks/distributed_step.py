@@ -8,7 +8,7 @@ Each world size runs in its own processes (torch.multiprocessing, gloo on CPUs, 
 Every rank holds the step's whole batch, encodes its share of the rows (both views of every sentence: 2B
 rows, keyed dropout ``train.dropout_rng: per_row``), all-gathers the token states (differentiable), computes
 SimCSE's loss over all B, back-propagates and averages the gradients over the ranks, then AdamW: the step
-``mmcse.training.loop.optimizer_step`` takes with ``ranks``, spelled out as ``benchmarks/micro_batch.py``
+``mmcse.training.loop.StudentStep`` takes with ``ranks``, spelled out as ``benchmarks/micro_batch.py``
 spells it (``mmcse.training.loop`` pulls in MLflow, which a bare GPU machine lacks). On a CPU the cores are
 shared: N ranks get cores / N threads each, so the ratio says what the gather and the all-reduce cost, not
 a speed-up. On GPUs rank r runs on GPU r; ``--per-rank`` fixes each GPU's share (the global batch grows

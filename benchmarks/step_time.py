@@ -4,12 +4,12 @@
     python benchmarks/step_time.py --device cpu --student tiny --batch-size 32 --repeats 20
     python benchmarks/step_time.py --params params.yaml --teachers data/teachers   # the project's model and cache
 
-A student step (simcse, mcse, kdmcse, dalr, mcseo) is :func:`mmcse.training.loop.optimizer_step` — the
+A student step (simcse, mcse, kdmcse, dalr, mcseo) is :class:`mmcse.training.loop.StudentStep` — the
 forward pass (two dropout views as one doubled batch) under ``train.precision``'s autocast, the
 method's loss terms on cached teacher features, backward through the fp16 loss scaler when
 enabled, and the AdamW update (fused on CUDA, :func:`mmcse.training.engine.build_optimizer`) — exactly what
 ``train`` runs per batch, with the same deterministic-algorithm and TF32 settings. A DUET step is
-:func:`mmcse.training.duet.duet_optimizer_step`, what ``train_duet`` runs per batch. Data loading is
+:class:`mmcse.training.duet_step.RetrievalStep`, what ``train_duet`` runs per batch. Data loading is
 not timed: the batch, its features and regions are on the device before the clock starts.
 
 What one step of each method contains, for a batch of B captions (B images):
@@ -390,34 +390,35 @@ class Run:
     regions: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     ignore: torch.Tensor | None = None
     peer_loss: torch.nn.Module | None = None  # the peer's loss module (its ``student``: the SentenceTransformer)
-    compiled: Any = None  # train.compile: step's CompiledStep (`compiled_step`)
-    step_loss: Any = None  # the method's step loss it compiles
-    graph_breaks: int | None = None  # of that loss (torch._dynamo.explain); None: not compiled
+    step: Any = None  # the run's training step (StudentStep / RetrievalStep), built once, eager or compiled
+    graph_breaks: int | None = None  # of its forward (torch._dynamo.explain); None: not compiled
 
 
-def compiled_step(run: Run, device: torch.device) -> None:
-    """``train.compile: step`` for ``run``: its rate in a tensor, a `CompiledStep` and the method's step loss
-    (`student_step_loss` / `retrieval_step_loss`), and the graph breaks of that loss on the run's inputs."""
+def build_step(run: Run, device: torch.device, compiled: bool) -> None:
+    """The run's training step as train builds it (`StudentStep` / `RetrievalStep`), compiled for ``train.compile:
+    step`` (then the graph breaks of its forward on the run's inputs are counted)."""
     from mmcse.methods.objectives import Objective
-    from mmcse.training.compiled import CompiledStep, graph_breaks, seed_tensor, tensor_lr
-    from mmcse.training.duet_step import retrieval_step_loss
+    from mmcse.training.compiled import graph_breaks, seed_tensor
+    from mmcse.training.duet_step import RetrievalStep
     from mmcse.training.engine import Update
-    from mmcse.training.loop import step_draws, student_step_loss
+    from mmcse.training.loop import StudentStep, step_draws
 
-    tensor_lr(run.optimizer)
-    run.compiled = CompiledStep(run.student, Update(run.cfg.train, run.optimizer, run.scaler, device))
+    update = Update(run.cfg.train, run.optimizer, run.scaler, device)
     tokens = (run.batch["input_ids"], run.batch["attention_mask"])
     if run.regions is not None:
-        run.step_loss = retrieval_step_loss(run.student, run.cfg.loss)
-        inputs = (*tokens, *run.regions, run.ignore, seed_tensor(0, device))
+        run.step = RetrievalStep(run.student, run.cfg.loss, update, compiled=compiled)
+        forward, inputs = run.step.step.forward_of("pairs"), (*tokens, *run.regions, run.ignore,
+                                                               seed_tensor(0, device), (0, 1))
     else:
         o = Objective.of(run.cfg)
-        run.step_loss = student_step_loss(run.student, o, run.pair_batch, run.on)
+        run.step = StudentStep(run.student, o, update, run.on, compiled=compiled)
         draws = step_draws(run.student, o, tuple(tokens[0].shape), run.pair_batch, 0, run.on)
-        inputs = (*tokens, run.feats, seed_tensor(0, device), draws)
-    run.graph_breaks, reasons = graph_breaks(run.step_loss, *inputs)
-    for reason in reasons:
-        print(f"  graph break ({run.cfg.train.method}): {reason}")
+        forward, inputs = run.step.step.forward_of(run.pair_batch), (*tokens, run.feats, seed_tensor(0, device),
+                                                                     draws, None)
+    if compiled:
+        run.graph_breaks, reasons = graph_breaks(forward, *inputs)
+        for reason in reasons:
+            print(f"  graph break ({run.cfg.train.method}): {reason}")
 
 
 def make_run(cfg: Any, base: torch.nn.Module, batch: dict[str, torch.Tensor], feats: Any, device: torch.device,
@@ -434,8 +435,7 @@ def make_run(cfg: Any, base: torch.nn.Module, batch: dict[str, torch.Tensor], fe
     optimizer, _ = build_optimizer(student, cfg.train, total_steps, device)
     run = Run(cfg, active_terms(Objective.of(cfg)), student, optimizer, grad_scaler(cfg.train.precision, device),
               batch, feats, pair_batch)
-    if compile_mode == "step":
-        compiled_step(run, device)
+    build_step(run, device, compile_mode == "step")
     return run
 
 
@@ -451,8 +451,7 @@ def make_duet_run(cfg: Any, base: torch.nn.Module, batch: dict[str, torch.Tensor
     optimizer, _ = build_optimizer(model, cfg.train, total_steps, device)
     run = Run(cfg, {}, model, optimizer, grad_scaler(cfg.train.precision, device), batch, None,
               regions=regions, ignore=ignore)
-    if compile_mode == "step":
-        compiled_step(run, device)
+    build_step(run, device, compile_mode == "step")
     return run
 
 
@@ -486,32 +485,13 @@ def peer_step(run: Run, device: torch.device) -> dict[str, torch.Tensor]:
 
 
 def run_step(run: Run, device: torch.device, seed: int) -> dict[str, torch.Tensor]:
-    """The training step of the run's method: :func:`mmcse.training.duet.duet_optimizer_step` for
-    DUET, :func:`mmcse.training.loop.optimizer_step` for the students. Returns the loss terms."""
-    from mmcse.training.engine import Update
-
+    """The training step of the run's method, as train runs it (`mmcse.training.duet_step.RetrievalStep` for DUET,
+    `mmcse.training.loop.StudentStep` for the students), or the peer's. Returns the loss terms."""
     if run.peer_loss is not None:
         return peer_step(run, device)
-    if run.compiled is not None and run.regions is not None:
-        from mmcse.training.duet_step import compiled_duet_step
-
-        return compiled_duet_step(run.compiled, run.step_loss, run.batch, run.regions, run.ignore, seed)
-    if run.compiled is not None:
-        from mmcse.methods.objectives import Objective
-        from mmcse.training.loop import compiled_optimizer_step
-
-        return compiled_optimizer_step(run.compiled, run.step_loss, run.student, Objective.of(run.cfg), run.batch,
-                                       run.feats, run.pair_batch, seed, run.on)
     if run.regions is not None:
-        from mmcse.training.duet import duet_optimizer_step
-
-        return duet_optimizer_step(run.student, run.cfg.loss, run.batch, run.regions, run.ignore,
-                                   Update(run.cfg.train, run.optimizer, run.scaler, device))
-    from mmcse.methods.objectives import Objective
-    from mmcse.training.loop import optimizer_step
-
-    return optimizer_step(run.student, Objective.of(run.cfg), run.batch, run.feats, run.pair_batch,
-                          Update(run.cfg.train, run.optimizer, run.scaler, device), seed=seed, on=run.on)
+        return run.step(run.batch, run.regions, run.ignore, seed)
+    return run.step(run.batch, run.feats, run.pair_batch, seed)
 
 
 def timed_step(run: Run, device: torch.device, seed: int) -> tuple[float, int]:

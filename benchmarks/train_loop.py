@@ -10,7 +10,7 @@
    resume point every 125 steps). Loop throughput counts from the end of the step-0 dev
    evaluation to the return of ``train``: data loading, logging, dev evaluations, best
    checkpoints and resume points included.
-2. Times bare steps — :func:`mmcse.training.loop.optimizer_step` on the same student (its final
+2. Times bare steps — :class:`mmcse.training.loop.StudentStep` on the same student (its final
    weights), the same batches (the loop's first batches, already on the device) and the
    same optimizer settings, in a loop with nothing else — and prints both throughputs.
 3. For every paper profile (``profiles/*.yaml``): the step count of a full run, from the
@@ -269,7 +269,7 @@ def run_bare(cfg: Any, root: Path, device: torch.device, steps: int, warmup: int
     from mmcse.pipeline.paths import Paths
     from mmcse.training.batches import PAIR, TEXT, Batches, TrainData
     from mmcse.training.engine import Update, build_optimizer
-    from mmcse.training.loop import optimizer_step
+    from mmcse.training.loop import StudentStep
 
     paths = Paths.of(cfg, root)
     data = TrainData.load(paths.raw, paths.teachers, paths.objects)
@@ -300,12 +300,11 @@ def run_bare(cfg: Any, root: Path, device: torch.device, steps: int, warmup: int
     optimizer, _ = build_optimizer(student, cfg.train, steps + warmup, device)
     scaler = grad_scaler(cfg.train.precision, device)
     objective = Objective.of(cfg)
-    on = active_terms(objective)
+    train_step = StudentStep(student, objective, Update(cfg.train, optimizer, scaler, device), active_terms(objective))
 
     def step(i: int) -> None:
         kind, batch, feats = inputs[i % len(inputs)]
-        optimizer_step(student, objective, batch, feats, kind == PAIR, Update(cfg.train, optimizer, scaler, device),
-                       seed=i, on=on)
+        train_step(batch, feats, kind == PAIR, seed=i)
 
     for i in range(warmup):
         step(i)

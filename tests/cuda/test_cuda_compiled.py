@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from mmcse.methods.objectives import Objective, active_terms, needed_features
-from mmcse.training.compiled import CompiledStep, tensor_lr
-from mmcse.training.loop import compiled_optimizer_step, optimizer_step, student_step_loss
+from mmcse.training.compiled import graph_mode
+from mmcse.training.loop import StudentStep
 from tests.training.test_compiled import config, features, run, student_for, token_batch
 
 pytestmark = [
@@ -38,14 +38,13 @@ def test_a_compiled_step_as_cuda_graphs_makes_the_eager_update(method):
                 features(needed_features(o, pair, on), g).to(CUDA)) for pair in kinds]
     eager_update, _ = run(eager, cfg, CUDA)
     update, _ = run(compiled_student, cfg, CUDA)
-    tensor_lr(update.optimizer)
-    compiled = CompiledStep(compiled_student, update)
-    assert compiled.mode == "reduce-overhead"
-    losses = {pair: student_step_loss(compiled_student, o, pair, on) for pair in (True, False)}
+    eager_step = StudentStep(eager, o, eager_update, on)
+    compiled = StudentStep(compiled_student, o, update, on, compiled=True)
+    assert graph_mode(CUDA, "inductor") == "reduce-overhead"
     kept = []
     for step, (pair, (batch, feats)) in enumerate(zip(kinds, batches, strict=True)):
-        want = optimizer_step(eager, o, batch, feats, pair, eager_update, seed=100 + step, on=on)
-        got = compiled_optimizer_step(compiled, losses[pair], compiled_student, o, batch, feats, pair, 100 + step, on)
+        want = eager_step(batch, feats, pair, 100 + step)
+        got = compiled(batch, feats, pair, 100 + step)
         kept.append((want["loss"], got["loss"]))
         for name in want:
             torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-4, msg=f"step {step}: {name}")

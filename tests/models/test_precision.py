@@ -170,7 +170,7 @@ def test_out_of_memory_names_the_settings_and_keeps_the_resume_point(project, mo
     cfg = _config(max_steps=8, eval_steps=4, checkpoint_steps=4)
     full = train(cfg, "data/raw", "data/teachers", project / "full", hooks=Hooks(progress=False))
 
-    real_step = mmcse.training.loop.optimizer_step
+    real_step = mmcse.training.loop.StudentStep.__call__
     calls = {"n": 0}
 
     def oom_at_7(*args, **kwargs):
@@ -179,7 +179,7 @@ def test_out_of_memory_names_the_settings_and_keeps_the_resume_point(project, mo
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
         return real_step(*args, **kwargs)
 
-    monkeypatch.setattr(mmcse.training.loop, "optimizer_step", oom_at_7)
+    monkeypatch.setattr(mmcse.training.loop.StudentStep, "__call__", oom_at_7)
     with pytest.raises(TrainingOutOfMemory) as err:
         train(cfg, "data/raw", "data/teachers", project / "m", hooks=Hooks(progress=False))
     message = str(err.value)
@@ -198,7 +198,7 @@ def test_out_of_memory_names_the_settings_and_keeps_the_resume_point(project, mo
     assert line.startswith("error: out of device memory at training step 1")
     assert "no resume point was written yet" in line
 
-    monkeypatch.setattr(mmcse.training.loop, "optimizer_step", real_step)
+    monkeypatch.setattr(mmcse.training.loop.StudentStep, "__call__", real_step)
     resumed = train(cfg, "data/raw", "data/teachers", project / "m", hooks=Hooks(progress=False))
     assert resumed.steps == 8 and resumed.history == full.history
     a = load_file(str(project / "full/last/student.safetensors"))
@@ -214,7 +214,7 @@ def test_other_errors_in_a_step_are_not_called_out_of_memory(project, monkeypatc
     def broken(*args, **kwargs):
         raise RuntimeError("shape mismatch in a loss")
 
-    monkeypatch.setattr(mmcse.training.loop, "optimizer_step", broken)
+    monkeypatch.setattr(mmcse.training.loop.StudentStep, "__call__", broken)
     with pytest.raises(RuntimeError, match="shape mismatch"):
         train(_config(max_steps=2), "data/raw", "data/teachers", project / "m", hooks=Hooks(progress=False))
 

@@ -19,14 +19,10 @@ from mmcse.models.dropout import install_keyed_dropout
 from mmcse.models.precision import grad_scaler
 from mmcse.models.student import Student, load_backbone, load_mlm_head, load_tokenizer
 from mmcse.training.batches import BatchFeatures
-from mmcse.training.compiled import CompiledStep, graph_breaks, seed_tensor, tensor_lr
+from mmcse.training.compiled import graph_breaks, seed_tensor
 from mmcse.training.engine import GRAD_NORM, Update, build_optimizer
-from mmcse.training.loop import (
-    compiled_optimizer_step,
-    optimizer_step,
-    step_draws,
-    student_step_loss,
-)
+from mmcse.training.loop import StudentStep, step_draws
+from mmcse.training.step import TrainStep
 from tests.conftest import REPO, TINY_DUET, TINY_MODEL
 
 pytestmark = pytest.mark.slow
@@ -112,25 +108,23 @@ def test_a_students_compiled_step_has_no_graph_break_and_makes_the_eager_update(
 
     batch, feats = batches[0]  # (the text batches' graph is compiled with fullgraph=True below: a break would raise)
     draws = step_draws(compiled_student, o, tuple(batch["input_ids"].shape), True, 11, on)
-    breaks, why = graph_breaks(student_step_loss(compiled_student, o, True, on), batch["input_ids"],
-                               batch["attention_mask"], feats, seed_tensor(11, device), draws)
-    assert breaks == 0, why
-
     eager_update, eager_schedule = run(eager_student, cfg, device)
     update, schedule = run(compiled_student, cfg, device)
-    tensor_lr(update.optimizer)
-    compiled = CompiledStep(compiled_student, update, backend="aot_eager")
-    losses = {pair: student_step_loss(compiled_student, o, pair, on) for pair in (True, False)}
+    eager = StudentStep(eager_student, o, eager_update, on)
+    compiled = StudentStep(compiled_student, o, update, on, compiled=True, backend="aot_eager")
+    breaks, why = graph_breaks(compiled.step.forward_of(True), batch["input_ids"], batch["attention_mask"], feats,
+                               seed_tensor(11, device), draws, None)
+    assert breaks == 0, why
     for step, (pair, (batch, feats)) in enumerate(zip(kinds, batches, strict=True)):
         seed = 1000 + step
-        want = optimizer_step(eager_student, o, batch, feats, pair, eager_update, seed=seed, on=on)
-        got = compiled_optimizer_step(compiled, losses[pair], compiled_student, o, batch, feats, pair, seed, on)
+        want = eager(batch, feats, pair, seed)
+        got = compiled(batch, feats, pair, seed)
         eager_schedule.step()
         schedule.step()
         assert want.keys() == got.keys()
         for name in want:
             torch.testing.assert_close(got[name], want[name], **TOL, msg=f"step {step}: {name}")
-    assert set(compiled.graphs) == {True, False}  # one graph per batch kind, made once
+    assert set(compiled.step.forwards) == {True, False}  # one graph per batch kind, made once
     want_grads, got_grads = gradients(eager_student), gradients(compiled_student)
     assert want_grads.keys() == got_grads.keys() and want_grads
     for name in want_grads:
@@ -147,7 +141,7 @@ def test_duets_compiled_step_has_no_graph_break_and_makes_the_eager_update(devic
     compiled agree within 1e-5 (terms every step, gradients and weights after the third)."""
     from mmcse.models.duet import DuetModel
     from mmcse.training.duet import duet_architecture, same_image_mask
-    from mmcse.training.duet_step import compiled_duet_step, duet_optimizer_step, retrieval_step_loss
+    from mmcse.training.duet_step import RetrievalStep
 
     cfg = config("duet", **{f"model.duet.{k}": v for k, v in TINY_DUET.items()})
     regions_n, region_dim = 5, 24
@@ -169,19 +163,17 @@ def test_duets_compiled_step_has_no_graph_break_and_makes_the_eager_update(devic
         return batch, regions
 
     steps = [inputs() for _ in range(3)]
-    loss = retrieval_step_loss(compiled_model, cfg.loss)
-    batch, (r, boxes, mask) = steps[0]
-    breaks, why = graph_breaks(loss, batch["input_ids"], batch["attention_mask"], r, boxes, mask, ignore,
-                               seed_tensor(5, device))
-    assert breaks == 0, why
-
     eager_update, _ = run(eager_model, cfg, device)
     update, _ = run(compiled_model, cfg, device)
-    tensor_lr(update.optimizer)
-    compiled = CompiledStep(compiled_model, update, backend="aot_eager")
+    eager = RetrievalStep(eager_model, cfg.loss, eager_update)
+    compiled = RetrievalStep(compiled_model, cfg.loss, update, compiled=True, backend="aot_eager")
+    batch, (r, boxes, mask) = steps[0]
+    breaks, why = graph_breaks(compiled.step.forward_of("pairs"), batch["input_ids"], batch["attention_mask"], r,
+                               boxes, mask, ignore, seed_tensor(5, device), (0, 1))
+    assert breaks == 0, why
     for step, (batch, regions) in enumerate(steps):
-        want = duet_optimizer_step(eager_model, cfg.loss, batch, regions, ignore, eager_update, seed=50 + step)
-        got = compiled_duet_step(compiled, loss, batch, regions, ignore, 50 + step)
+        want = eager(batch, regions, ignore, seed=50 + step)
+        got = compiled(batch, regions, ignore, 50 + step)
         assert want.keys() == got.keys() >= {"hinge", "box", "norm", "loss", GRAD_NORM}
         for name in want:
             torch.testing.assert_close(got[name], want[name], **TOL, msg=f"step {step}: {name}")
@@ -200,14 +192,15 @@ def test_a_resumed_compiled_run_is_bit_identical_to_an_uninterrupted_one(project
 
     monkeypatch.setattr(mmcse.training.compiled, "BACKEND", "aot_eager")
     compiled_steps = []
-    step = CompiledStep.step
-    monkeypatch.setattr(CompiledStep, "step", lambda self, *a, **k: compiled_steps.append(1) or step(self, *a, **k))
+    step = TrainStep.__call__
+    monkeypatch.setattr(TrainStep, "__call__",
+                        lambda self, *a, **k: compiled_steps.append(self.compiled) or step(self, *a, **k))
     cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 8, "train.eval_steps": 4,
                                                         "train.checkpoint_steps": 4, "train.compile": "step",
                                                         "train.dropout_rng": "per_row"})
     full, resumed, a, b = killed_and_resumed(cfg, project)
     assert resumed.history == full.history
-    assert len(compiled_steps) == 8 + 8 + 4  # every step of the three runs was the compiled one
+    assert compiled_steps == [True] * (8 + 8 + 4)  # every step of the three runs was the compiled one
     assert a.keys() == b.keys()
     for name in a:
         assert torch.equal(a[name], b[name]), name
@@ -218,7 +211,6 @@ def test_gradient_cached_passes_through_compiled_graphs_make_the_whole_batchs_up
     """train.micro_batch with train.compile: step: the encoder passes (cached forward, replay; 12 rows as passes of
     8 and 4, so the smaller last pass compiles too) run as compiled graphs, and the step's terms and gradients are
     the whole batch's eager ones (float64, dropout on, keyed by row)."""
-    from mmcse.training.compiled import CompiledPasses
     from tests.training.test_gradcache import _double_student
 
     cfg, whole_student, batch, feats = _double_student(method, device=device)
@@ -227,9 +219,10 @@ def test_gradient_cached_passes_through_compiled_graphs_make_the_whole_batchs_up
     whole_update, _ = run(whole_student, cfg, device)
     micro = with_overrides(cfg, {"train.micro_batch": 4})
     cached_update, _ = run(cached_student, micro, device)
-    passes = CompiledPasses(cached_student, cached_update, backend="aot_eager")
-    want = optimizer_step(whole_student, o, batch, feats, True, whole_update, seed=11)
-    got = optimizer_step(cached_student, o, batch, feats, True, cached_update, seed=11, passes=passes)
+    cached = StudentStep(cached_student, o, cached_update, compiled=True, backend="aot_eager")
+    assert cached.passes is not None and not cached.step.compiled  # the passes are the graphs
+    want = StudentStep(whole_student, o, whole_update)(batch, feats, True, seed=11)
+    got = cached(batch, feats, True, seed=11)
     assert want.keys() == got.keys()
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=0, atol=1e-6, msg=name)

@@ -8,10 +8,9 @@ Per row (the same rows `mmcse plan` resolves: recipe, profile, overrides), in a 
   the joint teacher, each text teacher: `mmcse.models.architectures`), or the retrieval model (DUET's
   text stream and visual layers, VSE++'s GRU and, on pixels, its ResNet; VSRN's reasoning and caption
   generator). Weights are the real ones where the model is on this machine; otherwise the same
-  architecture with random weights, and the row says "random weights: wiring, memory and time only".
-  Nothing is downloaded; an id neither here nor in the architecture table fails the row with the fix.
-* ``steps`` training steps through the train stage's own step (`mmcse.training.loop.optimizer_step`,
-  `mmcse.training.duet.duet_optimizer_step`): the row's batch size, ``model.max_seq_len`` tokens per
+  architecture with random weights ("random weights: wiring, memory and time only"). Nothing is downloaded.
+* ``steps`` training steps through the train stage's own step (`mmcse.training.loop.StudentStep`,
+  `mmcse.training.duet_step.RetrievalStep`): the row's batch size, ``model.max_seq_len`` tokens per
   sentence, its precision, its dropout and gradient caching, the image–caption batch (the heavier kind;
   SimCSE rows: a text batch) with random token ids and random teacher features of the real widths.
 * what it measured: ran or failed (the error's first line), the peak memory (CUDA's max allocated on a
@@ -28,6 +27,7 @@ It writes nothing into the stages' outputs and logs nothing to MLflow.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import multiprocessing as mp
@@ -65,9 +65,10 @@ from mmcse.models.vsepp import VseppModel
 from mmcse.models.vsrn import VsrnModel
 from mmcse.training.batches import BatchFeatures
 from mmcse.training.checkpoints import TrainState, restore_resume_point, save_resume_point
-from mmcse.training.duet import duet_architecture, duet_optimizer_step, vsepp_architecture, vsrn_architecture
+from mmcse.training.duet import duet_architecture, vsepp_architecture, vsrn_architecture
+from mmcse.training.duet_step import RetrievalStep
 from mmcse.training.engine import Update, build_optimizer, is_out_of_memory
-from mmcse.training.loop import optimizer_step
+from mmcse.training.loop import StudentStep
 
 RANDOM = "random weights: wiring, memory and time only"
 MIN_STEPS = 2  # the first step is not timed
@@ -247,9 +248,8 @@ def run_row(job: Config, steps: int) -> dict[str, Any]:
             boxes = torch.rand(b, n, 5, device=device).sort(-1).values  # any valid-looking box rows
             images = (torch.randn(b, n, width, device=device), boxes, torch.ones(b, n, dtype=torch.bool, device=device))
         optimizer, scheduler = build_optimizer(model, job.train, 1000, device, 1)
-
-        def step() -> None:
-            duet_optimizer_step(model, job.loss, batch, images, None, Update(job.train, optimizer, scaler, device))
+        step = functools.partial(RetrievalStep(model, job.loss, Update(job.train, optimizer, scaler, device)), batch,
+                                 images, None)
 
         times = _timed(step, steps, device)
         if pixels and job.model.vsepp.finetune_epochs:
@@ -284,10 +284,10 @@ def run_row(job: Config, steps: int) -> dict[str, Any]:
         optimizer, scheduler = build_optimizer(student, job.train, 1000, device, 1)
         model = student
         counter = iter(range(10**9))
+        train_step = StudentStep(student, objective, Update(job.train, optimizer, scaler, device), on)
 
         def step() -> None:
-            optimizer_step(student, objective, batch, feats, pair_batch, Update(job.train, optimizer, scaler, device),
-                           seed=next(counter), on=on)
+            train_step(batch, feats, pair_batch, seed=next(counter))
 
         times = _timed(step, steps, device)
         described = job.model.name_or_path

@@ -12,21 +12,17 @@ The terms' random draws (DALR's mismatched pairs and ranking ties, SimCSE's MLM 
 it and passed in (`mmcse.training.loop.step_draws`); the keyed dropout takes the step's seed as a 0-d tensor (a new
 step is new data, not a new graph); KDMCSE's thresholds, the divergence watch and the logged values are tensor code;
 shapes are static (tokens padded to ``model.max_seq_len``, batches of one size: the last short one is dropped).
-`graph_breaks` counts what would split a step, per method, in the tests and in ``benchmarks/step_time.py``.
+`graph_breaks` counts what would split a step, per method, in the tests and in ``benchmarks/step_time.py``. The
+step itself is `mmcse.training.step.TrainStep`, the same one eager and compiled.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-
-from mmcse.models.dropout import row_keys
-from mmcse.models.student import Student
-from mmcse.training.engine import GRAD_NORM, Update
-from mmcse.training.gradcache import TokenEncoder
 
 STEP = "step"  # train.compile's value that compiles the whole step
 BACKBONE = "backbone"  # train.compile's value that compiles the encoder alone
@@ -88,88 +84,12 @@ def on_device(value: Any, device: torch.device) -> Any:
     return value
 
 
-class CompiledStep:
-    """One run's compiled training step: ``step(kind, loss_fn, *inputs)`` runs ``loss_fn(*inputs)`` (a function of
-    tensors returning the step's terms, ``loss`` among them) as the compiled graph of batch kind ``kind`` (compiled
-    on its first call), then backward and the compiled update (one process: the configuration refuses more).
-    ``backend`` is torch.compile's (default `BACKEND`, inductor; the tests' ``aot_eager`` traces the same graphs
-    without code generation). Returns the terms and `GRAD_NORM`, on the device, safe to keep (CUDA graphs reuse
-    their outputs' memory, so they are copied)."""
-
-    def __init__(self, model: torch.nn.Module, update: Update, backend: str | None = None) -> None:
-        if update.scaler.is_enabled():
-            raise ValueError("train.compile: step cannot take fp16's loss scaler (its skipped steps are decided on "
-                             "the host); use train.precision: bf16 or fp32")
-        fresh_graphs()
-        self.model, self.update, self.backend = model, update, backend or BACKEND
-        self.mode = graph_mode(update.device, self.backend)
-        self.graphs: dict[Hashable, Callable[..., dict[str, torch.Tensor]]] = {}
-        self.parameters = [p for p in model.parameters() if p.requires_grad]
-        self.apply = torch.compile(self._update, backend=self.backend, mode=self.mode)
-
-    def _update(self) -> torch.Tensor:
-        """Gradient clipping (``train.max_grad_norm``) and the optimizer's step; the norm before clipping."""
-        train = self.update.train
-        if train.max_grad_norm > 0:
-            norm = torch.nn.utils.clip_grad_norm_(self.parameters, train.max_grad_norm, foreach=True)
-        else:
-            norm = torch.nn.utils.get_total_norm([p.grad for p in self.parameters if p.grad is not None])
-        self.update.optimizer.step()
-        return norm
-
-    def graph(self, kind: Hashable, loss_fn: Callable[..., dict[str, torch.Tensor]]
-              ) -> Callable[..., dict[str, torch.Tensor]]:
-        """The compiled forward of batch kind ``kind`` (``loss_fn`` under the step's autocast), made once."""
-        if kind not in self.graphs:
-            autocast = self.update.autocast
-
-            def forward(*inputs: Any) -> dict[str, torch.Tensor]:
-                with autocast():
-                    return loss_fn(*inputs)
-
-            self.graphs[kind] = torch.compile(forward, fullgraph=True, backend=self.backend, mode=self.mode)
-        return self.graphs[kind]
-
-    def step(self, kind: Hashable, loss_fn: Callable[..., dict[str, torch.Tensor]], *inputs: Any
-             ) -> dict[str, torch.Tensor]:
-        graph = self.graph(kind, loss_fn)
-        device = self.update.device
-        if device.type == "cuda":
-            torch.compiler.cudagraph_mark_step_begin()
-        with no_tf32(device), loud():
-            terms = graph(*inputs)
-            self.update.optimizer.zero_grad(set_to_none=True)
-            terms["loss"].backward()
-            norm = self.apply()
-        return {k: v.detach().clone() for k, v in terms.items()} | {GRAD_NORM: norm.detach().clone()}
-
-
-class CompiledPasses:
-    """The encoder pass of a gradient-cached step (``train.micro_batch`` with ``train.compile: step``) as compiled
-    graphs: ``(input_ids, attention_mask, row keys, seed) -> token states`` under the step's autocast, one graph for
-    the cached forward (no grad) and one, with its backward, for the replay; a last, smaller pass compiles once
-    more. `encoder` gives `mmcse.training.gradcache.CachedTokens` the pass of one step."""
-
-    def __init__(self, student: Student, update: Update, backend: str | None = None) -> None:
-        fresh_graphs()
-        self.device = update.device
-        backend = backend or BACKEND
-        autocast = update.autocast
-
-        def encode(ids: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor, seed: torch.Tensor) -> torch.Tensor:
-            with autocast(), row_keys(student.backbone, seed, rows):
-                return student.token_states(ids, mask)
-
-        self.graph = torch.compile(encode, fullgraph=True, backend=backend, mode=graph_mode(self.device, backend))
-
-    def encoder(self, seed: int) -> TokenEncoder:
-        seed_t = seed_tensor(seed, self.device)
-
-        def encode(ids: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-            with loud():
-                return self.graph(ids, mask, rows, seed_t)
-
-        return encode
+def compile_graph(fn: Callable[..., Any], device: torch.device, backend: str | None = None,
+                  fullgraph: bool = True) -> Callable[..., Any]:
+    """``fn`` through torch.compile as a step's graph: ``backend`` (default `BACKEND`), CUDA graphs on CUDA
+    (`graph_mode`), ``fullgraph`` so that a graph break is an error, not a silent slower step."""
+    backend = backend or BACKEND
+    return torch.compile(fn, fullgraph=fullgraph, backend=backend, mode=graph_mode(device, backend))
 
 
 def graph_breaks(fn: Callable[..., Any], *inputs: Any) -> tuple[int, list[str]]:

@@ -53,8 +53,8 @@ from mmcse.models.vsepp import VseppModel
 from mmcse.models.vsrn import VsrnModel
 from mmcse.teachers.encoders import build_resnet50, resolve_resnet50
 from mmcse.training.checkpoints import Checkpoints, TrainState
-from mmcse.training.compiled import STEP, CompiledStep, tensor_lr
-from mmcse.training.duet_step import RetrievalModel, compiled_duet_step, duet_optimizer_step, retrieval_step_loss
+from mmcse.training.compiled import STEP
+from mmcse.training.duet_step import RetrievalModel, RetrievalStep
 from mmcse.training.engine import (
     DevScore,
     Hooks,
@@ -367,11 +367,9 @@ class RetrievalTask(TrainTask):
             finetune_rate(self.scheduler, self.frozen_steps,
                           cfg.model.vsepp.finetune_learning_rate / cfg.train.learning_rate)
         self.update = Update(cfg.train, optimizer, grad_scaler(cfg.train.precision, device), device)
-        self.compiled: CompiledStep | None = None
-        if cfg.train.compile == STEP:  # DUET (the config refuses VSE++, VSRN): one graph, full-width captions
-            tensor_lr(optimizer)
-            self.compiled = CompiledStep(self.model, self.update)
-            self.step_loss = retrieval_step_loss(self.model, cfg.loss)
+        # train.compile: step (DUET; the config refuses VSE++, VSRN): one graph, full-width captions
+        self.full_width = cfg.train.compile == STEP
+        self.train_step = RetrievalStep(self.model, cfg.loss, self.update, compiled=self.full_width)
         # random crops of (seed, step), a resume replays them; decoded one step ahead, while this one trains
         self.crops = OneAhead(lambda step: data.regions.train_batch(data.region_rows[self.step_rows(step)],
                                                                     cfg.base.seed, step)) \
@@ -397,14 +395,12 @@ class RetrievalTask(TrainTask):
         else:
             images = region_batch(self.data.regions, self.data.region_rows[idx], device)
         ignore = same_image_mask([self.data.image_ids[i] for i in idx], device)
-        return self.captions.batch(idx, device, full_width=self.compiled is not None), images, ignore
+        return self.captions.batch(idx, device, full_width=self.full_width), images, ignore
 
     def step(self, batch: tuple[dict[str, torch.Tensor], tuple, torch.Tensor], seed: int,
              ranks: tuple[int, int]) -> dict[str, torch.Tensor]:
         captions, images, ignore = batch
-        if self.compiled is not None:
-            return compiled_duet_step(self.compiled, self.step_loss, captions, images, ignore, seed)
-        return duet_optimizer_step(self.model, self.cfg.loss, captions, images, ignore, self.update, seed, ranks)
+        return self.train_step(captions, images, ignore, seed, ranks)
 
     def dev(self) -> DevScore:
         cfg = self.cfg

@@ -12,8 +12,6 @@ statistics over the whole batch, so they train on one process (`mmcse.config.Tra
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from mmcse.config import LossConfig
@@ -24,9 +22,9 @@ from mmcse.models.dropout import row_keys
 from mmcse.models.duet import DuetModel, DuetOutput
 from mmcse.models.vsepp import VseppModel
 from mmcse.models.vsrn import VsrnModel
-from mmcse.training.compiled import CompiledStep, seed_tensor
 from mmcse.training.distributed import gathered, share
-from mmcse.training.engine import GRAD_NORM, Update
+from mmcse.training.engine import Update
+from mmcse.training.step import TrainStep
 
 RetrievalModel = DuetModel | VseppModel  # VsrnModel is a VseppModel
 
@@ -88,34 +86,34 @@ def duet_step_loss(model: RetrievalModel, loss: LossConfig, batch: dict[str, tor
                           lambda_box=c.lambda_box, lambda_norm=c.lambda_norm, reduction=c.reduction, ignore=ignore)
 
 
+class RetrievalStep:
+    """DUET's (VSE++'s, VSRN's) training step, built once per run, as `mmcse.training.loop.StudentStep` is a
+    student's: `duet_step_loss` as the forward of one `mmcse.training.step.TrainStep`, eager or compiled
+    (``train.compile: step``, DUET only: the configuration refuses VSE++ and VSRN). ``step(batch, regions, ignore,
+    seed, ranks)``: the forward under ``train.precision``'s autocast, backward (through the fp16 scaler when
+    enabled), the gradients averaged over the job's processes (``ranks``), the update. Returns the terms and the
+    gradient norm (`GRAD_NORM`), still on the device."""
+
+    def __init__(self, model: RetrievalModel, loss: LossConfig, update: Update, compiled: bool = False,
+                 backend: str | None = None) -> None:
+        self.step = TrainStep(model, update, lambda kind: self._forward, compiled=compiled, backend=backend)
+        self.model, self.loss = model, loss
+
+    def _forward(self, ids: torch.Tensor, attention: torch.Tensor, r: torch.Tensor, boxes: torch.Tensor | None,
+                 mask: torch.Tensor | None, ignore: torch.Tensor | None, seed: int | torch.Tensor,
+                 ranks: tuple[int, int]) -> dict[str, torch.Tensor]:
+        return duet_step_loss(self.model, self.loss, {"input_ids": ids, "attention_mask": attention}, (r, boxes, mask),
+                              ignore, seed, ranks)
+
+    def __call__(self, batch: dict[str, torch.Tensor], regions: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                 ignore: torch.Tensor | None, seed: int = 0, ranks: tuple[int, int] = (0, 1)
+                 ) -> dict[str, torch.Tensor]:
+        return self.step("pairs", batch["input_ids"], batch["attention_mask"], *regions, ignore, self.step.seed(seed),
+                         ranks, size=ranks[1])
+
+
 def duet_optimizer_step(model: RetrievalModel, loss: LossConfig, batch: dict[str, torch.Tensor],
                         regions: tuple[torch.Tensor, torch.Tensor, torch.Tensor], ignore: torch.Tensor | None,
                         update: Update, seed: int = 0, ranks: tuple[int, int] = (0, 1)) -> dict[str, torch.Tensor]:
-    """One DUET training step, as `mmcse.training.loop.optimizer_step` is one student step: the forward pass
-    under ``train.precision``'s autocast, backward (through the fp16 scaler when enabled), the gradients
-    averaged over the job's processes (``ranks``), the update (`Update`). Returns the terms and the gradient
-    norm (`GRAD_NORM`), still on the device."""
-    with update.autocast():
-        terms = duet_step_loss(model, loss, batch, regions, ignore, seed, ranks)
-    return terms | {GRAD_NORM: update.apply(model, terms["loss"], ranks[1])}
-
-
-def retrieval_step_loss(model: RetrievalModel, loss: LossConfig) -> Callable[..., dict[str, torch.Tensor]]:
-    """`duet_step_loss` on one process as a function of tensors alone, what a compiled step traces:
-    ``(input_ids, attention_mask, regions, boxes, region mask, ignore, seed (0-d tensor)) -> terms``."""
-
-    def step_loss(ids: torch.Tensor, attention: torch.Tensor, r: torch.Tensor, boxes: torch.Tensor,
-                  mask: torch.Tensor, ignore: torch.Tensor, seed: torch.Tensor) -> dict[str, torch.Tensor]:
-        return duet_step_loss(model, loss, {"input_ids": ids, "attention_mask": attention}, (r, boxes, mask), ignore,
-                              seed)
-
-    return step_loss
-
-
-def compiled_duet_step(compiled: CompiledStep, step_loss: Callable[..., dict[str, torch.Tensor]],
-                       batch: dict[str, torch.Tensor], regions: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-                       ignore: torch.Tensor, seed: int) -> dict[str, torch.Tensor]:
-    """`duet_optimizer_step` as compiled graphs (``train.compile: step``): ``step_loss`` (`retrieval_step_loss`),
-    its backward and the update; the same update on the same (full-width) batch."""
-    return compiled.step("pairs", step_loss, batch["input_ids"], batch["attention_mask"], *regions, ignore,
-                         seed_tensor(seed, compiled.update.device))
+    """One eager step of a `RetrievalStep` made for it (a test's or a one-off's; a run builds its step once)."""
+    return RetrievalStep(model, loss, update)(batch, regions, ignore, seed, ranks)

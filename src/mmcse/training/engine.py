@@ -162,17 +162,23 @@ class Update:
         """The forward pass's autocast under ``train.precision``."""
         return autocast(self.train.precision, self.device)
 
+    def clipped(self, model: torch.nn.Module) -> torch.Tensor:
+        """`clipped_update` of ``model`` with these settings (a compiled step compiles this very function)."""
+        return clipped_update(model, self.train, self.optimizer, self.scaler)
+
     def apply(self, model: torch.nn.Module, loss: torch.Tensor, size: int = 1,
-              after_backward: Callable[[], None] | None = None) -> torch.Tensor:
+              after_backward: Callable[[], None] | None = None,
+              clipped: Callable[[], torch.Tensor] | None = None) -> torch.Tensor:
         """Backward of ``loss`` (through the fp16 scaler when enabled), ``after_backward`` (a gradient cache's
         encoder share), the gradients averaged over the job's ``size`` processes (the one-process gradient)
-        and the clipped update. Returns the gradient norm (`GRAD_NORM`), on the device."""
+        and the clipped update (`clipped`, or ``clipped``: its compiled graph). Returns the gradient norm
+        (`GRAD_NORM`), on the device."""
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
         if after_backward is not None:
             after_backward()
         average_gradients(model.parameters(), size)
-        return clipped_update(model, self.train, self.optimizer, self.scaler)
+        return clipped() if clipped is not None else self.clipped(model)
 
 
 def watched_norm(terms: dict[str, torch.Tensor], scaler: torch.amp.GradScaler) -> torch.Tensor | None:

@@ -68,7 +68,7 @@ class CachedTokens:
     forward_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     passes: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
     # the encoder pass (default `direct_tokens`); ``train.compile: step`` gives a compiled one
-    # (`mmcse.training.compiled.CompiledPasses`), run for the cached forward and for the replay alike
+    # (`mmcse.training.loop.StudentStep`'s passes), run for the cached forward and for the replay alike
     encoder: TokenEncoder | None = None
 
     def _chunks(self, n: int) -> list[slice]:

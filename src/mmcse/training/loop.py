@@ -6,7 +6,7 @@ geometry, and the best checkpoint as an HF folder with a sentence-transformers e
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any
 
@@ -18,14 +18,7 @@ from mmcse.evaluation.geometry import POSITIVE_GOLD, check_sts_geometry, sts_geo
 from mmcse.evaluation.sts import PRIMARY_METRIC, evaluate_sts, student_encoder
 from mmcse.integrity.keys import Upstream
 from mmcse.io import write_json
-from mmcse.methods.losses import (
-    IGNORED,
-    aggregated_teacher_embedding,
-    mlm_draws,
-    mlm_masking,
-    span_mean,
-    text_teacher_similarity,
-)
+from mmcse.methods.losses import mlm_draws
 from mmcse.methods.objectives import (
     Objective,
     StepEmbeddings,
@@ -37,25 +30,16 @@ from mmcse.methods.objectives import (
 from mmcse.methods.step import step_objective, term_draws, term_generator
 from mmcse.methods.terms.dalr import cma_width_problem
 from mmcse.methods.terms.simcse import MLM
-from mmcse.models.dropout import install_keyed_dropout
+from mmcse.models.dropout import install_keyed_dropout, row_keys
 from mmcse.models.export import EVAL_MAX_SEQ_LEN, export_sentence_transformers
 from mmcse.models.precision import grad_scaler
 from mmcse.models.student import Student, load_backbone, load_mlm_head, load_tokenizer, save_student
 from mmcse.training.batches import Batches, BatchFeatures, TrainData, check_inputs
 from mmcse.training.checkpoints import TrainState
-from mmcse.training.compiled import (
-    BACKBONE,
-    STEP,
-    CompiledPasses,
-    CompiledStep,
-    on_device,
-    seed_tensor,
-    tensor_lr,
-)
+from mmcse.training.compiled import BACKBONE, STEP, compile_graph, fresh_graphs, loud, on_device, seed_tensor
 from mmcse.training.distributed import ShardedTokens, world
 from mmcse.training.engine import (
     DEV_GEOMETRY,
-    GRAD_NORM,
     DevScore,
     Hooks,
     TrainResult,
@@ -68,7 +52,9 @@ from mmcse.training.engine import (
     training_device,
 )
 from mmcse.training.gradcache import CachedTokens, TokenEncoder, direct_tokens, passes_note
+from mmcse.training.inputs import StepPass, produce
 from mmcse.training.schedule import PAIR, TEXT
+from mmcse.training.step import Forward, TrainStep
 
 log = logging.getLogger(__name__)
 
@@ -96,13 +82,13 @@ def training_step_loss(
     encode: TokenEncoder | None = None,
     draws: dict[str, Any] | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Loss terms of one batch: two dropout passes (as one doubled batch) through the
-    student, then every active term of the method on those embeddings and the cached
-    teacher features ``feats`` (no teacher runs here). ``seed`` seeds the step's keyed dropout and, when
-    ``draws`` is not given, its random draws (`step_draws`: DALR mismatched pairs, ranking ties, MLM masks);
-    a compiled step passes ``seed`` as a 0-d tensor and the draws made ahead. ``on`` is ``active_terms(o)``, worked
-    out once per run by the training loop; ``encode`` runs the encoder (default: one pass with its
-    graph; `mmcse.training.gradcache.CachedTokens`: micro-batches, cached)."""
+    """Loss terms of one batch: two dropout passes (as one doubled batch) through the student, the inputs the
+    batch's running terms read (each made by its producer, `mmcse.training.inputs.PRODUCERS`, from that pass and the
+    cached teacher features ``feats``: no teacher runs here), then every running term. ``seed`` seeds the step's
+    keyed dropout and, when ``draws`` is not given, its random draws (`step_draws`: DALR's mismatched pairs, ranking
+    ties, MLM masks); a compiled step passes ``seed`` as a 0-d tensor and the draws made ahead. ``on`` is
+    ``active_terms(o)``, worked out once per run; ``encode`` runs the encoder (default: one pass with its graph;
+    `mmcse.training.gradcache.CachedTokens`: micro-batches, cached)."""
     ids, mask = batch["input_ids"], batch["attention_mask"]
     n = ids.shape[0]
     on = on if on is not None else active_terms(o)
@@ -113,125 +99,88 @@ def training_step_loss(
     encode = encode or direct_tokens(student, seed)
     rows = torch.arange(2 * n, device=ids.device)  # (2B,): each row's dropout key (two views, two keys)
     tokens = encode(ids.repeat(2, 1), mask.repeat(2, 1), rows)  # (2B, L, H): two dropout masks
-    cls = tokens[:, 0]  # (2B, H)
-    z = student.mlp(cls)  # (2B, H)
+    z = student.mlp(tokens[:, 0])  # (2B, H)
     e = StepEmbeddings(z1=z[:n], z2=z[n:], pair_batch=pair_batch)
-    wanted = needed_inputs(o, pair_batch, on)  # what this batch's active terms read
-    feats = feats or BatchFeatures()
-    if "mlm" in wanted:
-        if student.mlm_head is None:
-            raise InputError("loss.simcse.mlm is on, but the student was built without its LM head (load_mlm_head)")
-        head = student.mlm_head
-        # SimCSE masks each of its two copies of a sentence on its own (train.py mask_tokens)
-        masked, labels = mlm_masking(ids.repeat(2, 1), head.special_ids, head.mask_id, head.vocab,
-                                     o.loss.simcse.mlm_probability, draws=draws["mlm"])  # (2B, L) each
-        masked_states = encode(masked, mask.repeat(2, 1), rows + 2 * n)  # (2B, L, H): its own dropout
-        if torch.compiler.is_compiling():
-            # every token through the head, the unchosen ones' labels IGNORED: the same mean cross-entropy, and
-            # no shape that depends on the draw (a compiled step's shapes are static)
-            e.mlm_logits, e.mlm_labels = head(masked_states.flatten(0, 1)), labels.flatten()  # (2B·L, V), (2B·L,)
-        else:
-            chosen = labels != IGNORED  # (2B, L)
-            e.mlm_logits = head(masked_states[chosen])  # (M, V): only the chosen tokens reach the vocabulary
-            e.mlm_labels = labels[chosen]  # (M,)
-    if pair_batch and "s" in wanted:
-        s = student.text_proj(cls)  # (2B, p): g_φ1 on [CLS] (MCSE Eq. 2)
-        e.s1, e.s2 = s[:n], s[n:]
-    if feats.image is not None:
-        e.image = student.image_proj(feats.image)  # (B, p): g_φ2 on frozen image features
-    if feats.joint_text is not None:
-        e.joint_text, e.joint_image = feats.joint_text, feats.joint_image
-        if "teacher_text" in wanted:
-            e.teacher_text = student.teacher_text_proj(feats.joint_text)  # (B, p): g_φt(t̂)
-        if "teacher_image" in wanted:
-            e.teacher_image = student.teacher_image_proj(feats.joint_image)  # (B, p): g_φv(v̂)
-        if "shared_text" in wanted or "shared_image" in wanted:
-            # L_cons's sentence: f_θ's [CLS] (§3.2) or the SimCSE space z (the authors' code)
-            sentence = cls[:n] if o.loss.dalr.consistency_text == "encoder" else e.z1  # (B, H)
-            e.shared_text = student.shared_text(sentence)  # (B, p)
-            e.shared_image = student.shared_image(feats.joint_image)  # (B, p)
-    if feats.text_teachers is not None:
-        if "text_teacher_sim" in wanted:
-            with torch.no_grad():
-                e.text_teacher_sim = text_teacher_similarity(feats.text_teachers, feats.text_weights,
-                                                             o.loss.dalr.teacher_weighting)  # (B, B)
-        if "rank_teacher_sim" in wanted:
-            same = o.loss.dalr.rank_teacher_weighting == o.loss.dalr.teacher_weighting
-            with torch.no_grad():
-                e.rank_teacher_sim = e.text_teacher_sim if same and e.text_teacher_sim is not None else (
-                    text_teacher_similarity(feats.text_teachers, feats.text_weights,
-                                            o.loss.dalr.rank_teacher_weighting))  # (B, B)
-        if "text_teacher" in wanted:
-            # DALR h^t = g_φt(f_t(t)) (Eq. 3): one projected text teacher for L_CMA's and L_IMA's Q^{t2t}
-            e.text_teacher = student.text_teacher_proj(
-                aggregated_teacher_embedding(feats.text_teachers, feats.text_weights))  # (B, p)
-    if feats.objects is not None:
-        phrase_states = span_mean(tokens[:n], feats.object_row, feats.object_start, feats.object_end)  # (T, H)
-        e.phrases = student.text_proj(phrase_states)  # (T, p)
-        e.objects = student.image_proj(feats.objects)  # (T, p)
-        e.object_pair = feats.object_row
+    step_pass = StepPass(student, o, ids, mask, rows, tokens, feats or BatchFeatures(), encode, draws)
+    produce(step_pass, e, needed_inputs(o, pair_batch, on))
     return step_objective(o, e, on=on, draws=draws)
 
 
-def optimizer_step(
-    student: Student,
-    o: Objective,
-    batch: dict[str, torch.Tensor],
-    feats: BatchFeatures | None,
-    pair_batch: bool,
-    update: Update,
-    seed: int = 0,
-    on: dict[str, bool] | None = None,
-    ranks: tuple[int, int] = (0, 1),
-    passes: CompiledPasses | None = None,
-) -> dict[str, torch.Tensor]:
-    """One training step: the forward pass under ``train.precision``'s autocast, backward
-    (through the fp16 loss scaler when enabled) and the optimizer update (`Update`). Returns the loss
-    terms and the gradient norm (`GRAD_NORM`), still on the device (reading them is a host sync the
-    caller defers). With ``train.micro_batch`` the encoder runs that many sentences per pass
-    (`mmcse.training.gradcache`): the same update as the whole batch's. ``ranks`` = (this rank, world
-    size) of a job over several processes, each given the step's whole ``batch`` and ``feats``: the rank
-    encodes its share of the rows (`mmcse.training.distributed`), the same update as one process's. ``passes``
-    (``train.compile: step`` with ``train.micro_batch``): the micro-batches' encoder passes as compiled graphs."""
-    rank, size = ranks
-    train = update.train
-    if size > 1 and train.dropout_rng != "per_row":
-        raise InputError("a step over several processes needs train.dropout_rng: per_row (a row's dropout masks "
-                         "must not depend on which rank encodes it)")
-    cached = CachedTokens(student, seed, 2 * train.micro_batch, update.autocast,
-                          encoder=passes.encoder(seed) if passes else None) if train.micro_batch else None
-    encode = cached if size == 1 else ShardedTokens(cached or direct_tokens(student, seed), rank, size)
-    with update.autocast():
-        terms = training_step_loss(student, o, batch, feats, pair_batch, seed, on, encode=encode)
-    # a gradient cache backpropagates the encoder's share after the loss's, micro-batch by micro-batch
-    return terms | {GRAD_NORM: update.apply(student, terms["loss"], size, cached.backward if cached else None)}
+class StudentStep:
+    """A student's training step, built once per run (the train stage, ablation jobs, preflight, the benchmarks):
+    `training_step_loss` of each batch kind as the forward of one `mmcse.training.step.TrainStep`, eager or compiled
+    (``train.compile: step``). ``step(batch, feats, pair_batch, seed, ranks)`` makes the step's random draws on the
+    host, then the forward under ``train.precision``'s autocast, backward (through the fp16 loss scaler when
+    enabled) and the update; returns the loss terms and the gradient norm (`GRAD_NORM`), still on the device.
+
+    With ``train.micro_batch`` the encoder runs that many sentences per pass (`mmcse.training.gradcache`): the same
+    update as the whole batch's; compiled, those passes are the graphs (the loss on their cached states runs
+    eager). ``ranks`` = (this rank, world size) of a job over several processes, each given the step's whole batch
+    and features: the rank encodes its share of the rows (`mmcse.training.distributed`), the same update as one
+    process's."""
+
+    def __init__(self, student: Student, o: Objective, update: Update, on: dict[str, bool] | None = None,
+                 compiled: bool = False, backend: str | None = None) -> None:
+        self.student, self.o, self.update = student, o, update
+        self.on = on if on is not None else active_terms(o)
+        micro = update.train.micro_batch
+        self.step = TrainStep(student, update, self._forward, compiled=compiled and not micro, backend=backend)
+        self.passes: Callable[..., torch.Tensor] | None = None
+        if compiled and micro:  # the loss on the cached states runs eager; its encoder passes are the graphs
+            fresh_graphs()
+            autocast = update.autocast
+
+            def encoder_pass(ids: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor,
+                             seed: torch.Tensor) -> torch.Tensor:
+                with autocast(), row_keys(student.backbone, seed, rows):
+                    return student.token_states(ids, mask)
+
+            self.passes = compile_graph(encoder_pass, update.device, backend)
+
+    def _forward(self, pair_batch: Hashable) -> Forward:
+        student, o, on = self.student, self.o, self.on
+
+        def forward(ids: torch.Tensor, mask: torch.Tensor, feats: BatchFeatures, seed: int | torch.Tensor,
+                    draws: dict[str, Any], encode: TokenEncoder | None) -> dict[str, torch.Tensor]:
+            return training_step_loss(student, o, {"input_ids": ids, "attention_mask": mask}, feats,
+                                      bool(pair_batch), seed, on, encode=encode, draws=draws)
+
+        return forward
+
+    def _encoder(self, seed: int) -> TokenEncoder | None:
+        """The compiled encoder pass of step ``seed`` (gradient-cached and compiled), else None (eager passes)."""
+        if self.passes is None:
+            return None
+        passes, seed_t = self.passes, seed_tensor(seed, self.update.device)
+
+        def encode(ids: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+            with loud():
+                return passes(ids, mask, rows, seed_t)
+
+        return encode
+
+    def __call__(self, batch: dict[str, torch.Tensor], feats: BatchFeatures | None, pair_batch: bool, seed: int = 0,
+                 ranks: tuple[int, int] = (0, 1)) -> dict[str, torch.Tensor]:
+        rank, size = ranks
+        train, ids = self.update.train, batch["input_ids"]
+        if size > 1 and train.dropout_rng != "per_row":
+            raise ConfigError("a step over several processes needs train.dropout_rng: per_row (a row's dropout "
+                              "masks must not depend on which rank encodes it)")
+        draws = on_device(step_draws(self.student, self.o, tuple(ids.shape), pair_batch, seed, self.on),
+                          self.update.device)
+        cached = CachedTokens(self.student, seed, 2 * train.micro_batch, self.update.autocast,
+                              encoder=self._encoder(seed)) if train.micro_batch else None
+        encode = cached if size == 1 else ShardedTokens(cached or direct_tokens(self.student, seed), rank, size)
+        # a gradient cache backpropagates the encoder's share after the loss's, micro-batch by micro-batch
+        return self.step(pair_batch, ids, batch["attention_mask"], feats or BatchFeatures(), self.step.seed(seed),
+                         draws, encode, size=size, after_backward=cached.backward if cached else None)
 
 
-StepLoss = Callable[..., dict[str, torch.Tensor]]
-
-
-def student_step_loss(student: Student, o: Objective, pair_batch: bool, on: dict[str, bool]) -> StepLoss:
-    """`training_step_loss` of one batch kind as a function of tensors alone, what a compiled step traces:
-    ``(input_ids, attention_mask, feats, seed (0-d tensor), draws) -> terms``."""
-
-    def step_loss(ids: torch.Tensor, mask: torch.Tensor, feats: BatchFeatures, seed: torch.Tensor,
-                  draws: dict[str, Any]) -> dict[str, torch.Tensor]:
-        return training_step_loss(student, o, {"input_ids": ids, "attention_mask": mask}, feats, pair_batch, seed, on,
-                                  draws=draws)
-
-    return step_loss
-
-
-def compiled_optimizer_step(compiled: CompiledStep, step_loss: StepLoss, student: Student, o: Objective,
-                            batch: dict[str, torch.Tensor], feats: BatchFeatures | None, pair_batch: bool, seed: int,
-                            on: dict[str, bool]) -> dict[str, torch.Tensor]:
-    """`optimizer_step` as compiled graphs (``train.compile: step``, `mmcse.training.compiled`): the step's draws
-    made on the host and moved to the device, then ``step_loss`` (`student_step_loss` of this batch kind), its
-    backward and the update. The same update as `optimizer_step` on the same (full-width) batch."""
-    device = compiled.update.device
-    draws = on_device(step_draws(student, o, tuple(batch["input_ids"].shape), pair_batch, seed, on), device)
-    return compiled.step(pair_batch, step_loss, batch["input_ids"], batch["attention_mask"], feats or BatchFeatures(),
-                         seed_tensor(seed, device), draws)
+def optimizer_step(student: Student, o: Objective, batch: dict[str, torch.Tensor], feats: BatchFeatures | None,
+                   pair_batch: bool, update: Update, seed: int = 0, on: dict[str, bool] | None = None,
+                   ranks: tuple[int, int] = (0, 1)) -> dict[str, torch.Tensor]:
+    """One eager step of a `StudentStep` made for it (a test's or a one-off's; a run builds its step once)."""
+    return StudentStep(student, o, update, on)(batch, feats, pair_batch, seed, ranks)
 
 
 class StudentTask(TrainTask):
@@ -293,15 +242,7 @@ class StudentTask(TrainTask):
         # train.compile: step: static shapes (full-width token batches); the step one graph per batch kind, or
         # with train.micro_batch its encoder passes (cached forward and replay) compiled
         self.full_width = cfg.train.compile == STEP
-        self.compiled: CompiledStep | None = None
-        self.passes: CompiledPasses | None = None
-        if self.full_width and cfg.train.micro_batch:
-            self.passes = CompiledPasses(student, self.update)
-        elif self.full_width:
-            tensor_lr(optimizer)
-            self.compiled = CompiledStep(student, self.update)
-            self.step_losses = {kind: student_step_loss(student, self.objective, kind == PAIR, on)
-                                for kind in (TEXT, PAIR)}
+        self.train_step = StudentStep(student, self.objective, self.update, on, compiled=self.full_width)
         # one encoder for the run: it keeps the dev batches' token ids on the device
         self.dev_encode = student_encoder(student, tokenizer, cfg.evaluate.pooler, cfg.model.max_seq_len, device,
                                           cfg.train.precision, keep_tokens=True)
@@ -322,11 +263,7 @@ class StudentTask(TrainTask):
     def step(self, batch: tuple[str, dict[str, torch.Tensor], BatchFeatures], seed: int,
              ranks: tuple[int, int]) -> dict[str, torch.Tensor]:
         kind, tokens, feats = batch
-        if self.compiled is not None:
-            return compiled_optimizer_step(self.compiled, self.step_losses[kind], self.model, self.objective, tokens,
-                                           feats, kind == PAIR, seed, self.on)
-        return optimizer_step(self.model, self.objective, tokens, feats, kind == PAIR, self.update, seed=seed,
-                              on=self.on, ranks=ranks, passes=self.passes)
+        return self.train_step(tokens, feats, kind == PAIR, seed, ranks)
 
     def logs_every_step(self, batch: tuple[str, Any, Any]) -> bool:
         return batch[0] == PAIR  # every image term is logged
