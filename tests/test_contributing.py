@@ -1,5 +1,6 @@
-"""CONTRIBUTING.md's recipes hold: in a copy of the tree, a new loss term with its own weight parameter and a new
-evaluator, each added in exactly the files CONTRIBUTING names, train and evaluate the demo."""
+"""CONTRIBUTING.md's recipes hold: in a copy of the tree, a new loss term with its own ``loss.<section>`` and a new
+evaluator, each added in exactly the files CONTRIBUTING names (then its one command, `mmcse generate`), pass the
+schema, defaults, registry and layout checks and their own tests, and train and evaluate the demo."""
 
 from __future__ import annotations
 
@@ -16,71 +17,120 @@ import yaml
 
 from tests.conftest import REPO
 
-TERM_DECLARATION = '''"""A toy term: Wang & Isola's uniformity of the sentence embeddings (ICML 2020, Eq. 5)."""
+# 1. the term's module: its section, its function, its declaration (CONTRIBUTING "Adding a loss term", step 1)
+TERM_MODULE = '''"""A toy term: Wang & Isola's uniformity of the sentence embeddings (ICML 2020, Eq. 5), with its
+section ``loss.toy``."""
 
-from mmcse.config import RETRIEVAL_METHODS
-from mmcse.methods.terms.base import LossTerm, register
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from mmcse.config.declared import SECTION, NonNegative, Positive
+from mmcse.config.training import RETRIEVAL_METHODS
+from mmcse.methods.terms.base import LossTerm, Objective, StepEmbeddings, always, loss_section, register
+
+if TYPE_CHECKING:
+    import torch
+
+
+@loss_section("toy", "a toy term: Wang & Isola's uniformity (ICML 2020, Eq. 5)")
+@dataclass(frozen=True)
+class ToyLossConfig:
+    __pydantic_config__ = SECTION
+    weight: NonNegative = 0.1
+    """the toy uniformity term's weight (0: off)"""
+    t: Positive = 2.0
+    """its t"""
+
+
+def uniformity(o: Objective, e: StepEmbeddings, draw: torch.Tensor | None = None) -> torch.Tensor:
+    """Wang & Isola 2020, Eq. 5: log E exp(-t ||f(x) - f(y)||²) over the batch's distinct pairs (normalised)."""
+    import torch
+
+    z = torch.nn.functional.normalize(e.z1, dim=-1)  # (N, H)
+    return torch.pdist(z).pow(2).mul(-o.loss.toy.t).exp().mean().log()
+
 
 register(LossTerm(
-    name="uniformity", equation="Wang & Isola 2020, uniformity (Eq. 5)", order=95,
-    weight="loss.uniformity_weight",
-    active=lambda o: o.method not in RETRIEVAL_METHODS and o.loss.uniformity_weight > 0,
-    inputs=lambda o: {"z"}, reads=lambda o: {"loss.uniformity_t"}, on_text=lambda o: True,
+    name="toy", equation="Wang & Isola 2020, uniformity (Eq. 5)", order=95, weight="loss.toy.weight",
+    active=lambda o: o.method not in RETRIEVAL_METHODS and o.loss.toy.weight > 0,
+    inputs=lambda o: {"z"}, on_pairs=always, on_text=always, compute=uniformity, reads=lambda o: {"loss.toy.t"},
 ))
 '''
 
-TERM_FUNCTION = '''"""The toy uniformity term's function."""
-
-import torch
-
-from mmcse.methods.compute.base import computes
-
-
-@computes("uniformity")
-def uniformity(o, e, generator=None):
-    """Wang & Isola 2020, Eq. 5: log E exp(-t ||f(x) - f(y)||²) over the batch's distinct pairs (normalised)."""
-    z = torch.nn.functional.normalize(e.z1, dim=-1)  # (N, H)
-    return torch.pdist(z).pow(2).mul(-o.loss.uniformity_t).exp().mean().log()
-'''
-
+# 3. its test (step 3): the term against a direct transcription of the equation, with its gradient
 TERM_TEST = '''import torch
 
+from mmcse.config import Config, with_overrides
+from mmcse.methods.objectives import Objective
+from mmcse.methods.terms import REGISTRY, StepEmbeddings
 
-def test_uniformity_is_log_mean_exp_of_pairwise_distances():
-    from mmcse.methods.compute.toy import uniformity
-    z = torch.randn(5, 3)
-    n = torch.nn.functional.normalize(z, dim=-1)
+
+def test_toy_is_log_mean_exp_of_pairwise_distances_with_its_gradient():
+    z = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    o = Objective.of(with_overrides(Config(), {"loss.toy.t": 2.0}))
+    got = REGISTRY["toy"].compute(o, StepEmbeddings(z1=z, z2=z), None)
+    n = z / z.norm(dim=1, keepdim=True)
     want = torch.log(torch.stack([torch.exp(-2 * (n[i] - n[j]).pow(2).sum())
                                   for i in range(5) for j in range(i + 1, 5)]).mean())
-    class E: z1 = z
-    class O: loss = type("L", (), {"uniformity_t": 2.0})
-    torch.testing.assert_close(uniformity(O, E), want)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(torch.autograd.grad(got, z)[0], torch.autograd.grad(want, z)[0])
 '''
 
-EVALUATOR = '''"""A toy evaluator: the mean norm of the test sentences' embeddings."""
+# the evaluator's module (CONTRIBUTING "Adding an evaluator", step 1)
+EVALUATOR_MODULE = '''"""A toy evaluator: the mean norm of the test sentences' embeddings."""
+
+from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from mmcse.evaluation.evaluators.base import EvaluationInputs, register
 
+if TYPE_CHECKING:
+    from mmcse.evaluation.sts import EncodeFn
+
 
 @dataclass
 class NormEvaluator:
-    sentences: list
+    sentences: list[str]
     label: str = "mean norm"
     primary_metric: str = "mean_norm"
 
-    def __call__(self, encode):
+    def __call__(self, encode: EncodeFn) -> dict[str, float]:
         return {"mean_norm": float(np.linalg.norm(encode(self.sentences), axis=1).mean())}
 
 
-@register("norms", order=60)
-def build(inputs: EvaluationInputs):
+@register("toy", order=60, scores=("mean_norm",))
+def build(inputs: EvaluationInputs) -> NormEvaluator | None:
     sentences = [p.s1 for pairs in inputs.sts.values() for p in pairs][:32]
     return NormEvaluator(sentences) if sentences else None
 '''
+
+EVALUATOR_TEST = '''import numpy as np
+
+from mmcse.data.senteval import SentencePair
+from mmcse.evaluation.evaluators import EvaluationInputs, build_evaluators, run_evaluators
+
+
+def encode(sentences):
+    return np.array([[len(s), 1.0] for s in sentences])
+
+
+def test_toy_is_the_mean_norm_of_the_test_sentences():
+    inputs = EvaluationInputs(sts={"STS12": [SentencePair("STS12", "", "a dog", "a cat", 1.0),
+                                            SentencePair("STS12", "", "beach", "sea", 2.0)]}, asked=("toy",))
+    scores = run_evaluators(build_evaluators(inputs), encode)
+    assert scores == {"mean_norm": (np.hypot(5, 1) + np.hypot(5, 1)) / 2}
+'''
+
+CHECKS = ["tests/config/test_schema.py", "tests/methods/test_sections.py", "tests/methods/test_terms.py",
+          "tests/test_layout.py", "tests/evaluation/test_evaluators.py", "tests/methods/test_toy.py",
+          "tests/evaluation/test_toy.py",
+          "tests/methods/test_objectives.py::test_every_registered_term_reads_what_it_declares"]
 
 
 def _insert_after(path: Path, anchor: str, text: str) -> None:
@@ -90,33 +140,22 @@ def _insert_after(path: Path, anchor: str, text: str) -> None:
 
 
 def _contribute(tree: Path) -> set[str]:
-    """CONTRIBUTING's two recipes applied to ``tree``; returns the files they touched."""
+    """CONTRIBUTING's two recipes applied to ``tree`` by hand, each name one nothing else uses; returns the files
+    they touched."""
     src = tree / "src" / "mmcse"
-    # a loss term: its declaration, its function, its parameters (a new one in config/training.py, as CONTRIBUTING
-    # says for a parameter the loss section lacks), params.yaml, its test, its docs row
-    (src / "methods/terms/toy.py").write_text(TERM_DECLARATION)
-    (src / "methods/compute/toy.py").write_text(TERM_FUNCTION)
-    _insert_after(src / "config/training.py", '    """its weight: λ (MCSE, KDMCSE) / α (MCSEO); papers: 0.01"""\n',
-                  "    uniformity_weight: NonNegative = 0.1\n"
-                  '    """the toy uniformity term\'s weight (0: off)"""\n'
-                  "    uniformity_t: Positive = 2.0\n"
-                  '    """its t"""\n')
+    # a loss term: its module (section, function, declaration), params.yaml, its test, its docs row
+    (src / "methods/terms/toy.py").write_text(TERM_MODULE)
+    _insert_after(tree / "params.yaml", "loss:                         # every term has its own switch and weight "
+                  "(docs/methods.md)\n", "  toy:                        # a toy term (Wang & Isola's uniformity)\n"
+                  "    weight: 0.1               # its weight (0: off)\n    t: 2.0                    # its t\n")
     (tree / "tests/methods/test_toy.py").write_text(TERM_TEST)
-    _insert_after(tree / "docs/methods.md", "\n", "\n| uniformity | a toy term (Wang & Isola) |\n")
-    # an evaluator: its module, its declared scores, where a configuration asks for it, its test, its docs
-    (src / "evaluation/evaluators/toy.py").write_text(EVALUATOR)
-    _insert_after(src / "evaluation/names.py", 'EVALUATOR_SCORES: dict[str, tuple[str, ...]] = {\n',
-                  '    "norms": ("mean_norm",),\n')
-    (tree / "tests/evaluation/test_toy.py").write_text("def test_toy():\n    pass\n")
-    _insert_after(tree / "docs/evaluation.md", "\n", "\n`norms`: the mean norm of test sentences.\n")
-    params = tree / "params.yaml"
-    raw = yaml.safe_load(params.read_text())
-    raw["loss"]["uniformity_weight"] = 0.1
-    raw["evaluate"]["evaluators"].append("norms")
-    params.write_text(yaml.safe_dump(raw, sort_keys=False))
-    return {"src/mmcse/methods/terms/toy.py", "src/mmcse/methods/compute/toy.py", "src/mmcse/config/training.py",
-            "params.yaml", "tests/methods/test_toy.py", "docs/methods.md", "src/mmcse/evaluation/evaluators/toy.py",
-            "src/mmcse/evaluation/names.py", "tests/evaluation/test_toy.py", "docs/evaluation.md"}
+    _insert_after(tree / "docs/methods.md", "|---|---|---|\n", "| `toy` | + 0.1·uniformity (a toy term) | `toy` |\n")
+    # an evaluator: its module, its test, its docs (params.yaml's evaluate.evaluators: all asks for it)
+    (src / "evaluation/evaluators/toy.py").write_text(EVALUATOR_MODULE)
+    (tree / "tests/evaluation/test_toy.py").write_text(EVALUATOR_TEST)
+    _insert_after(tree / "docs/evaluation.md", "\n", "\n`toy`: the mean norm of test sentences.\n")
+    return {"src/mmcse/methods/terms/toy.py", "params.yaml", "tests/methods/test_toy.py", "docs/methods.md",
+            "src/mmcse/evaluation/evaluators/toy.py", "tests/evaluation/test_toy.py", "docs/evaluation.md"}
 
 
 def _named_in_contributing(path: str) -> bool:
@@ -125,8 +164,8 @@ def _named_in_contributing(path: str) -> bool:
     return path in text or generic in text
 
 
-@pytest.mark.slow  # a copy of the tree, then the train and evaluate stages in their own processes: ~60 s
-def test_a_term_and_an_evaluator_added_as_contributing_says_train_and_evaluate_the_demo(project, tmp_path):
+@pytest.mark.slow  # a copy of the tree, its checks, then the train and evaluate stages in their own processes: ~2 min
+def test_a_term_and_an_evaluator_added_as_contributing_says_pass_the_checks_and_train_the_demo(project, tmp_path):
     tree = tmp_path / "tree"
     files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
     for name in files:
@@ -136,13 +175,26 @@ def test_a_term_and_an_evaluator_added_as_contributing_says_train_and_evaluate_t
     touched = _contribute(tree)
     unnamed = sorted(p for p in touched if not _named_in_contributing(p))
     assert not unnamed, f"files CONTRIBUTING.md does not name: {unnamed}"
+    term, evaluator = ({p for p in touched if "evaluat" not in p}, {p for p in touched if "evaluat" in p})
+    assert len(term) == 4 and len(evaluator) == 3  # by hand; the generated files come from `mmcse generate`
+    env = {**os.environ, "PYTHONPATH": str(tree / "src")}
+    # until the one command runs, the new section is not the configuration's: its module says which command
+    stale = subprocess.run([sys.executable, "-c", "import mmcse.methods.terms"], cwd=tree, env=env,
+                           capture_output=True, text=True)
+    assert stale.returncode != 0 and "run `mmcse generate`" in stale.stderr
+    generate = subprocess.run([sys.executable, "-m", "mmcse.cli", "generate"], cwd=tree, env=env,
+                              capture_output=True, text=True, timeout=300)
+    assert generate.returncode == 0, generate.stderr[-3000:]
+    for name in ("src/mmcse/config/sections.py", "params.schema.json"):
+        assert (tree / name).read_text() != (REPO / name).read_text(), f"{name}: not renewed"
+    # the checks a change must pass, run on the copy: schema, typed defaults, sections, registries, layout, its tests
+    checks = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n0", "-p", "no:cacheprovider", *CHECKS],
+                            cwd=tree, env=env, capture_output=True, text=True, timeout=900)
+    assert checks.returncode == 0, checks.stdout[-4000:]
     # the demo project, trained and evaluated by the copy's code with the copy's params
     raw = yaml.safe_load((project / "params.yaml").read_text())
-    contributed = yaml.safe_load((tree / "params.yaml").read_text())
-    raw["loss"]["uniformity_weight"] = contributed["loss"]["uniformity_weight"]
-    raw["evaluate"]["evaluators"] = contributed["evaluate"]["evaluators"]
+    raw["loss"]["toy"] = yaml.safe_load((tree / "params.yaml").read_text())["loss"]["toy"]
     (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    env = {**os.environ, "PYTHONPATH": str(tree / "src")}
     for stage in ("check_params", "train", "evaluate"):
         done = subprocess.run([sys.executable, str(tree / "stages" / f"{stage}.py")], cwd=project, env=env,
                               capture_output=True, text=True, timeout=600)
@@ -155,4 +207,4 @@ def test_a_term_and_an_evaluator_added_as_contributing_says_train_and_evaluate_t
          "runs = mlflow.search_runs(search_all_experiments=True, output_format='list'); "
          "print(sorted({k for r in runs for k in r.data.metrics}))"],
         cwd=project, env=env, capture_output=True, text=True, timeout=300)
-    assert "'loss/uniformity'" in logged.stdout and "'test_mean_norm'" in logged.stdout, logged.stdout + logged.stderr
+    assert "'loss/toy'" in logged.stdout and "'test_mean_norm'" in logged.stdout, logged.stdout + logged.stderr

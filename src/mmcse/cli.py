@@ -227,6 +227,19 @@ def _cmd_schema(args: argparse.Namespace) -> None:
         write_text(args.out, text)
 
 
+def _cmd_generate(args: argparse.Namespace) -> None:
+    """The files made from others, renewed: src/mmcse/config/sections.py from the term modules' sections, then
+    params.schema.json from the configuration (in a fresh process: it imports the renewed sections)."""
+    import subprocess
+    import sys
+
+    from mmcse.methods.sections import OUT, write_sections
+
+    print(f"{OUT}: {'renewed' if write_sections() else 'up to date'}")
+    subprocess.run([sys.executable, "-m", "mmcse.cli", "schema", "--out", str(args.schema)], check=True)
+    print(f"{args.schema}: written")
+
+
 def _cmd_runs(args: argparse.Namespace) -> None:
     import shutil
 
@@ -445,6 +458,10 @@ def _experiment_commands(sub: argparse._SubParsersAction) -> None:
     sc_ = sub.add_parser("schema", help="the JSON Schema of params.yaml (types, bounds, valid keys) for an editor")
     sc_.add_argument("--out", type=Path, default=None, help="write it here (params.schema.json) instead of stdout")
     sc_.set_defaults(func=_cmd_schema)
+    gen = sub.add_parser("generate", help="renew the generated files: src/mmcse/config/sections.py (the loss terms' "
+                         "sections) and params.schema.json; run it after adding or changing a loss.<section>")
+    gen.add_argument("--schema", type=Path, default=Path("params.schema.json"), help="where the schema goes")
+    gen.set_defaults(func=_cmd_generate)
 
 
 def _record_commands(sub: argparse._SubParsersAction) -> None:

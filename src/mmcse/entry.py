@@ -72,6 +72,9 @@ def _run_entry(fn: Callable[[], object], stage: str, params: str) -> None:
     except stopping.StopRequested as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(err.exit_code) from None
+    except BrokenPipeError:  # the reader went away (`mmcse … | head`): nothing more to say to it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise SystemExit(1) from None
     except Exception as err:  # a bug: where it happened first, then the line a log's last screen shows
         traceback.print_exc()
         print(f"error: {type(err).__name__}: {err} (a bug in mmcse: the traceback above says where)", file=sys.stderr)

@@ -73,7 +73,7 @@ def test_an_unknown_evaluator_is_refused_by_the_parameter_check_listing_the_eval
     raw["evaluate"]["evaluators"] = ["sts", "sentiment"]
     (root / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     with pytest.raises(ConfigError, match=r"evaluate.evaluators': \['sentiment'\] is no evaluator; the evaluators: "
-                                          r"sts, mteb, geometry, transfer, retrieval"):
+                                          r"geometry, mteb, retrieval, sts, transfer \(or all\)"):
         check_params(root / "params.yaml")
 
 

@@ -12,7 +12,7 @@ import torch
 
 from mmcse.config import Config, parse_config, with_overrides
 from mmcse.experiments.recipes import load_recipes
-from mmcse.methods.losses import adapacse_loss, info_nce, simcse_loss
+from mmcse.methods.losses import IGNORED, adapacse_loss, info_nce, simcse_loss
 from mmcse.methods.objectives import Objective, StepEmbeddings, active_terms, needed_features
 from mmcse.methods.step import step_objective
 from tests.conftest import REPO
@@ -494,10 +494,17 @@ def test_mlm_adds_its_weight_times_the_masked_lm_loss_on_every_batch(method, pai
     ce = sum(-float(torch.log_softmax(e.mlm_logits[m], 0)[e.mlm_labels[m]]) for m in range(9)) / 9
     assert float(mlm["mlm"]) == pytest.approx(ce, abs=1e-9)
     assert float(mlm["loss"] - plain["loss"]) == pytest.approx(0.3 * ce, abs=1e-9)
-    # no token drawn in a short batch: nothing to score, nothing added
-    empty = dataclasses.replace(e, mlm_logits=e.mlm_logits[:0], mlm_labels=e.mlm_labels[:0])
-    none = _step(device, with_overrides(cfg, {"loss.simcse.mlm": True}), empty)
-    assert "mlm" not in none and float(none["loss"]) == pytest.approx(float(plain["loss"]), abs=1e-12)
+    # every token through the head, the unchosen ones' labels IGNORED (the one MLM path): the same ℓ^mlm
+    ignored = torch.full((5,), IGNORED, dtype=e.mlm_labels.dtype)
+    padded = dataclasses.replace(e, mlm_logits=torch.cat([e.mlm_logits, torch.randn(5, e.mlm_logits.shape[1],
+                                                                                        dtype=e.mlm_logits.dtype)]),
+                                 mlm_labels=torch.cat([e.mlm_labels, ignored]))
+    again = _step(device, with_overrides(cfg, {"loss.simcse.mlm": True, "loss.simcse.mlm_weight": 0.3}), padded)
+    assert float(again["mlm"]) == pytest.approx(ce, abs=1e-9)
+    # no token chosen in a short batch: ℓ^mlm is 0, not 0/0, and nothing is added
+    none = dataclasses.replace(e, mlm_labels=torch.full_like(e.mlm_labels, IGNORED))
+    got = _step(device, with_overrides(cfg, {"loss.simcse.mlm": True}), none)
+    assert float(got["mlm"]) == 0.0 and float(got["loss"]) == pytest.approx(float(plain["loss"]), abs=1e-12)
 
 
 def test_mlm_is_off_for_retrieval_models():
@@ -687,3 +694,34 @@ def test_objective_keys_are_what_the_step_reads(overrides):
         with torch.no_grad():
             step_objective(recorded, _with_mlm(_embeddings(pair_batch=pair_batch)), 0, on)
     assert objective_keys(o) == seen
+
+
+def _configurations_running(term) -> list[Config]:
+    """The configurations (each method's defaults, then `ORACLE_VARIANTS`) under which ``term`` is on."""
+    candidates = [_cfg(**{"train.method": m}) for m in ("simcse", "mcse", "kdmcse", "dalr", "mcseo")]
+    candidates += [_cfg(**v) for v in ORACLE_VARIANTS]
+    return [c for c in candidates if term.active(Objective.of(c))]
+
+
+def test_every_registered_term_reads_what_it_declares():
+    """Every term in the registry, not a listed few: under each configuration that runs it, its function and its
+    draw read exactly the ``loss`` parameters its declaration's ``reads`` names (recorded as they are read)."""
+    from mmcse.methods.objectives import _Recorded
+    from mmcse.methods.step import term_generator
+    from mmcse.methods.terms import TERMS
+
+    for term in TERMS:
+        configurations = _configurations_running(term)
+        assert configurations, f"loss term {term.name!r} runs under no method's defaults nor any ORACLE_VARIANTS row"
+        for cfg in configurations:
+            o = Objective.of(cfg)
+            for pair_batch in (True, False):
+                if not term.runs_on(o, pair_batch):
+                    continue
+                e = _with_mlm(_embeddings(pair_batch=pair_batch))
+                seen: set[str] = set()
+                recorded = Objective(o.method, _Recorded(o.loss, "loss", seen))
+                draw = term.draw(recorded, e.z1.shape[0], term_generator(term, 0)) if term.draw else None
+                with torch.no_grad():
+                    term.compute(recorded, e, draw)
+                assert seen == term.reads(o), (term.name, cfg.train.method, pair_batch)

@@ -9,11 +9,10 @@ import torch
 
 from mmcse.config import Config, with_overrides
 from mmcse.methods import objectives
-from mmcse.methods.compute import COMPUTE
 from mmcse.methods.objectives import Objective, active_terms, needed_features, needed_inputs
 from mmcse.methods.step import step_objective
 from mmcse.methods.terms import REGISTRY, TERMS, LossTerm, StepEmbeddings, register
-from mmcse.methods.terms.base import INPUT_FEATURES
+from mmcse.methods.terms.base import INPUT_FEATURES, always, never
 from tests.methods.test_objectives import _embeddings
 
 METHODS = ("simcse", "mcse", "kdmcse", "dalr", "mcseo")
@@ -68,7 +67,8 @@ def test_every_term_is_one_object_with_its_source_and_a_unique_place():
     assert len(streams) == len(set(streams))
     for term in TERMS:
         assert term.equation.strip(), f"{term.name}: say where it comes from (any paper, or what it is)"
-        assert COMPUTE[term.name].__doc__, f"{term.name}: its function's docstring names the equation"
+        assert term.compute.__doc__, f"{term.name}: its function's docstring names the equation"
+        assert term.compute.__module__ == term.active.__module__, f"{term.name}: one module holds it all"
         for method in METHODS:
             assert term.inputs(Objective.of(_cfg(**{"train.method": method}))) <= INPUT_FEATURES.keys()
     with pytest.raises(ValueError, match="registered twice"):
@@ -84,8 +84,7 @@ def test_no_term_name_is_spelled_outside_its_module():
 
     src = Path(objectives.__file__).parents[1]
     for term in TERMS:
-        homes = {Path(__import__(m, fromlist=["_"]).__file__) for m in (COMPUTE[term.name].__module__,
-                                                                        term.active.__module__)}
+        homes = {Path(__import__(term.compute.__module__, fromlist=["_"]).__file__)}
         for path in src.rglob("*.py"):
             if path in homes:
                 continue
@@ -101,7 +100,8 @@ def _mean_cosine(o, e, generator):
 
 def _throwaway(weight: str | None = "loss.lambda_img") -> LossTerm:
     return LossTerm(name="throwaway", equation="a test (MCSE Eq. 3's inputs)", order=35, weight=weight,
-                    active=lambda o: o.method == "dalr", inputs=lambda o: {"s", "image"})
+                    active=lambda o: o.method == "dalr", inputs=lambda o: {"s", "image"}, on_pairs=always,
+                    on_text=never, compute=_mean_cosine)
 
 
 def test_a_new_term_is_summed_with_its_weight_and_loads_what_it_reads(monkeypatch):
@@ -109,7 +109,6 @@ def test_a_new_term_is_summed_with_its_weight_and_loads_what_it_reads(monkeypatc
     e = _embeddings()
     before = step_objective(Objective.of(cfg), e)
     monkeypatch.setattr(objectives, "TERMS", tuple(sorted((*TERMS, _throwaway()), key=lambda t: t.order)))
-    monkeypatch.setitem(COMPUTE, "throwaway", _mean_cosine)
     o = Objective.of(cfg)
     assert active_terms(o)["throwaway"]
     assert "image" in needed_features(o, pair_batch=True) and "image" not in old_needed_features(cfg, True)
@@ -118,7 +117,7 @@ def test_a_new_term_is_summed_with_its_weight_and_loads_what_it_reads(monkeypatc
     expected = 1 - torch.nn.functional.cosine_similarity(e.s1, e.image).mean()
     torch.testing.assert_close(after["throwaway"], expected)
     torch.testing.assert_close(after["loss"], before["loss"] + 0.25 * expected)
-    # text batches: pair-only by default
+    # text batches: it said pairs only
     assert "throwaway" not in step_objective(Objective.of(cfg), _embeddings(pair_batch=False))
     # switched off by its predicate: mcse's step is unchanged
     mcse = _cfg(**{"train.method": "mcse"})

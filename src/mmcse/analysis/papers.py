@@ -35,7 +35,8 @@ from pydantic import Field
 
 from mmcse.config import ConfigError
 from mmcse.config.declared import SECTION, Int, PositiveInt, Str, build
-from mmcse.evaluation.names import EVALUATOR_SCORES, evaluator_writes, score_key
+from mmcse.evaluation.evaluators import any_evaluator_writes
+from mmcse.evaluation.names import score_key
 from mmcse.runstore import TRAIN_MINUTES
 
 PAPERS_DIR = "papers"
@@ -49,9 +50,9 @@ PRINTED_NUMBER = re.compile(r"[-+]?\d+(?:[.,]\d+)?")
 PRINTED_CELL = re.compile(r"(\d+(?:\.\d+)?)(\*?)\s*(?:±|\\pm)\s*\d+(?:\.\d+)?(\S*)")
 
 def known_metric(name: str) -> bool:
-    """A score some registered evaluator writes (`mmcse.evaluation.names.EVALUATOR_SCORES`), or a job's
+    """A score some registered evaluator writes (`mmcse.evaluation.evaluators.any_evaluator_writes`), or a job's
     training minutes."""
-    return name == TRAIN_MINUTES or any(evaluator_writes(e, name) for e in EVALUATOR_SCORES)
+    return name == TRAIN_MINUTES or any_evaluator_writes(name)
 
 
 @dataclass(frozen=True)

@@ -37,15 +37,13 @@ from mmcse.config.runs import (
     TransferConfig,
 )
 from mmcse.config.schema import Config, parse_config, reads_pixels, with_overrides
+from mmcse.config.sections import DALRLossConfig, KDMCSELossConfig, MCSELossConfig, MCSEOLossConfig, SimCSELossConfig
 from mmcse.config.training import (
     LAUNCH_KEYS,
     RETRIEVAL_METHODS,
-    DALRLossConfig,
     DuetLossConfig,
     DuetModelConfig,
-    KDMCSELossConfig,
     LossConfig,
-    MCSEOLossConfig,
     ModelConfig,
     TrainConfig,
     VseppModelConfig,
@@ -56,7 +54,8 @@ __all__ = [
     "FIXED_KEYS", "KARPATHY_SPLITS", "LAUNCH_KEYS", "POOLERS", "RETRIEVAL_METHODS", "TRANSFER_TASKS", "UPSTREAM_KEYS",
     "AblateConfig", "BaseConfig",
     "Config", "ConfigError", "DALRLossConfig", "DataConfig", "DemoDataConfig", "DetectConfig", "DuetLossConfig",
-    "DuetModelConfig", "EvaluateConfig", "JointTeacherConfig", "KDMCSELossConfig", "LossConfig", "MCSEOLossConfig",
+    "DuetModelConfig", "EvaluateConfig", "JointTeacherConfig", "KDMCSELossConfig", "LossConfig", "MCSELossConfig",
+    "MCSEOLossConfig", "SimCSELossConfig",
     "ModelConfig", "NdcgConfig", "RegionsConfig", "RetrievalConfig", "SourceConfig", "SourcesConfig", "SweepConfig",
     "TeachersConfig", "TextTeacherConfig", "TrainConfig", "TransferConfig", "VseppModelConfig", "VsrnModelConfig",
     "apply_overrides",

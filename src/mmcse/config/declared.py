@@ -16,6 +16,7 @@ import ast
 import dataclasses
 import functools
 import inspect
+import math
 import textwrap
 import threading
 import types
@@ -39,6 +40,16 @@ Name = Annotated[Str, Field(pattern=r"\S")]  # a name, id or path: not empty, no
 NonNegative = Annotated[float, Field(ge=0)]
 Positive = Annotated[float, Field(gt=0)]
 Fraction = Annotated[float, Field(ge=0, lt=1)]  # a probability that cannot be 1 (dropout, warm-up share)
+Angle = Annotated[float, Field(ge=0, le=math.pi / 2, description="radians, at most π/2")]  # an angular margin
+Switch = Bool | Literal["auto"]  # auto: on when train.method's paper uses the term
+
+
+def number_or_off(value: Any) -> Any:
+    """YAML 1.1 reads ``off`` as false: the same switch (a bare 0 stays the number 0); true means nothing (a
+    ``BeforeValidator`` of a ``float | Literal["off"]`` field)."""
+    if value is True:
+        raise ValueError("a number or off")
+    return "off" if value is False else value
 
 
 _BUILDING = threading.Lock()
@@ -88,12 +99,15 @@ def json_schema(cls: type) -> dict[str, Any]:
 def field_docstrings(cls: type) -> dict[str, str]:
     """Field name -> the string literal right under its declaration in ``cls``'s source (cleaned as a
     docstring)."""
-    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
-    return {stmt.target.id: inspect.cleandoc(after.value.value)
-            for stmt, after in zip(body, body[1:], strict=False)
-            if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
-            and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
-            and isinstance(after.value.value, str)}
+    found: dict[str, str] = {}
+    for klass in reversed([k for k in cls.__mro__ if dataclasses.is_dataclass(k)]):  # a base's fields too
+        body = ast.parse(textwrap.dedent(inspect.getsource(klass))).body[0].body
+        found |= {stmt.target.id: inspect.cleandoc(after.value.value)
+                  for stmt, after in zip(body, body[1:], strict=False)
+                  if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
+                  and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                  and isinstance(after.value.value, str)}
+    return found
 
 
 def _sections(cls: type) -> list[type]:

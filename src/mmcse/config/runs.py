@@ -79,7 +79,6 @@ class NdcgConfig:
         check(len(set(self.relevance)) == len(self.relevance), where, p + "relevance", "names a kind twice")
 
 
-DEFAULT_EVALUATORS = ("sts", "mteb", "geometry", "transfer", "retrieval")  # every built-in evaluator
 
 
 @dataclass(frozen=True)
@@ -101,13 +100,15 @@ class EvaluateConfig:
     """MTEB task names (or task types Reranking, Classification, Retrieval, STS: DALR Table 5), run by
     mmcse.evaluation.mteb; names are checked against mteb's registry (and the data sets loaded) before any
     encoding, not here: importing mteb costs seconds every stage would pay."""
-    evaluators: list[Name] = field(default_factory=lambda: list(DEFAULT_EVALUATORS))
-    """The evaluators a configuration asks for, by name (`mmcse.evaluation.names.EVALUATOR_SCORES`); each runs where
-    its inputs are there too (transfer: data.transfer_tasks, mteb: evaluate.mteb, retrieval: a test set)."""
+    evaluators: list[Name] | Literal["all"] = "all"
+    """The evaluators a configuration asks for, by name, or all: every registered one (`mmcse.evaluation.evaluators`,
+    a module each); each runs where its inputs are there too (transfer: data.transfer_tasks, mteb: evaluate.mteb,
+    retrieval: a test set)."""
 
     def validate(self, where: str) -> None:
         check(len(set(self.mteb)) == len(self.mteb), where, "evaluate.mteb", "task names repeat")
-        check(len(set(self.evaluators)) == len(self.evaluators), where, "evaluate.evaluators", "names repeat")
+        check(self.evaluators == "all" or len(set(self.evaluators)) == len(self.evaluators), where,
+              "evaluate.evaluators", "names repeat")
 
 
 # `ablate.figures` (`mmcse.experiments.ablation_record.log_ablation_figures`)

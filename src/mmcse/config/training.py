@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
@@ -10,6 +9,7 @@ from pydantic import BeforeValidator, Field
 
 from mmcse.config.checks import check
 from mmcse.config.declared import SECTION, Bool, Fraction, Int, NonNegative, Positive, PositiveInt, Str
+from mmcse.config.sections import TermSections
 
 
 @dataclass(frozen=True)
@@ -263,205 +263,12 @@ class TrainConfig:
                   f"{self.batch_size} does not split evenly over {processes} processes (train.devices × train.nodes)")
 
 
-Angle = Annotated[float, Field(ge=0, le=math.pi / 2, description="radians, at most π/2")]  # an angular margin
-
 # train.*: how a job is spread over processes, not what it computes (the update is one process's): a resume
 # point carries over from one device count to another, and a job's identity leaves them out
 LAUNCH_KEYS = ("devices", "nodes", "master_addr", "master_port")
 
 RETRIEVAL_METHODS = ("duet", "vsepp", "vsrn")  # image–text retrieval models: region sets in, R@K out, no STS
 SENTENCE_ENCODERS = ("simcse", "mcse", "kdmcse", "dalr", "mcseo")
-
-Switch = Bool | Literal["auto"]  # auto: on when train.method's paper uses the term
-
-
-def _off(value: Any) -> Any:
-    """YAML 1.1 reads ``off`` as false: the same switch (a bare 0 stays the number 0); true means nothing."""
-    if value is True:
-        raise ValueError("a number or off")
-    return "off" if value is False else value
-
-
-@dataclass(frozen=True)
-class KDMCSELossConfig:
-    __pydantic_config__ = SECTION
-    # train.method kdmcse: λ·(ℓ^v' + ℓ^t')/2 (Eq. 14) replaces MCSE's image term on pair batches.
-    # Eq. 8: a threshold on the teacher's α; off (YAML 1.1 reads it as false): no filtering
-    threshold: Annotated[float | Literal["off"], BeforeValidator(_off)] = 0.9
-    """Eq. 8's threshold (kdmcse.txt §6.2: about 0.85–0.9); off: no filter (the authors' scripts: their
-    --using_threshhold is never passed)"""
-    threshold_drops: Literal["above", "below"] = "above"
-    """which negatives Eq. 8 removes: above = those with α > threshold, the likely false negatives (§3.2 "remove noisy
-    negative samples", §6.2; the authors' train_mix.py) | below = those with α < threshold (Eq. 8 as typeset: φ = 0
-    if α < threshold, which contradicts the prose; `--reading printed`)"""
-    text_filter: Literal["tt", "vt"] = "tt"
-    """the α that filters the text term's negatives: tt = caption–caption φ^{t,t} (Eq. 9) | vt = image i against
-    caption j (the authors' vc_slabels, src/train_mix.py)"""
-    margin: Angle = 0.125
-    """AdapACSE m (Eq. 12); 0 = InfoNCE with threshold filtering"""
-    margin_gate: Literal["every", "beyond_margin"] = "every"
-    """which negatives the angular margin shifts: every = each j ≠ i (Eq. 12) | beyond_margin = only those whose angle
-    θ_ij exceeds m (the authors' ArcSimilarity, src/model.py)"""
-    margin_similarity: Literal["within", "cross"] = "cross"
-    """Δ of the margin (Eq. 12) from the teacher's cross-modal α^{t,v} for the image term and α^{t,t} for the text
-    term (cross: the paper's "exclusively text-text and text-visual pairings") | within: the image term's from
-    image–image α^{v,v} (the authors' src/model.py: slabels=vv_scores)"""
-    text_batches: Literal["simcse", "angular_margin"] = "simcse"
-    """SimCSE's text term: simcse (Eq. 1) | angular_margin: a constant angular margin text_margin on every negative,
-    wherever the term runs (text batches, and pair batches under simcse_plus_kdmcse: the authors' code)"""
-    text_margin: Angle = 0.1
-    """the constant angular margin of text_batches: angular_margin (not printed; the authors' --margin1 default 0.1,
-    their scripts 0.15)"""
-    pair_objective: Literal["kdmcse", "simcse_plus_kdmcse"] = "kdmcse"
-    """pair batches: kdmcse = ℓ^KDMCSE alone (Algorithm 1, App. D) | simcse_plus_kdmcse = SimCSE + λ·ℓ^KDMCSE (the
-    authors' train_mix.py)"""
-    soft_labels: Literal["projections", "clip"] = "clip"
-    """the soft labels α (threshold filtering, Eq. 8; margin Δ): clip = Eq. 7 as printed in both copies ("m, n ∈ {v̂,
-    t̂}": the CLIP features; the authors' train_mix.py too) | projections = from g_φt(t̂), g_φv(v̂), as one line of
-    kdmcse.txt's Algorithm 1 reads (kdmcse-2.txt's does not)"""
-
-    @property
-    def threshold_value(self) -> float | None:
-        off = self.threshold is False or self.threshold == "off"  # not `in`: 0.0 == False
-        return None if off else float(self.threshold)
-
-    def validate(self, where: str) -> None:
-        p = "loss.kdmcse."
-        if self.threshold_value is not None:
-            check(-1 <= self.threshold_value <= 1, where, p + "threshold", "must be in [-1, 1] or off")
-
-
-@dataclass(frozen=True)
-class DALRLossConfig:
-    __pydantic_config__ = SECTION
-    # DALR Eq. 14: L_info + λ·L_CML + μ·L_IML on image–caption batches. cml/iml may also be switched on
-    # for kdmcse (DALR Tables 4–5: KDMCSE + CML, KDMCSE + IML) or any other method.
-    # Eq. 14 as printed trains a pair batch on L_total alone (SimCSE's L_text, Eq. 1, on text-only
-    # batches); the authors' src/train_mix.py l.542 adds SimCSE's loss to it: true
-    simcse_on_pairs: Bool = False
-    """SimCSE's L_text on image–caption batches too (authors' code; printed: text batches only)"""
-    info: Bool = True
-    """L_info (Eq. 4), method dalr"""
-    info_weight: NonNegative = 1.0
-    """the weight of L_info in Eq. 14 (printed: 1; the authors' code: 0.1)"""
-    info_views: Literal["one", "mean", "sum"] = "one"
-    """Eq. 4 on the one view s^z (printed) | mean: of both dropout views (authors' src/model_modified.py l.764) | sum:
-    both views summed (MCSE's Eq. 3, mmcse's earlier reading)"""
-    info_margin: Bool = False
-    """KDMCSE's adaptive angular margin on L_info (authors' code), of size info_margin_size"""
-    info_margin_size: Angle = 0.125
-    """m of L_info's adaptive margin (not printed: KDMCSE's m; the authors' scripts MARGIN2=0.18)"""
-    student_margin: Angle = 0.0
-    """a constant angular margin on the student's off-diagonal similarities of L_text, L_CMA, L_IMA and L_rank
-    (0: the plain cosines of Eq. 1, 6, 10, 11 | the authors' ArcSimilarity(τ, MARGIN1 = 0.18), gated as
-    loss.kdmcse.margin_gate says)"""
-    consistency_text: Literal["encoder", "pooler"] = "encoder"
-    """the sentence side of L_cons (Eq. 5): encoder = f_θ's [CLS] (§3.2: "using f_v and f_θ") | pooler = the SimCSE
-    space z (the authors' self.consistency(z1, …))"""
-    cml: Switch = "auto"
-    """L_CML = L_cons + L_CMA (Eq. 9); auto: on for dalr; true with kdmcse = KDMCSE + CML"""
-    lambda_cml: NonNegative = 0.1
-    """λ"""
-    consistency: Bool = True
-    """L_cons (Eq. 5): cosine-embedding loss on aligned / mismatched pairs"""
-    consistency_scale: NonNegative = 1.0
-    """L_cons's factor inside L_CML: 1 (Eq. 9) | 0.01 (authors' src/model_modified.py l.765)"""
-    consistency_margin: Annotated[float, Field(ge=0, le=1)] = 0.2
-    """m"""
-    mismatch: Literal["derangement", "roll"] = "derangement"
-    """derangement: random, no fixed point | roll: cyclic shift by 5 (authors' code)"""
-    alignment: Bool = True
-    """L_CMA (Eq. 6–8)"""
-    cma_student_temperature: Positive = 1.0
-    """Eq. 6 divides by none (1.0); the authors' code by 0.05 · 0.45 = 0.0225"""
-    cma_teacher_temperature: Positive = 1.0
-    """the teacher side's temperature in L_CMA (Eq. 7: none, 1.0; the authors' code 0.5)"""
-    cma_inputs: Literal["projected", "raw"] = "projected"
-    """P^{t2v} of L_CMA from s^z and h^v (Eq. 6) | raw: the SimCSE space z against the raw image features v̂ (the
-    authors' code; their widths must agree, as BERT-base's 768 and CLIP ViT-L/14's)"""
-    cma_pairing: Literal["eq8", "by_rows"] = "eq8"
-    """which target each distribution meets: eq8 = Q^{t2t} with P^{t2v} (each image over the texts) and Q^{v2v} with
-    its transpose (Eq. 8) | by_rows = Q^{t2t} with each text's distribution over the images, Q^{v2v} with each
-    image's over the texts (the authors' code)"""
-    iml: Switch = "auto"
-    """L_IML = L_rank + L_IMA (Eq. 13); auto: on for dalr; true with kdmcse = KDMCSE + IML"""
-    mu_iml: NonNegative = 0.2
-    """μ"""
-    rank: Bool = True
-    """L_rank (Eq. 10): ListMLE against the text teachers' ranking"""
-    rank_temperature: Positive = 0.05
-    """the temperature of the student's scores in L_rank's ListMLE (Eq. 10; RankCSE: 0.05)"""
-    rank_include_diagonal: Bool = True
-    """RankCSE includes the sentence itself; false drops it"""
-    rank_teacher_weighting: Literal["embeddings", "similarities"] = "embeddings"
-    """the text teachers' ranking of L_rank: embeddings = the cosines of their weighted [CLS] embeddings (§3.3) |
-    similarities = the weighted sum of each teacher's similarity lists (the authors' code)"""
-    rank_eps: NonNegative = 0.0
-    """ε inside ListMLE's log, log(Σ_{k≥j} exp(S_k − max S) + ε) (Eq. 10: 0; the authors' ListMLE: 1e-7)"""
-    ima: Bool = True
-    """L_IMA (Eq. 11–12)"""
-    ima_student_temperature: Positive = 1.0
-    """Eq. 11 divides by none (1.0); the authors' code by 0.05 · 0.45 = 0.0225"""
-    ima_teacher_temperature: Positive = 1.0
-    """the teacher side's temperature in L_IMA (Eq. 11-12: none, 1.0; the authors' code 0.5)"""
-    text_batches: Bool = False
-    """also μ·L_IML on text-only batches (text teachers cover every sentence)"""
-    teacher_weighting: Literal["embeddings", "similarities"] = "embeddings"
-    """the text teachers combined as DALR App. B says (their [CLS] embeddings summed with their weights, then one
-    cosine matrix) or as a weighted sum of each teacher's cosine matrix"""
-    teacher_space: Literal["projected", "raw"] = "projected"
-    """Q^{t2t} / Q^{v2v} of L_CMA and L_IMA: projected = one h^t = g_φt(aggregated text teacher) and h^v = g_φv(v̂)
-    for both (Eq. 3, 7, 11) | raw = the unprojected teachers: the text teachers' own similarity (their aggregated
-    embedding's, under teacher_weighting: embeddings) and the raw image features' (the authors' code)"""
-
-    def validate(self, where: str) -> None:
-        p = "loss.dalr."
-        check(self.teacher_space == "raw" or self.teacher_weighting == "embeddings", where, p + "teacher_space",
-              "projected projects one aggregated text-teacher embedding, which needs "
-              "loss.dalr.teacher_weighting: embeddings (or set teacher_space: raw)")
-
-
-@dataclass(frozen=True)
-class SimCSELossConfig:
-    __pydantic_config__ = SECTION
-    # SimCSE's auxiliary masked-language-modelling objective (SimCSE App. E, "w/ MLM"): ℓ + λ·ℓ^mlm on every
-    # batch of any sentence encoder; princeton-nlp/SimCSE train.py: --do_mlm, --mlm_weight 0.1,
-    # --mlm_probability 0.15 (BERT's 80 % [MASK] / 10 % random / 10 % kept)
-    mlm: Bool = False
-    """+ λ_mlm·ℓ^mlm on every batch"""
-    mlm_weight: NonNegative = 0.1
-    """λ_mlm (SimCSE train.py --mlm_weight)"""
-    mlm_probability: Annotated[float, Field(gt=0, lt=1)] = 0.15
-    """share of tokens masked: 80 % [MASK], 10 % random, 10 % kept"""
-    mlm_head: Literal["pretrained", "new"] = "pretrained"
-    """the LM head: the checkpoint's own (a new one where it has none) | new: fresh weights, as SimCSE's BertForCL
-    (its lm_head is not a key of bert-base's checkpoint; RobertaForCL loads roberta's)"""
-
-
-@dataclass(frozen=True)
-class MCSELossConfig:
-    __pydantic_config__ = SECTION
-    # train.method mcse: "MCSE + CLIP text" (KDMCSE Table 5): beside the image term, the same
-    # grounding InfoNCE (KDMCSE Eq. 3) against the joint teacher's text embedding g_φt(t̂), weighted λ.
-    clip_text: Bool = False
-    """+ λ·Eq. 3 against the joint teacher's text g_φt(t̂): KDMCSE Table 5's "MCSE + CLIP text" row"""
-    image_views: Literal["sum", "mean"] = "sum"
-    """the two dropout views' InfoNCE against the images: sum (KDMCSE Eq. 3, Σ over z, z') | mean (MCSE's released
-    src/model.py: (loss(p1) + loss(p2)) / 2)"""
-
-
-@dataclass(frozen=True)
-class MCSEOLossConfig:
-    __pydantic_config__ = SECTION
-    # train.method mcseo: l_text + α·l_img-cap + β·l_obj-phra (Eq. 8); α is loss.lambda_img.
-    object_phrase: Bool = True
-    """l_obj-phra (Eq. 7)"""
-    beta: NonNegative = 0.005
-    """β"""
-    temperature: Positive = 0.05
-    """τ of l_obj-phra (Eq. 7)"""
-    image_views: Literal[1, 2] = 1
-    """l_img-cap on 1 dropout view (mcseo.txt Eq. 3) or on 2, summed (KDMCSE Eq. 3, MCSE's term)"""
 
 
 @dataclass(frozen=True)
@@ -498,7 +305,10 @@ class VsrnLossConfig:
 
 
 @dataclass(frozen=True)
-class LossConfig:
+class LossConfig(TermSections):
+    """``loss``: the parameters every sentence encoder's terms share, each term module's section (`TermSections`,
+    declared beside its terms in src/mmcse/methods/terms/) and the retrieval models' losses."""
+
     __pydantic_config__ = SECTION
     temperature: Positive = 0.05
     """τ of SimCSE (KDMCSE Eq. 1), the text term of every method"""
@@ -508,20 +318,9 @@ class LossConfig:
     """τ' of that term and of DALR's L_info"""
     lambda_img: NonNegative = 0.1
     """its weight: λ (MCSE, KDMCSE) / α (MCSEO); papers: 0.01"""
-    simcse: SimCSELossConfig = field(default_factory=SimCSELossConfig)
-    """SimCSE's auxiliary MLM objective (SimCSE App. E, "w/ MLM"), any sentence encoder"""
-    mcse: MCSELossConfig = field(default_factory=MCSELossConfig)
-    """train.method mcse: SimCSE + λ·Eq. 3 (images)"""
-    kdmcse: KDMCSELossConfig = field(default_factory=KDMCSELossConfig)
-    """train.method kdmcse: (ℓ^v' + ℓ^t')/2 (Eq. 14) on image–caption batches"""
-    dalr: DALRLossConfig = field(default_factory=DALRLossConfig)
-    """DALR Eq. 14: L_info + λ·L_CML + μ·L_IML on image–caption batches"""
-    mcseo: MCSEOLossConfig = field(default_factory=MCSEOLossConfig)
-    """train.method mcseo: l_text + α·l_img-cap + β·l_obj-phra (Eq. 8)"""
     duet: DuetLossConfig = field(default_factory=DuetLossConfig)
     """train.method duet: L_match + λ1·L_bbox + λ2·L_norm (DUET Eq. 33)"""
     vsepp: VseppLossConfig = field(default_factory=VseppLossConfig)
     """train.method vsepp: VSE++'s max-violation hinge (its Eq. 5 = DUET Eq. 28–29), summed"""
     vsrn: VsrnLossConfig = field(default_factory=VsrnLossConfig)
     """train.method vsrn: L_M (VSE++'s hinge, summed) + caption_weight · L_G (caption NLL / batch)"""
-

@@ -34,6 +34,7 @@ import datasets
 import numpy as np
 
 from mmcse.errors import MTEBDataMissing, MTEBTaskError
+from mmcse.evaluation.names import MTEB_PRIMARY
 from mmcse.evaluation.sts import EncodeFn, TextEncoder, encode_unique
 from mmcse.integrity.files import read_seal
 from mmcse.io import build_dir, swap_in_dir, write_text
@@ -41,7 +42,7 @@ from mmcse.io import build_dir, swap_in_dir, write_text
 if TYPE_CHECKING:
     from mteb import AbsTask
 
-PRIMARY_METRIC = "mteb_avg"
+PRIMARY_METRIC = MTEB_PRIMARY
 BENCHMARK = "MTEB(eng, v1)"
 # DALR Table 5's columns (Re-Rank, CLF, Retrieval, STS) as mteb task types
 TABLE5_TYPES = ("Reranking", "Classification", "Retrieval", "STS")

@@ -15,10 +15,9 @@ score name. A single-task average is not a second number: STS with one task repo
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from mmcse.config.checks import check
-from mmcse.config.inputs import TRANSFER_TASKS
-from mmcse.data.senteval import STS_TASKS
 
 # "R1", "NDCG25" as a whole name part (after start or "_", before "_" or the end)
 _AT_SCORE = re.compile(r"(?<![A-Za-z0-9])(R|NDCG)(\d+)(?=_|$)")
@@ -64,33 +63,34 @@ def test_metrics(scores: dict[str, float]) -> dict[str, float]:
     return {f"test_{name}": value for name, value in scores.items()}
 
 
-def _either(names: tuple[str, ...]) -> str:
+def either(names: tuple[str, ...] | list[str]) -> str:
+    """A regular expression matching exactly one of ``names``."""
     return "|".join(re.escape(n) for n in names)
 
 
 RETRIEVAL_SETS = ("demo", "flickr30k_1k", "coco_5k", "coco_1k")  # `mmcse.data.prepare.retrieval_set_name`
-_SET = f"({_either(RETRIEVAL_SETS)})"
+RETRIEVAL_SET = f"({either(RETRIEVAL_SETS)})"  # a retrieval test set's name in a score key
 
-# The registered evaluators (`mmcse.evaluation.evaluators`), by name: the score keys each writes, as regular
-# expressions of whole keys. Declared here, with no tensor: `mmcse.analysis.papers` accepts a paper table's
-# column only when some evaluator writes it, the parameter check accepts ``evaluate.evaluators`` only when it
-# names these, and `run_evaluators` refuses a key its evaluator did not declare.
-EVALUATOR_SCORES: dict[str, tuple[str, ...]] = {
-    "sts": (_either((*STS_TASKS, "avg")),),
-    "mteb": (r"mteb_\w+",),  # mteb_<Task>, mteb_type_<Type>, mteb_avg
-    "geometry": ("alignment|uniformity",),
-    "transfer": (_either((*TRANSFER_TASKS, "transfer_avg")),),
-    "retrieval": (rf"{_SET}_(i2t|t2i)_R(1|5|10)", rf"{_SET}_rsum", rf"{_SET}_((i2t|t2i)_)?NDCG\d+_(rouge_l|spice)"),
-}
+# The score each evaluator ranks models by (its ``primary_metric``)
+STS_PRIMARY = "avg"
+MTEB_PRIMARY = "mteb_avg"
+GEOMETRY_PRIMARY = "uniformity"
+TRANSFER_PRIMARY = "transfer_avg"
+RETRIEVAL_PRIMARY = "rsum"
+
+EVALUATORS_DIR = Path(__file__).parent / "evaluators"  # `mmcse.evaluation.evaluators`: one module per evaluator
 
 
-def evaluator_writes(evaluator: str, key: str) -> bool:
-    """Whether ``key`` is a score the evaluator ``evaluator`` declares (`EVALUATOR_SCORES`)."""
-    return any(re.fullmatch(p, key) for p in EVALUATOR_SCORES.get(evaluator, ()))
+def evaluator_names() -> list[str]:
+    """The evaluators there are, by name: each module of `mmcse.evaluation.evaluators` registers one, under its own
+    name (the registry checks it), so the parameter check reads the folder, not the modules."""
+    return sorted(p.stem for p in EVALUATORS_DIR.glob("*.py") if p.stem not in ("__init__", "base"))
 
 
-def check_evaluators(names: tuple[str, ...] | list[str], where: str) -> None:
-    """``evaluate.evaluators`` names only declared evaluators: anything else is a `ConfigError` listing them."""
-    unknown = [n for n in names if n not in EVALUATOR_SCORES]
+def check_evaluators(asked: tuple[str, ...] | list[str] | str, where: str) -> None:
+    """``evaluate.evaluators`` is "all" or names evaluators there are (`evaluator_names`): anything else is a
+    `ConfigError` listing them."""
+    there = evaluator_names()
+    unknown = [] if asked == "all" else [n for n in asked if n not in there]
     check(not unknown, where, "evaluate.evaluators", f"{unknown} is no evaluator; the evaluators: "
-          f"{', '.join(EVALUATOR_SCORES)}")
+          f"{', '.join(there)} (or all)")

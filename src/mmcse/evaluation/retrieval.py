@@ -20,7 +20,7 @@ import torch
 
 from mmcse.config import EvaluateConfig
 from mmcse.errors import InputError
-from mmcse.evaluation.names import recall_key
+from mmcse.evaluation.names import RETRIEVAL_PRIMARY, recall_key
 from mmcse.evaluation.sts import encode_unique
 from mmcse.io import read_jsonl
 from mmcse.models.precision import autocast
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PRIMARY = "rsum"
+PRIMARY = RETRIEVAL_PRIMARY
 KS = (1, 5, 10)
 
 

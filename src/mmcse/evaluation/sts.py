@@ -21,6 +21,7 @@ from tqdm.auto import tqdm
 
 from mmcse.data.senteval import SentencePair
 from mmcse.errors import InputError
+from mmcse.evaluation.names import STS_PRIMARY
 from mmcse.hub import resolve_model
 from mmcse.integrity.files import check_model_folder
 from mmcse.models.precision import autocast, check_precision
@@ -28,7 +29,7 @@ from mmcse.models.student import load_student, pool
 
 log = logging.getLogger(__name__)
 
-PRIMARY_METRIC = "avg"
+PRIMARY_METRIC = STS_PRIMARY
 EncodeFn = Callable[[list[str]], np.ndarray]
 COLLAPSED_TAG = "mmcse.evaluation_warning"  # MLflow tag of a run whose model was found collapsed
 

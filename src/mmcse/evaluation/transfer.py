@@ -32,9 +32,10 @@ from tqdm.auto import tqdm
 from mmcse.config import TransferConfig
 from mmcse.data.senteval import TREC_CLASSES, TransferExample
 from mmcse.errors import InputError
+from mmcse.evaluation import names
 from mmcse.evaluation.sts import EncodeFn, encode_unique
 
-TRANSFER_PRIMARY = "transfer_avg"
+TRANSFER_PRIMARY = names.TRANSFER_PRIMARY
 L2_PENALTIES = (1e-5, 1e-4, 1e-3, 1e-2)  # SentEval's grid for its PyTorch classifier
 NUM_CLASSES = {"MR": 2, "CR": 2, "SUBJ": 2, "MPQA": 2, "SST2": 2, "TREC": len(TREC_CLASSES), "MRPC": 2}
 _NESTED = ("MR", "CR", "SUBJ", "MPQA")

@@ -76,10 +76,13 @@ def mlm_masking(
 
 
 def masked_lm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """ℓ^mlm (SimCSE App. E): cross-entropy of the LM head's ``logits (M, V)`` at the M chosen
-    tokens against their original ids ``labels (M,)``, averaged over the tokens (at least fp32: a
-    softmax over a vocabulary of ~30k ids in bf16 would round away most of it)."""
-    return F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), labels)
+    """ℓ^mlm (SimCSE App. E): cross-entropy of the LM head's ``logits (T, V)`` against ``labels (T,)``, the original
+    id at each of the M tokens the masking chose and `IGNORED` elsewhere, averaged over those M (0 when a batch
+    chose none: no term rather than 0/0); at least fp32 (a softmax over a vocabulary of ~30k ids in bf16 would round
+    away most of it)."""
+    total = F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), labels,
+                            ignore_index=IGNORED, reduction="sum")
+    return total / labels.ne(IGNORED).sum().clamp(min=1)
 
 
 def mcse_image_loss(

@@ -1,12 +1,11 @@
 """A step's loss on tensors: every term `mmcse.methods.objectives.running_terms` runs for the batch, computed by
-its function (:mod:`mmcse.methods.compute`) and summed with its weight; the terms' random draws (`term_draws`) are
-made on the host before, from each term's own stream."""
+its function (`LossTerm.compute`) and summed with its weight; the terms' random draws (`term_draws`) are made on the
+host before, from each term's own stream."""
 
 from __future__ import annotations
 
 import torch
 
-from mmcse.methods.compute import COMPUTE, DRAWS
 from mmcse.methods.objectives import active_terms, running_terms
 from mmcse.methods.terms import LossTerm, Objective, StepEmbeddings
 from mmcse.methods.terms.base import setting
@@ -20,12 +19,12 @@ def term_generator(term: LossTerm, seed: int) -> torch.Generator | None:
 
 def term_draws(o: Objective, n: int, pair_batch: bool, seed: int,
                on: dict[str, bool] | None = None) -> dict[str, torch.Tensor]:
-    """What each term that runs on a batch of ``n`` pairs draws at random (``DRAWS``: DALR's mismatched pairs and
+    """What each term that runs on a batch of ``n`` pairs draws at random (`LossTerm.draw`: DALR's mismatched pairs and
     ranking ties), on the CPU, each from its own stream seeded by the step's ``seed``: made ahead of the step's
     tensor code, so that code reads no random state (a compiled step takes them as inputs)."""
     on = on if on is not None else active_terms(o)
-    return {term.name: DRAWS[term.name](o, n, term_generator(term, seed))
-            for term, _ in running_terms(o, pair_batch, on) if term.name in DRAWS}
+    return {term.name: term.draw(o, n, term_generator(term, seed))
+            for term, _ in running_terms(o, pair_batch, on) if term.draw is not None}
 
 
 def step_objective(
@@ -48,7 +47,7 @@ def step_objective(
     for term, weighted in running_terms(o, e.pair_batch, on):
         if not term.applies(e):
             continue
-        value = COMPUTE[term.name](o, e, draws.get(term.name))
+        value = term.compute(o, e, draws.get(term.name))
         terms |= value if isinstance(value, dict) else {term.name: value}
         if weighted:
             weight = setting(o, term.weight) * (setting(o, term.scale) if term.scale else 1.0)

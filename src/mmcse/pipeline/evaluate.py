@@ -19,7 +19,13 @@ from mmcse.data.senteval import TRANSFER_TASKS, SentencePair, TransferExample
 from mmcse.detection.regions import RegionStore
 from mmcse.environment import environment
 from mmcse.errors import InputError, TrainingDiverged
-from mmcse.evaluation.evaluators import EvaluationInputs, EvaluatorProgress, build_evaluators, run_evaluators
+from mmcse.evaluation.evaluators import (
+    EvaluationInputs,
+    EvaluatorProgress,
+    asked_evaluators,
+    build_evaluators,
+    run_evaluators,
+)
 from mmcse.evaluation.evaluators.sts import STSEvaluator
 from mmcse.evaluation.figures import TSNE_CLUSTERS, TSNE_POINTS, sample_sentences, tsne_figure
 from mmcse.evaluation.mteb import encoder_details, prepare_tasks, results_folder
@@ -173,8 +179,8 @@ def run_evaluate(cfg: Config, paths: Paths, model_dir: Path, outputs: EvalOutput
             dev=[SentencePair.from_row(r) for r in read_jsonl(raw / "sts" / "dev.jsonl")],
             transfer=transfer_tasks, transfer_probe=cfg.evaluate.transfer,
             mteb=mteb_tasks, mteb_model_name=model_name, mteb_output=mteb_output, mteb_details=details,
-            retrieval=retrieval_scores if retrieval else None,
-            data_dir=raw, batch_size=cfg.evaluate.batch_size, device=str(device), asked=tuple(cfg.evaluate.evaluators),
+            retrieval=retrieval_scores if retrieval else None, data_dir=raw, batch_size=cfg.evaluate.batch_size,
+            device=str(device), asked=asked_evaluators(cfg.evaluate.evaluators),
         ))
         # the stage's student as an MLflow model of its run (ablation jobs and trials would copy one per job), with
         # its model card (README.md: sentence-transformers keeps a folder's card when it saves the model) when mmcse

@@ -2,20 +2,26 @@
 from an `EvaluationInputs`, called on an encoder, and returns ``dict[str, float]`` with a primary
 metric. The evaluate stage, ablation jobs and ``mmcse eval`` build their evaluators from the same
 registry (`build_evaluators`) and run them with `run_evaluators`; each evaluator is registered once,
-by its own module in this package.
+by its own module in this package, with the score keys it writes.
+
+An evaluator module imports its evaluation code (torch, transformers, mteb) inside the functions that run it:
+importing the registry reads every declaration in a fraction of a second (the parameter check accepts
+``evaluate.evaluators`` and `mmcse.analysis.papers` a paper table's column only by them).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-from mmcse.config import EvaluateConfig, TransferConfig
+from mmcse.config import TransferConfig
 from mmcse.data.senteval import SentencePair, TransferExample
-from mmcse.evaluation.names import EVALUATOR_SCORES
-from mmcse.evaluation.sts import EncodeFn
+
+if TYPE_CHECKING:
+    from mmcse.evaluation.sts import EncodeFn
 
 
 @dataclass
@@ -36,8 +42,9 @@ class EvaluationInputs:
     data_dir: Path | None = None  # where the data came from (data/raw, or the SentEval folder)
     batch_size: int = 128
     device: str = "cpu"
-    # the evaluators the configuration asks for (``evaluate.evaluators``); one not named is not built
-    asked: tuple[str, ...] = field(default_factory=lambda: tuple(EvaluateConfig().evaluators))
+    # the evaluators the configuration asks for (``evaluate.evaluators``, "all": every registered one); one not
+    # named is not built
+    asked: tuple[str, ...] | str = "all"
 
 
 class Evaluator(Protocol):
@@ -58,24 +65,28 @@ class Registered:
     name: str
     order: int  # the order evaluators run in (and their keys are merged)
     build: Builder
+    scores: tuple[str, ...]  # the score keys it writes, as regular expressions of whole keys
+
+    def writes(self, key: str) -> bool:
+        return any(re.fullmatch(p, key) for p in self.scores)
 
 
 REGISTRY: dict[str, Registered] = {}
 
 
-def register(name: str, order: int) -> Callable[[Builder], Builder]:
-    """Register ``build(inputs) -> Evaluator | None`` (None: its inputs are not there) under ``name``, an evaluator
-    whose score keys `mmcse.evaluation.names.EVALUATOR_SCORES` declares."""
+def register(name: str, order: int, scores: tuple[str, ...]) -> Callable[[Builder], Builder]:
+    """Register ``build(inputs) -> Evaluator | None`` (None: its inputs are not there) under ``name``: the evaluator
+    that writes the score keys ``scores`` (regular expressions of whole keys; a paper table may use them as columns,
+    and a key it did not declare is refused when it runs)."""
 
     def add(build: Builder) -> Builder:
-        if name not in EVALUATOR_SCORES:
-            raise ValueError(f"evaluator {name!r}: declare the score keys it writes in "
-                             "mmcse.evaluation.names.EVALUATOR_SCORES")
+        if not scores:
+            raise ValueError(f"evaluator {name!r}: declare the score keys it writes (scores=...)")
         if name in REGISTRY:
             raise ValueError(f"evaluator {name!r} is registered twice")
         if any(r.order == order for r in REGISTRY.values()):
             raise ValueError(f"evaluator {name!r} shares order {order}")
-        REGISTRY[name] = Registered(name, order, build)
+        REGISTRY[name] = Registered(name, order, build, tuple(scores))
         return build
 
     return add
