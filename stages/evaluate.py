@@ -1,5 +1,6 @@
 """DVC stage `evaluate`: test-set scores of the best checkpoint (STS, retrieval, NDCG; DUET: retrieval
-and NDCG) -> metrics/eval.json, keyed as in MLflow (``test_<name>``, `mmcse.evaluation.names`)."""
+and NDCG) -> metrics/eval.json, keyed as in MLflow (``test_<name>``; the dev geometry ``dev_<name>``,
+`mmcse.evaluation.names`)."""
 
 from pathlib import Path
 

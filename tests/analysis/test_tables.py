@@ -277,7 +277,7 @@ def test_a_wide_table_prints_as_aligned_blocks_within_120_columns():
 def test_headline_metrics_put_the_primary_first_and_leave_out_the_per_direction_scores():
     from mmcse.analysis.tables import headline_metrics
 
-    row = {f"{m}_mean": 1.0 for m in ("STS12", "avg", "alignment", "demo_i2t_R1", "demo_rsum",
+    row = {f"{m}_mean": 1.0 for m in ("STS12", "avg", "dev_alignment", "demo_i2t_R1", "demo_rsum",
                                       "demo_i2t_NDCG25_rouge_l", "demo_NDCG25_rouge_l", "transfer_avg")}
     assert headline_metrics([row], "avg") == ["avg", "transfer_avg", "demo_NDCG25_rouge_l", "demo_rsum"]
     assert headline_metrics([row], "demo_rsum", limit=2) == ["demo_rsum", "avg"]

@@ -12,7 +12,7 @@ def test_headline_columns_pick_what_a_table_compares():
     test averages / rsum / NDCG means, never the per-direction R@K or the loss terms."""
     params = {"train.method", "base.seed", "loss.lambda_img"}
     metrics = {"best_dev_sts", "dev_sts", "test_avg", "test_transfer_avg", "test_demo_rsum", "test_demo_i2t_R1",
-               "test_demo_NDCG25_rouge_l", "test_demo_i2t_NDCG25_rouge_l", "loss/loss", "test_alignment"}
+               "test_demo_NDCG25_rouge_l", "test_demo_i2t_NDCG25_rouge_l", "loss/loss", "dev_alignment"}
     assert headline_columns(params, metrics, {"ablation.variant", "ablation.seed", "env.hash"}) == [
         "params.`train.method`", "params.`base.seed`", "tags.`ablation.variant`", "tags.`ablation.seed`",
         "metrics.`best_dev_sts`", "metrics.`test_avg`", "metrics.`test_transfer_avg`",

@@ -4,7 +4,7 @@ from mmcse.experiments.runs import experiment_rows, experiments_table
 
 
 def _data(method: str, lam: float, dev: float, avg: float, rsum: float | None = None) -> dict:
-    test = {"test_avg": avg, "test_alignment": 0.5, "test_demo_i2t_R1": 1.0, "test_demo_i2t_NDCG25_rouge_l": 0.4,
+    test = {"test_avg": avg, "dev_alignment": 0.5, "test_demo_i2t_R1": 1.0, "test_demo_i2t_NDCG25_rouge_l": 0.4,
             "test_demo_NDCG25_rouge_l": 0.55}
     if rsum is not None:
         test["test_demo_rsum"] = rsum

@@ -21,7 +21,7 @@ def test_the_card_parses_with_huggingface_hub_and_holds_the_scores(tmp_path):
     cfg = with_overrides(Config(), {"train.method": "kdmcse", "model.name_or_path": "bert-base-uncased",
                                     "data.pairs": "flickr30k", "data.corpus": "wiki1m"})
     scores = {"STS12": 70.123456, "STSBenchmark": 80.98765, "avg": 75.5, "MR": 81.25, "transfer_avg": 85.0,
-              "demo_rsum": 27.0, "alignment": 0.51234567}
+              "demo_rsum": 27.0, "dev_alignment": 0.51234567}
     path = write_model_card(tmp_path, cfg, scores, ENV, commit="0123abc")
     assert path == tmp_path / "README.md"
     card = ModelCard.load(path)
@@ -34,7 +34,8 @@ def test_the_card_parses_with_huggingface_hub_and_holds_the_scores(tmp_path):
     got = {(r.dataset_name, r.metric_type): r.metric_value for r in data.eval_results}
     assert got == {("STS12", "spearman_cosine"): tracked(70.123456),
                    ("STSBenchmark", "spearman_cosine"): tracked(80.98765), ("MR", "accuracy"): 81.25}
-    assert "| alignment | 0.5123 | mean squared distance" in card.text and "| demo_rsum | 27.0 | sum of" in card.text
+    assert "| dev_alignment | 0.5123 | mean squared distance" in card.text
+    assert "| demo_rsum | 27.0 | sum of" in card.text
     assert "**Data**: trained on flickr30k image–caption pairs, the wiki1m text corpus" in card.text
     assert "| method | kdmcse (KDMCSE:" in card.text
     assert "| starts from | `bert-base-uncased` (pretrained) |" in card.text
@@ -64,7 +65,7 @@ def test_retrieval_scores_stand_beside_their_chance_level_and_every_score_has_it
     from mmcse.models.card import score_scale
 
     chance = chance_metrics("demo", [i // 4 for i in range(400)], 100)
-    scores = {"avg": 66.2, "demo_i2t_R10": 7.0, "demo_rsum": 27.0, "demo_NDCG25_rouge_l": 0.56, "uniformity": -1.9,
+    scores = {"avg": 66.2, "demo_i2t_R10": 7.0, "demo_rsum": 27.0, "demo_NDCG25_rouge_l": 0.56, "dev_uniformity": -1.9,
               "STS12": 70.0, "MR": 80.0}
     untrained = {"avg": 41.23456, "demo_i2t_R10": 8.5, "demo_rsum": 30.0}  # no transfer tasks in the reference
     text = model_card(Config(), scores, ENV, "abc", chance=chance, untrained=untrained)

@@ -66,7 +66,7 @@ def test_pairs_none_trains_and_evaluates_simcse_from_the_corpus_alone(tmp_path, 
         history = json.loads((paths.ablations / r["variant"].replace(" ", "_") / f"seed{r['seed']}" /
                               "last/state.json").read_text())
         assert history["step"] == 2 and r["dev_metric"] == "dev_sts" and np.isfinite(r["best_dev"])
-        assert set(r["scores"]) == {"avg", "alignment", "uniformity"}  # no images: no retrieval
+        assert set(r["scores"]) == {"avg", "dev_alignment", "dev_uniformity"}  # no images: no retrieval
         assert -100 <= r["scores"]["avg"] <= 100
     rows = aggregate(cfg, results)
     md = write_table(rows, paths.ablations, "avg", "simcse")["md"].read_text()

@@ -58,9 +58,10 @@ def test_dvc_repro_produces_every_artifact(repo_copy):
     scores = {k.removeprefix("test_"): v for k, v in record.items()}
     retrieval = {f"demo_{d}_R{k}" for d in ("i2t", "t2i") for k in (1, 5, 10)} | {"demo_rsum"}
     ndcg = {f"demo_{d}NDCG25_rouge_l" for d in ("i2t_", "t2i_", "")}
-    geometry = {"alignment", "uniformity", "cluster_silhouette"}
+    geometry = {"dev_alignment", "dev_uniformity", "cluster_silhouette"}
     assert set(scores) == {"avg"} | retrieval | ndcg | geometry and -100 <= scores["avg"] <= 100
-    assert 0 <= scores["alignment"] <= 4 and scores["uniformity"] < 0 and -1 <= scores["cluster_silhouette"] <= 1
+    assert 0 <= scores["dev_alignment"] <= 4 and scores["dev_uniformity"] < 0
+    assert -1 <= scores["cluster_silhouette"] <= 1
     assert all(0 < scores[k] <= 1 for k in ndcg)
     assert len(list((root / "data/relevance").glob("rouge_l-*.npy"))) == 1
     assert 0 <= scores["demo_rsum"] <= 600
@@ -111,9 +112,11 @@ def test_mlflow_has_runs_params_curves_table_and_figures(repo_copy):
                           (run_id,)).fetchone()[0] == "0.1"
         test_metrics = {r[0] for r in db.execute("select key from metrics where run_uuid=?", (run_id,))}
         assert {"test_avg", "loss/simcse", "loss/image", "test_demo_i2t_R1", "test_demo_rsum"} <= test_metrics
-        # one name per number: the test scores are eval.json's keys, the dev score is dev_sts alone
+        # one name per number, named by its split: eval.json's keys are the test scores and the evaluated model's
+        # dev geometry, which training logged under the same names
         record = json.loads((root / "metrics/eval.json").read_text())
-        assert {k for k in test_metrics if k.startswith("test_")} == set(record)
+        assert {k for k in test_metrics if k.startswith("test_")} == {k for k in record if k.startswith("test_")}
+        assert {k for k in record if not k.startswith("test_")} == {"dev_alignment", "dev_uniformity"}
         assert {k for k in test_metrics if k.startswith("dev_")} == {"dev_sts", "dev_alignment", "dev_uniformity"}
         # the evaluated student as an MLflow model of the run (its "Logged models")
         (uri,) = db.execute("select value from tags where run_uuid=? and key='mmcse.model_uri'", (run_id,)).fetchone()

@@ -9,11 +9,9 @@ import numpy as np
 
 from mmcse.data.senteval import SentencePair
 from mmcse.errors import InputError
-from mmcse.evaluation.names import GEOMETRY_PRIMARY
 from mmcse.evaluation.retrieval import unit_rows
 from mmcse.evaluation.sts import encode_unique
 
-PRIMARY = GEOMETRY_PRIMARY
 # Gold score from which an STS pair counts as a positive pair for ``alignment``: 4 on STS-B's
 # 0–5 scale (Wang & Isola's and SimCSE's choice, which DALR Table 6 follows). The demo world's
 # dev set (`mmcse.data.demo.sts_pair`: 5 × meaning overlap) is on the same 0–5 scale, so the

@@ -7,9 +7,9 @@ evaluator): ``R@K`` is ``RK`` (``i2t_R1``, ``coco_1k_t2i_R10``) and ``NDCG@k`` i
 the ablation markdown, figure labels); `score_key` is the mapping the other way, for names written
 in the conventional form (``ablate.metric: coco_1k_i2t_R@1``).
 
-Only where two numbers are of different data do keys differ: ``dev_`` (the dev split, logged
-during training) and ``test_`` (the evaluate stage: metrics/eval.json and MLflow) prefix the same
-score name. A single-task average is not a second number: STS with one task reports only ``avg``.
+A key says the split its number is computed on: ``dev_`` (the dev split: logged during training, and the
+evaluated model's dev geometry) and ``test_`` (the evaluate stage's test scores: metrics/eval.json and MLflow)
+prefix the score name. A single-task average is not a second number: STS with one task reports only ``avg``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import re
 from pathlib import Path
 
 from mmcse.config.checks import check
+
+DEV, TEST = "dev_", "test_"  # the splits a score's name says it is computed on
 
 # "R1", "NDCG25" as a whole name part (after start or "_", before "_" or the end)
 _AT_SCORE = re.compile(r"(?<![A-Za-z0-9])(R|NDCG)(\d+)(?=_|$)")
@@ -58,9 +60,11 @@ def display_name(key: str) -> str:
 
 
 def test_metrics(scores: dict[str, float]) -> dict[str, float]:
-    """The evaluate stage's scores under their one key, ``test_<name>``: metrics/eval.json and the
-    training run in MLflow hold exactly these (the dev split's are ``dev_<name>`` in MLflow)."""
-    return {f"test_{name}": value for name, value in scores.items()}
+    """The evaluate stage's scores under their one key, each named by the split it is computed on: ``test_<name>``,
+    and a score of the dev split (the dev geometry: ``dev_alignment``, ``dev_uniformity``) as its evaluator names it.
+    metrics/eval.json and the training run in MLflow hold exactly these (training logs the same ``dev_`` names at
+    each dev evaluation)."""
+    return {name if name.startswith(DEV) else f"{TEST}{name}": value for name, value in scores.items()}
 
 
 def either(names: tuple[str, ...] | list[str]) -> str:
@@ -74,7 +78,7 @@ RETRIEVAL_SET = f"({either(RETRIEVAL_SETS)})"  # a retrieval test set's name in 
 # The score each evaluator ranks models by (its ``primary_metric``)
 STS_PRIMARY = "avg"
 MTEB_PRIMARY = "mteb_avg"
-GEOMETRY_PRIMARY = "uniformity"
+GEOMETRY_PRIMARY = "dev_uniformity"
 TRANSFER_PRIMARY = "transfer_avg"
 RETRIEVAL_PRIMARY = "rsum"
 

@@ -185,7 +185,8 @@ def model_card(cfg: Config, scores: dict[str, float], environment: dict[str, str
         'embeddings = model.encode(["A dog runs on the beach.", "A puppy plays in the sand."])',
         "print(model.similarity(embeddings, embeddings))", "```", "",
         "## Scores", "",
-        "The evaluate stage's test scores (`metrics/eval.json`, keyed `test_<name>` there), each with its scale. "
+        "The evaluate stage's scores (`metrics/eval.json`, keyed `test_<name>` there; the dev geometry `dev_<name>`), "
+        "each with its scale. "
         "Retrieval (`<set>_i2t_*`: an image's captions among all captions; `<set>_t2i_*`: a caption's image among all "
         "images) is beside what a random ranking scores on the same set in expectation (chance). *Untrained*: the "
         f"encoder training started from (`{base}`, the method's heads as initialised) on the same sets.", "",

@@ -1,4 +1,5 @@
-"""Alignment and uniformity of the STS dev sentences (DALR Table 6, Appendix D)."""
+"""Alignment and uniformity of the STS dev sentences (DALR Table 6, Appendix D): ``dev_alignment``,
+``dev_uniformity`` (named by the split they are computed on)."""
 
 from __future__ import annotations
 
@@ -23,9 +24,9 @@ class GeometryEvaluator:
     def __call__(self, encode: EncodeFn) -> dict[str, float]:
         from mmcse.evaluation.geometry import POSITIVE_GOLD, sts_dev_geometry
 
-        return sts_dev_geometry(encode, self.dev, POSITIVE_GOLD, self.batch_size)
+        return {f"dev_{k}": v for k, v in sts_dev_geometry(encode, self.dev, POSITIVE_GOLD, self.batch_size).items()}
 
 
-@register("geometry", order=30, scores=("alignment|uniformity",))
+@register("geometry", order=30, scores=("dev_alignment|dev_uniformity",))
 def build(inputs: EvaluationInputs) -> GeometryEvaluator | None:
     return GeometryEvaluator(inputs.dev, inputs.batch_size) if inputs.dev else None
