@@ -145,6 +145,21 @@ class _MlflowSchemaOnce(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         module._initialize_tables = initialize
 
 
+REGISTRIES = ("mmcse.methods.terms.base", "mmcse.evaluation.evaluators.base")  # modules holding a REGISTRY
+
+
+@pytest.fixture(autouse=True)
+def registries_restored():
+    """A test that adds a loss term or an evaluator to a registry leaves the registry as it found it, so a name a
+    test used stays free for the next test and for a contributor (a registry a test imports for the first time is
+    left as its import filled it)."""
+    saved = [(module.REGISTRY, dict(module.REGISTRY)) for name in REGISTRIES if (module := sys.modules.get(name))]
+    yield
+    for registry, before in saved:
+        registry.clear()
+        registry.update(before)
+
+
 @pytest.fixture
 def device(request):
     """The device a test's inputs live on: ``cpu`` always, ``cuda`` when one is present."""

@@ -192,3 +192,16 @@ def test_the_codes_raw_l_cma_needs_one_width_and_says_so_before_training():
     assert cma_width_problem(projected, active_terms(projected), 384, 32) is None
     no_cma = Objective.of(_cfg(**{"train.method": "dalr", "loss.dalr.cma_inputs": "raw", "loss.dalr.alignment": False}))
     assert cma_width_problem(no_cma, active_terms(no_cma), 384, 32) is None
+
+
+def test_a_term_a_test_registers_is_gone_after_it(request):
+    """tests/conftest.py's `registries_restored`: the next test sees the registry as before (checked here by hand)."""
+    from tests.conftest import registries_restored
+
+    before = dict(REGISTRY)
+    restore = registries_restored.__wrapped__()
+    next(restore)
+    register(dataclasses.replace(TERMS[-1], name="a_tests_own", order=10_001))
+    assert "a_tests_own" in REGISTRY
+    next(restore, None)
+    assert REGISTRY == before
