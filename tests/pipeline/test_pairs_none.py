@@ -70,6 +70,6 @@ def test_pairs_none_trains_and_evaluates_simcse_from_the_corpus_alone(tmp_path, 
         assert -100 <= r["scores"]["avg"] <= 100
     rows = aggregate(cfg, results)
     md = write_table(rows, paths.ablations, "avg", "simcse")["md"].read_text()
-    assert "| variant | alignment | uniformity | STS avg | TR avg |" in md
+    assert "| variant | dev_alignment | dev_uniformity | STS avg | TR avg |" in md
     assert md.count("n/a (no transfer tasks)") == 2
     assert 0 <= rows[1]["avg_p"] <= 1 and rows[1]["paired_seeds"] == 2
