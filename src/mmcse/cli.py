@@ -40,35 +40,49 @@ def _local_model_problems(model: str) -> list[str]:
     return []
 
 
+def _eval_retrieval_model(args: argparse.Namespace, method: str) -> None:
+    """``mmcse eval`` of DUET / VSE++ / VSRN: an image–text retrieval model, scored on its own test regions."""
+    problems = [] if args.retrieval else [f"--model {args.model}: an image–text retrieval model ({method}): score "
+                                          "it with --retrieval"]
+    problems += [f"{flag}: a retrieval model has no sentence-embedding tasks" for flag, given in
+                 (("--senteval-dir", args.senteval_dir is not None), ("--mteb", bool(args.mteb)),
+                  ("--transfer", args.transfer is not None)) if given]
+    if problems:
+        raise InputError("; ".join(problems))
+    from mmcse.experiments.params import load_config
+    from mmcse.pipeline.evaluate import checkpoint_retrieval
+    from mmcse.pipeline.paths import Paths
+
+    cfg = load_config(args.params)
+    scores = checkpoint_retrieval(cfg, Paths.of(cfg), None, Path(args.model))
+    print(json.dumps({k: round(v, 4) for k, v in scores.items()}, indent=2))
+
+
+def _eval_transfer_tasks(args: argparse.Namespace) -> list[str]:
+    """The transfer tasks ``--transfer`` asks for (none given: every one in the SentEval folder), each checked."""
+    from mmcse.data.senteval import TRANSFER_TASKS, available_transfer_tasks
+
+    present = available_transfer_tasks(args.senteval_dir)
+    transfer = args.transfer or present
+    unknown = [t for t in transfer if t not in TRANSFER_TASKS]
+    if unknown:
+        raise InputError(f"--transfer: unknown task(s) {', '.join(unknown)}; valid: {', '.join(TRANSFER_TASKS)}")
+    missing = [t for t in transfer if t not in present]
+    if missing or not transfer:
+        raise FileNotFoundError(f"{args.senteval_dir}: no data for transfer task(s) "
+                                f"{', '.join(missing) or 'any'} (present: {', '.join(present) or 'none'})")
+    return transfer
+
+
 def _cmd_eval(args: argparse.Namespace) -> None:
     # every argument checked before the first expensive step (the evaluators import torch, transformers,
     # scipy and scikit-learn: seconds), all problems named at once
     from mmcse.config import RETRIEVAL_METHODS, TransferConfig
-    from mmcse.data.senteval import (
-        TRANSFER_TASKS,
-        available_sts_tasks,
-        available_transfer_tasks,
-        read_sts_tasks,
-        read_transfer_task,
-    )
+    from mmcse.data.senteval import available_sts_tasks, read_sts_tasks, read_transfer_task
 
     state = Path(args.model) / "train_state.json"
-    retrieval_model = state.is_file() and _json_field(state, "method") in RETRIEVAL_METHODS
-    if retrieval_model:  # DUET / VSE++ / VSRN: an image–text retrieval model, scored on its own test regions
-        problems = [] if args.retrieval else [f"--model {args.model}: an image–text retrieval model "
-                                              f"({_json_field(state, 'method')}): score it with --retrieval"]
-        problems += [f"{flag}: a retrieval model has no sentence-embedding tasks" for flag, given in
-                     (("--senteval-dir", args.senteval_dir is not None), ("--mteb", bool(args.mteb)),
-                      ("--transfer", args.transfer is not None)) if given]
-        if problems:
-            raise InputError("; ".join(problems))
-        from mmcse.experiments.params import load_config
-        from mmcse.pipeline.evaluate import checkpoint_retrieval
-        from mmcse.pipeline.paths import Paths
-
-        cfg = load_config(args.params)
-        scores = checkpoint_retrieval(cfg, Paths.of(cfg), None, Path(args.model))
-        print(json.dumps({k: round(v, 4) for k, v in scores.items()}, indent=2))
+    if state.is_file() and (method := _json_field(state, "method")) in RETRIEVAL_METHODS:
+        _eval_retrieval_model(args, method)
         return
     problems = _local_model_problems(args.model)
     if args.senteval_dir is None and not args.mteb and not args.retrieval:
@@ -93,15 +107,7 @@ def _cmd_eval(args: argparse.Namespace) -> None:
         load_task_data(mteb_tasks)
     transfer: list[str] = []
     if args.transfer is not None:
-        present = available_transfer_tasks(args.senteval_dir)
-        transfer = args.transfer or present
-        unknown = [t for t in transfer if t not in TRANSFER_TASKS]
-        if unknown:
-            raise InputError(f"--transfer: unknown task(s) {', '.join(unknown)}; valid: {', '.join(TRANSFER_TASKS)}")
-        missing = [t for t in transfer if t not in present]
-        if missing or not transfer:
-            raise FileNotFoundError(f"{args.senteval_dir}: no data for transfer task(s) "
-                                    f"{', '.join(missing) or 'any'} (present: {', '.join(present) or 'none'})")
+        transfer = _eval_transfer_tasks(args)
         probe = TransferConfig(kfold=args.kfold)
         probe.validate("--kfold")
     cfg = None

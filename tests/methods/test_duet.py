@@ -209,7 +209,7 @@ def test_objective_is_eq33(device):
     mask = torch.rand(5, 3, generator=g) > 0.3
     out = duet_objective(
         v_img.to(device), v_txt.to(device), pred.to(device), boxes.to(device), mask.to(device),
-        margin=0.2, lambda_box=0.5, lambda_norm=0.25,
+        margin=0.2, lambdas=(0.5, 0.25),
     )
     assert set(out) == {"hinge", "box", "norm", "loss"}
     hinge = _reduce(hinge_loop(v_img, v_txt, 0.2), "mean")
@@ -237,7 +237,7 @@ def test_losses_gradcheck_float64(device):
     assert torch.autograd.gradcheck(lambda p: box_regression_loss(p, boxes, mask, reduction="none"), (pred,))
     assert torch.autograd.gradcheck(lambda a, b: norm_regularizer(a, b, reduction="none"), (v_img, v_txt))
     assert torch.autograd.gradcheck(
-        lambda a, b, p: duet_objective(a, b, p, boxes, mask, lambda_box=0.7, lambda_norm=0.3)["loss"],
+        lambda a, b, p: duet_objective(a, b, p, boxes, mask, lambdas=(0.7, 0.3))["loss"],
         (v_img, v_txt, pred),
     )
 

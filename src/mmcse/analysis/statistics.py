@@ -146,7 +146,7 @@ def distance_to_interval(value: float, low: float, high: float) -> float:
 
 
 def reproduction_verdict(paper_mean: float, paper_std: float | None, paper_runs: int | None,
-                         mean: float, std: float, n: int, alpha: float = ALPHA, *, resolution: float = 0.0,
+                         mean: float, std: float, n: int, *, resolution: float = 0.0,
                          prior_std: float | None = None, deterministic: bool = False) -> dict[str, Any] | None:
     """Whether mmcse's cell (``mean`` ± ``std`` over ``n`` seeds) reproduces the paper's printed one: ``{"verdict":
     consistent | lower | higher, "test": welch | prior | one-sample | interval, "p", "distance"}``.
@@ -162,7 +162,7 @@ def reproduction_verdict(paper_mean: float, paper_std: float | None, paper_runs:
       √(σ² + s²/n), s mmcse's std over its seeds (σ again where it has one seed);
     - ``one-sample``: neither, the distance against mmcse's own spread (≥ 2 seeds).
 
-    ``consistent`` when p ≥ ``alpha``, else ``lower`` / ``higher`` by the distance's sign. None where no test can be
+    ``consistent`` when p ≥ `ALPHA`, else ``lower`` / ``higher`` by the distance's sign. None where no test can be
     made (a single seed with no tolerance, a non-finite mean). Each side's runs are assumed a normal sample."""
     if not math.isfinite(mean):
         return None
@@ -172,7 +172,7 @@ def reproduction_verdict(paper_mean: float, paper_std: float | None, paper_runs:
     paper_spread = paper_std is not None and paper_std > 0
 
     def verdict(p: float | None, test: str) -> dict[str, Any]:
-        consistent = gap == 0 if p is None else p >= alpha
+        consistent = gap == 0 if p is None else p >= ALPHA
         word = "consistent" if consistent else ("lower" if gap < 0 else "higher")
         return {"verdict": word, "test": test, "p": p, "distance": gap}
 

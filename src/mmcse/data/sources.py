@@ -359,6 +359,26 @@ def _place(src: Path, dest: Path) -> None:
         shutil.copy2(src, dest)
 
 
+def _image_roots(cfg: DataConfig, entries: list[KarpathyImage], downloads: Path, sources: dict[str, Any]
+                 ) -> dict[str, Path]:
+    """The extracted image folder of each folder the entries name (Flickr30k: one; COCO: train2014, val2014), each
+    archive fetched and its manifest record added to ``sources``."""
+    roots: dict[str, Path] = {}
+    if cfg.pairs == "flickr30k":
+        fetched = extracted_source(cfg.sources.flickr30k_images, "flickr30k_images", downloads)
+        sources["flickr30k_images"] = fetched.record
+        roots[""] = find_named(fetched.path, entries[0].filename).parent
+        return roots
+    for folder in sorted({e.folder for e in entries}):
+        name = f"coco_{folder}"
+        if not hasattr(cfg.sources, name):
+            raise InputError(f"Karpathy COCO entry names folder {folder!r}; no data.sources.{name} for it")
+        fetched = extracted_source(getattr(cfg.sources, name), name, downloads)
+        sources[name] = fetched.record
+        roots[folder] = find_named(fetched.path, folder, want_dir=True)
+    return roots
+
+
 def real_pairs(cfg: DataConfig, out: Path, downloads: Path, allow_empty: bool = False
                ) -> tuple[list[dict], list[dict], dict[str, Any]]:
     """Images (linked under ``out/images/<dataset>/``) and every caption pair of ``cfg.pairs``.
@@ -382,20 +402,7 @@ def real_pairs(cfg: DataConfig, out: Path, downloads: Path, allow_empty: bool = 
             return [], [], {"sources": sources}
         raise InputError(f"params.yaml: data.splits={cfg.splits} selects no {dataset} images")
 
-    roots: dict[str, Path] = {}
-    if dataset == "flickr30k":
-        fetched = extracted_source(cfg.sources.flickr30k_images, "flickr30k_images", downloads)
-        sources["flickr30k_images"] = fetched.record
-        roots[""] = find_named(fetched.path, entries[0].filename).parent
-    else:
-        for folder in sorted({e.folder for e in entries}):
-            name = f"coco_{folder}"
-            if not hasattr(cfg.sources, name):
-                raise InputError(f"Karpathy COCO entry names folder {folder!r}; no data.sources.{name} for it")
-            fetched = extracted_source(getattr(cfg.sources, name), name, downloads)
-            sources[name] = fetched.record
-            roots[folder] = find_named(fetched.path, folder, want_dir=True)
-
+    roots = _image_roots(cfg, entries, downloads, sources)
     boxes_from = None
     if cfg.annotations == "flickr30k_entities":
         if entities is None:

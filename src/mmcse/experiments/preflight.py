@@ -3,24 +3,21 @@ shapes and run for a few training steps on this machine, before anyone spends GP
 
 Per row (the same rows `mmcse plan` resolves: recipe, profile, overrides), in a process of its own:
 
-* the models the row trains, at the row's configuration: the student (its ``model.name_or_path``) with
-  every head its method trains, the widths of the teacher features its loss reads (the image encoder,
-  the joint teacher, each text teacher: `mmcse.models.architectures`), or the retrieval model (DUET's
-  text stream and visual layers, VSE++'s GRU and, on pixels, its ResNet; VSRN's reasoning and caption
-  generator). Weights are the real ones where the model is on this machine; otherwise the same
-  architecture with random weights ("random weights: wiring, memory and time only"). Nothing is downloaded.
+* the models the row trains, at the row's configuration: the student (its ``model.name_or_path``) with every head
+  its method trains, the widths of the teacher features its loss reads (the image encoder, the joint teacher,
+  each text teacher: `mmcse.models.architectures`), or the retrieval model (DUET's text stream and visual layers,
+  VSE++'s GRU and, on pixels, its ResNet; VSRN's reasoning and caption generator). Weights are the real ones
+  where the model is here; otherwise random ("random weights: wiring, memory and time only"). Nothing downloads.
 * ``steps`` training steps through the train stage's own step (`mmcse.training.loop.StudentStep`,
-  `mmcse.training.duet_step.RetrievalStep`): the row's batch size, ``model.max_seq_len`` tokens per
-  sentence, its precision, its dropout and gradient caching, the image–caption batch (the heavier kind;
-  SimCSE rows: a text batch) with random token ids and random teacher features of the real widths.
-* what it measured: ran or failed (the error's first line), the peak memory (CUDA's max allocated on a
-  GPU; the process's peak resident set on a CPU), the median step time after the first step, and, where
-  this machine downloaded the row's data (its size known), the row's training steps and the projected
-  time of its training: the steps and its dev evaluations (a dev batch is timed too).
-* the train stage's resume point (weights, optimizer, scheduler, RNG) written to a temporary folder and
-  read back: its size and the seconds it took (the weights must come back as written).
-* a row that runs out of memory is tried again with ``train.micro_batch`` halved (gradient-cached batches,
-  the same update: `mmcse.training.gradcache`) until one fits; the row reports it with its time.
+  `mmcse.training.duet_step.RetrievalStep`): the row's batch size, ``model.max_seq_len`` tokens per sentence, its
+  precision, dropout and gradient caching, an image–caption batch (SimCSE rows: a text batch), random inputs.
+* what it measured: ran or failed (the error's first line), the peak memory (CUDA's max allocated on a GPU; the
+  process's peak resident set on a CPU), the median step time after the first step, and, where this machine
+  downloaded the row's data, the row's training steps and the projected time of its training and dev evaluations.
+* the train stage's resume point (weights, optimizer, scheduler, RNG) written to a temporary folder and read back:
+  its size and the seconds it took (the weights must come back as written).
+* a row that runs out of memory is tried again with ``train.micro_batch`` halved (gradient-cached batches, the same
+  update: `mmcse.training.gradcache`) until one fits; the row reports it with its time.
 
 It writes nothing into the stages' outputs and logs nothing to MLflow.
 """
@@ -209,6 +206,23 @@ def _timed(step, steps: int, device: torch.device) -> list[float]:
     return times
 
 
+def _retrieval_model(job: Config, width: int) -> tuple[torch.nn.Module, int, str, bool]:
+    """The row's retrieval model on regions of ``width`` (VSE++ on pixels: a CNN): (model, its vocabulary's size,
+    what it is, whether its weights are real: word models start new, DUET's text stream may be real)."""
+    words = _Vocabulary(WORD_VOCABULARY)
+    if job.train.method == "duet":
+        backbone, config, real = _backbone(job)
+        return DuetModel(backbone, **duet_architecture(job.model.duet, width)), config.vocab_size, \
+            job.model.name_or_path, real
+    if job.train.method == "vsrn":
+        model = VsrnModel(**vsrn_architecture(job.model.vsrn, width, words, job.data.pairs))
+        return model, len(words), f"VSRN on {WORD_VOCABULARY} words", False
+    pixels = job.model.vsepp.image_input == "pixels"
+    cnn = job.regions.grid_model if pixels else None
+    model = VseppModel(**vsepp_architecture(job.model.vsepp, RESNET_WIDTH if pixels else width, words, cnn))
+    return model, len(words), f"VSE++ on {WORD_VOCABULARY} words" + (f", {cnn} on pixels" if pixels else ""), False
+
+
 def run_row(job: Config, steps: int) -> dict[str, Any]:
     """Build the row's models and run ``steps`` training steps (see the module docstring). Returns
     ``{"weights", "model" (what was built), "step_seconds"}`` and, for VSE++ fine-tuning its CNN, the
@@ -221,21 +235,7 @@ def run_row(job: Config, steps: int) -> dict[str, Any]:
     phases: dict[str, float] = {}
     if job.train.method in RETRIEVAL_METHODS:
         n, width = _region_shape(job)
-        words = _Vocabulary(WORD_VOCABULARY)
-        real = False  # word models start new; DUET's text stream may be real
-        if job.train.method == "duet":
-            backbone, config, real = _backbone(job)
-            model: torch.nn.Module = DuetModel(backbone, **duet_architecture(job.model.duet, width))
-            vocab, described = config.vocab_size, job.model.name_or_path
-        elif job.train.method == "vsrn":
-            model, vocab = VsrnModel(**vsrn_architecture(job.model.vsrn, width, words, job.data.pairs)), len(words)
-            described = f"VSRN on {WORD_VOCABULARY} words"
-        else:
-            pixels = job.model.vsepp.image_input == "pixels"
-            cnn = job.regions.grid_model if pixels else None
-            model = VseppModel(**vsepp_architecture(job.model.vsepp, RESNET_WIDTH if pixels else width, words, cnn))
-            vocab = len(words)
-            described = f"VSE++ on {WORD_VOCABULARY} words" + (f", {cnn} on pixels" if pixels else "")
+        model, vocab, described, real = _retrieval_model(job, width)
         model = model.to(device).train()
         pixels = isinstance(model, VseppModel) and model.reads_pixels
         if pixels:

@@ -23,6 +23,7 @@ import time
 import warnings
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -114,7 +115,39 @@ def run_sweep(
     n_trials = n_trials or cfg.sweep.n_trials
     study_name = study_name or cfg.sweep.study_name
     storage_url = ensure_sqlite_parent(storage or cfg.sweep.storage)
-    # Workers started together would race to create the SQLite schemas: serialise the setup.
+    study, rdb = open_study(cfg, study_name, storage_url)
+    lock = trial_lock(storage_url, study_name)
+    bar = SweepProgress(study, study_name, n_trials, disable=None if progress else True)
+    with (
+        bar,
+        tracking.tagged({**device_tags(cfg.base.device), **(tags or {})}),
+        tracking.run(cfg, "sweep", run_name=f"sweep {study_name}",
+                     tags={"study": study_name, **study_tags(study_name, storage_url)}) as parent,
+    ):
+        mlflow.log_params(sweep_params(cfg, study_name, n_trials, storage_url))
+        study.set_user_attr(EXPERIMENT_ATTR, parent.info.experiment_id)
+        objective = TrialObjective(cfg, paths, study_name, storage_url, parent.info.run_id, bar.write)
+        waiting = False
+        while (trial := _next_trial(study, rdb, lock, n_trials)) is not None:
+            if trial is WAIT:
+                if not waiting:  # once per wait, not once per poll
+                    bar.write(f"[sweep {study_name}] waiting: the other trials of the budget are running "
+                              "in other workers")
+                waiting = True
+                time.sleep(POLL_SECONDS)
+                continue
+            waiting = False
+            _run_trial(study, rdb, trial, objective, study_name, n_trials, bar.write)
+            finished, _, best = bar.refresh()  # into the sweep run: how far the study is, over all workers
+            mlflow.log_metrics({"trials_finished": finished, **({"best_value": best} if best is not None else {})},
+                               step=finished)
+    return study_summary(study, study_name)
+
+
+def open_study(cfg: Config, study_name: str, storage_url: str) -> tuple[Any, Any]:
+    """The study (created, or loaded when it exists) and its RDB storage, its metric named, its code claimed
+    (`claim_study_code`) and the sweep's MLflow experiment made; workers started together would race to create
+    the SQLite schemas, so this runs under a file lock."""
     at_home("mlruns").mkdir(exist_ok=True)
     with FileLock(str(at_home("mlruns") / ".sweep-setup.lock")), warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)  # heartbeat_interval
@@ -135,73 +168,74 @@ def run_sweep(
         study.set_metric_names([objective_name(cfg)])
         claim_study_code(study, study_name, storage_url)
         tracking.experiment(cfg, "sweep")
-    lock = trial_lock(storage_url, study_name)
-    out_root = Path("sweeps") / study_name
+    return study, rdb
 
-    bar = SweepProgress(study, study_name, n_trials, disable=None if progress else True)
-    with (
-        bar,
-        tracking.tagged({**device_tags(cfg.base.device), **(tags or {})}),
-        tracking.run(cfg, "sweep", run_name=f"sweep {study_name}",
-                     tags={"study": study_name, **study_tags(study_name, storage_url)}) as parent,
-    ):
-        mlflow.log_params(sweep_params(cfg, study_name, n_trials, storage_url))
-        study.set_user_attr(EXPERIMENT_ATTR, parent.info.experiment_id)
 
-        def objective(trial: optuna.Trial) -> float:
-            overrides = suggest(trial, cfg.sweep.space)
-            trial_cfg = with_overrides(cfg, overrides, where=f"sweep trial {trial.number}")
-            out_dir = out_root / f"trial-{trial.number}"
+@dataclass(frozen=True)
+class TrialEnd:
+    """How a trial ended: the MLflow run that trained it, its best checkpoint, that checkpoint's dev score and
+    step, and the trial's state (COMPLETE, PRUNED)."""
 
-            def report(step: int, score: float) -> None:
-                bar.write(f"[sweep {study_name}] trial {trial.number}: step {step}, {objective_name(cfg)} {score:.2f}")
-                trial.report(score, step)
-                if trial.should_prune():
-                    mlflow.set_tags({"optuna.pruned": f"step {step}", "optuna.state": "PRUNED"})
-                    # a planned stop: the loop writes the best checkpoint first, the run ends FINISHED
-                    raise StoppedEarly(f"pruned at step {step} (dev {score:.2f})")
+    run_id: str
+    checkpoint: Path
+    best: float
+    best_step: int
+    state: str
 
-            # every run of the trial (its upstream's, its training's) names its study and trial
-            with tracking.tagged(trial_tags(study_name, trial.number, storage_url)):
-                upstream = resolve_on_record(trial_cfg, paths, cfg.base.seed, "sweep", trial_run_name(trial.number),
-                                             parent.info.run_id)  # a trial's own upstream artifacts, before it trains
-                try:
-                    summary = run_train(
-                        trial_cfg, paths, out_dir=out_dir,
-                        names=RunNames(experiment="sweep", run=trial_run_name(trial.number),
-                                       parent_id=parent.info.run_id),
-                        hooks=Hooks(on_eval=report, progress=False), job=JobArtifacts(cfg.base.seed, upstream),
-                    )
-                except StoppedEarly as pruned:
-                    # its best checkpoint up to the pruning step is a model too (the loop wrote it and says
-                    # which); none when no evaluation gave a finite score
-                    if pruned.best_step >= 0 and (out_dir / "best" / SEAL).is_file():
-                        run_id = folder_run_id(out_dir, config_hash=run_definition_hash(trial_cfg))
-                        link_trial(trial, study_name, storage_url, trial_cfg, overrides, run_id, out_dir / "best",
-                                   pruned.best_score, pruned.best_step, "PRUNED")
-                    raise optuna.TrialPruned(str(pruned)) from None
-            link_trial(trial, study_name, storage_url, trial_cfg, overrides, summary["run_id"],
-                       Path(summary["checkpoint"]), summary["best_dev"], summary["best_step"], "COMPLETE")
-            return summary["best_dev"]  # dev STS, or DUET's val rsum
 
-        waiting = False
-        while True:
-            trial = _next_trial(study, rdb, lock, n_trials)
-            if trial is None:
-                break
-            if trial is WAIT:
-                if not waiting:  # once per wait, not once per poll
-                    bar.write(f"[sweep {study_name}] waiting: the other trials of the budget are running "
-                              "in other workers")
-                waiting = True
-                time.sleep(POLL_SECONDS)
-                continue
-            waiting = False
-            _run_trial(study, rdb, trial, objective, study_name, n_trials, bar.write)
-            finished, _, best = bar.refresh()  # into the sweep run: how far the study is, over all workers
-            mlflow.log_metrics({"trials_finished": finished, **({"best_value": best} if best is not None else {})},
-                               step=finished)
+@dataclass
+class TrialObjective:
+    """Optuna's objective of a sweep worker: one trial's configuration drawn from ``sweep.space``, trained as a
+    run under the sweep run ``parent_id`` on its own upstream artifacts, reported at each dev evaluation (pruned
+    there by the study's pruner) and linked to its best checkpoint (`link_trial`). Returns the best dev score."""
 
+    cfg: Config
+    paths: Any
+    study_name: str
+    storage_url: str
+    parent_id: str
+    write: Any  # a line to the worker's output (the progress bar's `write`)
+
+    def __call__(self, trial: optuna.Trial) -> float:
+        cfg, study_name = self.cfg, self.study_name
+        overrides = suggest(trial, cfg.sweep.space)
+        trial_cfg = with_overrides(cfg, overrides, where=f"sweep trial {trial.number}")
+        out_dir = Path("sweeps") / study_name / f"trial-{trial.number}"
+
+        def report(step: int, score: float) -> None:
+            self.write(f"[sweep {study_name}] trial {trial.number}: step {step}, {objective_name(cfg)} {score:.2f}")
+            trial.report(score, step)
+            if trial.should_prune():
+                mlflow.set_tags({"optuna.pruned": f"step {step}", "optuna.state": "PRUNED"})
+                # a planned stop: the loop writes the best checkpoint first, the run ends FINISHED
+                raise StoppedEarly(f"pruned at step {step} (dev {score:.2f})")
+
+        # every run of the trial (its upstream's, its training's) names its study and trial
+        with tracking.tagged(trial_tags(study_name, trial.number, self.storage_url)):
+            upstream = resolve_on_record(trial_cfg, self.paths, cfg.base.seed, "sweep", trial_run_name(trial.number),
+                                         self.parent_id)  # a trial's own upstream artifacts, before it trains
+            try:
+                summary = run_train(
+                    trial_cfg, self.paths, out_dir=out_dir,
+                    names=RunNames(experiment="sweep", run=trial_run_name(trial.number), parent_id=self.parent_id),
+                    hooks=Hooks(on_eval=report, progress=False), job=JobArtifacts(cfg.base.seed, upstream),
+                )
+            except StoppedEarly as pruned:
+                # its best checkpoint up to the pruning step is a model too (the loop wrote it and says which); none
+                # when no evaluation gave a finite score
+                if pruned.best_step >= 0 and (out_dir / "best" / SEAL).is_file():
+                    run_id = folder_run_id(out_dir, config_hash=run_definition_hash(trial_cfg))
+                    link_trial(trial, study_name, self.storage_url, trial_cfg, overrides,
+                               TrialEnd(run_id, out_dir / "best", pruned.best_score, pruned.best_step, "PRUNED"))
+                raise optuna.TrialPruned(str(pruned)) from None
+        link_trial(trial, study_name, self.storage_url, trial_cfg, overrides,
+                   TrialEnd(summary["run_id"], Path(summary["checkpoint"]), summary["best_dev"], summary["best_step"],
+                            "COMPLETE"))
+        return summary["best_dev"]  # dev STS, or DUET's val rsum
+
+
+def study_summary(study: Any, study_name: str) -> dict[str, Any]:
+    """The study's finished (complete and pruned) trials, counted, and its best value and params so far."""
     finished = [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     complete = [t for t in finished if t.state == TrialState.COMPLETE]
     best = study.best_trial if complete else None
@@ -244,7 +278,7 @@ def trial_tags(study_name: str, number: int, storage_url: str) -> dict[str, str]
 
 
 def link_trial(trial: Any, study_name: str, storage_url: str, trial_cfg: Config, drawn: Mapping[str, Any],
-               run_id: str, checkpoint: Path, best: float, best_step: int, state: str) -> str:
+               end: TrialEnd) -> str:
     """A finished trial's best checkpoint as an MLflow model of its run (`mmcse.tracking.lineage`): the
     parameters the trial drew as the model's params, its best dev score and step as its metrics, the study
     and trial as its tags; the trial's user attrs name the run, the model and the checkpoint, so each end
@@ -252,13 +286,14 @@ def link_trial(trial: Any, study_name: str, storage_url: str, trial_cfg: Config,
 
     dev_key = "best_dev_rsum" if trial_cfg.train.method in RETRIEVAL_METHODS else "best_dev_sts"
     model_id = link_checkpoint_model(
-        run_id, checkpoint, name=f"trial-{trial.number}", params=drawn,
-        metrics={dev_key: best, "best_step": best_step},
-        tags={**trial_tags(study_name, trial.number, storage_url), "optuna.state": state,
+        end.run_id, end.checkpoint, name=f"trial-{trial.number}", params=drawn,
+        metrics={dev_key: end.best, "best_step": end.best_step},
+        tags={**trial_tags(study_name, trial.number, storage_url), "optuna.state": end.state,
               "method": trial_cfg.train.method},
         model_type=f"mmcse {'retrieval model' if trial_cfg.train.method in RETRIEVAL_METHODS else 'student'}",
     )
-    for key, value in {RUN_ATTR: run_id, MODEL_ATTR: model_id, CHECKPOINT_ATTR: str(checkpoint.resolve())}.items():
+    for key, value in {RUN_ATTR: end.run_id, MODEL_ATTR: model_id,
+                       CHECKPOINT_ATTR: str(end.checkpoint.resolve())}.items():
         trial.set_user_attr(key, value)
     return model_id
 

@@ -111,9 +111,9 @@ def duet_objective(
     box_pred: torch.Tensor,
     boxes: torch.Tensor,
     region_mask: torch.Tensor | None = None,
+    *,
     margin: float = 0.2,
-    lambda_box: float = 1.0,
-    lambda_norm: float = 1.0,
+    lambdas: tuple[float, float] = (1.0, 1.0),
     reduction: str = "mean",
     ignore: torch.Tensor | None = None,
 ) -> dict[str, torch.Tensor]:
@@ -121,8 +121,9 @@ def duet_objective(
 
     Returns ``{"hinge": L_match (Eq. 28–29), "box": L_bbox (Eq. 31), "norm": L_norm (Eq. 32),
     "loss": L_total}``, each reduced over the batch by the same ``reduction``. The weights
-    λ1 = ``lambda_box``, λ2 = ``lambda_norm`` multiply only ``loss``; the other entries are unweighted.
+    (λ1, λ2) = ``lambdas`` multiply only ``loss``; the other entries are unweighted.
     """
+    lambda_box, lambda_norm = lambdas
     hinge = max_violation_hinge(v_img, v_txt, margin=margin, reduction=reduction, ignore=ignore)
     box = box_regression_loss(box_pred, boxes, region_mask, reduction=reduction)
     norm = norm_regularizer(v_img, v_txt, reduction=reduction)

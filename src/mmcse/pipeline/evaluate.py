@@ -122,6 +122,37 @@ class EvaluationMade:
     folders: dict[str, Path] = field(default_factory=dict)
 
 
+def _test_data(raw: Path, transfer: bool) -> tuple[dict[str, list[SentencePair]], dict[str, list[TransferExample]]]:
+    """The test STS tasks in ``raw`` and, with ``transfer``, the SentEval transfer tasks there."""
+    tasks = group_by_task([SentencePair.from_row(r) for r in read_jsonl(raw / "sts" / "test.jsonl")])
+    if not tasks:
+        raise InputError(f"{raw / 'sts' / 'test.jsonl'}: no STS pairs to evaluate; rerun the download stage")
+    transfer_files = [raw / "transfer" / f"{t}.jsonl" for t in TRANSFER_TASKS] if transfer else []
+    return tasks, {f.stem: [TransferExample.from_row(r) for r in read_jsonl(f)] for f in transfer_files if f.is_file()}
+
+
+def _tsne(cfg: Config, encoder: TextEncoder, tasks: dict[str, list[SentencePair]]) -> tuple[Any, float]:
+    """DALR Figure 3 for the stage's model: a t-SNE map of a sample of the test sentences and its clusters'
+    silhouette."""
+    sample = sample_sentences([s for pairs in tasks.values() for p in pairs for s in (p.s1, p.s2)],
+                              TSNE_POINTS, cfg.base.seed)
+    vectors = encode_unique(encoder, sample, cfg.evaluate.batch_size, desc="t-SNE sentences")
+    tsne, clusters = tsne_figure(np.stack([vectors[s] for s in sample]), n_clusters=TSNE_CLUSTERS,
+                                 seed=cfg.base.seed, title=cfg.train.method)
+    return tsne, clusters["silhouette"]
+
+
+def _carded(cfg: Config, paths: Paths, trained_on: TrainedOn, model_dir: Path, scores: dict[str, float],
+            test_set: Any) -> dict[str, float]:
+    """The model card of a student mmcse trained, beside its untrained reference and retrieval's chance; returns
+    the untrained reference's scores."""
+    chance = (chance_metrics(test_set.set_name, test_set.text_image, test_set.image_emb.shape[0])
+              if test_set is not None and test_set.image_emb is not None else None)
+    untrained = untrained_scores(cfg, paths, trained_on)
+    write_model_card(model_dir, cfg, scores, environment(cfg.base.device), chance=chance, untrained=untrained)
+    return untrained
+
+
 def run_evaluate(cfg: Config, paths: Paths, model_dir: Path, outputs: EvalOutputs | None = None,
                  trained_on: TrainedOn | None = None, transfer: bool = True) -> dict[str, float]:
     """Test-set STS of the checkpoint at ``model_dir`` and, with ``transfer``, SentEval's transfer
@@ -152,13 +183,7 @@ def run_evaluate(cfg: Config, paths: Paths, model_dir: Path, outputs: EvalOutput
     device = resolve_device(cfg.base.device)
     encoder = TextEncoder(str(model_dir), cfg.evaluate.pooler, str(device), precision=cfg.train.precision)
     raw = trained_on.data_dir or paths.raw
-    tasks = group_by_task([SentencePair.from_row(r) for r in read_jsonl(raw / "sts" / "test.jsonl")])
-    if not tasks:
-        raise InputError(f"{raw / 'sts' / 'test.jsonl'}: no STS pairs to evaluate; rerun the download stage")
-    transfer_files = [raw / "transfer" / f"{t}.jsonl" for t in TRANSFER_TASKS] if transfer else []
-    transfer_tasks = {
-        f.stem: [TransferExample.from_row(r) for r in read_jsonl(f)] for f in transfer_files if f.is_file()
-    }
+    tasks, transfer_tasks = _test_data(raw, transfer)
     manifest = read_json(raw / "manifest.json") if (raw / "manifest.json").is_file() else {}
     # retrieval goes through the student's heads: a plain HF model (mmcse eval of any encoder) has none
     retrieval = cfg.evaluate.retrieval.enabled and manifest.get("retrieval_set") and encoder.student is not None
@@ -175,8 +200,7 @@ def run_evaluate(cfg: Config, paths: Paths, model_dir: Path, outputs: EvalOutput
     with results_folder(mteb_dir, model_name, details, [t.metadata.name for t in mteb_tasks]) as mteb_output:
         evaluators = build_evaluators(EvaluationInputs(
             # DALR Table 6 / Appendix D: alignment (dev pairs with gold >= 4), uniformity (all dev sentences)
-            sts=tasks,
-            dev=[SentencePair.from_row(r) for r in read_jsonl(raw / "sts" / "dev.jsonl")],
+            sts=tasks, dev=[SentencePair.from_row(r) for r in read_jsonl(raw / "sts" / "dev.jsonl")],
             transfer=transfer_tasks, transfer_probe=cfg.evaluate.transfer,
             mteb=mteb_tasks, mteb_model_name=model_name, mteb_output=mteb_output, mteb_details=details,
             retrieval=retrieval_scores if retrieval else None, data_dir=raw, batch_size=cfg.evaluate.batch_size,
@@ -199,22 +223,14 @@ def run_evaluate(cfg: Config, paths: Paths, model_dir: Path, outputs: EvalOutput
     tsne = None
     if plots_dir is not None:  # DALR Figure 3 for the stage's model (ablation jobs skip its seconds of t-SNE)
         steps.next()
-        sample = sample_sentences([s for pairs in tasks.values() for p in pairs for s in (p.s1, p.s2)],
-                                  TSNE_POINTS, cfg.base.seed)
-        vectors = encode_unique(encoder, sample, cfg.evaluate.batch_size, desc="t-SNE sentences")
-        tsne, clusters = tsne_figure(np.stack([vectors[s] for s in sample]), n_clusters=TSNE_CLUSTERS,
-                                     seed=cfg.base.seed, title=cfg.train.method)
-        scores["cluster_silhouette"] = clusters["silhouette"]
+        tsne, scores["cluster_silhouette"] = _tsne(cfg, encoder, tasks)
     # per-pair predictions, so figures comparing runs (`mmcse figures`) need no re-encoding
     predictions = {task: {"cos": cos.tolist(), "gold": gold.tolist()}
                    for task, (cos, gold) in result.predictions.items()}
     untrained: dict[str, float] | None = None
     if carded:  # mmcse trained it: the card says how
         steps.next()
-        chance = (chance_metrics(test_set.set_name, test_set.text_image, test_set.image_emb.shape[0])
-                  if test_set is not None and test_set.image_emb is not None else None)
-        untrained = untrained_scores(cfg, paths, trained_on)
-        write_model_card(model_dir, cfg, scores, environment(cfg.base.device), chance=chance, untrained=untrained)
+        untrained = _carded(cfg, paths, trained_on, model_dir, scores, test_set)
     steps.close()
     model = (model_dir, [p.s1 for pairs in tasks.values() for p in pairs[:2]]) if published else None
     minutes = (time.perf_counter() - started) / 60.0

@@ -83,7 +83,7 @@ def duet_step_loss(model: RetrievalModel, loss: LossConfig, batch: dict[str, tor
     c = loss.duet
     # the objective in fp32: the hinge compares cosines that differ in the third decimal
     return duet_objective(out.v_img.float(), out.v_txt.float(), out.box_pred.float(), boxes, mask, margin=c.margin,
-                          lambda_box=c.lambda_box, lambda_norm=c.lambda_norm, reduction=c.reduction, ignore=ignore)
+                          lambdas=(c.lambda_box, c.lambda_norm), reduction=c.reduction, ignore=ignore)
 
 
 class RetrievalStep:
