@@ -39,7 +39,7 @@ Students: ``bert-base`` (``BertModel(BertConfig())``), ``roberta-base`` (``Rober
 RobertaConfig())``), ``tiny`` (2 layers, 64 wide: quick CPU runs) — random weights, nothing
 downloaded — or ``--params FILE``: the project's ``model.*`` (:func:`mmcse.models.student.load_backbone`).
 Every method starts from the same initial weights (DUET's text stream is a copy of the same
-backbone, built into ``DuetModel(backbone, **duet_architecture(cfg.model.duet, region_dim))``). Features are
+backbone, built into ``DuetModel(backbone, DuetArchitecture(**duet_architecture(...)))``). Features are
 random with the papers' shapes (2048-d ResNet-50 image and object features, 512-d CLIP ViT-B/32
 joint space, two 768-d text teachers, 3 object–phrase pairs per caption; DUET: 36 regions × 2048-d
 per image, boxes ``normalized_boxes`` (Eq. 23) of random valid boxes in a 640 × 480 image, every
@@ -647,7 +647,7 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     from mmcse.config import with_overrides
     from mmcse.methods.objectives import Objective, needed_features
-    from mmcse.models.duet import DuetModel
+    from mmcse.models.duet import DuetArchitecture, DuetModel
     from mmcse.models.student import Student, load_backbone, load_tokenizer
     from mmcse.models.tokens import tokenize_texts
     from mmcse.training.batches import TrainData
@@ -690,7 +690,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     vocab_size, pad_id = backbone.config.vocab_size, backbone.config.pad_token_id or 0
     duet_base = None
     if "duet" in args.methods:  # its text stream: a copy of the students' initial backbone
-        duet_base = DuetModel(copy.deepcopy(backbone), **duet_architecture(cfgs["duet"].model.duet, region_dim))
+        duet_base = DuetModel(copy.deepcopy(backbone), DuetArchitecture(**duet_architecture(cfgs["duet"].model.duet,
+                                                                                            region_dim)))
     base = Student(backbone, image_dim, base_cfg.model.proj_dim, joint_dim,
                    text_teacher_dim=PAPER_TEXT_TEACHERS[0][0], head=base_cfg.model.projection_head)
 

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModel, BertConfig
 
 from mmcse.methods.duet import box_regression_loss, duet_objective, max_violation_hinge, norm_regularizer
-from mmcse.models.duet import DuetModel, RegionEmbedding, normalized_boxes
+from mmcse.models.duet import DuetArchitecture, DuetModel, RegionEmbedding, normalized_boxes
 from tests.conftest import TINY_MODEL
 
 # ---------------------------------------------------------------------------- references (loops)
@@ -257,7 +257,8 @@ def tiny_model(device, shared_layers: int = 2, **kwargs) -> DuetModel:
     torch.manual_seed(0)
     bert = AutoModel.from_config(config, add_pooling_layer=False)
     kwargs = {"heads": 2, "ff_dim": 48, "dropout": 0.0, "joint_dim": 32} | kwargs
-    model = DuetModel(bert, region_dim=REGION_DIM, visual_layers=2, shared_layers=shared_layers, **kwargs)
+    model = DuetModel(bert, DuetArchitecture(region_dim=REGION_DIM, visual_layers=2, shared_layers=shared_layers,
+                                             **kwargs))
     return model.to(device)
 
 

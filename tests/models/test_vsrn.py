@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from mmcse.models.vsrn import VsrnModel
+from mmcse.models.vsrn import VsrnArchitecture, VsrnModel
 
 D, REGION_DIM, VOCAB = 6, 5, 13
 
@@ -23,7 +23,7 @@ def _model(device: torch.device, **kwargs) -> VsrnModel:
     torch.manual_seed(0)
     args = {"vocab_size": VOCAB, "region_dim": REGION_DIM, "word_dim": 4, "joint_dim": D, "gcn_layers": 2,
             "caption_hidden": 7, "caption_word_dim": 3, "caption_dropout": 0.0} | kwargs
-    model = VsrnModel(**args).double()
+    model = VsrnModel(VsrnArchitecture(**args)).double()
     for layer in model.gcn:  # the code starts BN at 0 (every layer the identity): non-zero, so R matters here
         nn.init.normal_(layer.bn.weight)
         nn.init.normal_(layer.bn.bias)
@@ -104,7 +104,7 @@ def test_image_side_is_the_authors_encoder_on_full_region_sets(device, variant, 
 
 def test_a_fresh_gcn_is_the_identity():
     """The code zero-initialises each Rs_GCN's BatchNorm: v* = v until training moves it."""
-    model = VsrnModel(VOCAB, REGION_DIM, word_dim=4, joint_dim=D, gcn_layers=3).double()
+    model = VsrnModel(VsrnArchitecture(VOCAB, REGION_DIM, word_dim=4, joint_dim=D, gcn_layers=3)).double()
     v = torch.randn(2, 4, D, dtype=torch.float64)
     keep = torch.ones(2, 4, 1, dtype=torch.float64)
     for layer in model.gcn:

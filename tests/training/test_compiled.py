@@ -139,7 +139,7 @@ def test_a_students_compiled_step_has_no_graph_break_and_makes_the_eager_update(
 def test_duets_compiled_step_has_no_graph_break_and_makes_the_eager_update(device):
     """DUET's step (its BERT stream and its own layers, keyed dropout on both): no graph break; 3 steps eager and
     compiled agree within 1e-5 (terms every step, gradients and weights after the third)."""
-    from mmcse.models.duet import DuetModel
+    from mmcse.models.duet import DuetArchitecture, DuetModel
     from mmcse.training.duet import duet_architecture, same_image_mask
     from mmcse.training.duet_step import RetrievalStep
 
@@ -147,7 +147,7 @@ def test_duets_compiled_step_has_no_graph_break_and_makes_the_eager_update(devic
     regions_n, region_dim = 5, 24
     torch.manual_seed(0)
     eager_model = DuetModel(load_backbone(cfg.model, dropout=cfg.train.dropout),
-                            **duet_architecture(cfg.model.duet, region_dim)).to(device)
+                            DuetArchitecture(**duet_architecture(cfg.model.duet, region_dim))).to(device)
     eager_model.install_keyed_dropout()
     eager_model.train()
     compiled_model = copy.deepcopy(eager_model)

@@ -18,7 +18,7 @@ from transformers import AutoModel, BertConfig
 from mmcse.config import with_overrides
 from mmcse.experiments.params import load_config
 from mmcse.methods.objectives import Objective
-from mmcse.models.duet import DuetModel
+from mmcse.models.duet import DuetArchitecture, DuetModel
 from mmcse.models.precision import grad_scaler
 from mmcse.models.vsepp import VseppModel
 from mmcse.training import distributed
@@ -68,8 +68,8 @@ def _retrieval_step(method: str, ranks: tuple[int, int]) -> dict:
     if method == "duet":
         config = BertConfig(vocab_size=VOCAB, max_position_embeddings=TINY_MODEL["max_seq_len"],
                             hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1, **TINY_MODEL["config_overrides"])
-        model = DuetModel(AutoModel.from_config(config, add_pooling_layer=False), region_dim=REGION_DIM,
-                          visual_layers=2, shared_layers=1, heads=2, ff_dim=48, dropout=0.2, joint_dim=32)
+        model = DuetModel(AutoModel.from_config(config, add_pooling_layer=False), DuetArchitecture(
+            region_dim=REGION_DIM, visual_layers=2, shared_layers=1, heads=2, ff_dim=48, dropout=0.2, joint_dim=32))
         model.install_keyed_dropout()
     else:
         model = VseppModel(vocab_size=VOCAB, region_dim=REGION_DIM, word_dim=5, joint_dim=8)

@@ -20,7 +20,7 @@ from mmcse.detection.regions import RegionStore
 from mmcse.evaluation.retrieval import retrieval_metrics
 from mmcse.experiments.params import load_config
 from mmcse.io import read_jsonl
-from mmcse.models.duet import DuetModel
+from mmcse.models.duet import DuetArchitecture, DuetModel
 from mmcse.pipeline.cache_regions import run_cache_regions
 from mmcse.pipeline.paths import Paths
 from mmcse.training.checkpoints import load_history
@@ -113,7 +113,7 @@ def test_a_saved_duet_loads_to_the_same_embeddings_with_its_layers_still_tied(tm
     arch = {"region_dim": 12, "visual_layers": 1, "shared_layers": 1, "joint_dim": 16, "heads": 2, "ff_dim": 32,
             "box_layer": None, "dropout": 0.1, "visual_dim": None, "region_norm": "layernorm", "tie_shared": True,
             "spatial": True}
-    model = DuetModel(text, **arch).eval()
+    model = DuetModel(text, DuetArchitecture(**arch)).eval()
     tokenizer = AutoTokenizer.from_pretrained(resolve_model("packaged:all-MiniLM-L6-v2"))
     save_duet(model, tokenizer, arch, tmp_path / "ck")
     assert not any(k.startswith("text.") for k in load_file(str(tmp_path / "ck" / DUET_WEIGHTS)))  # in the HF folder

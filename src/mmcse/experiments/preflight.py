@@ -55,7 +55,7 @@ from mmcse.models.architectures import model_config, projection_width, text_widt
 from mmcse.models.cnn import RESNET_WIDTH
 from mmcse.models.device import resolve_device
 from mmcse.models.dropout import install_keyed_dropout
-from mmcse.models.duet import DuetModel
+from mmcse.models.duet import DuetArchitecture, DuetModel
 from mmcse.models.precision import autocast, check_precision, grad_scaler
 from mmcse.models.student import MaskedLMHead, Student, configure, load_mlm_head, load_tokenizer
 from mmcse.models.vsepp import VseppModel
@@ -212,10 +212,10 @@ def _retrieval_model(job: Config, width: int) -> tuple[torch.nn.Module, int, str
     words = _Vocabulary(WORD_VOCABULARY)
     if job.train.method == "duet":
         backbone, config, real = _backbone(job)
-        return DuetModel(backbone, **duet_architecture(job.model.duet, width)), config.vocab_size, \
+        return DuetModel(backbone, DuetArchitecture(**duet_architecture(job.model.duet, width))), config.vocab_size, \
             job.model.name_or_path, real
     if job.train.method == "vsrn":
-        model = VsrnModel(**vsrn_architecture(job.model.vsrn, width, words, job.data.pairs))
+        model = VsrnModel.from_architecture(vsrn_architecture(job.model.vsrn, width, words, job.data.pairs))
         return model, len(words), f"VSRN on {WORD_VOCABULARY} words", False
     pixels = job.model.vsepp.image_input == "pixels"
     cnn = job.regions.grid_model if pixels else None

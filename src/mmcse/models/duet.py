@@ -135,6 +135,28 @@ def _encoder_layer(width: int, heads: int, ff_dim: int, dropout: float) -> nn.Tr
     )
 
 
+@dataclass(frozen=True)
+class DuetArchitecture:
+    """`DuetModel`'s shape: the region width, the visual stream's own and the shared layers (§4.2, §5.2), the box
+    head's layer l (Eq. 30; None: min(visual_layers, L - 1)), the added layers' heads, feed-forward width and
+    dropout, the visual-only width (None: joint_dim), the region norm before Eq. 24, whether the shared layers are
+    weight-tied and whether boxes reach the embeddings (`mmcse.training.duet.duet_architecture` from
+    ``model.duet``; a checkpoint's duet.json keeps these fields)."""
+
+    region_dim: int = 2048
+    visual_layers: int = 4
+    shared_layers: int = 2
+    joint_dim: int = 1024
+    box_layer: int | None = None
+    heads: int = 4
+    ff_dim: int = 2048
+    dropout: float = 0.1
+    visual_dim: int | None = None
+    region_norm: str = "layernorm"
+    tie_shared: bool = True
+    spatial: bool = True
+
+
 class DuetModel(nn.Module):
     """DUET's dual Transformer encoder (§4.2): own visual layers, BERT for text, top k layers shared.
 
@@ -144,23 +166,14 @@ class DuetModel(nn.Module):
     ``spatial=False``: the boxes are still passed (and shape-checked) but never reach v_I or b̂.
     """
 
-    def __init__(
-        self,
-        text_backbone: PreTrainedModel,
-        region_dim: int = 2048,
-        visual_layers: int = 4,
-        shared_layers: int = 2,
-        joint_dim: int = 1024,
-        box_layer: int | None = None,
-        heads: int = 4,
-        ff_dim: int = 2048,
-        dropout: float = 0.1,
-        visual_dim: int | None = None,
-        region_norm: str = "layernorm",
-        tie_shared: bool = True,
-        spatial: bool = True,
-    ) -> None:
+    def __init__(self, text_backbone: PreTrainedModel, arch: DuetArchitecture | None = None) -> None:
         super().__init__()
+        arch = arch or DuetArchitecture()
+        region_dim, visual_layers, shared_layers, joint_dim = arch.region_dim, arch.visual_layers, \
+            arch.shared_layers, arch.joint_dim
+        box_layer, heads, ff_dim, dropout, visual_dim = arch.box_layer, arch.heads, arch.ff_dim, arch.dropout, \
+            arch.visual_dim
+        region_norm, tie_shared, spatial = arch.region_norm, arch.tie_shared, arch.spatial
         if visual_layers < 1:
             raise ValueError(f"visual_layers={visual_layers} must be >= 1 (the visual stream needs its own layers)")
         if shared_layers < 0:

@@ -36,6 +36,11 @@ from mmcse.models.duet import DuetOutput
 class VseppModel(nn.Module):
     """VSE++'s text GRU and image projection (see the module docstring)."""
 
+    @classmethod
+    def from_architecture(cls, fields: dict) -> VseppModel:
+        """The model a checkpoint's vsepp.json (its keyword arguments) describes."""
+        return cls(**fields)
+
     def __init__(self, vocab_size: int, region_dim: int, word_dim: int = 300, joint_dim: int = 1024,
                  gru_layers: int = 1, pad_id: int = 0, cnn: str | None = None, crop_size: int = 224) -> None:
         super().__init__()

@@ -35,6 +35,7 @@ mask)``, ``forward`` → `DuetOutput`, ``joint_dim``), so DUET's loop, dev score
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -133,24 +134,52 @@ class CaptionGenerator(nn.Module):
         return self.out(torch.stack(outputs, dim=1))  # (B, T, vocab)
 
 
+@dataclass(frozen=True)
+class VsrnArchitecture:
+    """`VsrnModel`'s shape: VSE++'s text encoder and image projection (vocabulary, region width, word and joint
+    widths, GRU layers, padding id), the reasoning GCN's layers, the code's variant (flickr30k: a BatchNorm on the
+    image embedding), the regions' l2 (see the module docstring) and the caption generator's widths, dropout, length
+    and end id (`mmcse.training.duet.vsrn_architecture` from ``model.vsrn``; a checkpoint's vsrn.json keeps
+    these fields)."""
+
+    vocab_size: int
+    region_dim: int
+    word_dim: int = 300
+    joint_dim: int = 2048
+    gru_layers: int = 1
+    pad_id: int = 0
+    gcn_layers: int = 4
+    variant: str = "coco"
+    region_l2: RegionL2 = "regions"
+    caption_hidden: int = 512
+    caption_word_dim: int = 300
+    caption_dropout: float = 0.2
+    caption_max_len: int = 60
+    end_id: int = 2
+
+
 class VsrnModel(VseppModel):
     """VSRN (see the module docstring): VSE++'s text encoder and image projection (``image_fc``,
     the code's ``fc``), region reasoning, the region GRU and the caption generator."""
 
-    def __init__(self, vocab_size: int, region_dim: int, word_dim: int = 300, joint_dim: int = 2048,
-                 gru_layers: int = 1, pad_id: int = 0, gcn_layers: int = 4, variant: str = "coco",
-                 region_l2: RegionL2 = "regions", caption_hidden: int = 512, caption_word_dim: int = 300,
-                 caption_dropout: float = 0.2, caption_max_len: int = 60, end_id: int = 2) -> None:
-        super().__init__(vocab_size, region_dim, word_dim, joint_dim, gru_layers, pad_id)
+    def __init__(self, arch: VsrnArchitecture) -> None:
+        a = arch
+        super().__init__(a.vocab_size, a.region_dim, a.word_dim, a.joint_dim, a.gru_layers, a.pad_id)
         # what the caption loss reads of a caption: its first caption_max_len tokens, <end> (id end_id) last
-        self.caption_max_len, self.end_id = caption_max_len, end_id
-        if variant not in VARIANTS:
-            raise ValueError(f"variant must be one of {VARIANTS}, got {variant!r}")
-        self.variant, self.region_l2 = variant, region_l2
-        self.gcn = nn.ModuleList(RegionRelationGCN(joint_dim) for _ in range(gcn_layers))
-        self.region_gru = nn.GRU(joint_dim, joint_dim, 1, batch_first=True)
-        self.image_bn = nn.BatchNorm1d(joint_dim) if variant == "flickr30k" else None
-        self.captioner = CaptionGenerator(vocab_size, joint_dim, caption_hidden, caption_word_dim, caption_dropout)
+        self.caption_max_len, self.end_id = a.caption_max_len, a.end_id
+        if a.variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {VARIANTS}, got {a.variant!r}")
+        self.variant, self.region_l2 = a.variant, a.region_l2
+        self.gcn = nn.ModuleList(RegionRelationGCN(a.joint_dim) for _ in range(a.gcn_layers))
+        self.region_gru = nn.GRU(a.joint_dim, a.joint_dim, 1, batch_first=True)
+        self.image_bn = nn.BatchNorm1d(a.joint_dim) if a.variant == "flickr30k" else None
+        self.captioner = CaptionGenerator(a.vocab_size, a.joint_dim, a.caption_hidden, a.caption_word_dim,
+                                          a.caption_dropout)
+
+    @classmethod
+    def from_architecture(cls, fields: dict) -> VsrnModel:
+        """The model a checkpoint's vsrn.json (`VsrnArchitecture`'s fields) describes."""
+        return cls(VsrnArchitecture(**fields))
 
     def _l2(self, x: torch.Tensor) -> torch.Tensor:
         """The code's ``l2norm`` on (B, n, D) region features (see the module docstring)."""

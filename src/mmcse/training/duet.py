@@ -44,7 +44,7 @@ from mmcse.evaluation.retrieval import check_text_image, retrieval_metrics
 from mmcse.integrity.files import check_model_folder
 from mmcse.io import read_json, read_jsonl, write_json
 from mmcse.models.cnn import RESNET_WIDTH
-from mmcse.models.duet import DuetModel
+from mmcse.models.duet import DuetArchitecture, DuetModel
 from mmcse.models.precision import autocast, grad_scaler
 from mmcse.models.student import load_backbone, load_tokenizer, save_tokenizer
 from mmcse.models.tokens import TokenTable, cached_tokens, to_device
@@ -142,7 +142,7 @@ def load_duet(folder: str | Path, device: torch.device | str = "cpu") -> tuple[R
         if not (folder / meta).is_file():
             continue
         check_model_folder(folder, "retrain it (dvc repro train)", required=best_checkpoint_files(method))
-        model = cls(**read_json(folder / meta)["architecture"])
+        model = cls.from_architecture(read_json(folder / meta)["architecture"])
         try:
             model.load_state_dict(load_file(str(folder / weights)))
         except RuntimeError as err:
@@ -152,7 +152,7 @@ def load_duet(folder: str | Path, device: torch.device | str = "cpu") -> tuple[R
     check_model_folder(folder, "retrain it (dvc repro train)", required=BEST_REQUIRED)
     architecture = read_json(folder / DUET_META)["architecture"]
     # built as `mmcse.models.student.load_backbone` builds it (no pooler: DUET reads the token states)
-    model = DuetModel(AutoModel.from_pretrained(folder, add_pooling_layer=False), **architecture)
+    model = DuetModel(AutoModel.from_pretrained(folder, add_pooling_layer=False), DuetArchitecture(**architecture))
     rest = load_file(str(folder / DUET_WEIGHTS))
     missing, unexpected = model.load_state_dict(rest, strict=False)
     missing = [k for k in missing if not k.startswith(TEXT_PREFIX)]
@@ -450,10 +450,10 @@ def retrieval_model(cfg: Config, data: DuetData, device: torch.device) -> tuple[
     if cfg.train.method == "vsrn":
         tokenizer = word_tokenizer(data.captions, cfg.model.vsrn.min_word_count)
         architecture = vsrn_architecture(cfg.model.vsrn, data.regions.dim, tokenizer, cfg.data.pairs)
-        return VsrnModel(**architecture).to(device), tokenizer, architecture, save_word_model
+        return VsrnModel.from_architecture(architecture).to(device), tokenizer, architecture, save_word_model
     tokenizer = load_tokenizer(cfg.model.name_or_path)
     architecture = duet_architecture(cfg.model.duet, data.regions.dim)
-    model = DuetModel(load_backbone(cfg.model, dropout=cfg.train.dropout), **architecture).to(device)
+    model = DuetModel(load_backbone(cfg.model, dropout=cfg.train.dropout), DuetArchitecture(**architecture)).to(device)
     if cfg.train.dropout_rng == "per_row":  # each pair's masks from (step, row, layer) alone: train.devices
         model.install_keyed_dropout()
     return model, tokenizer, architecture, save_duet
