@@ -32,12 +32,19 @@ from mmcse.models.student import Student
 TokenEncoder = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+def keyed_states(student: Student, ids: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor,
+                 seed: int | torch.Tensor) -> torch.Tensor:
+    """The encoder's token states ``(R, L, H)`` of ``ids``, each row's dropout keyed by (``seed``, its row key)
+    where the backbone has keyed dropout; ``seed`` an int, or a 0-d tensor in a compiled pass."""
+    with row_keys(student.backbone, seed, rows):
+        return student.token_states(ids, mask)
+
+
 def direct_tokens(student: Student, seed: int) -> TokenEncoder:
     """One pass with its graph (no caching): the rows' keyed dropout, where the backbone has it."""
 
     def encode(ids: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        with row_keys(student.backbone, seed, rows):
-            return student.token_states(ids, mask)
+        return keyed_states(student, ids, mask, rows, seed)
 
     return encode
 

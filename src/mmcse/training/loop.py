@@ -30,7 +30,7 @@ from mmcse.methods.objectives import (
 from mmcse.methods.step import step_objective, term_draws, term_generator
 from mmcse.methods.terms.dalr import cma_width_problem
 from mmcse.methods.terms.simcse import MLM
-from mmcse.models.dropout import install_keyed_dropout, row_keys
+from mmcse.models.dropout import install_keyed_dropout
 from mmcse.models.export import EVAL_MAX_SEQ_LEN, export_sentence_transformers
 from mmcse.models.precision import grad_scaler
 from mmcse.models.student import Student, load_backbone, load_mlm_head, load_tokenizer, save_student
@@ -51,7 +51,7 @@ from mmcse.training.engine import (
     seed_kernels,
     training_device,
 )
-from mmcse.training.gradcache import CachedTokens, TokenEncoder, direct_tokens, passes_note
+from mmcse.training.gradcache import CachedTokens, TokenEncoder, direct_tokens, keyed_states, passes_note
 from mmcse.training.inputs import StepPass, produce
 from mmcse.training.schedule import PAIR, TEXT
 from mmcse.training.step import Forward, TrainStep
@@ -132,8 +132,8 @@ class StudentStep:
 
             def encoder_pass(ids: torch.Tensor, mask: torch.Tensor, rows: torch.Tensor,
                              seed: torch.Tensor) -> torch.Tensor:
-                with autocast(), row_keys(student.backbone, seed, rows):
-                    return student.token_states(ids, mask)
+                with autocast():
+                    return keyed_states(student, ids, mask, rows, seed)
 
             self.passes = compile_graph(encoder_pass, update.device, backend)
 
