@@ -176,6 +176,7 @@ def shrink(raw: dict) -> dict:
         retrieval_images=20, retrieval_val_images=10,
     )
     raw["model"] = copy.deepcopy(TINY_MODEL)
+    raw["base"]["threads"] = 1  # one torch thread a pytest-xdist worker (pytest_configure)
     raw["train"].update(batch_size=8, max_steps=8, eval_steps=4, checkpoint_steps=4, learning_rate=1e-3)
     raw["teachers"]["batch_size"] = 64
     raw["ablate"]["seeds"] = [1, 2]

@@ -29,6 +29,10 @@ class BaseConfig:
     """seeds data generation, model initialisation and training (an ablation job's seed replaces it)"""
     device: Literal["auto", "cpu", "cuda"] = "cpu"
     """cpu | cuda | auto"""
+    threads: NonNegativeInt = 2
+    """CPU threads of torch and numpy's BLAS in every stage, ablation job and sweep trial: the same bytes on any
+    machine at the same count (a kernel splits its sums by it); 0: every core (torch's default: the numbers then
+    follow the machine's core count)"""
     data_dir: Name = "data"
     """data/raw (download), data/objects (detect), data/teachers (cache)"""
     models_dir: Name = "models"

@@ -1,11 +1,18 @@
-"""The torch device named by ``base.device``."""
+"""The torch device named by ``base.device`` and the CPU threads ``base.threads`` fixes."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import socket
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 import torch
+from threadpoolctl import threadpool_limits
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def resolve_device(name: str) -> torch.device:
@@ -34,3 +41,32 @@ def device_tags(name: str) -> dict[str, str]:
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES", "unset"),
         "host": socket.gethostname(),
     }
+
+
+@contextlib.contextmanager
+def fixed_threads(threads: int) -> Iterator[None]:
+    """torch's intra-op threads and numpy's BLAS threads at ``threads`` while the block runs (0: as they are), then
+    back. A CPU kernel splits its sums by its thread count, so a checkpoint trained with 1 and with 2 threads
+    differs in its last bits (measured): fixed by ``base.threads``, the machine's core count, ``OMP_NUM_THREADS``
+    and its load no longer change a stage's bytes."""
+    if threads == 0:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with threadpool_limits(limits=threads, user_api="blas"):
+            yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def with_base_threads(stage: F) -> F:
+    """``stage(cfg, ...)`` run under `fixed_threads` ``(cfg.base.threads)``: a stage's library function."""
+
+    @functools.wraps(stage)
+    def run(cfg: Any, *args: Any, **kwargs: Any) -> Any:
+        with fixed_threads(cfg.base.threads):
+            return stage(cfg, *args, **kwargs)
+
+    return run  # type: ignore[return-value]

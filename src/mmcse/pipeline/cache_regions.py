@@ -20,7 +20,7 @@ from mmcse.detection.regions import (
 )
 from mmcse.integrity.files import verify_images
 from mmcse.io import read_json, read_jsonl
-from mmcse.models.device import resolve_device
+from mmcse.models.device import resolve_device, with_base_threads
 from mmcse.pipeline.paths import Paths
 from mmcse.teachers.cache import FeatureStore, image_encoder
 from mmcse.teachers.encoders import build_resnet50, crop_grid_boxes, resnet_grid_features, resolve_resnet50
@@ -74,6 +74,7 @@ def resnet_grid_source(cfg: Config, raw: Path) -> Any:
     return grid_source(raw, described, encode)
 
 
+@with_base_threads
 def run_cache_regions(cfg: Config, paths: Paths, raw: Path | None = None, objects: Path | None = None,
                       teacher_manifest: Path | None = None, teacher_dirs: tuple[Path, ...] | None = None,
                       out_dir: Path | None = None, read_only: tuple[Path, ...] = ()) -> dict[str, Any]:

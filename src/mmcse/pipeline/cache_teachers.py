@@ -14,7 +14,7 @@ from mmcse.config.inputs import JOINT_TEXT_TEACHER
 from mmcse.integrity.files import check_image_digests, verify_images
 from mmcse.integrity.keys import artifact_keys
 from mmcse.io import read_json, read_jsonl, sha256_file, write_json
-from mmcse.models.device import resolve_device
+from mmcse.models.device import resolve_device, with_base_threads
 from mmcse.pipeline.paths import Paths
 from mmcse.teachers.cache import (
     FeatureStore,
@@ -27,6 +27,7 @@ from mmcse.teachers.cache import (
 )
 
 
+@with_base_threads
 def run_cache_teachers(
     cfg: Config, paths: Paths, manifest_path: Path | None = None, read_only: tuple[Path, ...] = ()
 ) -> dict[str, Any]:

@@ -9,10 +9,12 @@ from mmcse.detection.objects import detect_objects
 from mmcse.integrity.files import verify_images
 from mmcse.integrity.keys import artifact_keys, record_key
 from mmcse.io import write_json
+from mmcse.models.device import with_base_threads
 from mmcse.models.student import load_tokenizer
 from mmcse.pipeline.paths import Paths
 
 
+@with_base_threads
 def run_detect(cfg: Config, paths: Paths, write_metrics: bool = True) -> dict[str, Any]:
     """Object–phrase pairs of ``paths.raw`` into ``paths.objects``; ``artifact.json`` (its key and
     counts) is written last, so an interrupted run is not taken for a finished one."""

@@ -46,7 +46,7 @@ from mmcse.integrity.keys import require_top_level
 from mmcse.io import read_json, read_jsonl, write_text
 from mmcse.methods.objectives import Objective, image_head
 from mmcse.models.card import write_model_card
-from mmcse.models.device import resolve_device
+from mmcse.models.device import resolve_device, with_base_threads
 from mmcse.models.export import log_mlflow_model
 from mmcse.models.tokens import cached_tokens
 from mmcse.pipeline.paths import Paths
@@ -153,6 +153,7 @@ def _carded(cfg: Config, paths: Paths, trained_on: TrainedOn, model_dir: Path, s
     return untrained
 
 
+@with_base_threads
 def run_evaluate(cfg: Config, paths: Paths, model_dir: Path, outputs: EvalOutputs | None = None,
                  trained_on: TrainedOn | None = None, transfer: bool = True) -> dict[str, float]:
     """Test-set STS of the checkpoint at ``model_dir`` and, with ``transfer``, SentEval's transfer

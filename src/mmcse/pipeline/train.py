@@ -15,7 +15,7 @@ from mmcse.config import RETRIEVAL_METHODS, Config, ConfigError, reads_pixels
 from mmcse.evaluation.plots import geometry_trajectory, save_figure, training_curves
 from mmcse.integrity.keys import Upstream, artifact_keys, artifact_tags, require_top_level
 from mmcse.io import atomic_path, tracked, write_json
-from mmcse.models.device import resolve_device
+from mmcse.models.device import resolve_device, with_base_threads
 from mmcse.models.precision import check_precision
 from mmcse.pipeline.cache_regions import region_sets_for
 from mmcse.pipeline.paths import Paths
@@ -94,6 +94,7 @@ def job_region_sets(cfg: Config, paths: Paths, up: Upstream) -> dict[str, Path]:
     return {}
 
 
+@with_base_threads
 def run_train(cfg: Config, paths: Paths, out_dir: Path | None = None, names: RunNames | None = None,
               hooks: Hooks | None = None, job: JobArtifacts | None = None) -> dict[str, Any]:
     """Train ``cfg`` (see `train_tracked`) in this process, or, started by torchrun for a job on several

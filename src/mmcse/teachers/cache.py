@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
+from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
 from mmcse.config import TeachersConfig
@@ -208,10 +209,20 @@ class CCAProjection:
     correlations: np.ndarray  # (k,) canonical correlations, descending
 
     def text(self, x: np.ndarray) -> np.ndarray:
-        return ((x - self.text_mean) @ self.text_weights).astype(np.float32)
+        with one_blas_thread():
+            return ((x - self.text_mean) @ self.text_weights).astype(np.float32)
 
     def image(self, y: np.ndarray) -> np.ndarray:
-        return ((y - self.image_mean) @ self.image_weights).astype(np.float32)
+        with one_blas_thread():
+            return ((y - self.image_mean) @ self.image_weights).astype(np.float32)
+
+
+def one_blas_thread() -> threadpool_limits:
+    """numpy's BLAS and LAPACK on one thread for what they compute inside: OpenBLAS splits a product's sums and an
+    eigen/SVD solver's updates by its thread count, so the same CCA fitted with 1 and with 2 threads differed in the
+    last bits (and every cached joint feature with it: measured on the test project). The matrices are a few
+    hundred wide, so one thread costs milliseconds; torch's own threads are not touched."""
+    return threadpool_limits(limits=1, user_api="blas")
 
 
 def _inverse_sqrt(cov: np.ndarray) -> np.ndarray:
@@ -232,6 +243,12 @@ def fit_cca(text: np.ndarray, image: np.ndarray, dim: int, regularization: float
         raise InputError(f"CCA needs the same number (>= 2) of text and image rows: {text.shape[0]}, {image.shape[0]}")
     if dim > min(text.shape[1], image.shape[1]):
         raise InputError(f"teachers.joint.dim={dim} exceeds the feature widths {text.shape[1]}, {image.shape[1]}")
+    with one_blas_thread():  # the same bits whatever the machine's thread count or load
+        return _fit_cca(text, image, dim, regularization)
+
+
+def _fit_cca(text: np.ndarray, image: np.ndarray, dim: int, regularization: float) -> CCAProjection:
+    n = text.shape[0]
     x = text.astype(np.float64) - text.mean(0)
     y = image.astype(np.float64) - image.mean(0)
     cxx, cyy, cxy = x.T @ x / (n - 1), y.T @ y / (n - 1), x.T @ y / (n - 1)
