@@ -46,8 +46,16 @@ from mmcse.experiments.ablate import (
     start_line,
 )
 from mmcse.experiments.ablation_record import log_ablation, log_ablation_figures
-from mmcse.experiments.jobs import Job, ablation_hash, expand, job_config, job_hash, parent_run_name
-from mmcse.experiments.params import check_params, load_config
+from mmcse.experiments.jobs import (
+    Job,
+    ablation_hash,
+    expand,
+    job_config,
+    job_hash,
+    parent_run_name,
+    table_params,
+)
+from mmcse.experiments.params import check_params, check_preset_name, load_config
 from mmcse.experiments.prefect_server import (
     check_api_url,
     claim_temporary_server,
@@ -108,9 +116,16 @@ def diverged(message: str | None) -> bool:
     return TrainingDiverged.__name__ in (message or "")
 
 
+def run_overrides(preset: str | None, overrides: dict[str, Any] | None) -> dict[str, Any]:
+    """A run's dotted overrides of params.yaml (deployment parameters ``preset`` and ``overrides``: a user chooses a
+    table without editing the file); ``preset`` is ``ablate.preset``."""
+    return {**(overrides or {}), **({"ablate.preset": preset} if preset else {})}
+
+
 @task(name="train-variant", task_run_name="{variant} seed={seed}")
-def train_variant(params_path: str, variant: str, seed: int, parent_run_id: str | None) -> Any:
-    cfg = load_config(params_path)
+def train_variant(params_path: str, variant: str, seed: int, parent_run_id: str | None,
+                  overrides: dict[str, Any] | None = None) -> Any:
+    cfg = load_config(params_path, overrides=overrides or None)
     return reused_or_result(run_job(cfg, find_job(cfg, variant, seed), Paths.of(cfg).ablations,
                                     parent_run_id=parent_run_id, tags=prefect_tags()))
 
@@ -142,12 +157,13 @@ def publish_table(files: dict[str, Any], rows: list[dict[str, Any]], metric: str
 
 @flow(name="ablation-job", log_prints=True, persist_result=True, result_serializer="json")
 def ablation_job(
-    params_path: str, variant: str, seed: int, parent_run_id: str | None = None, config_hash: str | None = None
+    params_path: str, variant: str, seed: int, parent_run_id: str | None = None, config_hash: str | None = None,
+    overrides: dict[str, Any] | None = None,
 ) -> dict:
     """Train + evaluate ONE variant × seed in this process (a worker's GPU; skipped when finished)
     and return its result. ``config_hash`` (from the submitting `ablations` run) makes a worker
-    whose params.yaml differs fail instead of training something else."""
-    cfg = load_config(params_path)
+    whose params.yaml differs fail instead of training something else; ``overrides`` are the submitting run's."""
+    cfg = load_config(params_path, overrides=overrides or None)
     started = time.perf_counter()
     result = run_job(cfg, find_job(cfg, variant, seed), Paths.of(cfg).ablations, parent_run_id=parent_run_id,
                      tags=prefect_tags(), expected_hash=config_hash)
@@ -233,7 +249,7 @@ def _job_result(cfg: Config, job: Job, flow_run: Any) -> dict[str, Any]:
 
 def fan_out_jobs(
     params_path: str, cfg: Config, jobs: list[Job], parent_run_id: str, deployment: str, poll_seconds: float,
-    on_result: Callable[[list[dict[str, Any]]], None] | None = None,
+    on_result: Callable[[list[dict[str, Any]]], None] | None = None, overrides: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``jobs`` as flow runs of ``deployment`` (all submitted at once, the workers take them as
     they free up) and return their results in ``jobs`` order; finished jobs are not submitted.
@@ -267,7 +283,7 @@ def fan_out_jobs(
         run = run_deployment(
             deployment,
             parameters={"params_path": params_path, "variant": job.variant, "seed": job.seed,
-                        "parent_run_id": parent_run_id, "config_hash": hashes[i]},
+                        "parent_run_id": parent_run_id, "config_hash": hashes[i], "overrides": overrides or {}},
             flow_run_name=f"{job.variant} seed={job.seed}" + (f" retry {attempt}" if attempt else ""),
             # a repeated submission by this coordinator run gives back the same flow run
             idempotency_key=f"{this_run.id}/{job.variant}/{job.seed}/{attempt}",
@@ -311,16 +327,21 @@ def ablations(
     fan_out: str | None = None,
     job_deployment: str = JOB_DEPLOYMENT,
     poll_seconds: float = 5.0,
+    preset: str | None = None,
+    overrides: dict[str, Any] | None = None,
 ) -> list[dict]:
     """Train + evaluate every variant × seed (finished ones are skipped), retry failures
     `ablate.retries` times, and write/log the table; returns its rows. ``fan_out`` (default
     ``ablate.fan_out``): ``local`` runs the jobs here, ``deployment`` as flow runs of
-    ``job_deployment`` on the GPU workers (state polled every ``poll_seconds``)."""
+    ``job_deployment`` on the GPU workers (state polled every ``poll_seconds``). ``preset`` (``ablate.preset``)
+    and ``overrides`` (dotted keys) change params.yaml's values for this run only, its jobs' included."""
     import mlflow
 
     from mmcse import tracking
 
-    cfg = load_config(params_path)
+    given = run_overrides(preset, overrides)
+    check_preset_name(params_path, preset)
+    cfg = load_config(params_path, overrides=given or None)
     mode = fan_out or cfg.ablate.fan_out
     if mode not in FAN_OUT:
         raise ValueError(f"flow ablations: fan_out={mode!r}; choose one of {list(FAN_OUT)}")
@@ -334,8 +355,8 @@ def ablations(
                       job=str(paths.ablations.resolve())) as parent:
         parent_id = parent.info.run_id
         remember_parent(paths.ablations, ablation, parent_id)
-        if previous is None:
-            tracking.log_config(cfg)
+        if previous is None:  # a row's method or seed is not the table's: those keys say "table: <preset>"
+            tracking.log_config(cfg, table_params(cfg, jobs))
         # also into a continued parent (one an older mmcse started has none); the same ablation hash
         # means the same values, which MLflow accepts again
         mlflow.log_params(ablation_params(cfg, jobs))
@@ -347,7 +368,7 @@ def ablations(
                 print(f"ablation parent run {parent_id}: metrics so far not logged ({err!r})")
 
         if mode == "deployment":
-            results = fan_out_jobs(params_path, cfg, jobs, parent_id, job_deployment, poll_seconds, progress)
+            results = fan_out_jobs(params_path, cfg, jobs, parent_id, job_deployment, poll_seconds, progress, given)
         else:
             retrying = train_variant.with_options(retries=cfg.ablate.retries, retry_delay_seconds=0,
                                                   retry_condition_fn=retry_unless_diverged)
@@ -357,7 +378,7 @@ def ablations(
                 print(f"[{n}/{len(jobs)}] {job.variant} seed={job.seed}: starting")
                 started = time.perf_counter()
                 try:
-                    results.append(unwrap(retrying(params_path, job.variant, job.seed, parent_id)))
+                    results.append(unwrap(retrying(params_path, job.variant, job.seed, parent_id, given)))
                 except Exception as err:  # recorded as failed in the table, never dropped
                     if stopping.requested():  # Ctrl-C / SIGTERM as the job started: Prefect reports it as a crash
                         raise stopping.stop_exception(

@@ -13,7 +13,7 @@ import sys
 from prefect import flow
 
 from mmcse.experiments.params import load_config
-from mmcse.experiments.sweep import run_sweep
+from mmcse.experiments.sweep import best_line, run_sweep
 from mmcse.pipeline.paths import Paths
 from mmcse.tracking import prefect_tags
 
@@ -26,7 +26,7 @@ def sweep(params_path: str = "params.yaml", n_trials: int | None = None, storage
     cfg = load_config(params_path)
     summary = run_sweep(cfg, Paths.of(cfg), n_trials=n_trials, storage=storage, tags=prefect_tags(),
                         progress=progress)
-    print(summary)
+    print(best_line(summary))
     return summary
 
 

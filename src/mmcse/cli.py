@@ -166,7 +166,7 @@ def _cmd_export(args: argparse.Namespace) -> None:
 
 def _cmd_sweep(args: argparse.Namespace) -> None:
     from mmcse.experiments.params import load_config
-    from mmcse.experiments.sweep import run_sweep
+    from mmcse.experiments.sweep import best_line, run_sweep
     from mmcse.pipeline.paths import Paths
 
     cfg = load_config(args.params)
@@ -174,6 +174,7 @@ def _cmd_sweep(args: argparse.Namespace) -> None:
         cfg, Paths.of(cfg), n_trials=args.n_trials, study_name=args.study_name, storage=args.storage
     )
     print(json.dumps(summary, indent=2))
+    print(best_line(summary), file=sys.stderr)  # stdout stays JSON
 
 
 def _cmd_profile(args: argparse.Namespace) -> None:
@@ -425,6 +426,26 @@ def _model_commands(sub: argparse._SubParsersAction) -> None:
                     help="tokens kept per sentence, capped by the tokenizer's model_max_length (default 512: "
                          "mmcse eval's and the evaluate stage's)")
     ex.set_defaults(func=_cmd_export)
+    rg = sub.add_parser("register", help="register a trained, evaluated model in MLflow's model registry, its model "
+                                         "card as the description")
+    rg.add_argument("--name", required=True, help="the registered model's name (a new version when it exists)")
+    rg.add_argument("--run", default=None, help="the training run whose model to register (default: the newest "
+                                                "evaluated run of <prefix>-<train.method>, the train stage's)")
+    rg.add_argument("--params", default="params.yaml")
+    rg.set_defaults(func=_cmd_register)
+
+
+def _cmd_register(args: argparse.Namespace) -> None:
+    from mmcse import tracking
+    from mmcse.experiments.params import load_config
+    from mmcse.tracking.lineage import latest_model_run, register_run_model
+
+    cfg = load_config(args.params)
+    tracking.configure(cfg)
+    experiment = f"{cfg.base.experiment_prefix}-{cfg.train.method}"
+    run_id = args.run or latest_model_run(experiment)
+    version, uri = register_run_model(run_id, args.name)
+    print(f"registered {args.name} version {version} (run {run_id}, its model card as the description): {uri}")
 
 
 def _experiment_commands(sub: argparse._SubParsersAction) -> None:

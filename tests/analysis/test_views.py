@@ -21,6 +21,22 @@ def test_headline_columns_pick_what_a_table_compares():
         "params.`train.method`", "metrics.`best_dev_rsum`", "metrics.`test_coco_1k_rsum`"]
 
 
+def test_the_params_a_sweep_drew_are_columns_of_the_view():
+    """Issue 67.4: the values a sweep's trials drew (or an ablation's rows set) differ between runs: they are
+    columns after the method and seed; a param every run shares, or only one run logs, is not."""
+    from mmcse.analysis.views import varying_params
+
+    trials = [{"train.method": "mcse", "loss.lambda_img": "0.05", "loss.temperature": "0.05", "base.seed": "42"},
+              {"train.method": "mcse", "loss.lambda_img": "0.2", "loss.temperature": "0.07", "base.seed": "42"},
+              {"sweep.n_trials": "2"}]  # the sweep run itself
+    varying = varying_params(trials)
+    assert varying == ["loss.lambda_img", "loss.temperature"]
+    params = {k for t in trials for k in t}
+    assert headline_columns(params, {"best_dev_sts"}, set(), varying) == [
+        "params.`train.method`", "params.`base.seed`", "params.`loss.lambda_img`", "params.`loss.temperature`",
+        "metrics.`best_dev_sts`"]
+
+
 def test_the_headline_view_is_an_experiment_tag_the_ui_reads_as_json(project):
     import json
 

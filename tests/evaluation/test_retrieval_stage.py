@@ -68,7 +68,7 @@ def test_recall_is_that_of_the_trained_heads_on_the_test_images(project, method,
     # its scale, and retrieval with its chance level on the same test set
     assert card.text.lstrip().splitlines()[2].startswith("**Data: generated, not a benchmark.**")
     for name, value in scores.items():
-        assert f"| {name} | {tracked(value)} | {score_scale(name)} |" in card.text, name
+        assert f"| {name} | {tracked(value)} | {score_scale(name)}" in card.text, name
 
     images = read_jsonl(paths.raw / "retrieval/images.jsonl")
     rows = read_jsonl(paths.raw / "retrieval/captions.jsonl")

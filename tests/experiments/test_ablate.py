@@ -462,3 +462,18 @@ def test_a_row_no_seed_changes_runs_once():
     for change in ({"evaluate.pooler": "cls"}, {"model.init": "random"}, {"train.epochs": 1},
                    {"train.method": "mcse"}):
         assert not seed_free(with_overrides(untrained, change, where="test")), change
+
+
+def test_a_parent_runs_params_are_the_tables_not_one_rows():
+    """Issue 67.5: a key the rows set differently (or leave at params.yaml's value) and the seed read "table:
+    <preset>" in the ablation's parent run; a key every row sets alike has that value."""
+    from mmcse.experiments.jobs import Job, table_params
+
+    cfg = _cfg()
+    jobs = [Job("a", 1, {"train.method": "kdmcse", "loss.lambda_img": 0.5}),
+            Job("b", 2, {"train.method": "kdmcse", "loss.lambda_img": 0.25}),
+            Job("c", 1, {"train.method": "kdmcse"})]  # leaves lambda_img at params.yaml's value
+    assert cfg.loss.lambda_img not in (0.5, 0.25) and cfg.train.method != "kdmcse"
+    assert table_params(cfg, jobs) == {"base.seed": "table: variants", "loss.lambda_img": "table: variants",
+                                       "train.method": "kdmcse"}
+    assert table_params(cfg, jobs[:1])["loss.lambda_img"] == "0.5"

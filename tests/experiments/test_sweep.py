@@ -94,6 +94,7 @@ def test_two_workers_share_one_study(project):
     assert set(status.values()) == {"FINISHED"}, status
     complete = [t for t in finished if t.state == TrialState.COMPLETE]
     assert all(t.user_attrs["mlflow_run_id"] for t in complete)
+    assert not any(k.startswith("mmcse.heartbeat") for t in finished for k in t.user_attrs)  # bookkeeping: hidden
     # each worker's sweep run carries the study's settings and how far the study got
     import mlflow
 
@@ -139,12 +140,14 @@ def test_a_study_of_trials_trained_by_other_code_is_refused_by_name(monkeypatch)
     values and new ones would be compared as if made alike; refused, naming the file. Enqueued trials
     (not yet trained) do not count."""
     from mmcse.errors import StageError
-    from mmcse.integrity.code import TRAINING_CODE, code_files
+    from mmcse.integrity.code import TRAINING_CODE, code_digest, code_files
 
     study = optuna.create_study(direction="maximize")
     study.enqueue_trial({"x": 1})
     sweep.claim_study_code(study, "s", "memory")  # only an enqueued trial: claimed
-    assert study.user_attrs[sweep.CODE_ATTR] == code_files(TRAINING_CODE)
+    # issue 67.4: one digest in the user's view; the files' hashes (naming what changed) are bookkeeping
+    assert study.user_attrs[sweep.CODE_ATTR] == code_digest(code_files(TRAINING_CODE))
+    assert study._storage.get_study_system_attrs(study._study_id)[sweep.CODE_FILES_ATTR] == code_files(TRAINING_CODE)
     study.tell(study.ask(), 0.5)  # the enqueued trial, trained
     study.tell(study.ask(), 0.7)
     sweep.claim_study_code(study, "s", "memory")  # the same code: goes on

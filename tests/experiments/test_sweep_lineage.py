@@ -74,6 +74,14 @@ def test_a_sweeps_trials_show_as_runs_under_one_parent_with_their_models(project
     study = optuna.load_study(study_name="lineage", storage=f"sqlite:///{project}/mlruns/optuna.db")
     trials = [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     assert len(trials) == 3
+    # issue 67.4: the sweep's last line names where the best trial's model is
+    best = study.best_trial
+    assert (summary["best_trial"], summary["best_run_id"], summary["best_model_id"]) == (
+        best.number, best.user_attrs[sweep.RUN_ATTR], best.user_attrs[sweep.MODEL_ATTR])
+    assert (Path(summary["best_checkpoint"]) / "model.safetensors").is_file()
+    line = sweep.best_line(summary)
+    assert f"best trial {best.number} (" in line and summary["best_checkpoint"] in line
+    assert f"MLflow run {best.user_attrs[sweep.RUN_ATTR]}, model {best.user_attrs[sweep.MODEL_ATTR]}" in line
 
     proc, rest = _serve(cfg)
     try:

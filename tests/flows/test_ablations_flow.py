@@ -125,7 +125,7 @@ def test_flow_trains_every_variant_retries_failures_and_resumes(project, harness
     assert {j["run_id"] for j in jobs if j["status"] == "ok"} <= children
 
 
-def test_preset_sweep_gives_the_table_in_order_and_a_line_plot(project, harness):
+def test_a_preset_chosen_as_the_flows_parameter_gives_its_table_in_order_and_a_line_plot(project, harness):
     import json
     import sys
 
@@ -137,11 +137,12 @@ def test_preset_sweep_gives_the_table_in_order_and_a_line_plot(project, harness)
         'description: "margin sweep"\nbase: {train.method: kdmcse}\nreference: "m=0.1"\n'
         "plot_x: loss.kdmcse.margin\nvariants:\n"
         '  "m=0.2": {loss.kdmcse.margin: 0.2}\n  "m=0.1": {loss.kdmcse.margin: 0.1}\n')
-    raw = yaml.safe_load((project / "params.yaml").read_text())
-    raw["ablate"].update(preset="margin", seeds=[1, 2])
-    raw["train"]["max_steps"] = 4
-    (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
-    rows = ablations("params.yaml")
+    # issue 67.3: the preset and overrides as the deployment's parameters (`prefect deployment run
+    # 'ablations/ablations' --param preset=margin --params '{"overrides": …}'`), params.yaml left as it is
+    before = (project / "params.yaml").read_text()
+    assert yaml.safe_load(before)["ablate"]["preset"] == "none"
+    rows = ablations("params.yaml", preset="margin", overrides={"ablate.seeds": [1, 2], "train.max_steps": 4})
+    assert (project / "params.yaml").read_text() == before
     assert [r["variant"] for r in rows] == ["m=0.2", "m=0.1"]  # the preset's row order
     assert all(r["status"] == "ok" and r["seeds"] == 2 for r in rows)
     md = (project / "ablation/ablation.md").read_text().splitlines()
@@ -149,6 +150,14 @@ def test_preset_sweep_gives_the_table_in_order_and_a_line_plot(project, harness)
     assert (project / "plots/ablation.png").stat().st_size > 1000
     metrics = json.loads((project / "metrics/ablate.json").read_text())
     assert metrics["preset"] == "margin" and set(metrics["variants"]) == {"m=0.2", "m=0.1"}
+    # issue 67.5: the parent run holds no row's margin or seed; the method every row shares is its own
+    import sqlite3
+
+    with sqlite3.connect(project / "mlruns/mlflow.db") as db:
+        (parent,) = db.execute("select run_uuid from runs where name = 'ablation margin'").fetchall()
+        params = dict(db.execute("select key, value from params where run_uuid = ?", parent).fetchall())
+    assert params["loss.kdmcse.margin"] == params["base.seed"] == "table: margin"
+    assert params["train.method"] == "kdmcse" and params["ablation.preset"] == "margin"
 
 
 def test_a_diverged_job_fails_at_once_without_retries_and_the_ablation_goes_on(project, harness, monkeypatch):
@@ -189,7 +198,7 @@ def test_a_stop_that_lands_as_a_job_starts_stops_the_flow_not_just_the_job(proje
         def with_options(self, **_):
             return self
 
-        def __call__(self, params_path, variant, seed, parent_run_id):
+        def __call__(self, params_path, variant, seed, parent_run_id, overrides):
             started.append((variant, seed))
             stopping._REQUESTED.set()  # as the handler left it: the stop raised inside Prefect's engine
             stopping._SIGNAL[:] = [2]

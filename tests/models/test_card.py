@@ -83,3 +83,22 @@ def test_the_commit_is_this_checkouts_or_unknown(tmp_path):
     commit = source_state()["commit"]
     assert commit == "unknown" or len(commit) == 40
     assert source_state(tmp_path)["commit"] == "unknown"
+
+
+def test_the_first_screen_judges_the_model_and_the_teachers_row_names_each_model_once():
+    """Issue 67.6: the scores come before the recipe, the headline score says it is the headline, a geometry score
+    that rose above the untrained encoder's (lower is better) says so, and two poolers of one teacher are one
+    entry of the teachers row."""
+    cfg = with_overrides(Config(), {"train.method": "dalr"})
+    assert [x.teacher for x in cfg.teachers.text] == ["packaged:all-MiniLM-L6-v2"] * 2  # the demo's two poolers
+    scores = {"avg": 66.2, "dev_alignment": 0.513, "dev_uniformity": -2.5}
+    untrained = {"avg": 58.7, "dev_alignment": 0.258, "dev_uniformity": -2.0}
+    text = model_card(cfg, scores, ENV, "0123abc", untrained=untrained).split("\n---\n", 1)[1]
+    assert text.index("## Scores") < text.index("## Recipe") < text.index("## Use")
+    rows = {line.split(" | ")[0].lstrip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    assert "the headline" in rows["avg"] and "worse than untrained" not in rows["avg"]
+    assert "**worse than untrained** (0.258 → 0.513)" in rows["dev_alignment"]
+    assert "worse than untrained" not in rows["dev_uniformity"]  # −2.5 is below −2.0: more uniform
+    (teachers,) = [line for line in text.splitlines() if line.startswith("| teachers |")]
+    assert teachers.count("packaged:all-MiniLM-L6-v2") == 1
+    assert "packaged:all-MiniLM-L6-v2 (avg_first_last ×0.33, avg ×0.67)" in teachers

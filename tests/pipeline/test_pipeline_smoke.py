@@ -122,6 +122,13 @@ def test_mlflow_has_runs_params_curves_table_and_figures(repo_copy):
         # the evaluated student as an MLflow model of the run (its "Logged models")
         (uri,) = db.execute("select value from tags where run_uuid=? and key='mmcse.model_uri'", (run_id,)).fetchone()
         assert uri.startswith("models:/")
+        # issue 67.5: the model card is the run's description and its logged model's ("No description" before)
+        (note,) = db.execute("select value from tags where run_uuid=? and key='mlflow.note.content'",
+                             (run_id,)).fetchone()
+        assert note.startswith("# ") and "## Scores" in note and "**Data: generated" in note
+        (model_note,) = db.execute("select tag_value from logged_model_tags where model_id=? and tag_key="
+                                   "'mlflow.note.content'", (uri.removeprefix("models:/"),)).fetchone()
+        assert model_note == note
     artifacts = {p.name for p in (root / "mlruns/artifacts").rglob("*") if p.is_file()}
     assert {"ablation_table.json", "ablation.png", "sts_scatter.png", "training_curves.png", "MLmodel"} <= artifacts
 

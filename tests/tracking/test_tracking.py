@@ -437,3 +437,47 @@ def test_a_run_made_in_a_dvc_experiments_copy_lands_in_the_project(tmp_path, mon
     monkeypatch.delenv("DVC_ROOT")
     assert tracking.remembered_run("models/student", config_hash="h")["run_id"] == "run-in-the-copy"
     assert ensure_sqlite_parent("sqlite:///mlruns/mlflow.db") == f"sqlite:///{home.resolve()}/mlruns/mlflow.db"
+
+
+def test_a_card_as_a_description_is_its_body_without_the_hubs_metadata_or_the_configuration():
+    """Issue 67.5: what the training run's and its model's page show first, instead of "No description"."""
+    from mmcse.tracking.lineage import NOTE_LIMIT, card_description
+
+    card = ("---\nlibrary_name: sentence-transformers\n---\n\n# mmcse sentence encoder\n\n**Data**: x\n\n"
+            "## Scores\n\n| score | value |\n\n## Training\n\n- mmcse commit: `abc`\n\n```yaml\nbase: {}\n```\n")
+    assert card_description(card) == "# mmcse sentence encoder\n\n**Data**: x\n\n## Scores\n\n| score | value |"
+    long = card_description("# t\n\n" + "x" * 20_000)
+    assert len(long) <= NOTE_LIMIT and long.endswith("(the card: README.md)")
+
+
+def test_mmcse_register_makes_a_version_whose_description_is_the_card(project, capsys):
+    """Issue 67.5: `mmcse register` puts the train stage's evaluated model into MLflow's registry, its card as the
+    registered model's and the version's description; a run without a model is one line."""
+    import mlflow
+
+    from mmcse import tracking
+    from mmcse.cli import main
+    from mmcse.experiments.params import load_config
+    from mmcse.tracking.lineage import MODEL_URI_TAG, NOTE_TAG
+
+    class Echo(mlflow.pyfunc.PythonModel):
+        def predict(self, context, model_input):
+            return model_input
+
+    cfg = load_config("params.yaml")
+    tracking.configure(cfg)
+    mlflow.set_experiment(f"{cfg.base.experiment_prefix}-{cfg.train.method}")
+    with mlflow.start_run() as bare:
+        pass
+    with mlflow.start_run() as run:
+        info = mlflow.pyfunc.log_model(name="student", python_model=Echo(), pip_requirements=[])
+        mlflow.set_tags({MODEL_URI_TAG: info.model_uri, NOTE_TAG: "# the card\n\n## Scores"})
+    main(["register", "--name", "demo-student"])  # the newest evaluated run: `run`
+    assert capsys.readouterr().out.strip().endswith("models:/demo-student/1")
+    client = mlflow.MlflowClient()
+    assert client.get_registered_model("demo-student").description == "# the card\n\n## Scores"
+    version = client.get_model_version("demo-student", "1")
+    assert (version.description, version.run_id) == ("# the card\n\n## Scores", run.info.run_id)
+    with pytest.raises(SystemExit) as stopped:
+        main(["register", "--name", "demo-student", "--run", bare.info.run_id])
+    assert stopped.value.code == 2 and "logged no evaluated model" in capsys.readouterr().err

@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +43,26 @@ HEADLINE_PARAMS = ("train.method", "base.seed")
 HEADLINE_DEV = ("best_dev_sts", "best_dev_rsum")
 
 
-def headline_columns(params: set[str], metrics: set[str], tags: set[str]) -> list[str]:
+MAX_VARYING = 8  # params whose values differ between an experiment's runs, shown after the method and seed
+
+
+def varying_params(runs_params: Sequence[Mapping[str, str]]) -> list[str]:
+    """The params that hold more than one value over the runs that log them (a sweep's drawn values, an
+    ablation's row settings), at most `MAX_VARYING`, by name: what the runs table compares them by."""
+    values: dict[str, set[str]] = {}
+    for params in runs_params:
+        for key, value in params.items():
+            values.setdefault(key, set()).add(value)
+    return sorted(k for k, v in values.items() if len(v) > 1 and k not in HEADLINE_PARAMS)[:MAX_VARYING]
+
+
+def headline_columns(params: set[str], metrics: set[str], tags: set[str], varying: Sequence[str] = ()) -> list[str]:
     """The runs-table columns (the UI's ``<type>.`<key>`` names) of `HEADLINE_VIEW` for runs that
-    log ``params``, ``metrics`` and ``tags``: method and seed, `VARIANT_TAG` / `SEED_TAG`, the best
-    dev score, the test STS / transfer / MTEB averages, every test set's rsum and its NDCG means."""
+    log ``params``, ``metrics`` and ``tags``: method and seed, the ``varying`` params (`varying_params`),
+    `VARIANT_TAG` / `SEED_TAG`, the best dev score, the test STS / transfer / MTEB averages, every test set's
+    rsum and its NDCG means."""
     columns = [f"params.`{p}`" for p in HEADLINE_PARAMS if p in params]
+    columns += [f"params.`{p}`" for p in varying if p in params and p not in HEADLINE_PARAMS]
     columns += [f"tags.`{t}`" for t in (VARIANT_TAG, SEED_TAG) if t in tags]
     columns += [f"metrics.`{m}`" for m in HEADLINE_DEV if m in metrics]
     columns += [f"metrics.`{m}`" for m in sorted(metrics, key=_test_order) if m.startswith("test_") and is_headline(m)]
@@ -66,7 +82,7 @@ def set_headline_view(experiment_id: str, max_runs: int = 1000) -> list[str]:
     params = {k for r in runs for k in r.data.params}
     metrics = {k for r in runs for k in r.data.metrics}
     tags = {k for r in runs for k in r.data.tags}
-    columns = headline_columns(params, metrics, tags)
+    columns = headline_columns(params, metrics, tags, varying_params([r.data.params for r in runs]))
     dev = next((f"metrics.`{m}`" for m in HEADLINE_DEV if m in metrics), None)
     view: dict[str, Any] = {"selectedColumns": columns, "runsHiddenMode": "SHOW_ALL"}
     if dev:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mmcse.config import LAUNCH_KEYS, RETRIEVAL_METHODS, Config, to_dict, with_overrides
+from mmcse.config.coercion import flatten
 from mmcse.errors import InputError
 from mmcse.integrity.code import TRAINING_CODE, code_digest, code_files
 from mmcse.integrity.keys import artifact_keys
@@ -73,9 +74,29 @@ def job_run_name(job: Job) -> str:
 def parent_run_name(cfg: Config) -> str:
     """The MLflow run name of an ablation's parent run: ``ablation <preset>``, else ``ablation
     <ablate.title>``, else ``ablation variants``."""
+    return f"ablation {table_label(cfg)}"
+
+
+def table_params(cfg: Config, jobs: Sequence[Job]) -> dict[str, str]:
+    """An ablation parent run's params where ``cfg``'s are not the table's: a key every job sets to one value (a
+    preset's ``base``) has that value; one the jobs hold different values of (a key a row leaves alone has
+    ``cfg``'s), and ``base.seed`` (a job's seed replaces it), read ``table: <table_label>``: no row's value stands
+    for a table that mixes them."""
+    flat = flatten(to_dict(cfg))
+    table = f"table: {table_label(cfg)}"
+    params = {"base.seed": table}
+    for key in sorted({key for job in jobs for key in job.overrides}):
+        values = {repr(job.overrides.get(key, flat.get(key))): job.overrides.get(key, flat.get(key)) for job in jobs}
+        params[key] = str(next(iter(values.values()))) if len(values) == 1 else table
+    return params
+
+
+def table_label(cfg: Config) -> str:
+    """What an ablation's table is (its parent run's name and its row keys' value): its preset, else its title, else
+    ``variants`` (params.yaml's ``ablate.variants``)."""
     if cfg.ablate.preset != "none":
-        return f"ablation {cfg.ablate.preset}"
-    return f"ablation {cfg.ablate.title.strip() or 'variants'}"
+        return cfg.ablate.preset
+    return cfg.ablate.title.strip() or "variants"
 
 
 def job_config(cfg: Config, job: Job) -> Config:

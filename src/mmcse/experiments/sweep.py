@@ -57,7 +57,7 @@ from mmcse.training.engine import Hooks
 HEARTBEAT_INTERVAL = 30
 GRACE_PERIOD = 120
 POLL_SECONDS = 5.0
-HEARTBEAT_ATTR = "mmcse.heartbeat"  # user attr: this trial's heartbeats are kept (see _next_trial)
+HEARTBEAT_ATTR = "mmcse.heartbeat"  # trial system attr (bookkeeping, not the user's): its heartbeats are kept
 # Towards n_trials count finished trials and running ones (another worker's trial will finish).
 # Not WAITING (enqueued) ones: `study.ask` hands those out first, so they are run, not skipped.
 REQUEUED_ATTR = "mmcse.requeued_from"  # a trial whose parameters are those of a stopped one (its number)
@@ -66,7 +66,8 @@ WAIT = object()  # _next_trial: no trial for now, look again
 # A trial whose training diverged (`mmcse.errors.TrainingDiverged`) ends FAIL with this user attr (the
 # reason) and counts towards n_trials: a space that diverges everywhere ends, the study goes on otherwise.
 DIVERGED_ATTR = "mmcse.diverged"
-CODE_ATTR = "mmcse.training_code"  # study user attr: {file: SHA-256} of the code its trials train with
+CODE_ATTR = "mmcse.training_code"  # study user attr: one digest of the code its trials train with
+CODE_FILES_ATTR = "mmcse.training_code_files"  # study system attr: {file: SHA-256} behind it (names what changed)
 # the study -> MLflow links (the MLflow -> study ones are the runs' and models' tags, `trial_tags`): the
 # study's experiment, and each finished trial's run, logged model and checkpoint folder
 EXPERIMENT_ATTR = "mlflow_experiment_id"
@@ -246,7 +247,24 @@ def study_summary(study: Any, study_name: str) -> dict[str, Any]:
         "pruned": len(finished) - len(complete),
         "best_value": best.value if best else None,
         "best_params": best.params if best else None,
+        # where the best trial's model is: its checkpoint folder, its MLflow run and logged model (`link_trial`)
+        "best_trial": best.number if best else None,
+        "best_checkpoint": best.user_attrs.get(CHECKPOINT_ATTR) if best else None,
+        "best_run_id": best.user_attrs.get(RUN_ATTR) if best else None,
+        "best_model_id": best.user_attrs.get(MODEL_ATTR) if best else None,
     }
+
+
+def best_line(summary: Mapping[str, Any]) -> str:
+    """A sweep's last line: the best trial, its value and drawn values, where its checkpoint, MLflow run and
+    model are (`study_summary`)."""
+    if summary.get("best_trial") is None:
+        return f"sweep {summary['study']}: {summary['trials']} trials finished, none complete: no best trial yet"
+    drawn = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                      for k, v in (summary.get("best_params") or {}).items())
+    return (f"sweep {summary['study']}: best trial {summary['best_trial']} ({summary['best_value']:.2f}; {drawn}) of "
+            f"{summary['trials']}; checkpoint {summary['best_checkpoint']}; MLflow run {summary['best_run_id']}, "
+            f"model {summary['best_model_id']}")
 
 
 def claim_study_code(study: Any, study_name: str, storage_url: str) -> None:
@@ -254,17 +272,21 @@ def claim_study_code(study: Any, study_name: str, storage_url: str) -> None:
     refuse a study whose trials were trained by other code (a loss or the loop edited since, or a worker
     with another checkout): their values and a new trial's would be compared as if made alike."""
     current = code_files(TRAINING_CODE)
+    files = study._storage.get_study_system_attrs(study._study_id).get(CODE_FILES_ATTR)
     recorded = study.user_attrs.get(CODE_ATTR)
-    if recorded is not None and code_digest(recorded) == code_digest(current):
+    if isinstance(recorded, dict):  # a study of an mmcse that kept the files' hashes as the user attr
+        files, recorded = recorded, code_digest(recorded)
+    if recorded is not None and recorded == code_digest(current):
         return
     made = [t for t in study.get_trials(deepcopy=False) if t.state != TrialState.WAITING]
     if made:
         raise StageError(
             f"sweep study {study_name!r} in {storage_url} holds {len(made)} trial{'s' * (len(made) != 1)} trained by "
             f"other library code "
-            f"(changed since: {changed_code(recorded, current)}); their values cannot be set against new trials'. "
+            f"(changed since: {changed_code(files, current)}); their values cannot be set against new trials'. "
             "Name a new study (sweep.study_name, or --study-name) or delete this one (optuna delete-study)")
-    study.set_user_attr(CODE_ATTR, current)
+    study.set_user_attr(CODE_ATTR, code_digest(current))  # what a user sees: one digest
+    study._storage.set_study_system_attr(study._study_id, CODE_FILES_ATTR, current)
 
 
 def study_tags(study_name: str, storage_url: str) -> dict[str, str]:
@@ -319,13 +341,13 @@ def _next_trial(study: Any, rdb: Any, lock: AbstractContextManager[Any], n_trial
         # ask() warns that heartbeats are meant for optimize(): this loop records them itself
         warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
         for orphan in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            if HEARTBEAT_ATTR not in orphan.user_attrs:
+            if HEARTBEAT_ATTR not in orphan.system_attrs:
                 # RUNNING with no heartbeat ever (its worker died between ask and first beat, or an
                 # older mmcse, or another tool): Optuna never fails such a trial, so give it one beat;
                 # it goes stale GRACE_PERIOD s later unless its worker beats (a live older mmcse
                 # worker does not: its trial is failed then, and its tell is skipped or errors).
                 try:
-                    rdb.set_trial_user_attr(orphan._trial_id, HEARTBEAT_ATTR, "adopted")
+                    rdb.set_trial_system_attr(orphan._trial_id, HEARTBEAT_ATTR, "adopted")
                 except optuna.exceptions.UpdateFinishedTrialError:
                     continue  # finished meanwhile by a worker that does not take the lock
                 rdb.record_heartbeat(orphan._trial_id)
@@ -341,7 +363,7 @@ def _next_trial(study: Any, rdb: Any, lock: AbstractContextManager[Any], n_trial
         trial = study.ask()  # takes an enqueued (WAITING) trial first, if any
         # first beat before the lock is released: no other worker sees this trial without one
         rdb.record_heartbeat(trial._trial_id)  # no public trial id; Optuna's _optimize uses it too
-        trial.set_user_attr(HEARTBEAT_ATTR, "worker")
+        rdb.set_trial_system_attr(trial._trial_id, HEARTBEAT_ATTR, "worker")
         return trial
 
 

@@ -99,11 +99,25 @@ def score_scale(name: str) -> str:
     """The measure and range of the score ``name`` (`SCALES`; NDCG, STS and transfer tasks by their names)."""
     if "NDCG" in name:
         return "graded NDCG@K of the ranking, 0–1"
-    if name in STS_TASKS or name == "avg":
+    if name == "avg":
+        return "the headline: mean of the STS test sets' Spearman correlations of cosine similarities ×100, −100–100"
+    if name in STS_TASKS:
         return "Spearman's correlation of cosine similarities ×100, −100–100"
     if name in TRANSFER_TASKS:
         return "accuracy ×100"
     return next((scale for end, scale in SCALES if name.endswith(end)), "")
+
+
+LOWER_IS_BETTER = ("alignment", "uniformity")  # geometry scores (Wang & Isola 2020): lower is closer / more uniform
+
+
+def worse_than_untrained(name: str, value: float, untrained: dict[str, float]) -> str:
+    """A word for a geometry score that moved the wrong way in training (above the untrained encoder's, where lower
+    is better): a reader of the card should not take 0.26 → 0.51 for progress."""
+    before = untrained.get(name)
+    if not name.endswith(LOWER_IS_BETTER) or not isinstance(before, (int, float)) or value <= before:
+        return ""
+    return f"; **worse than untrained** ({before} → {value})"
 
 
 def data_statement(cfg: Config) -> str:
@@ -122,7 +136,10 @@ def data_statement(cfg: Config) -> str:
 def recipe_rows(cfg: Config) -> list[str]:
     """The recipe in a short table: method, start, teachers, data, steps, the points where paper and code differ."""
     t, joint = cfg.teachers, cfg.teachers.joint
-    text = ", ".join(f"{x.teacher} ×{x.weight}" for x in t.text) or "none"
+    poolers: dict[str, list[str]] = {}  # one entry per distinct teacher model, its poolers and weights inside
+    for x in t.text:
+        poolers.setdefault(x.teacher, []).append(f"{x.pooler} ×{x.weight}")
+    text = "; ".join(f"{teacher} ({', '.join(ways)})" for teacher, ways in poolers.items()) or "none"
     method = cfg.train.method
     own = {p.key: value for p in READING_POINTS if p.paper == method
            for value in [_setting(cfg, p.key)]}
@@ -168,14 +185,22 @@ def model_card(cfg: Config, scores: dict[str, float], environment: dict[str, str
         eval_results=_eval_results(scores) or None)
     resolved = {k: v for k, v in to_dict(cfg).items() if k not in ("ablate", "sweep")}
     chance, untrained = tracked(dict(chance or {})), tracked(dict(untrained or {}))
-    rows = "\n".join(f"| {name} | {value} | {score_scale(name)} | {untrained.get(name, '')} | {chance.get(name, '')} |"
-                     for name, value in sorted(scores.items()))
+    rows = "\n".join(f"| {name} | {value} | {score_scale(name)}{worse_than_untrained(name, value, untrained)} | "
+                     f"{untrained.get(name, '')} | {chance.get(name, '')} |" for name, value in sorted(scores.items()))
     return "\n".join([
         "---", data.to_yaml(), "---", "",
         f"# {model_name}", "",
         data_statement(cfg), "",
         f"A sentence encoder trained with **{method}** by mmcse: {title}. It starts from `{base}` and encodes a "
         f"sentence into one vector (pooler `{cfg.evaluate.pooler}`, as it was scored).", "",
+        "## Scores", "",
+        "The evaluate stage's scores (`metrics/eval.json`, keyed `test_<name>` there; the dev geometry `dev_<name>`), "
+        "each with its scale. "
+        "Retrieval (`<set>_i2t_*`: an image's captions among all captions; `<set>_t2i_*`: a caption's image among all "
+        "images) is beside what a random ranking scores on the same set in expectation (chance). *Untrained*: the "
+        f"encoder training started from (`{base}`, the method's heads as initialised) on the same sets.", "",
+        "| score | value | scale | untrained | chance |", "|---|---|---|---|---|", rows, "",
+        "## Recipe", "",
         *recipe_rows(cfg), "",
         "**License**: not set. Add a `license:` to the metadata above before publishing, compatible with the "
         f"licenses of `{base}` and of the training data.", "",
@@ -184,13 +209,6 @@ def model_card(cfg: Config, scores: dict[str, float], environment: dict[str, str
         'model = SentenceTransformer("path/to/this/folder")',
         'embeddings = model.encode(["A dog runs on the beach.", "A puppy plays in the sand."])',
         "print(model.similarity(embeddings, embeddings))", "```", "",
-        "## Scores", "",
-        "The evaluate stage's scores (`metrics/eval.json`, keyed `test_<name>` there; the dev geometry `dev_<name>`), "
-        "each with its scale. "
-        "Retrieval (`<set>_i2t_*`: an image's captions among all captions; `<set>_t2i_*`: a caption's image among all "
-        "images) is beside what a random ranking scores on the same set in expectation (chance). *Untrained*: the "
-        f"encoder training started from (`{base}`, the method's heads as initialised) on the same sets.", "",
-        "| score | value | scale | untrained | chance |", "|---|---|---|---|---|", rows, "",
         "## Training", "",
         f"- mmcse commit: `{commit}`" + (f", **with uncommitted changes in** {', '.join(changed)}" if changed else ""),
         *([f"- training code digest: `{code}`"] if code else []),

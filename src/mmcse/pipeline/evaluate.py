@@ -45,12 +45,13 @@ from mmcse.integrity.files import check_model_folder
 from mmcse.integrity.keys import require_top_level
 from mmcse.io import read_json, read_jsonl, write_text
 from mmcse.methods.objectives import Objective, image_head
-from mmcse.models.card import write_model_card
+from mmcse.models.card import CARD, write_model_card
 from mmcse.models.device import resolve_device, with_base_threads
 from mmcse.models.export import log_mlflow_model
 from mmcse.models.tokens import cached_tokens
 from mmcse.pipeline.paths import Paths
 from mmcse.pipeline.relevance import relevance_for
+from mmcse.tracking.lineage import describe_with_card
 from mmcse.training.batches import teacher_set_folder
 from mmcse.training.checkpoints import code_change, run_definition_hash
 from mmcse.training.duet import RetrievalSplit, load_duet, split_embeddings
@@ -297,7 +298,11 @@ def record_evaluation(cfg: Config, scores: dict[str, float], outputs: EvalOutput
             for artifact, folder in made.folders.items():
                 mlflow.log_artifacts(str(folder), artifact)
             if made.model is not None:
-                mlflow.set_tag("mmcse.model_uri", log_mlflow_model(*made.model))
+                uri = log_mlflow_model(*made.model)
+                mlflow.set_tag("mmcse.model_uri", uri)
+                card = Path(made.model[0]) / CARD
+                if card.is_file():  # the model card as the run's and the model's description
+                    describe_with_card(card.read_text(), outputs.run_id, uri)
     plots_dir = outputs.plots_dir
     if plots_dir is not None:
         save_figure(made.sts_scatter, plots_dir / "sts_scatter.png")

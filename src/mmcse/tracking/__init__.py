@@ -10,7 +10,7 @@ import re
 import socket
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -261,8 +261,11 @@ def experiment(cfg: Config, name: str) -> str:
     return mlflow.create_experiment(full, tags=kind)
 
 
-def log_config(cfg: Config) -> None:
+def log_config(cfg: Config, replaced: Mapping[str, str] | None = None) -> None:
+    """``cfg``'s every dotted key as a param of the active run, those of ``replaced`` with its values instead (an
+    ablation's parent run: `mmcse.experiments.jobs.table_params`)."""
     params = {k: str(v)[:500] for k, v in flatten(to_dict(cfg)).items()}
+    params.update({key: value[:500] for key, value in (replaced or {}).items() if key in params})
     items = list(params.items())
     for start in range(0, len(items), 90):  # MLflow caps params per batch
         mlflow.log_params(dict(items[start : start + 90]))

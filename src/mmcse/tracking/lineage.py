@@ -16,6 +16,7 @@ from pathlib import Path
 
 import mlflow
 
+from mmcse.errors import InputError
 from mmcse.integrity.files import SEAL, file_sha256
 
 CHECKPOINT_TAG = "mmcse.checkpoint"  # a model's (and its run's) checkpoint folder, absolute
@@ -52,3 +53,60 @@ def link_checkpoint_model(
     for key, value in {MODEL_TAG: model.model_id, CHECKPOINT_TAG: str(folder)}.items():
         client.set_tag(run_id, key, value)
     return model.model_id
+
+
+NOTE_TAG = "mlflow.note.content"  # MLflow's description of a run (its page's "Description"); on a model too
+NOTE_LIMIT = 7_000  # MLflow keeps a tag's value up to 8,000 characters
+
+
+def card_description(card: str) -> str:
+    """A model card (`mmcse.models.card`) as a description: its body without the hub's metadata, up to its
+    training record (the resolved configuration is the run's params already), at most `NOTE_LIMIT` characters."""
+    body = card.split("\n---\n", 1)[1] if card.startswith("---") and "\n---\n" in card else card
+    body = body.split("\n## Training", 1)[0].strip()
+    return body if len(body) <= NOTE_LIMIT else body[: NOTE_LIMIT - 40].rstrip() + "\n\n… (the card: README.md)"
+
+
+def describe_with_card(card: str, run_id: str, model_uri: str | None = None) -> None:
+    """The card as the description of run ``run_id`` and of its logged model ``model_uri`` (``models:/<id>``):
+    what the MLflow UI shows first on their pages, instead of "No description"."""
+    text = card_description(card)
+    client = mlflow.MlflowClient()
+    client.set_tag(run_id, NOTE_TAG, text)
+    if model_uri and model_uri.startswith("models:/"):
+        client.set_logged_model_tags(model_uri.removeprefix("models:/").split("/")[0], {NOTE_TAG: text})
+
+
+MODEL_URI_TAG = "mmcse.model_uri"  # on a training run: the MLflow model its evaluation logged (the evaluate stage)
+
+
+def latest_model_run(experiment: str) -> str:
+    """The newest finished run of ``experiment`` whose evaluation logged a model (`MODEL_URI_TAG`)."""
+    runs = mlflow.search_runs(experiment_names=[experiment], filter_string=f"tags.`{MODEL_URI_TAG}` LIKE 'models:/%' "
+                              "and attributes.status = 'FINISHED'", order_by=["attributes.start_time DESC"],
+                              max_results=1, output_format="list")
+    if not runs:
+        raise InputError(f"experiment {experiment!r} has no finished run with an evaluated model; run the train and "
+                         "evaluate stages first (dvc repro evaluate), or name one with --run")
+    return runs[0].info.run_id
+
+
+def register_run_model(run_id: str, name: str) -> tuple[str, str]:
+    """The model run ``run_id``'s evaluation logged, registered as a new version of ``name`` (created where
+    missing) in the tracking store's registry, the run's description (its model card, `describe_with_card`) as
+    the version's and the registered model's description. Returns ``(version, "models:/<name>/<version>")``."""
+    client = mlflow.MlflowClient()
+    try:
+        run = client.get_run(run_id)
+    except mlflow.exceptions.MlflowException:
+        raise InputError(f"--run {run_id}: no such run in the tracking store") from None
+    uri = run.data.tags.get(MODEL_URI_TAG)
+    if not uri:
+        raise InputError(f"run {run_id} ({run.info.run_name}) logged no evaluated model (no tag {MODEL_URI_TAG}); "
+                         "evaluate it first (the evaluate stage)")
+    note = run.data.tags.get(NOTE_TAG, "")
+    version = mlflow.register_model(uri, name, tags={"mmcse.run_id": run_id})
+    if note:
+        client.update_model_version(name, version.version, description=note)
+        client.update_registered_model(name, description=note)
+    return str(version.version), f"models:/{name}/{version.version}"
