@@ -52,6 +52,7 @@ from mmcse.experiments.jobs import (
     expand,
     job_config,
     job_hash,
+    job_run_name,
     parent_run_name,
     table_params,
 )
@@ -64,7 +65,7 @@ from mmcse.experiments.prefect_server import (
 )
 from mmcse.experiments.stand_ins import check_stand_ins
 from mmcse.pipeline.paths import Paths
-from mmcse.tracking import prefect_tags
+from mmcse.tracking import prefect_tags, record_reuse
 
 JOB_DEPLOYMENT = "ablation-job/ablation-job"  # <flow name>/<deployment name> in prefect.yaml
 FAN_OUT = ("local", "deployment")
@@ -271,6 +272,7 @@ def fan_out_jobs(
         done = finished_result(job.folder(root), hashes[i], Paths.of(cfg).jobs)
         if done is not None and done.get("score_names") == SCORE_NAMES:  # older names: a worker rescores it
             results[i] = done | {"skipped": True}
+            record_reuse(parent_run_id, job_run_name(job), done.get("run_id"), prefect_tags())
     todo = [i for i in range(len(jobs)) if i not in results]
     if results and on_result is not None:
         on_result(list(results.values()))
@@ -351,7 +353,9 @@ def ablations(
     ablation = ablation_hash(cfg, jobs)
     tracking.configure(cfg)
     previous = tracking.existing_run(previous_parent(paths.ablations, ablation))
-    with tracking.run(cfg, "ablate", run_name=parent_run_name(cfg), run_id=previous, tags={"fan_out": mode},
+    # the flow run (and worker) on the parent: a rerun that continues it names the newest one
+    with tracking.run(cfg, "ablate", run_name=parent_run_name(cfg), run_id=previous,
+                      tags={"fan_out": mode, **prefect_tags()},
                       job=str(paths.ablations.resolve())) as parent:
         parent_id = parent.info.run_id
         remember_parent(paths.ablations, ablation, parent_id)

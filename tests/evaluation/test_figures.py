@@ -569,7 +569,10 @@ def test_ablation_bars_draw_a_panel_per_headline_score_with_each_variants_mean()
     assert [ax.get_title() for ax in axes] == ["STS avg (mean ± std)", "demo_rsum (mean ± std)"]
     assert [p.get_height() for p in axes[0].patches] == pytest.approx([66.42, 66.36])
     assert [t.get_text() for t in axes[0].texts] == ["66.42", "66.36"]
-    assert [t.get_text() for t in axes[1].texts] == ["32.60"]  # a variant without the score: no label
+    assert [t.get_text() for t in axes[1].texts] == ["32.60", "no score"]  # issue 67.7: a missing score is said
     lo, hi = axes[0].get_ylim()
-    assert 60 < lo < 66.19 and 66.65 < hi < 72  # the bars and their std inside, zoomed: not drawn from 0
-    plt.close(fig)
+    # issue 67.7: the bars stand on 0, their std and label inside (an axis from 65 made a 0.06 gap look large)
+    assert lo == 0 and 66.65 < hi < 80
+    negative = ablation_bars(["a", "b"], [("dev_uniformity", [-2.5, -2.4], [0.1, 0.0])]).get_axes()[0]
+    assert negative.get_ylim()[0] < -2.6 and negative.get_ylim()[1] == 0
+    plt.close("all")

@@ -87,6 +87,8 @@ def test_plan_lists_only_what_a_rows_method_reads(tmp_path):
     simcse_block = text.split("\nSimCSE: ")[1].split("\n\n")[0]
     mcse_block = text.split("\nMCSE: ")[1].split("\n\n")[0]
     assert "loss.lambda_img" not in simcse_block and "loss.lambda_img" in mcse_block
+    # issue 67.7: the header says what `recipe` means beside the rows' "reading: as printed"
+    assert f"reading: each row's recipe's (ablate.reading: {result['reading']})" in text.splitlines()[0]
 
 
 def test_aggregate_mean_std_paired_ttest_and_failed_rows():

@@ -123,6 +123,16 @@ def test_flow_trains_every_variant_retries_failures_and_resumes(project, harness
         experiment_names=["mmcse-ablate"], filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
         output_format="list")}
     assert {j["run_id"] for j in jobs if j["status"] == "ok"} <= children
+    # issue 67.3: the rerun says in MLflow what it did with each finished job: a record under the parent, naming
+    # the run it reused (no row tag: nothing counts it as a job twice)
+    reused = mlflow.search_runs(experiment_names=["mmcse-ablate"], output_format="list",
+                                filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}' and "
+                                              "attributes.run_name LIKE 'reused: %'")
+    by_job = {j["run_id"]: f"{j['variant']}-seed{j['seed']}" for j in jobs if j["status"] == "ok"}
+    assert sorted(r.info.run_name for r in reused) == sorted(f"reused: {name}" for name in by_job.values())
+    for record in reused:
+        assert by_job[record.data.tags[tracking.REUSED_TAG]] == record.info.run_name.removeprefix("reused: ")
+        assert tracking.VARIANT_TAG not in record.data.tags and record.info.status == "FINISHED"
 
 
 def test_a_preset_chosen_as_the_flows_parameter_gives_its_table_in_order_and_a_line_plot(project, harness):

@@ -103,7 +103,9 @@ def ablation_bars(names: Sequence[str], panels: Sequence[tuple[str, Sequence[flo
                   title: str = "") -> plt.Figure:
     """The variants side by side: one panel per ``(metric label, means, stds)`` (the table's
     headline scores, its primary metric first), a bar per variant with its ± std over seeds and
-    the mean printed on it; a variant without a score (failed) gets no bar."""
+    the mean printed on it; a variant without a score (failed, or a method without that head: SimCSE's retrieval)
+    gets no bar and the words "no score". The bars stand on 0 (a bar's length is its value: an axis cut at 65 made
+    a 0.06 gap look large)."""
     fig, axes = plt.subplots(1, len(panels), figsize=(min(14.0, max(4.0, 1.0 * len(names)) * len(panels)), 3.8),
                              squeeze=False)
     x = np.arange(len(names))
@@ -111,17 +113,22 @@ def ablation_bars(names: Sequence[str], panels: Sequence[tuple[str, Sequence[flo
         m, s = np.asarray(means, dtype=float), np.nan_to_num(np.asarray(stds, dtype=float))
         bars = ax.bar(x, np.nan_to_num(m), yerr=s, capsize=4, color="tab:green")
         for bar, value, spread in zip(bars, m, s, strict=True):
+            centre = bar.get_x() + bar.get_width() / 2
             if np.isfinite(value):  # above the error bar; scores below 10 (NDCG in [0, 1]) with 3 decimals
                 ax.annotate(f"{value:.2f}" if abs(value) >= 10 else f"{value:.3f}",
-                            (bar.get_x() + bar.get_width() / 2, value + spread), xytext=(0, 2),
-                            textcoords="offset points", ha="center", va="bottom", fontsize=8)
+                            (centre, value + spread if value >= 0 else value - spread),
+                            xytext=(0, 2 if value >= 0 else -2), textcoords="offset points", ha="center",
+                            va="bottom" if value >= 0 else "top", fontsize=8)
+            else:
+                ax.annotate("no score", (centre, 0), xytext=(0, 2), textcoords="offset points", ha="center",
+                            va="bottom", fontsize=8, color="grey")
         ax.set_xticks(x, names, rotation=30, ha="right")
         ax.set_title(f"{metric} (mean ± std)", fontsize=10)
         finite = np.isfinite(m)
-        if finite.any():
-            lo, hi = float((m - s)[finite].min()), float((m + s)[finite].max())
-            pad = max(0.05 * (hi - lo), 0.02 * abs(hi), 1e-3)  # zoomed to the differences, not from 0
-            ax.set_ylim(lo - pad, hi + 3 * pad)
+        if finite.any():  # from 0 (or below it, for negative scores) to the longest bar with its std and label
+            lo, hi = min(0.0, float((m - s)[finite].min())), max(0.0, float((m + s)[finite].max()))
+            pad = max(0.12 * (hi - lo), 1e-3)
+            ax.set_ylim(lo - (pad if lo < 0 else 0.0), hi + (pad if hi > 0 else 0.0))
     if title:
         fig.suptitle(title, fontsize=11)
     fig.tight_layout()

@@ -201,6 +201,8 @@ def run_job(
     if stale_scores:
         done = rescore(job_cfg, folder, done)
     if done is not None:
+        if parent_run_id is not None:  # this ablation's record says so, under the flow run that reused it
+            tracking.record_reuse(parent_run_id, job_run_name(job), done.get("run_id"), tags or {})
         return done | {"skipped": True}
     where = device_tags(job_cfg.base.device)
     # the job's row and seed on its run: `mmcse.experiments.report` reads each row's training minutes

@@ -133,7 +133,9 @@ def not_applied(job_cfg: Config, own: dict[str, Any], reads: dict[str, Any]) -> 
 def plan_text(result: dict[str, Any], defaults: dict[str, Any]) -> str:
     """The plan as a compact text: per row its method and recipe, the recipe values its variant
     overrides, and every key whose value differs from ``defaults`` (the offline configuration)."""
-    lines = [f"profile {result['profile']}, preset {result['preset']}, reading {result['reading']}, "
+    reading = {"recipe": "each row's recipe's (ablate.reading: recipe)", "printed": "as printed",
+               "code": "the authors' code"}.get(result["reading"], result["reading"])
+    lines = [f"profile {result['profile']}, preset {result['preset']}, reading: {reading}, "
              f"seeds {result['seeds']}: "
              f"{len(result['rows'])} row(s) × {len(result['seeds'])} seed(s)"]
     if result.get("estimate"):

@@ -482,6 +482,25 @@ def log_metrics(metrics: dict[str, float], step: int | None = None) -> None:
     mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
 
 
+REUSED_TAG = "mmcse.reused_run"  # on a reuse record: the run whose finished result a job took again
+
+
+def record_reuse(parent_run_id: str, name: str, reused_run_id: str | None, tags: dict[str, str]) -> str:
+    """A job an ablation took from an earlier run (finished with the same configuration) as a short FINISHED run
+    ``reused: <name>`` under ``parent_run_id``, tagged ``tags`` (the Prefect flow run that reused it) and the run it
+    reused: MLflow says what this ablation run did with the job, while the scores stay the earlier run's (it
+    carries no row or seed tag, so no table or report counts it twice). Returns its run id."""
+    client = mlflow.MlflowClient()
+    parent = client.get_run(parent_run_id)
+    note = (f"{name}: finished before with the same configuration; reused, not trained again (its run: "
+            f"{reused_run_id or 'not recorded'})")
+    run = client.create_run(parent.info.experiment_id, run_name=f"reused: {name}", tags={
+        "mlflow.parentRunId": parent_run_id, "mlflow.note.content": note,
+        **({REUSED_TAG: reused_run_id} if reused_run_id else {}), **tags})
+    client.set_terminated(run.info.run_id, "FINISHED")
+    return run.info.run_id
+
+
 def prefect_tags() -> dict[str, str]:
     """The Prefect flow run this process works for and the worker that started it (tags
     ``prefect.flow_run_id``, ``prefect.flow_run``, ``prefect.worker``); empty outside Prefect."""
