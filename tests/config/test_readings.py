@@ -120,7 +120,8 @@ def test_under_a_dalr_profile_a_table_runs_as_its_recipes_as_printed_or_as_the_c
     assert [(e["key"], e["follows"], e["side"]) for e in by_reading["recipe"]["MCSE"]["reading"]] == [
         ("loss.mcse.image_views", "code", "printed"), ("train.precision", "printed", "profile")]
     text = plan_text(plan(params, "dalr-table4"), {})
-    assert "profile dalr-flickr-bert, preset dalr-table4, reading recipe, seeds [1, 2, 3, 4, 5]" in text
+    assert ("profile dalr-flickr-bert, preset dalr-table4, reading: each row's recipe's (ablate.reading: recipe), "
+            "seeds [1, 2, 3, 4, 5]") in text
     assert ("\nMCSE: mcse, recipe mcse (bert)\n  reading: loss.mcse.image_views: 'mean' (code; printed 'sum')\n"
             in text)
     assert ("\nKDMCSE: kdmcse, recipe kdmcse (bert)\n  reading: loss.kdmcse.threshold_drops: 'above' (code; printed "
@@ -135,7 +136,7 @@ def test_under_a_dalr_profile_a_table_runs_as_its_recipes_as_printed_or_as_the_c
     assert hashes["printed"]["MCSE"] != hashes["code"]["MCSE"]  # the views' sum or their mean
     # the command line, and a bad reading in one line listing the valid ones
     assert cli_main(["plan", "--params", str(params), "--preset", "dalr-table4", "--reading", "printed"]) in (0, None)
-    assert "reading printed" in capsys.readouterr().out
+    assert "reading: as printed" in capsys.readouterr().out
     with pytest.raises(ConfigError, match="ablate.reading"):
         load_config(params, {"ablate.reading": "paper"})
 
