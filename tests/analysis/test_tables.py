@@ -285,10 +285,10 @@ def test_headline_metrics_put_the_primary_first_and_leave_out_the_per_direction_
 
 
 def test_the_run_description_cuts_whole_lines_and_names_the_artifact():
-    from mmcse.experiments.ablation_record import run_description
+    from mmcse.tracking import run_description
 
     table = "".join(f"| row{i} | {i} |\n" for i in range(100))
-    assert run_description(table, limit=10_000) == table
-    cut = run_description(table, limit=300)
+    assert run_description(table, "the whole table is the run's artifact ablation.md", limit=10_000) == table
+    cut = run_description(table, "the whole table is the run's artifact ablation.md", limit=300)
     assert len(cut) <= 300 and cut.startswith("| row0 | 0 |\n") and cut.endswith("ablation.md)\n")
     assert all(line.startswith("| row") and line.endswith("|") for line in cut.split("\n\n")[0].splitlines())

@@ -441,13 +441,14 @@ def test_a_run_made_in_a_dvc_experiments_copy_lands_in_the_project(tmp_path, mon
 
 def test_a_card_as_a_description_is_its_body_without_the_hubs_metadata_or_the_configuration():
     """Issue 67.5: what the training run's and its model's page show first, instead of "No description"."""
-    from mmcse.tracking.lineage import NOTE_LIMIT, card_description
+    from mmcse.tracking import DESCRIPTION_LIMIT as NOTE_LIMIT
+    from mmcse.tracking.lineage import card_description
 
     card = ("---\nlibrary_name: sentence-transformers\n---\n\n# mmcse sentence encoder\n\n**Data**: x\n\n"
             "## Scores\n\n| score | value |\n\n## Training\n\n- mmcse commit: `abc`\n\n```yaml\nbase: {}\n```\n")
     assert card_description(card) == "# mmcse sentence encoder\n\n**Data**: x\n\n## Scores\n\n| score | value |"
     long = card_description("# t\n\n" + "x" * 20_000)
-    assert len(long) <= NOTE_LIMIT and long.endswith("(the card: README.md)")
+    assert len(long) <= NOTE_LIMIT and long.endswith("README.md)\n")
 
 
 def test_mmcse_register_makes_a_version_whose_description_is_the_card(project, capsys):
@@ -458,7 +459,8 @@ def test_mmcse_register_makes_a_version_whose_description_is_the_card(project, c
     from mmcse import tracking
     from mmcse.cli import main
     from mmcse.experiments.params import load_config
-    from mmcse.tracking.lineage import MODEL_URI_TAG, NOTE_TAG
+    from mmcse.tracking import DESCRIPTION_TAG as NOTE_TAG
+    from mmcse.tracking.lineage import MODEL_URI_TAG
 
     class Echo(mlflow.pyfunc.PythonModel):
         def predict(self, context, model_input):

@@ -44,20 +44,8 @@ from mmcse.experiments.upstream import resolve
 from mmcse.io import read_json, read_jsonl, write_metrics
 from mmcse.models.device import resolve_device
 from mmcse.pipeline.paths import Paths
-from mmcse.tracking import DESCRIPTION_TAG, metric_name
+from mmcse.tracking import DESCRIPTION_TAG, metric_name, run_description
 from mmcse.tracking.reading import load_sts_predictions
-
-DESCRIPTION_LIMIT = 8000  # characters: MLflow's limit on a run tag's value
-
-
-def run_description(markdown: str, limit: int = DESCRIPTION_LIMIT) -> str:
-    """The table's Markdown as a run description: whole lines up to ``limit`` characters, and a
-    last line naming the artifact with the rest when it had to be cut."""
-    if len(markdown) <= limit:
-        return markdown
-    tail = "\n\n(cut here: the whole table is the run's artifact ablation.md)\n"
-    kept = markdown[: limit - len(tail)]
-    return kept[: kept.rfind("\n") + 1] + tail
 
 
 def log_ablation(cfg: Config, rows: list[dict[str, Any]], files: dict[str, Path], paths: Paths,
@@ -104,7 +92,8 @@ def log_ablation(cfg: Config, rows: list[dict[str, Any]], files: dict[str, Path]
     # the run page's description (its Overview, rendered Markdown): the headline table, read without a click
     client.set_tag(run_id, DESCRIPTION_TAG, run_description(table_markdown(
         rows, metric, cfg.ablate.reference, metrics=headline_metrics(rows, metric),
-        notes=["Headline scores; every column is in ablation.md (artifacts), the bars in figures/ablation.png."])))
+        notes=["Headline scores; every column is in ablation.md (artifacts), the bars in figures/ablation.png."]),
+        "the whole table is the run's artifact ablation.md"))
     fig = comparison_figure(cfg, rows)
     client.log_figure(run_id, fig, "figures/ablation.png")
     save_figure(fig, paths.plots / "ablation.png")

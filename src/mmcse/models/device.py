@@ -43,6 +43,12 @@ def device_tags(name: str) -> dict[str, str]:
     }
 
 
+def blas_threads(threads: int) -> threadpool_limits:
+    """numpy's BLAS and LAPACK (OpenBLAS here) at ``threads`` inside a ``with`` block, back after it; torch's own
+    threads are not touched."""
+    return threadpool_limits(limits=threads, user_api="blas")
+
+
 @contextlib.contextmanager
 def fixed_threads(threads: int) -> Iterator[None]:
     """torch's intra-op threads and numpy's BLAS threads at ``threads`` while the block runs (0: as they are), then
@@ -55,7 +61,7 @@ def fixed_threads(threads: int) -> Iterator[None]:
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        with threadpool_limits(limits=threads, user_api="blas"):
+        with blas_threads(threads):
             yield
     finally:
         torch.set_num_threads(before)

@@ -51,7 +51,7 @@ from mmcse.models.export import log_mlflow_model
 from mmcse.models.tokens import cached_tokens
 from mmcse.pipeline.paths import Paths
 from mmcse.pipeline.relevance import relevance_for
-from mmcse.tracking.lineage import describe_with_card
+from mmcse.tracking.lineage import MODEL_URI_TAG, describe_with_card
 from mmcse.training.batches import teacher_set_folder
 from mmcse.training.checkpoints import code_change, run_definition_hash
 from mmcse.training.duet import RetrievalSplit, load_duet, split_embeddings
@@ -299,7 +299,7 @@ def record_evaluation(cfg: Config, scores: dict[str, float], outputs: EvalOutput
                 mlflow.log_artifacts(str(folder), artifact)
             if made.model is not None:
                 uri = log_mlflow_model(*made.model)
-                mlflow.set_tag("mmcse.model_uri", uri)
+                mlflow.set_tag(MODEL_URI_TAG, uri)
                 card = Path(made.model[0]) / CARD
                 if card.is_file():  # the model card as the run's and the model's description
                     describe_with_card(card.read_text(), outputs.run_id, uri)

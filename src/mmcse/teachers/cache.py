@@ -21,7 +21,6 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
-from threadpoolctl import threadpool_limits
 from tqdm.auto import tqdm
 
 from mmcse.config import TeachersConfig
@@ -29,6 +28,7 @@ from mmcse.errors import CorruptArtifact, InputError, MissingEntry
 from mmcse.hub import resolve_model
 from mmcse.integrity.files import HashingWriter, check_npy, find_cached_set, read_json_artifact, remember_sha256
 from mmcse.io import atomic_path, open_image, sha256_json, write_json
+from mmcse.models.device import blas_threads
 from mmcse.models.student import pool
 from mmcse.teachers import encoders as tm
 from mmcse.teachers.encoders import build_resnet50, clip_text_features, resnet50_features, resolve_resnet50, revision
@@ -209,20 +209,12 @@ class CCAProjection:
     correlations: np.ndarray  # (k,) canonical correlations, descending
 
     def text(self, x: np.ndarray) -> np.ndarray:
-        with one_blas_thread():
+        with blas_threads(1):  # the fit's bits whatever the thread count (fit_cca)
             return ((x - self.text_mean) @ self.text_weights).astype(np.float32)
 
     def image(self, y: np.ndarray) -> np.ndarray:
-        with one_blas_thread():
+        with blas_threads(1):  # the fit's bits whatever the thread count (fit_cca)
             return ((y - self.image_mean) @ self.image_weights).astype(np.float32)
-
-
-def one_blas_thread() -> threadpool_limits:
-    """numpy's BLAS and LAPACK on one thread for what they compute inside: OpenBLAS splits a product's sums and an
-    eigen/SVD solver's updates by its thread count, so the same CCA fitted with 1 and with 2 threads differed in the
-    last bits (and every cached joint feature with it: measured on the test project). The matrices are a few
-    hundred wide, so one thread costs milliseconds; torch's own threads are not touched."""
-    return threadpool_limits(limits=1, user_api="blas")
 
 
 def _inverse_sqrt(cov: np.ndarray) -> np.ndarray:
@@ -243,7 +235,9 @@ def fit_cca(text: np.ndarray, image: np.ndarray, dim: int, regularization: float
         raise InputError(f"CCA needs the same number (>= 2) of text and image rows: {text.shape[0]}, {image.shape[0]}")
     if dim > min(text.shape[1], image.shape[1]):
         raise InputError(f"teachers.joint.dim={dim} exceeds the feature widths {text.shape[1]}, {image.shape[1]}")
-    with one_blas_thread():  # the same bits whatever the machine's thread count or load
+    # on one BLAS thread: OpenBLAS splits a product's sums and a solver's updates by its thread count, so the same
+    # CCA fitted with 1 and with 2 threads differed in its last bits (and every cached joint feature with it)
+    with blas_threads(1):
         return _fit_cca(text, image, dim, regularization)
 
 

@@ -192,7 +192,18 @@ def latest_ablation_url(cfg: Config, base: str) -> str | None:
             f"?workflowType={WORKFLOW_TYPE}")
 
 
-DESCRIPTION_TAG = "mlflow.note.content"  # what the MLflow UI shows as an experiment's description
+DESCRIPTION_TAG = "mlflow.note.content"  # what the MLflow UI shows as an experiment's (a run's, a model's) description
+DESCRIPTION_LIMIT = 8000  # characters: MLflow's limit on a run tag's value
+
+
+def run_description(markdown: str, rest: str, limit: int = DESCRIPTION_LIMIT) -> str:
+    """Markdown as a run's (or a model's) description: whole lines up to ``limit`` characters, and a last line
+    saying where ``rest`` is (e.g. "the whole table is the run's artifact ablation.md") when it had to be cut."""
+    if len(markdown) <= limit:
+        return markdown
+    tail = f"\n\n(cut here: {rest})\n"
+    kept = markdown[: limit - len(tail)]
+    return kept[: kept.rfind("\n") + 1] + tail
 
 EXPERIMENT_DESCRIPTIONS = {
     "ablate": "Ablation tables (DVC stage ablate, Prefect flow ablations). One parent run per ablation, "
@@ -495,7 +506,7 @@ def record_reuse(parent_run_id: str, name: str, reused_run_id: str | None, tags:
     note = (f"{name}: finished before with the same configuration; reused, not trained again (its run: "
             f"{reused_run_id or 'not recorded'})")
     run = client.create_run(parent.info.experiment_id, run_name=f"reused: {name}", tags={
-        "mlflow.parentRunId": parent_run_id, "mlflow.note.content": note,
+        "mlflow.parentRunId": parent_run_id, DESCRIPTION_TAG: note,
         **({REUSED_TAG: reused_run_id} if reused_run_id else {}), **tags})
     client.set_terminated(run.info.run_id, "FINISHED")
     return run.info.run_id

@@ -18,6 +18,7 @@ import mlflow
 
 from mmcse.errors import InputError
 from mmcse.integrity.files import SEAL, file_sha256
+from mmcse.tracking import DESCRIPTION_TAG, run_description
 
 CHECKPOINT_TAG = "mmcse.checkpoint"  # a model's (and its run's) checkpoint folder, absolute
 SEAL_TAG = "mmcse.checkpoint_seal_sha256"  # SHA-256 of that folder's seal: which files the model is
@@ -55,16 +56,11 @@ def link_checkpoint_model(
     return model.model_id
 
 
-NOTE_TAG = "mlflow.note.content"  # MLflow's description of a run (its page's "Description"); on a model too
-NOTE_LIMIT = 7_000  # MLflow keeps a tag's value up to 8,000 characters
-
-
 def card_description(card: str) -> str:
     """A model card (`mmcse.models.card`) as a description: its body without the hub's metadata, up to its
-    training record (the resolved configuration is the run's params already), at most `NOTE_LIMIT` characters."""
+    training record (the resolved configuration is the run's params already), cut at MLflow's limit."""
     body = card.split("\n---\n", 1)[1] if card.startswith("---") and "\n---\n" in card else card
-    body = body.split("\n## Training", 1)[0].strip()
-    return body if len(body) <= NOTE_LIMIT else body[: NOTE_LIMIT - 40].rstrip() + "\n\n… (the card: README.md)"
+    return run_description(body.split("\n## Training", 1)[0].strip(), "the whole card is the model's README.md")
 
 
 def describe_with_card(card: str, run_id: str, model_uri: str | None = None) -> None:
@@ -72,9 +68,9 @@ def describe_with_card(card: str, run_id: str, model_uri: str | None = None) -> 
     what the MLflow UI shows first on their pages, instead of "No description"."""
     text = card_description(card)
     client = mlflow.MlflowClient()
-    client.set_tag(run_id, NOTE_TAG, text)
+    client.set_tag(run_id, DESCRIPTION_TAG, text)
     if model_uri and model_uri.startswith("models:/"):
-        client.set_logged_model_tags(model_uri.removeprefix("models:/").split("/")[0], {NOTE_TAG: text})
+        client.set_logged_model_tags(model_uri.removeprefix("models:/").split("/")[0], {DESCRIPTION_TAG: text})
 
 
 MODEL_URI_TAG = "mmcse.model_uri"  # on a training run: the MLflow model its evaluation logged (the evaluate stage)
@@ -104,7 +100,7 @@ def register_run_model(run_id: str, name: str) -> tuple[str, str]:
     if not uri:
         raise InputError(f"run {run_id} ({run.info.run_name}) logged no evaluated model (no tag {MODEL_URI_TAG}); "
                          "evaluate it first (the evaluate stage)")
-    note = run.data.tags.get(NOTE_TAG, "")
+    note = run.data.tags.get(DESCRIPTION_TAG, "")
     version = mlflow.register_model(uri, name, tags={"mmcse.run_id": run_id})
     if note:
         client.update_model_version(name, version.version, description=note)
