@@ -160,6 +160,16 @@ def registries_restored():
         registry.update(before)
 
 
+@pytest.fixture(autouse=True)
+def mlflow_active_experiment_cleared():
+    """Each test has its own MLflow store: an experiment a test made active (``mlflow.set_experiment``) names
+    nothing in the next test's store, and MLflow refuses to continue a run of another experiment while one is
+    active (xdist runs many tests in one process)."""
+    yield
+    if fluent := sys.modules.get("mlflow.tracking.fluent"):
+        fluent._active_experiment_id = None
+
+
 @pytest.fixture
 def device(request):
     """The device a test's inputs live on: ``cpu`` always, ``cuda`` when one is present."""

@@ -468,10 +468,12 @@ def test_mmcse_register_makes_a_version_whose_description_is_the_card(project, c
 
     cfg = load_config("params.yaml")
     tracking.configure(cfg)
-    mlflow.set_experiment(f"{cfg.base.experiment_prefix}-{cfg.train.method}")
-    with mlflow.start_run() as bare:
+    # by id, not mlflow.set_experiment: that sets a process-wide active experiment that a later test's
+    # continued run (another store) would be refused against
+    exp_id = tracking.experiment(cfg, cfg.train.method)
+    with mlflow.start_run(experiment_id=exp_id) as bare:
         pass
-    with mlflow.start_run() as run:
+    with mlflow.start_run(experiment_id=exp_id) as run:
         info = mlflow.pyfunc.log_model(name="student", python_model=Echo(), pip_requirements=[])
         mlflow.set_tags({MODEL_URI_TAG: info.model_uri, NOTE_TAG: "# the card\n\n## Scores"})
     main(["register", "--name", "demo-student"])  # the newest evaluated run: `run`
