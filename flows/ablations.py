@@ -40,6 +40,7 @@ from mmcse.experiments.ablate import (
     failed_result,
     finished_result,
     previous_parent,
+    prune_other_tables,
     record_result,
     remember_parent,
     run_job,
@@ -342,7 +343,7 @@ def ablations(
     from mmcse import tracking
 
     given = run_overrides(preset, overrides)
-    check_preset_name(params_path, preset)
+    check_preset_name(params_path, preset, given_as="flow parameter preset")
     cfg = load_config(params_path, overrides=given or None)
     mode = fan_out or cfg.ablate.fan_out
     if mode not in FAN_OUT:
@@ -396,6 +397,8 @@ def ablations(
                             environment_notes(results))
         log_ablation(cfg, rows, files, paths, results, run_id=parent_id)
         log_ablation_figures(cfg, results, parent_id, paths.ablations)
+        for line in prune_other_tables(paths.ablations, jobs, paths.jobs):
+            print(line)
     publish_table(files, rows, table_metric(cfg))
     print(terminal_table(files["md"].read_text()))  # fits 120 columns; ablation.csv keeps full precision
     return rows

@@ -110,6 +110,11 @@ def test_aggregate_mean_std_paired_ttest_and_failed_rows():
     md = table_markdown(list(rows.values()), "avg", "full")
     assert "| broken | — | — | n<2 | 0 | failed |" in md
     assert md.splitlines()[0] == "| variant | STS12 | STS avg | p vs full (STS avg) | seeds | status |"
+    assert f"| full | {np.mean(full) - 1:.2f} ± {np.std(full, ddof=1):.2f} |" in md
+    # one seed: its value, no "± 0.00" that reads as a measured spread
+    one = {r["variant"]: r for r in aggregate(_cfg(), [r for r in results if r["seed"] == 1])}
+    md = table_markdown(list(one.values()), "avg", "full")
+    assert "| full | 69.00 | 70.00 | reference | 1 | ok |" in md and "a row of one seed: its value" in md
 
 
 PRESET_ROWS = {
@@ -385,6 +390,40 @@ def test_a_finished_job_is_rescored_after_an_evaluation_edit_and_retrained_after
     assert retrained["config_hash"] == job_hash(job_config(cfg, job), cfg.base.seed) != first["config_hash"]
     sealed = json.loads((project / "ablation/mcse/seed1/best/checkpoint.json").read_text())
     assert sealed["code_files"]["mmcse/methods/terms/mcse.py"] == "0" * 64  # trained by the edited code
+
+
+def test_the_ablation_folder_holds_this_tables_jobs_alone(tmp_path):
+    """Issue 67: job folders of earlier tables left in the output made a workspace's dvc.lock depend on its
+    history. A finished one goes (kept by hash in the store first), an unfinished one stays for its resume point."""
+    from mmcse.experiments.ablate import finished_result, prune_other_tables
+    from mmcse.io import write_json
+
+    root, store = tmp_path / "ablation", tmp_path / "jobs"
+    jobs = expand(_cfg())
+
+    def finished(folder, config_hash):
+        write_json(folder / "result.json", {"status": "ok", "config_hash": config_hash, "scores": {"avg": 1.0}})
+        (folder / "best").mkdir()
+        (folder / "best/model.safetensors").write_bytes(b"w" + config_hash.encode())
+
+    for folder, config_hash in ((jobs[0].folder(root), "a"), (root / "full/seed4", "b"), (root / "old/seed1", "c")):
+        folder.mkdir(parents=True)
+        finished(folder, config_hash)
+    (store / "c").mkdir(parents=True)
+    finished(store / "c", "c")  # kept before: not rewritten
+    (root / "old-unfinished/seed2/last").mkdir(parents=True)
+    (root / "ablation.csv").write_text("variant\n")
+
+    lines = prune_other_tables(root, jobs, store)
+
+    assert sorted(p.relative_to(root).as_posix() for p in root.glob("*/*")) == [
+        "full/seed1", "old-unfinished/seed2"]
+    assert (root / "ablation.csv").is_file()
+    assert len(lines) == 1 and lines[0].startswith(f"{root / 'old-unfinished/seed2'}: a job of another table")
+    assert finished_result(store / "b", "b")["scores"] == {"avg": 1.0}  # its table, run again, restores it
+    assert (store / "b/best/model.safetensors").read_bytes() == b"wb"
+    assert finished_result(jobs[0].folder(root), "a") is not None
+    assert prune_other_tables(root, jobs, store) == lines  # nothing else to do
 
 
 def test_a_finished_job_survives_its_folder_being_restored_to_an_older_output(project, monkeypatch):

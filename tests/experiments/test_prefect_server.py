@@ -245,3 +245,34 @@ def test_a_worker_may_hold_several_gpus_and_its_jobs_train_on_all_of_them():
     for gpus, each in ((6, 4), (4, 0)):
         with pytest.raises(ValueError, match=f"--gpus-per-worker {each}: must be >= 1 and divide this machine's"):
             worker_gpus(gpus, each)
+
+
+@pytest.mark.slow  # two real server starts (~10 s)
+def test_a_retry_after_a_timed_out_start_runs_one_server_not_two(tmp_path, monkeypatch):
+    """Issue 67.3: Prefect leaves a timed-out server starting; the retry spawned a second one on the same port
+    that died with "address already in use" and its shutdown tracebacks. The retry stops the first."""
+    from prefect.server.api.server import SubprocessASGIServer
+
+    from mmcse.experiments.prefect_server import start_retry
+
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
+    timeouts = [0.2, 90]  # the first start times out while its process is still starting
+    said = []
+    servers = []
+
+    def start():
+        server = SubprocessASGIServer()
+        servers.append(server)
+        server.start(timeout=timeouts.pop(0))
+        return server.server_process.pid
+
+    try:
+        pid = start_retry(start, said.append)
+        assert len(said) == 1 and "starting it once more" in said[0]
+        uvicorns = [p for p in psutil.Process().children(recursive=True)
+                    if "prefect.server.api.server:create_app" in " ".join(p.cmdline())]
+        assert [p.pid for p in uvicorns] == [pid]  # the timed-out one is gone, not still binding the port
+        assert servers[0] is not servers[1]  # a fresh server object, on a port of its own
+    finally:
+        for server in servers:
+            server.stop()

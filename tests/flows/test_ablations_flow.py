@@ -151,9 +151,16 @@ def test_a_preset_chosen_as_the_flows_parameter_gives_its_table_in_order_and_a_l
     # 'ablations/ablations' --param preset=margin --params '{"overrides": …}'`), params.yaml left as it is
     before = (project / "params.yaml").read_text()
     assert yaml.safe_load(before)["ablate"]["preset"] == "none"
+    with pytest.raises(ValueError, match=r"^flow parameter preset 'margins': no preset file .*presets: margin$"):
+        ablations("params.yaml", preset="margins")
+    stale = project / "ablation/mcse/seed3"  # an earlier table's finished job: not in this table's output
+    stale.mkdir(parents=True)
+    (stale / "result.json").write_text(json.dumps({"status": "ok", "config_hash": "e" * 64}))
     rows = ablations("params.yaml", preset="margin", overrides={"ablate.seeds": [1, 2], "train.max_steps": 4})
     assert (project / "params.yaml").read_text() == before
     assert [r["variant"] for r in rows] == ["m=0.2", "m=0.1"]  # the preset's row order
+    assert sorted(p.name for p in (project / "ablation").iterdir()) == ["ablation.csv", "ablation.md", "m=0.1", "m=0.2"]
+    assert (project / "data/jobs" / ("e" * 64) / "result.json").is_file()
     assert all(r["status"] == "ok" and r["seeds"] == 2 for r in rows)
     md = (project / "ablation/ablation.md").read_text().splitlines()
     assert md[0] == "### margin sweep" and "p vs m=0.1" in md[2]

@@ -114,8 +114,11 @@ def environment_notes(results: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _fmt(mean: float, std: float, marker: str = "") -> str:
-    return "—" if not math.isfinite(mean) else f"{mean:.2f}{marker} ± {std:.2f}"
+def _fmt(mean: float, std: float, marker: str = "", spread: bool = True) -> str:
+    """``mean ± std``; the mean alone where ``spread`` is False (one seed: no spread to show)."""
+    if not math.isfinite(mean):
+        return "—"
+    return f"{mean:.2f}{marker} ± {std:.2f}" if spread else f"{mean:.2f}{marker}"
 
 
 def aggregate(cfg: Config, results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -212,7 +215,7 @@ def table_markdown(rows: Sequence[dict[str, Any]], primary: str, reference: str,
                 cells.append("n/a (no transfer tasks)" if "no transfer tasks" in r["transfer_note"] else "n/a")
                 transfer_notes += [r["transfer_note"]] if r["transfer_note"] not in transfer_notes else []
             else:
-                cells.append(_fmt(r[f"{m}_mean"], r[f"{m}_std"], marker))
+                cells.append(_fmt(r[f"{m}_mean"], r[f"{m}_std"], marker, spread=r["seeds"] > 1))
         p = r.get("p_value", math.nan)
         note = r.get("note", "")
         if note == "reference":
@@ -227,7 +230,8 @@ def table_markdown(rows: Sequence[dict[str, Any]], primary: str, reference: str,
     compared = "over the seeds both rows finished" if test == "paired" else "over every finished run of each row"
     label = {"paired": "paired t-test", "independent": "independent two-sample t-test (Student's)"}[test]
     lines += ["", f"{MARKER}: {label} against {reference} {compared}, p < {ALPHA} (KDMCSE Table 1's α; "
-                  f"{FEW_SEEDS}: fewer than 2 runs to compare, no test). Mean ± std over seeds."]
+                  f"{FEW_SEEDS}: fewer than 2 runs to compare, no test). Mean ± std over seeds; a row of one seed: "
+                  "its value."]
     lines += [f"TR avg: {n}." for n in transfer_notes]
     lines += list(notes)
     return "\n".join(lines) + "\n"

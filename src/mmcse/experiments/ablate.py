@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -242,6 +243,41 @@ def run_job(
     release_resume_point(folder)  # the result is recorded: a rerun skips this job
     keep_finished(folder, config_hash, paths.jobs)  # beside the DVC output too: an interrupted `dvc exp run` keeps it
     return result
+
+
+def prune_other_tables(root: Path, jobs: Sequence[Job], store: Path) -> list[str]:
+    """Remove from ``root`` (the ablation folder, a DVC output) the job folders no job of this table owns, so
+    the output, and dvc.lock, hold this table alone whatever tables ran there before. A finished one is kept in
+    ``store`` first (`keep_finished`: its table, run again, restores it); one that holds no finished result (an
+    interrupted job's resume point) stays: returns a line naming each such folder."""
+
+    owned = {job.folder(root) for job in jobs}
+    kept_back = []
+    for variant in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        for folder in sorted(p for p in variant.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            if folder in owned:
+                continue
+            config_hash = _finished_hash(folder)
+            if config_hash is None:
+                kept_back.append(f"{folder}: a job of another table that did not finish, kept for its resume "
+                                 "point (delete it to leave it out of the output)")
+                continue
+            if _own_result(store / config_hash, config_hash) is None:
+                keep_finished(folder, config_hash, store)
+            shutil.rmtree(folder)
+        if not any(variant.iterdir()):
+            variant.rmdir()
+    return kept_back
+
+
+def _finished_hash(folder: Path) -> str | None:
+    """The configuration hash of the job finished in ``folder`` (None: no finished result there)."""
+    try:
+        result = read_json(folder / "result.json")
+    except (OSError, ValueError):
+        return None
+    ok = isinstance(result, dict) and result.get("status") == "ok" and isinstance(result.get("config_hash"), str)
+    return result["config_hash"] if ok else None
 
 
 def previous_parent(root: Path, ablation: str) -> str | None:

@@ -52,16 +52,17 @@ def list_presets(folder: Path) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.yaml")) if folder.is_dir() else []
 
 
-def check_preset_name(params: str | Path, name: str | None) -> None:
+def check_preset_name(params: str | Path, name: str | None, given_as: str = "--preset") -> None:
     """``name`` is a preset of ``params``' presets folder (None: params.yaml's own), said before a command
-    imports anything heavy; raises ConfigError listing the presets."""
+    imports anything heavy; raises ConfigError listing the presets, naming where the name was given
+    (``given_as``: the CLI's option, or a flow's parameter)."""
     if name is None:
         return
     params = Path(params)
     raw = yaml.safe_load(params.read_text()) if params.is_file() else {}
     folder = params.parent / str(((raw or {}).get("ablate") or {}).get("presets_dir", AblateConfig.presets_dir))
     if name not in list_presets(folder):
-        raise ConfigError(f"--preset {name!r}: no preset file {folder / f'{name}.yaml'}; presets: "
+        raise ConfigError(f"{given_as} {name!r}: no preset file {folder / f'{name}.yaml'}; presets: "
                           f"{', '.join(list_presets(folder)) or 'none'}")
 
 
