@@ -75,8 +75,10 @@ def _majority(senteval_dir, task: str) -> float:
     return 100 * max(counts.values()) / len(test)
 
 
-def test_cli_and_evaluate_stage_score_the_seven_sts_tasks(real_senteval, tmp_path, capsys):
+def test_cli_and_evaluate_stage_score_the_seven_sts_tasks(real_senteval, tmp_path, capsys, monkeypatch):
     senteval_dir, full = real_senteval
+    # the stage's t-SNE map on a 300-sentence sample, not 2000 (t-SNE is quadratic; the map has tests of its own)
+    monkeypatch.setattr("mmcse.pipeline.evaluate.TSNE_POINTS", 300)
     two = tmp_path / "two-tasks"
     for folder in CLI_TASKS.values():
         shutil.copytree(senteval_dir / "downstream" / "STS" / folder, two / "downstream" / "STS" / folder)
