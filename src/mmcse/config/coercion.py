@@ -14,8 +14,9 @@ from mmcse.config.checks import ConfigError
 
 
 def to_dict(config: Any) -> dict[str, Any]:
-    """Plain nested dict of a config (for logging, hashing and overrides)."""
-    return copy.deepcopy(dataclasses.asdict(config))
+    """Plain nested dict of a config (for logging, hashing and overrides): a copy that shares nothing with
+    ``config`` (``dataclasses.asdict`` builds new containers and deep-copies every other value)."""
+    return dataclasses.asdict(config)
 
 
 def resolve_path(raw: dict[str, Any], dotted: str, where: str) -> tuple[dict[str, Any], str]:

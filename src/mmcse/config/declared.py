@@ -245,11 +245,28 @@ def _literal_of(cls: type, loc: tuple[Any, ...]) -> Any:
     return next((m for m in members if typing.get_origin(m) is Literal), Literal[()])
 
 
+def _checked_type(tp: Any) -> Any:
+    """``tp`` without ``Annotated``, or None when a ``BeforeValidator`` reads its input itself (read for every
+    key of every build: cached, where the type can be a cache key)."""
+    try:
+        return _checked_type_cached(tp)
+    except TypeError:  # unhashable metadata
+        return _checked_type_cached.__wrapped__(tp)
+
+
+@functools.cache
+def _checked_type_cached(tp: Any) -> Any:
+    tp, metadata = _strip(tp)
+    return None if any(isinstance(m, BeforeValidator) for m in metadata) else tp
+
+
 def _refuse_bool_numbers(raw: Any, tp: Any, where: str, key: str) -> None:
     """pydantic reads ``true`` as 1.0 for a number; params.yaml never meant that (a field with its own
     ``BeforeValidator`` reads its input itself)."""
-    tp, metadata = _strip(tp)
-    if any(isinstance(m, BeforeValidator) for m in metadata):
+    if not isinstance(raw, (Mapping, list, bool)):  # only a bool, or a container that may hold one
+        return
+    tp = _checked_type(tp)
+    if tp is None:
         return
     if dataclasses.is_dataclass(tp) and isinstance(raw, Mapping):
         hints = _hints(tp)

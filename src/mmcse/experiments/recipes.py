@@ -35,7 +35,8 @@ from typing import Any
 
 import yaml
 
-from mmcse.config import Config, ConfigError, apply_overrides, is_fixed, to_dict
+from mmcse.config import Config, ConfigError, is_fixed, to_dict
+from mmcse.config.coercion import resolve_path
 from mmcse.config.declared import SECTION, Str, build
 from mmcse.config.readings import READINGS, ReadingPoint, reading_values
 
@@ -86,10 +87,17 @@ def _read(file: Path, declared: type) -> Any:
     return build(declared, read_yaml_mapping(file), str(file))
 
 
+@functools.cache
+def _default_tree() -> dict[str, Any]:
+    """The defaults (`Config`) as a plain tree, built once (a plan reads it hundreds of times): never changed."""
+    return to_dict(Config())
+
+
 def _check_keys(file: Path, where: str, overrides: Mapping[str, Any]) -> None:
-    """Every key a recipe or profile names is a params.yaml key with a valid value (one line naming
-    the file and the key otherwise)."""
-    apply_overrides(to_dict(Config()), overrides, where=f"{file} ({where})")
+    """Every key a recipe or profile names is a params.yaml key (one line naming the file, the key and
+    the valid ones otherwise)."""
+    for dotted in overrides:
+        resolve_path(_default_tree(), str(dotted), where=f"{file} ({where})")
 
 
 @dataclass(frozen=True)
@@ -344,14 +352,14 @@ def profile_values(name: str, root: str | Path) -> dict[str, Any]:
 
 def _get(raw: Mapping[str, Any], dotted: str) -> Any:
     """A dotted key of params.yaml ``raw``; one it leaves out has its default (`Config`)."""
-    for tree in (raw, to_dict(Config())):
+    for tree in (raw, _default_tree()):
         node: Any = tree
         for part in dotted.split("."):
             if not isinstance(node, Mapping) or part not in node:
                 break
             node = node[part]
         else:
-            return node
+            return node if tree is raw else copy.deepcopy(node)
     raise KeyError(dotted)
 
 
