@@ -215,7 +215,8 @@ def test_a_resumed_compiled_run_is_bit_identical_to_an_uninterrupted_one(project
                         lambda self, *a, **k: compiled_steps.append(self.compiled) or step(self, *a, **k))
     cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 8, "train.eval_steps": 4,
                                                         "train.checkpoint_steps": 4, "train.compile": "step",
-                                                        "train.dropout_rng": "per_row"})
+                                                        "train.dropout_rng": "per_row",
+                                                        "model.config_overrides": ONE_LAYER["config_overrides"]})
     full, resumed, a, b = killed_and_resumed(cfg, project)
     assert resumed.history == full.history
     assert compiled_steps == [True] * (8 + 8 + 4)  # every step of the three runs was the compiled one
