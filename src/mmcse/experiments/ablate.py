@@ -63,14 +63,18 @@ def finished_result(folder: Path, config_hash: str, store: Path | None = None) -
 
 
 def _own_result(folder: Path, config_hash: str) -> dict[str, Any] | None:
-    path = folder / "result.json"
-    if not path.is_file():
-        return None
+    result = _finished(folder)
+    return result if result is not None and result["config_hash"] == config_hash else None
+
+
+def _finished(folder: Path) -> dict[str, Any] | None:
+    """The result of the job finished in ``folder``, whatever its configuration (None: none, or a failed or
+    damaged one: the job is trained again)."""
     try:
-        result = read_json(path)
-    except ValueError:  # a damaged result: the job is trained again
+        result = read_json(folder / "result.json")
+    except (OSError, ValueError):
         return None
-    ok = isinstance(result, dict) and result.get("status") == "ok" and result.get("config_hash") == config_hash
+    ok = isinstance(result, dict) and result.get("status") == "ok" and isinstance(result.get("config_hash"), str)
     return result if ok else None
 
 
@@ -257,27 +261,17 @@ def prune_other_tables(root: Path, jobs: Sequence[Job], store: Path) -> list[str
         for folder in sorted(p for p in variant.iterdir() if p.is_dir() and not p.name.startswith(".")):
             if folder in owned:
                 continue
-            config_hash = _finished_hash(folder)
-            if config_hash is None:
+            finished = _finished(folder)
+            if finished is None:
                 kept_back.append(f"{folder}: a job of another table that did not finish, kept for its resume "
                                  "point (delete it to leave it out of the output)")
                 continue
-            if _own_result(store / config_hash, config_hash) is None:
-                keep_finished(folder, config_hash, store)
+            if _own_result(store / finished["config_hash"], finished["config_hash"]) is None:
+                keep_finished(folder, finished["config_hash"], store)
             shutil.rmtree(folder)
         if not any(variant.iterdir()):
             variant.rmdir()
     return kept_back
-
-
-def _finished_hash(folder: Path) -> str | None:
-    """The configuration hash of the job finished in ``folder`` (None: no finished result there)."""
-    try:
-        result = read_json(folder / "result.json")
-    except (OSError, ValueError):
-        return None
-    ok = isinstance(result, dict) and result.get("status") == "ok" and isinstance(result.get("config_hash"), str)
-    return result["config_hash"] if ok else None
 
 
 def previous_parent(root: Path, ablation: str) -> str | None:

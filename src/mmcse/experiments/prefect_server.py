@@ -126,22 +126,18 @@ def start_retry(run: Callable[[], object], say: Callable[[str], None] = print) -
     raise AssertionError("unreachable")
 
 
-def stop_timed_out_servers() -> list[int]:
-    """Stop the temporary servers whose start timed out; returns their pids. Prefect leaves such a server's
+def stop_timed_out_servers() -> None:
+    """Stop the temporary servers whose start timed out. Prefect leaves such a server's
     process running, still starting, and its next start spawns a second server on the same port: the
     health check then reached the first one while the second failed ("address already in use") and
     printed its shutdown's tracebacks. Stopped, the next start is a fresh server on a free port."""
 
     from prefect.server.api import server
 
-    stopped = []
     # Prefect keeps one server object per requested port (`SubprocessASGIServer._instances`)
     for instance in list(server.SubprocessASGIServer._instances.values()):
-        process = instance.server_process
-        if not instance.running and process is not None:
-            stopped.append(process.pid)
+        if not instance.running and instance.server_process is not None:
             instance.stop()  # terminates it, waits, and forgets the object: the next start makes a new one
-    return stopped
 
 
 def _owner_alive(pid: int, started: float) -> bool:
