@@ -52,6 +52,12 @@ def pytest_configure(config) -> None:
     """Under pytest-xdist (``-n N``) each worker gets an equal share of the cores for torch, and so do the stages
     its tests start (OMP_NUM_THREADS): N workers of 2 threads each on 2 cores spin against each other and took
     twice the CPU time (measured: the fast tier 5.4 min with 2 threads a worker, 2.7 with 1, 4.2 serial)."""
+    # Bytecode is cached even where PYTHONDONTWRITEBYTECODE is set (this machine's containers set it): without the
+    # cache every xdist worker recompiles src/ and re-rewrites each test module's asserts while collecting (the fast
+    # tier: 21 s a worker, 9 s cached), and so does every stage, worker and flow run a test starts. __pycache__/ is
+    # ignored by git, DVC (.dvcignore) and the code hash (*.py only).
+    sys.dont_write_bytecode = False
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)  # the processes the tests start
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
     if workers > 1:
         threads = max(1, (os.cpu_count() or 1) // workers)
@@ -66,14 +72,6 @@ def pytest_xdist_auto_num_workers(config) -> int:
     """``-n auto``: one worker per core, at most 4 (each holds torch, MLflow and a prepared project; the
     end-to-end tests start processes of their own)."""
     return max(1, min(os.cpu_count() or 1, 4))
-
-
-def pytest_collection_modifyitems(config, items) -> None:
-    """The slow tier first: pytest-xdist hands out files in this order (pyproject's ``--dist loadfile
-    --no-loadscope-reorder``: a file's tests on one worker, so a module-scoped fixture is set up once), and the
-    long end-to-end files started first leave the many short files to fill both workers at the end. Stable: a
-    file's tests keep their order within a tier."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 def _devices() -> list[str]:

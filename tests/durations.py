@@ -12,6 +12,12 @@ The command reads such a file again, so a closing note can say where the time we
     python -m tests.durations                          # .pytest-durations.json: tiers, 30 tests, 15 files
     python -m tests.durations run.json --top 50 --files 40 --tier slow
     python -m tests.durations new.json --against old.json   # per file: before, after, difference
+    python -m tests.durations --save-order               # tests/file_seconds.json from a whole-suite run
+
+The plugin also orders the files it hands to pytest-xdist's workers: the costliest first (by the committed
+``tests/file_seconds.json``, each file's seconds per tier), so the short files fill both workers at the end instead
+of one long file running alone (the fast tier: one worker idle for the last 20 s, before). A file not in it
+(a new one) goes first, where its time cannot leave a worker waiting; a stale entry only changes an order.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_FILE = REPO / ".pytest-durations.json"
+ORDER_FILE = REPO / "tests" / "file_seconds.json"
 PHASES = ("setup", "call", "teardown")
 SUMMARY_FROM = 50  # a run of fewer tests (one file, one test) prints no summary unless --slowest is given
 
@@ -124,6 +131,33 @@ def comparison(new: dict, old: dict, files: int = 30) -> list[str]:
     return lines
 
 
+def file_seconds(record: dict) -> dict[str, dict[str, float]]:
+    """Each file's seconds per tier, the costliest first: what ``--save-order`` writes."""
+    seconds: dict[str, dict[str, float]] = defaultdict(dict)
+    for nodeid, test in record["tests"].items():
+        tiers = seconds[file_of(nodeid)]
+        tiers[test["tier"]] = tiers.get(test["tier"], 0.0) + test_seconds(test)
+    ranked = sorted(seconds.items(), key=lambda item: -sum(item[1].values()))
+    return {name: {tier: round(s, 1) for tier, s in sorted(tiers.items())} for name, tiers in ranked}
+
+
+def costliest_files_first(items: list, seconds: dict[str, dict[str, float]]) -> list:
+    """``items`` (pytest's, already deselected) grouped by file, the files with the most seconds in the tiers being
+    run first; a file ``seconds`` does not know first of all; within a file and between equal files the collection
+    order stays."""
+    files: dict[str, list] = {}
+    for item in items:
+        files.setdefault(file_of(item.nodeid), []).append(item)
+
+    def cost(name: str) -> float:
+        if name not in seconds:
+            return float("inf")
+        tiers = {"slow" if "slow" in item.keywords else "fast" for item in files[name]}
+        return sum(seconds[name].get(tier, 0.0) for tier in tiers)
+
+    return [item for name in sorted(files, key=lambda name: -cost(name)) for item in files[name]]
+
+
 def load(path: Path) -> dict:
     try:
         record = json.loads(Path(path).read_text())
@@ -144,8 +178,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--files", type=int, default=15, help="how many of the costliest files (default 15)")
     parser.add_argument("--tier", choices=("fast", "slow"), help="only this tier's tests and files")
     parser.add_argument("--against", type=Path, help="an earlier run's file: per-file differences instead")
+    parser.add_argument("--save-order", action="store_true",
+                        help="write the record's seconds per file and tier to tests/file_seconds.json "
+                             "(the order the workers get the files in; from a run of the whole suite)")
     args = parser.parse_args(argv)
     record = load(args.record)
+    if args.save_order:
+        if {t["tier"] for t in record["tests"].values()} != {"fast", "slow"}:
+            raise SystemExit(f"{args.record}: not a run of both tiers; --save-order wants the whole suite's")
+        tmp = ORDER_FILE.with_name(ORDER_FILE.name + ".tmp")
+        tmp.write_text(json.dumps(file_seconds(record), indent=1) + "\n")
+        os.replace(tmp, ORDER_FILE)
+        print(f"{ORDER_FILE}: {len(record['tests'])} tests in "
+              f"{len(by_file(record['tests']))} files")
+        return 0
     lines = (comparison(record, load(args.against), args.files) if args.against
              else summary(record, args.top, args.files, args.tier))
     print("\n".join(lines))
@@ -212,6 +258,17 @@ class Recorder:
 
 def pytest_configure(config) -> None:
     config.pluginmanager.register(Recorder(config), "mmcse-durations")
+
+
+@pytest.hookimpl(trylast=True)  # after `-m`/`-k` deselected: the cost of the tiers that run
+def pytest_collection_modifyitems(config, items) -> None:
+    """pytest-xdist hands out files in this order (pyproject's ``--dist loadfile --no-loadscope-reorder``: a file's
+    tests on one worker, so a module-scoped fixture is set up once); every worker computes the same order."""
+    try:
+        seconds = json.loads(ORDER_FILE.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        seconds = {}  # collection order
+    items[:] = costliest_files_first(items, seconds)
 
 
 if __name__ == "__main__":

@@ -88,3 +88,43 @@ def test_the_plugin_records_each_phase_tier_and_outcome_of_a_run(pytester):
     assert record["test_sample.py::test_fast"]["setup"] >= 0.2 and record["test_sample.py::test_fast"]["tier"] == "fast"
     assert record["test_sample.py::test_slow"]["call"] >= 0.1 and record["test_sample.py::test_slow"]["tier"] == "slow"
     assert record["test_sample.py::test_fails"]["outcome"] == "failed"
+
+
+class _Item:
+    def __init__(self, nodeid: str, slow: bool = False) -> None:
+        self.nodeid, self.keywords = nodeid, {"slow": 1} if slow else {}
+
+
+def test_workers_get_the_costliest_files_first_by_the_tiers_that_run():
+    """pytest-xdist hands out files in the items' order: the costliest first, each file's tests together and in
+    their order, a file the record does not know first of all (a new file cannot then run alone at the end)."""
+    seconds = durations.file_seconds(RECORD)
+    assert seconds == {"tests/a/test_x.py": {"fast": 1.8, "slow": 40.0}, "tests/b/test_y.py": {"slow": 15.0}}
+    items = [_Item("tests/b/test_y.py::test_three", slow=True), _Item("tests/a/test_x.py::test_one"),
+             _Item("tests/c/test_new.py::test_four"), _Item("tests/a/test_x.py::test_two[p]", slow=True)]
+    ordered = [i.nodeid for i in durations.costliest_files_first(items, seconds)]
+    assert ordered == ["tests/c/test_new.py::test_four", "tests/a/test_x.py::test_one",
+                       "tests/a/test_x.py::test_two[p]", "tests/b/test_y.py::test_three"]
+    # the fast tier alone: a file is ranked by its fast tests' seconds (y: 3.0, x: 1.8), not by its slow ones
+    fast_only = [items[1], _Item("tests/b/test_y.py::test_five")]
+    seconds["tests/b/test_y.py"]["fast"] = 3.0
+    assert [i.nodeid for i in durations.costliest_files_first(fast_only, seconds)] == [
+        "tests/b/test_y.py::test_five", "tests/a/test_x.py::test_one"]
+
+
+def test_the_order_is_saved_from_a_whole_suite_run_only(tmp_path, monkeypatch):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(RECORD))
+    monkeypatch.setattr(durations, "ORDER_FILE", tmp_path / "file_seconds.json")
+    assert durations.main([str(path), "--save-order"]) == 0
+    assert json.loads((tmp_path / "file_seconds.json").read_text()) == durations.file_seconds(RECORD)
+    slow_only = {"tests": {k: v for k, v in RECORD["tests"].items() if v["tier"] == "slow"}}
+    path.write_text(json.dumps(slow_only))
+    with pytest.raises(SystemExit, match="not a run of both tiers"):
+        durations.main([str(path), "--save-order"])
+
+
+def test_the_committed_order_is_a_seconds_record_of_this_suite():
+    seconds = json.loads(durations.ORDER_FILE.read_text())
+    assert all(set(tiers) <= {"fast", "slow"} and all(s >= 0 for s in tiers.values()) for tiers in seconds.values())
+    assert "tests/pipeline/test_pipeline_smoke.py" in seconds  # the costliest file, first by name

@@ -53,7 +53,7 @@ def server(tmp_path):
     files = tmp_path / "served"
     files.mkdir()
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), partial(RangeHandler, directory=str(files)))
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)  # shutdown() waits one poll
     thread.start()
     RangeHandler.ranges = []
     RangeHandler.requests = []

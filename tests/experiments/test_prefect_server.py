@@ -217,7 +217,7 @@ def test_an_exported_api_url_nothing_answers_is_one_line_and_down_says_to_unset_
             pass
 
     server = http.server.HTTPServer(("127.0.0.1", 0), Health)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     try:
         check_api_url({"PREFECT_API_URL": f"http://127.0.0.1:{server.server_port}/api/"})  # answers: no error
     finally:

@@ -1,7 +1,10 @@
 """`mmcse.integrity.code`: which library files a result was made with."""
 
+import json
+
 import yaml
 
+from mmcse.integrity import code
 from mmcse.integrity.code import TRAINING_CODE, changed_code, code_digest, code_files, imports_of
 from tests.conftest import REPO
 
@@ -96,4 +99,31 @@ def test_prose_and_code_that_computes_nothing_leave_a_results_identity(tmp_path)
                                   'def f():\n    """F."""\n    from mmcse import e\n    return 1\n')
     code_files.cache_clear()
     assert changed_code(before, code_files(("mmcse.a",), package)) == "mmcse/b.py"
+    code_files.cache_clear()
+
+
+def test_a_modules_facts_are_parsed_once_per_text_and_a_damaged_cache_is_parsed_afresh(tmp_path, monkeypatch):
+    """Every process that trains reads the code identity: what it parses is kept by each module's text in the
+    package's __pycache__/, so the next process parses only what was edited since, and a cache it cannot read is
+    replaced, not trusted and not fatal."""
+    package = write_package(tmp_path)
+    code_files.cache_clear()
+    first = code_files(("mmcse.a",), package)
+    cache = package / "__pycache__" / "mmcse-code-facts.json"
+    assert cache.is_file()
+    parsed = []
+    real = code._facts
+    monkeypatch.setattr(code, "_facts", lambda source: parsed.append(source) or real(source))
+    code_files.cache_clear()
+    assert code_files(("mmcse.a",), package) == first and parsed == []  # every text known: nothing parsed
+    (package / "sub/d.py").write_text("x = 3\n")
+    code_files.cache_clear()
+    edited = code_files(("mmcse.a",), package)
+    assert parsed == ["x = 3\n"] and changed_code(first, edited) == "mmcse/sub/d.py"
+    for damaged in ("{not json", '{"version": 1, "facts": {"' + "0" * 64 + '": 7}}', "[]"):
+        cache.write_text(damaged)
+        parsed.clear()
+        code_files.cache_clear()
+        assert code_files(("mmcse.a",), package) == edited and len(parsed) == 7  # all seven modules
+        assert json.loads(cache.read_text())["version"] == code.FACTS_VERSION  # replaced
     code_files.cache_clear()

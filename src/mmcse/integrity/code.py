@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import ast
 import functools
+import hashlib
+import json
+import os
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from importlib import metadata
@@ -38,29 +41,96 @@ def _executed(tree: ast.Module) -> Iterable[ast.AST]:
     return ast.walk(tree)
 
 
-def imports_of(path: Path, modules: set[str], root: Path = PACKAGE.parent) -> set[str]:
-    """The mmcse modules ``path`` imports, at its top or inside a function (``from mmcse.x import y``
-    names module ``mmcse.x.y`` when that is a module, else ``mmcse.x``); a package ``__init__`` that
-    imports every module it holds (``pkgutil.iter_modules(__path__)``, as `mmcse.methods.terms`) imports
-    them all."""
-    this = module_name(path, root) if path.is_relative_to(root) else ""
-    package = this if path.name == "__init__.py" else this.rpartition(".")[0]
-    found: set[str] = set()
-    source = path.read_text()
-    if path.name == "__init__.py" and "pkgutil.iter_modules(__path__)" in source:
-        found |= {m for m in modules if m.rpartition(".")[0] == this}
-    for node in _executed(ast.parse(source)):
+def _behaviour(tree: ast.Module) -> str:
+    """`behaviour_digest` of a parsed module (its docstrings removed from ``tree``)."""
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return sha256_json({"ast": ast.dump(tree, include_attributes=False)})
+
+
+def behaviour_digest(path: Path) -> str:
+    """SHA-256 of what a module does: its syntax tree without docstrings (comments are no part of it), so editing
+    prose in a module changes no result's identity."""
+    return _behaviour(ast.parse(path.read_text()))
+
+
+FACTS_VERSION = 1  # bump when `_facts` reads a module differently: every cached entry is then parsed again
+
+
+def _facts(source: str) -> dict[str, Any]:
+    """What the code identity reads from one module's text: its `behaviour_digest`, the import statements that
+    can run (``[level, module, names]``; ``import a.b`` is ``[0, None, ["a.b"]]``) and whether it imports every
+    module of its package."""
+    tree = ast.parse(source)
+    digest = _behaviour(tree)  # before `_executed` empties the TYPE_CHECKING blocks: they are part of the text
+    statements = []
+    for node in _executed(tree):
         if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
+            statements.append([0, None, [a.name for a in node.names]])
         elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(parent + ([base] if base else []))
-            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            statements.append([node.level, node.module, [a.name for a in node.names]])
+    return {"digest": digest, "imports": statements,
+            "imports_its_package": "pkgutil.iter_modules(__path__)" in source}
+
+
+class _FactsCache:
+    """`_facts` of a package's modules, kept by the SHA-256 of each module's text in the package's
+    ``__pycache__/`` (ignored by git, DVC and this hash, like Python's bytecode beside it): every process that
+    trains, resumes or checks a job needs the code identity, and parsing every module took ~2 s of each one's start
+    (2 cores). Keyed by content, an edit is always parsed again; an unreadable or foreign cache is parsed afresh and
+    replaced; a folder that cannot be written (a read-only install) only costs the parse."""
+
+    def __init__(self, package: Path) -> None:
+        self.path = package / "__pycache__" / "mmcse-code-facts.json"
+        try:
+            stored = json.loads(self.path.read_text())
+            self.stored = stored["facts"] if stored.get("version") == FACTS_VERSION else {}
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
+            self.stored = {}
+        self.used: dict[str, dict[str, Any]] = {}
+
+    def get(self, path: Path) -> dict[str, Any]:
+        data = path.read_bytes()
+        key = hashlib.sha256(data).hexdigest()
+        facts = self.stored.get(key)
+        if not (isinstance(facts, dict) and set(facts) == {"digest", "imports", "imports_its_package"}):
+            facts = _facts(data.decode())
+        self.used[key] = facts
+        return facts
+
+    def save(self) -> None:
+        """Keeps the entries this process read (a file's older texts drop out) when any was parsed."""
+        if self.used.keys() <= self.stored.keys():
+            return
+        tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+        try:
+            self.path.parent.mkdir(exist_ok=True)
+            tmp.write_text(json.dumps({"version": FACTS_VERSION, "facts": self.used}))
+            os.replace(tmp, self.path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+
+
+def _resolve(this: str, facts: Mapping[str, Any], modules: set[str], is_package: bool) -> set[str]:
+    """The mmcse modules that module ``this`` imports, from its `_facts`."""
+    package = this if is_package else this.rpartition(".")[0]
+    found: set[str] = set()
+    if is_package and facts["imports_its_package"]:
+        found |= {m for m in modules if m.rpartition(".")[0] == this}
+    for level, module, names in facts["imports"]:
+        if level == 0 and module is None:  # import a.b, c
+            targets = list(names)
         else:
-            continue
-        for name in names:
+            base = module or ""
+            if level:
+                parent = package.split(".")[: len(package.split(".")) - level + 1]
+                base = ".".join(parent + ([base] if base else []))
+            targets = [f"{base}.{name}" if f"{base}.{name}" in modules else base for name in names]
+        for name in targets:
             while name and name not in modules:
                 name = name.rpartition(".")[0]
             if name and name != this:
@@ -68,15 +138,33 @@ def imports_of(path: Path, modules: set[str], root: Path = PACKAGE.parent) -> se
     return found
 
 
+def imports_of(path: Path, modules: set[str], root: Path = PACKAGE.parent) -> set[str]:
+    """The mmcse modules ``path`` imports, at its top or inside a function (``from mmcse.x import y``
+    names module ``mmcse.x.y`` when that is a module, else ``mmcse.x``); a package ``__init__`` that
+    imports every module it holds (``pkgutil.iter_modules(__path__)``, as `mmcse.methods.terms`) imports
+    them all."""
+    this = module_name(path, root) if path.is_relative_to(root) else ""
+    return _resolve(this, _facts(path.read_text()), modules, path.name == "__init__.py")
+
+
 def module_files(package: Path = PACKAGE) -> dict[str, Path]:
     """Every module of the package folder ``package`` by name."""
     return {module_name(p, package.parent): p for p in sorted(package.rglob("*.py"))}
 
 
+def _graph_and_facts(package: Path) -> tuple[dict[str, set[str]], dict[str, dict[str, Any]]]:
+    files = module_files(package)
+    cache = _FactsCache(package)
+    facts = {name: cache.get(path) for name, path in files.items()}
+    cache.save()
+    graph = {name: _resolve(name, facts[name], set(files), path.name == "__init__.py")
+             for name, path in files.items()}
+    return graph, facts
+
+
 def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
     """Module → the package's modules it imports."""
-    files = module_files(package)
-    return {name: imports_of(path, set(files), package.parent) for name, path in files.items()}
+    return _graph_and_facts(package)[0]
 
 
 def modules_run(roots: Iterable[str], graph: Mapping[str, set[str]]) -> set[str]:
@@ -99,19 +187,6 @@ def modules_run(roots: Iterable[str], graph: Mapping[str, set[str]]) -> set[str]
 NO_NUMBERS = ("mmcse.tracking", "mmcse.progress", "mmcse.cli", "mmcse.entry")
 
 
-def behaviour_digest(path: Path) -> str:
-    """SHA-256 of what a module does: its syntax tree without docstrings (comments are no part of it), so editing
-    prose in a module changes no result's identity."""
-    tree = ast.parse(path.read_text())
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if (isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and body
-                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-                and isinstance(body[0].value.value, str)):
-            node.body = body[1:] or [ast.Pass()]
-    return sha256_json({"ast": ast.dump(tree, include_attributes=False)})
-
-
 def _numberless(module: str) -> bool:
     return any(module == p or module.startswith(p + ".") for p in NO_NUMBERS)
 
@@ -125,9 +200,9 @@ def code_files(roots: Sequence[str] = TRAINING_CODE, package: Path = PACKAGE) ->
     unknown = [r for r in roots if r not in files]
     if unknown:
         raise ValueError(f"no module {unknown} in {package}")
-    run = modules_run(roots, import_graph(package))
-    return {str(files[m].relative_to(package.parent)): behaviour_digest(files[m])
-            for m in sorted(run) if not _numberless(m)}
+    graph, facts = _graph_and_facts(package)
+    return {str(files[m].relative_to(package.parent)): facts[m]["digest"]
+            for m in sorted(modules_run(roots, graph)) if not _numberless(m)}
 
 
 def code_digest(files: Mapping[str, str]) -> str:
