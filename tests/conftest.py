@@ -70,8 +70,13 @@ def pytest_configure(config) -> None:
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook; a machine without the plugin runs with -o addopts=
 def pytest_xdist_auto_num_workers(config) -> int:
     """``-n auto``: one worker per core, at most 4 (each holds torch, MLflow and a prepared project; the
-    end-to-end tests start processes of their own)."""
-    return max(1, min(os.cpu_count() or 1, 4))
+    end-to-end tests start processes of their own), and one more where the slow tier runs: its tests wait on
+    servers, locks and the processes they start, and the cores stood idle 6 % of a whole-suite run with one worker
+    per core (the fast tier is all computation: a worker more only slows its collection)."""
+    cores = os.cpu_count() or 1
+    markexpr = " ".join((config.option.markexpr or "").split())
+    with_slow = "not slow" not in markexpr
+    return max(1, min(cores + (1 if with_slow else 0), 4))
 
 
 def _devices() -> list[str]:
@@ -166,6 +171,16 @@ def mlflow_active_experiment_cleared():
     yield
     if fluent := sys.modules.get("mlflow.tracking.fluent"):
         fluent._active_experiment_id = None
+
+
+@pytest.fixture(autouse=True)
+def figures_closed():
+    """A figure a test drew and left open (pyplot keeps each until closed) is closed after it: past 20 open figures
+    pyplot warns, and a later test that turns warnings into errors (xdist runs many tests in one process) failed on
+    another test's figures. Library code closes its own (tests/experiments/test_ablation_record.py checks one)."""
+    yield
+    if pyplot := sys.modules.get("matplotlib.pyplot"):
+        pyplot.close("all")
 
 
 @pytest.fixture

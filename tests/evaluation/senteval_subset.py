@@ -23,10 +23,11 @@ def _cut(source: Path, target: Path, every: int, header: int, encoding: str) -> 
     target.write_text("\n".join(_every(lines, every, header)) + "\n", encoding=encoding)
 
 
-def senteval_subset(source: Path, target: Path, every: int = 10) -> Path:
+def senteval_subset(source: Path, target: Path, every: int = 20, transfer_every: int = 10) -> Path:
     """``target``/downstream with every ``every``-th pair of the seven STS tasks (each STS12–16 subset's input and
-    gold files cut at the same lines; STS-B's dev split, the stage's dev set, too) and every ``every``-th example
-    of TREC and MRPC (headers kept)."""
+    gold files cut at the same lines; STS-B's dev split, the stage's dev set, too; the smallest subset, STS13's
+    FNWN, keeps 10 pairs at 20) and every ``transfer_every``-th example of TREC and MRPC (headers kept: a probe
+    trained on fewer is too weak to hold against the majority class)."""
     down, out = source / "downstream", target / "downstream"
     for year in STS_YEARS:
         folder = down / "STS" / f"{year}-en-test"
@@ -39,5 +40,5 @@ def senteval_subset(source: Path, target: Path, every: int = 10) -> Path:
                 _cut(path, out / "STS" / folder.name / path.name, every, 0, "utf8")
     for name, header in HEADERS.items():
         encoding = "latin-1" if name.startswith("TREC") else "utf8"
-        _cut(down / name, out / name, every, header, encoding)
+        _cut(down / name, out / name, every if name.startswith(("STS", "SICK")) else transfer_every, header, encoding)
     return target

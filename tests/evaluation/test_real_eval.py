@@ -3,10 +3,11 @@ folder and scores them with the packaged all-MiniLM-L6-v2 (mean pooling); `mmcse
 `mmcse.evaluation.evaluators`; called in this process, its console script runs in test_sts.py) agrees with it on
 two tasks; the scores are printed into the test log.
 
-By default the test reads every 10th item of every file the stage reads (`tests.evaluation.senteval_subset`: all
-seven STS tasks, each of their subsets, STS-B's dev split, TREC and MRPC with SimCSE's 5-fold "fasttest" probe) and
-holds each STS score against an independent computation: sentence-transformers' own encoding of the same sentences and
-scipy's Spearman over each task's pooled pairs (SentEval's "all" setting). ``--real-data-full`` runs the whole
+By default the test reads every 20th STS pair and every 10th transfer example of every file the stage reads
+(`tests.evaluation.senteval_subset`: all seven STS tasks, each of their subsets, STS-B's dev split, TREC and MRPC
+with SimCSE's 5-fold "fasttest" probe) and holds each STS score against an independent computation:
+sentence-transformers' own encoding of the same sentences and scipy's Spearman over each task's pooled pairs
+(SentEval's "all" setting). ``--real-data-full`` runs the whole
 sets instead and holds them against the published/reference numbers (about 6 minutes on 2 cores; the nightly
 form: ``python -m pytest -m slow --real-data-full tests/evaluation/test_real_eval.py``)."""
 
@@ -91,7 +92,7 @@ def test_cli_and_evaluate_stage_score_the_seven_sts_tasks(real_senteval, tmp_pat
                  "plots_dir": str(tmp_path / "plots")},
         "data": {"source": "senteval", "senteval_dir": str(senteval_dir), "transfer_tasks": ["TREC", "MRPC"],
                  "demo": {"num_images": 8, "captions_per_image": 1, "corpus_sentences": 10}},
-        # every 10th item: SimCSE's "fasttest" probe (held only above the majority class); the whole sets: its "test"
+        # the subset: SimCSE's "fasttest" probe (held only above the majority class); the whole sets: its "test"
         # probe, the one the reference accuracies were measured with
         "evaluate": {"pooler": "avg", **({} if full else {"transfer": FASTTEST})},
     })
@@ -104,7 +105,7 @@ def test_cli_and_evaluate_stage_score_the_seven_sts_tasks(real_senteval, tmp_pat
 
     with capsys.disabled():
         print(f"\nall-MiniLM-L6-v2, avg pooler, SentEval 'all' setting (Spearman x 100), "
-              f"{'whole sets' if full else 'every 10th item'}:")
+              f"{'whole sets' if full else 'every 20th pair'}:")
         for task in [*TASKS, "avg"]:
             shown = f"cli {cli[task]:6.2f}" if task in CLI_TASKS else " " * 10
             print(f"  {task:<16} {shown}   evaluate stage {stage[task]:6.2f}   "

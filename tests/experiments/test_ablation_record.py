@@ -1,5 +1,6 @@
 """`ablate.figures`: a paper figure drawn from every row's job into the ablation's parent run."""
 
+import matplotlib.pyplot as plt
 import pytest
 
 from mmcse import tracking
@@ -29,6 +30,7 @@ def test_the_first_finished_seed_of_each_row_draws_the_figure(tmp_path, monkeypa
     firsts = first_jobs(results)  # the lowest seed; failed rows skipped
     assert {v: j["run_id"] for v, j in firsts.items()} == {"A": jobs[("A", 1)], "B": jobs[("B", 1)]}
     assert log_ablation_figures(cfg, results, parent.info.run_id) == ["figures/sts_scatter.png"]
+    assert plt.get_fignums() == []  # logged and closed (pyplot keeps a figure until then)
     artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(parent.info.run_id, "figures")}
     assert artifacts == {"figures/sts_scatter.png"}
     # no figures asked for: nothing logged

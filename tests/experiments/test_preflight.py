@@ -158,7 +158,10 @@ def test_the_command_on_the_demo_reports_each_row_and_a_crashing_one_fails_alone
         "description: the demo's MCSE and a model nobody has\nreference: MCSE\nvariants:\n"
         "  MCSE: {train.method: mcse}\n  new: {train.method: mcse, model.name_or_path: someone/new-model}\n")
     with pytest.raises(SystemExit) as stopped:
-        main(["preflight", "--params", str(project / "params.yaml"), "--preset", "two-rows", "--steps", "2", "--json"])
+        # no teacher-cache check (its own process per teacher set; the in-process test above and
+        # test_preflight_cache.py check it): the rows' processes are what this test is about
+        main(["preflight", "--params", str(project / "params.yaml"), "--preset", "two-rows", "--steps", "2", "--json",
+              "--cache-items", "0"])
     assert stopped.value.code == 1
     rows = {r["row"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
     ran, failed = rows["MCSE"], rows["new"]

@@ -57,16 +57,18 @@ def _mlflow_job_runs(project) -> list[dict[str, str]]:
 def test_fan_out_gives_every_job_its_own_gpu_worker(project):
     raw = yaml.safe_load((project / "params.yaml").read_text())
     raw["base"]["device"] = "auto"
+    # the failing variant first: it and its retry share the two rounds of the two workers with the jobs that train
+    # (last, it took two rounds of its own: ~20 s of flow-run starts)
     raw["ablate"].update(seeds=[1], retries=1, variants={
-        "mcse": {}, "simcse": {"train.method": "simcse"},
-        "missing model": {"model.name_or_path": str(project / "no-such-model")}})
+        "missing model": {"model.name_or_path": str(project / "no-such-model")},
+        "mcse": {}, "simcse": {"train.method": "simcse"}})
     raw["train"].update(max_steps=4, eval_steps=2, checkpoint_steps=2)
     (project / "params.yaml").write_text(yaml.safe_dump(raw, sort_keys=False))
     copy_deployments(project)
 
     with prefect_server(project) as server:
-        server.cli("work-pool", "create", "gpu", "--type", "process")
-        server.cli("work-pool", "create", "head", "--type", "process")
+        for pool in ("gpu", "head"):  # the REST call `prefect work-pool create --type process` makes (no CLI start)
+            server.api("/work_pools/", {"name": pool, "type": "process"})
         server.cli("deploy", "--name", "fan-out", "--name", "ablation-job")
         # Each worker's flow runs inherit its environment; one torch thread each (2 cores here).
         fast = {"PREFECT_WORKER_QUERY_SECONDS": "1", "OMP_NUM_THREADS": "1"}
@@ -100,7 +102,7 @@ def test_fan_out_gives_every_job_its_own_gpu_worker(project):
 
         table = (project / "ablation/ablation.md").read_text().splitlines()
         rows = {line.split("|")[1].strip(): line for line in table[2:] if line.startswith("|")}  # not the notes
-        assert list(rows) == ["mcse", "simcse", "missing model"]
+        assert list(rows) == ["missing model", "mcse", "simcse"]
         for name in ("mcse", "simcse"):  # seeds column: its seed, status ok
             assert [c.strip() for c in rows[name].split("|")[-3:-1]] == ["1", "ok"]
         assert rows["missing model"].endswith("| 0 | failed |")

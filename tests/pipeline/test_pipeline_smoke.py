@@ -376,7 +376,7 @@ def test_queued_experiments_land_in_the_projects_store_and_runs_stars_what_they_
             status = _run(["dvc", "queue", "status"], root, env)
             if "Queued" not in status and "Running" not in status:
                 break
-            time.sleep(3)
+            time.sleep(1)
     finally:
         _stop_queue_workers(root, env)
     assert status.count("Success") >= 2, status

@@ -29,7 +29,7 @@ from mmcse.evaluation.figures import (
     sts_scatter_runs,
     tsne_panels,
 )
-from mmcse.evaluation.plots import ablation_bars, ablation_line, save_figure
+from mmcse.evaluation.plots import ablation_bars, ablation_line, plt, save_figure
 from mmcse.evaluation.sts import TextEncoder, encode_unique
 from mmcse.evaluation.teacher_statistics import (
     DEFAULT_THRESHOLDS,
@@ -319,7 +319,10 @@ def log_ablation_figures(cfg: Config, results: list[dict[str, Any]], run_id: str
             client.set_tag(run_id, f"figure.{name}.error", str(err)[:500])
             print(f"ablation figure {name} not drawn: {err}")
             continue
-        client.log_figure(run_id, fig, f"figures/{name}.png")
+        try:
+            client.log_figure(run_id, fig, f"figures/{name}.png")
+        finally:  # pyplot keeps every figure until closed: a flow that writes many tables would hold them all
+            plt.close(fig)
         if table is not None:
             client.log_dict(run_id, table, f"figures/{name}.json")
         for key, value in metrics.items():
