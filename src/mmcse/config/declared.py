@@ -271,11 +271,12 @@ def _refuse_bool_numbers(raw: Any, tp: Any, where: str, key: str) -> None:
     if dataclasses.is_dataclass(tp) and isinstance(raw, Mapping):
         hints = _hints(tp)
         for name, value in raw.items():
-            if name in hints:
+            if name in hints and isinstance(value, (Mapping, list, bool)):  # the check above, without a call a leaf
                 _refuse_bool_numbers(value, hints[name], where, f"{key}.{name}" if key else str(name))
     elif typing.get_origin(tp) is list and isinstance(raw, list):
         for i, value in enumerate(raw):
-            _refuse_bool_numbers(value, typing.get_args(tp)[0], where, f"{key}[{i}]")
+            if isinstance(value, (Mapping, list, bool)):
+                _refuse_bool_numbers(value, typing.get_args(tp)[0], where, f"{key}[{i}]")
     elif isinstance(raw, bool):
         members = typing.get_args(tp) if typing.get_origin(tp) in (types.UnionType, typing.Union) else (tp,)
         members = [_strip(m)[0] for m in members]
