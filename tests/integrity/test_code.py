@@ -120,7 +120,10 @@ def test_a_modules_facts_are_parsed_once_per_text_and_a_damaged_cache_is_parsed_
     code_files.cache_clear()
     edited = code_files(("mmcse.a",), package)
     assert parsed == ["x = 3\n"] and changed_code(first, edited) == "mmcse/sub/d.py"
-    for damaged in ("{not json", '{"version": 1, "facts": {"' + "0" * 64 + '": 7}}', "[]"):
+    facts = json.loads(cache.read_text())["facts"]
+    wrong_shape = {"version": code.FACTS_VERSION, "facts": {key: {**entry, "imports": [["mmcse.b"]]}
+                                                           for key, entry in facts.items()}}
+    for damaged in ("{not json", json.dumps(wrong_shape), '{"version": 1, "facts": []}', "[]"):
         cache.write_text(damaged)
         parsed.clear()
         code_files.cache_clear()

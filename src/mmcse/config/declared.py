@@ -271,7 +271,7 @@ def _refuse_bool_numbers(raw: Any, tp: Any, where: str, key: str) -> None:
     if dataclasses.is_dataclass(tp) and isinstance(raw, Mapping):
         hints = _hints(tp)
         for name, value in raw.items():
-            if name in hints and isinstance(value, (Mapping, list, bool)):  # the check above, without a call a leaf
+            if name in hints and isinstance(value, (Mapping, list, bool)):  # a leaf of another type: nothing to check
                 _refuse_bool_numbers(value, hints[name], where, f"{key}.{name}" if key else str(name))
     elif typing.get_origin(tp) is list and isinstance(raw, list):
         for i, value in enumerate(raw):

@@ -91,13 +91,17 @@ class _FactsCache:
             self.stored = stored["facts"] if stored.get("version") == FACTS_VERSION else {}
         except (OSError, ValueError, TypeError, KeyError, AttributeError):
             self.stored = {}
+        if not isinstance(self.stored, dict):
+            self.stored = {}
         self.used: dict[str, dict[str, Any]] = {}
 
     def get(self, path: Path) -> dict[str, Any]:
         data = path.read_bytes()
         key = hashlib.sha256(data).hexdigest()
         facts = self.stored.get(key)
-        if not (isinstance(facts, dict) and set(facts) == {"digest", "imports", "imports_its_package"}):
+        if not (isinstance(facts, dict) and set(facts) == {"digest", "imports", "imports_its_package"}
+                and isinstance(facts["digest"], str) and isinstance(facts["imports"], list)
+                and all(isinstance(i, list) and len(i) == 3 for i in facts["imports"])):
             facts = _facts(data.decode())
         self.used[key] = facts
         return facts
