@@ -41,8 +41,9 @@ def _executed(tree: ast.Module) -> Iterable[ast.AST]:
     return ast.walk(tree)
 
 
-def _behaviour(tree: ast.Module) -> str:
-    """`behaviour_digest` of a parsed module (its docstrings removed from ``tree``)."""
+def behaviour_digest(tree: ast.Module) -> str:
+    """SHA-256 of what a parsed module does: its syntax tree without docstrings (removed from ``tree``; comments are
+    no part of it), so editing prose in a module changes no result's identity."""
     for node in ast.walk(tree):
         body = getattr(node, "body", None)
         if (isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and body
@@ -50,12 +51,6 @@ def _behaviour(tree: ast.Module) -> str:
                 and isinstance(body[0].value.value, str)):
             node.body = body[1:] or [ast.Pass()]
     return sha256_json({"ast": ast.dump(tree, include_attributes=False)})
-
-
-def behaviour_digest(path: Path) -> str:
-    """SHA-256 of what a module does: its syntax tree without docstrings (comments are no part of it), so editing
-    prose in a module changes no result's identity."""
-    return _behaviour(ast.parse(path.read_text()))
 
 
 FACTS_VERSION = 1  # bump when `_facts` reads a module differently: every cached entry is then parsed again
@@ -66,7 +61,7 @@ def _facts(source: str) -> dict[str, Any]:
     can run (``[level, module, names]``; ``import a.b`` is ``[0, None, ["a.b"]]``) and whether it imports every
     module of its package."""
     tree = ast.parse(source)
-    digest = _behaviour(tree)  # before `_executed` empties the TYPE_CHECKING blocks: they are part of the text
+    digest = behaviour_digest(tree)  # before `_executed` empties the TYPE_CHECKING blocks: they are part of the text
     statements = []
     for node in _executed(tree):
         if isinstance(node, ast.Import):
@@ -156,19 +151,20 @@ def module_files(package: Path = PACKAGE) -> dict[str, Path]:
     return {module_name(p, package.parent): p for p in sorted(package.rglob("*.py"))}
 
 
-def _graph_and_facts(package: Path) -> tuple[dict[str, set[str]], dict[str, dict[str, Any]]]:
-    files = module_files(package)
+def _graph_and_facts(package: Path, files: Mapping[str, Path]) -> tuple[dict[str, set[str]], dict[str, dict[str, Any]]]:
+    """`import_graph` and each module's `_facts` (``files``: `module_files` of ``package``)."""
     cache = _FactsCache(package)
     facts = {name: cache.get(path) for name, path in files.items()}
     cache.save()
-    graph = {name: _resolve(name, facts[name], set(files), path.name == "__init__.py")
+    modules = set(files)
+    graph = {name: _resolve(name, facts[name], modules, path.name == "__init__.py")
              for name, path in files.items()}
     return graph, facts
 
 
 def import_graph(package: Path = PACKAGE) -> dict[str, set[str]]:
     """Module → the package's modules it imports."""
-    return _graph_and_facts(package)[0]
+    return _graph_and_facts(package, module_files(package))[0]
 
 
 def modules_run(roots: Iterable[str], graph: Mapping[str, set[str]]) -> set[str]:
@@ -204,7 +200,7 @@ def code_files(roots: Sequence[str] = TRAINING_CODE, package: Path = PACKAGE) ->
     unknown = [r for r in roots if r not in files]
     if unknown:
         raise ValueError(f"no module {unknown} in {package}")
-    graph, facts = _graph_and_facts(package)
+    graph, facts = _graph_and_facts(package, files)
     return {str(files[m].relative_to(package.parent)): facts[m]["digest"]
             for m in sorted(modules_run(roots, graph)) if not _numberless(m)}
 
