@@ -2,15 +2,17 @@
 
 The plugin (loaded by tests/conftest.py) writes ``.pytest-durations.json`` at the repository root after every run
 (``--durations-file PATH`` elsewhere, ``--durations-file ''`` not at all): per test its setup, call and teardown
-seconds, its outcome and its tier (``slow`` when marked so, else ``fast``), and the session's wall time. At the end
-of a run of 50 tests or more it prints the tiers' totals, the slowest tests and the costliest files
-(``--slowest N`` sets how many, 0 prints nothing). A session fixture's setup is counted in the first test that
-asks for it, as pytest itself counts it.
+seconds, the CPU seconds it used (its worker's and those of the processes it started and waited for: where the
+suite keeps every core busy, CPU, not wall time, is what a cut must save), its outcome and its tier (``slow`` when
+marked so, else ``fast``), and the session's wall time. At the end of a run of 50 tests or more it prints the
+tiers' totals, the slowest tests and the costliest files (``--slowest N`` sets how many, 0 prints nothing). A
+session fixture's setup is counted in the first test that asks for it, as pytest itself counts it.
 
 The command reads such a file again, so a closing note can say where the time went::
 
     python -m tests.durations                          # .pytest-durations.json: tiers, 30 tests, 15 files
     python -m tests.durations run.json --top 50 --files 40 --tier slow
+    python -m tests.durations run.json --by cpu        # the tests and files that used the most CPU
     python -m tests.durations new.json --against old.json   # per file: before, after, difference
     python -m tests.durations --save-order               # tests/file_seconds.json from a whole-suite run
 
@@ -46,15 +48,23 @@ def test_seconds(test: dict) -> float:
     return sum(test.get(phase, 0.0) for phase in PHASES)
 
 
+def cpu_seconds(test: dict) -> float:
+    """The CPU seconds a test used, its phases summed (0 in a record written before they were kept)."""
+    return test.get("cpu", 0.0)
+
+
+MEASURES = {"wall": test_seconds, "cpu": cpu_seconds}
+
+
 def file_of(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
-def by_file(tests: dict[str, dict]) -> dict[str, tuple[float, int]]:
-    """Each test file's seconds (setup + call + teardown of its tests) and number of tests."""
+def by_file(tests: dict[str, dict], measure=test_seconds) -> dict[str, tuple[float, int]]:
+    """Each test file's seconds (by default setup + call + teardown of its tests) and number of tests."""
     totals: dict[str, list] = defaultdict(lambda: [0.0, 0])
     for nodeid, test in tests.items():
-        totals[file_of(nodeid)][0] += test_seconds(test)
+        totals[file_of(nodeid)][0] += measure(test)
         totals[file_of(nodeid)][1] += 1
     return {name: (seconds, count) for name, (seconds, count) in totals.items()}
 
@@ -78,14 +88,19 @@ def _minutes(seconds: float) -> str:
     return f"{seconds / 60:5.1f} min"
 
 
-def summary(record: dict, top: int = 30, files: int = 15, tier: str | None = None) -> list[str]:
-    """The lines printed at the end of a run and by the command."""
+def summary(record: dict, top: int = 30, files: int = 15, tier: str | None = None, by: str = "wall") -> list[str]:
+    """The lines printed at the end of a run and by the command; ``by`` ranks tests and files by their wall seconds
+    or their CPU seconds."""
+    measure = MEASURES[by]
     tests = {k: v for k, v in record["tests"].items() if tier is None or v["tier"] == tier}
     lines = []
     wall = record.get("wall_seconds")
     tiers = by_tier(record["tests"])
     total = sum(seconds for seconds, _ in tiers.values())
     head = f"suite: {len(record['tests'])} tests, {_minutes(total).strip()} in tests"
+    cpu = sum(cpu_seconds(test) for test in record["tests"].values())
+    if cpu:
+        head += f", {_minutes(cpu).strip()} of CPU"
     if wall is not None:
         head += f", {_minutes(wall).strip()} wall"
     workers = record.get("workers", 1)
@@ -101,16 +116,23 @@ def summary(record: dict, top: int = 30, files: int = 15, tier: str | None = Non
         if span is not None:
             line += f", ran from {span[0] / 60:.1f} to {span[1] / 60:.1f} min"
         lines.append(line)
-    ranked = sorted(tests.items(), key=lambda item: -test_seconds(item[1]))[:top]
+    ranked = sorted(tests.items(), key=lambda item: -measure(item[1]))[:top]
+    cpu_column = any("cpu" in test for test in tests.values())
     if ranked:
-        lines.append(f"slowest {len(ranked)} tests{f' ({tier} tier)' if tier else ''} (setup + call + teardown):")
+        in_tier = f" ({tier} tier)" if tier else ""
+        lines.append(f"slowest {len(ranked)} tests{in_tier} (setup + call + teardown):" if by == "wall"
+                     else f"the {len(ranked)} tests{in_tier} that used the most CPU:")
         for nodeid, test in ranked:
-            lines.append(f"  {test_seconds(test):7.1f} s  {test['tier']:4}  {nodeid}")
-    costly = sorted(by_file(tests).items(), key=lambda item: -item[1][0])[:files]
+            cpu_text = f"{cpu_seconds(test):7.1f} s CPU  " if cpu_column else ""
+            lines.append(f"  {test_seconds(test):7.1f} s  {cpu_text}{test['tier']:4}  {nodeid}")
+    walls, cpus = by_file(tests), by_file(tests, cpu_seconds)
+    costly = sorted(walls, key=lambda name: -(walls if by == "wall" else cpus)[name][0])[:files]
     if costly:
-        lines.append(f"costliest {len(costly)} files:")
-        for name, (seconds, count) in costly:
-            lines.append(f"  {seconds:7.1f} s  {count:4d} tests  {name}")
+        lines.append(f"costliest {len(costly)} files{' (CPU)' if by == 'cpu' else ''}:")
+        for name in costly:
+            seconds, count = walls[name]
+            cpu_text = f"{cpus[name][0]:7.1f} s CPU  " if cpu_column else ""
+            lines.append(f"  {seconds:7.1f} s  {cpu_text}{count:4d} tests  {name}")
     return lines
 
 
@@ -177,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--top", type=int, default=30, help="how many of the slowest tests (default 30)")
     parser.add_argument("--files", type=int, default=15, help="how many of the costliest files (default 15)")
     parser.add_argument("--tier", choices=("fast", "slow"), help="only this tier's tests and files")
+    parser.add_argument("--by", choices=tuple(MEASURES), default="wall",
+                        help="rank tests and files by wall seconds (default) or CPU seconds")
     parser.add_argument("--against", type=Path, help="an earlier run's file: per-file differences instead")
     parser.add_argument("--save-order", action="store_true",
                         help="write the record's seconds per file and tier to tests/file_seconds.json "
@@ -193,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{len(by_file(record['tests']))} files")
         return 0
     lines = (comparison(record, load(args.against), args.files) if args.against
-             else summary(record, args.top, args.files, args.tier))
+             else summary(record, args.top, args.files, args.tier, args.by))
     print("\n".join(lines))
     return 0
 
@@ -220,6 +244,9 @@ class Recorder:
         test = self.tests.setdefault(report.nodeid, {"tier": "slow" if "slow" in report.keywords else "fast",
                                                      "outcome": "passed"})
         test[report.when] = round(test.get(report.when, 0.0) + report.duration, 4)
+        cpu = dict(report.user_properties).get(CPU_PROPERTY)
+        if cpu is not None:
+            test["cpu"] = round(test.get("cpu", 0.0) + cpu, 3)
         if report.start:  # epoch seconds (a worker's clock is this machine's)
             test.setdefault("start", round(report.start - self.epoch, 2))
             test["stop"] = round(report.stop - self.epoch, 2)
@@ -258,6 +285,35 @@ class Recorder:
 
 def pytest_configure(config) -> None:
     config.pluginmanager.register(Recorder(config), "mmcse-durations")
+
+
+CPU_PROPERTY = "mmcse_cpu_seconds"  # a report's user property: travels from an xdist worker to the controller
+_cpu_mark: dict[str, float] = {}  # nodeid -> the process's CPU seconds when its current phase began
+
+
+def _cpu_now() -> float:
+    """This process's CPU seconds and those of its children it waited for (a stage, a server stopped by the test)."""
+    times = os.times()
+    return times.user + times.system + times.children_user + times.children_system
+
+
+def pytest_runtest_logstart(nodeid, location) -> None:
+    _cpu_mark[nodeid] = _cpu_now()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    now = _cpu_now()
+    used = now - _cpu_mark.get(item.nodeid, now)
+    _cpu_mark[item.nodeid] = now
+    # a new list: pytest hands every phase's report the item's own list
+    report.user_properties = [*report.user_properties, (CPU_PROPERTY, round(used, 3))]
+
+
+def pytest_runtest_logfinish(nodeid, location) -> None:
+    _cpu_mark.pop(nodeid, None)
 
 
 @pytest.hookimpl(trylast=True)  # after `-m`/`-k` deselected: the cost of the tiers that run

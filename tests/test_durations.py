@@ -79,6 +79,14 @@ def test_the_plugin_records_each_phase_tier_and_outcome_of_a_run(pytester):
 
         def test_fails():
             assert False
+
+        def test_burns_cpu_in_a_child():  # CPU of a process the test waited for counts
+            import subprocess, sys
+            subprocess.run([sys.executable, "-c", "import time\\nt = time.process_time()\\n"
+                            "while time.process_time() - t < 0.5: pass"], check=True)
+
+        def test_sleeps():
+            time.sleep(0.5)
     """)
     pytester.syspathinsert(str(durations.REPO))
     out = pytester.path / "record.json"
@@ -88,6 +96,23 @@ def test_the_plugin_records_each_phase_tier_and_outcome_of_a_run(pytester):
     assert record["test_sample.py::test_fast"]["setup"] >= 0.2 and record["test_sample.py::test_fast"]["tier"] == "fast"
     assert record["test_sample.py::test_slow"]["call"] >= 0.1 and record["test_sample.py::test_slow"]["tier"] == "slow"
     assert record["test_sample.py::test_fails"]["outcome"] == "failed"
+    assert record["test_sample.py::test_burns_cpu_in_a_child"]["cpu"] >= 0.5
+    assert record["test_sample.py::test_sleeps"]["cpu"] < 0.3 <= record["test_sample.py::test_sleeps"]["call"]
+
+
+def test_a_record_with_cpu_seconds_ranks_by_them_on_request():
+    record = json.loads(json.dumps(RECORD))
+    cpu = {"tests/a/test_x.py::test_one": 30.0, "tests/a/test_x.py::test_two[p]": 1.0,
+           "tests/b/test_y.py::test_three": 14.0}
+    for nodeid, seconds in cpu.items():
+        record["tests"][nodeid]["cpu"] = seconds
+    lines = durations.summary(record, top=1, files=2, by="cpu")
+    assert lines[0] == "suite: 3 tests, 0.9 min in tests, 0.8 min of CPU, 1.7 min wall (2 workers)"
+    assert lines[-4].split()[-1] == "tests/a/test_x.py::test_one"
+    assert lines[-2:] == ["     41.8 s     31.0 s CPU     2 tests  tests/a/test_x.py",
+                          "     15.0 s     14.0 s CPU     1 tests  tests/b/test_y.py"]
+    by_wall = durations.summary(record, top=1, files=1)
+    assert by_wall[-3].split()[-1] == "tests/a/test_x.py::test_two[p]"
 
 
 class _Item:
