@@ -7,9 +7,11 @@ import stat
 
 import matplotlib.pyplot as plt
 import pytest
+import yaml
 
 from mmcse.evaluation.plots import save_figure
-from mmcse.io import atomic_path, write_json, write_text
+from mmcse.io import atomic_path, load_yaml, write_json, write_text
+from tests.conftest import REPO
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o077])
@@ -98,3 +100,18 @@ def test_what_dvc_tracks_keeps_four_decimals_or_four_significant_digits(tmp_path
     assert tracked(0.7415521047994973) == tracked(0.7415521047994981)
     write_metrics(tmp_path / "m.json", {"a": {"mean": 66.42305867886199, "p": None}, "rows": [0.123456789, 3]})
     assert json.loads((tmp_path / "m.json").read_text()) == {"a": {"mean": 66.4231, "p": None}, "rows": [0.1235, 3]}
+
+
+def test_the_fast_yaml_loader_reads_every_project_file_as_the_safe_loader_does():
+    files = [REPO / "params.yaml", REPO / "dvc.yaml", *sorted((REPO / "ablations").glob("*.yaml")),
+             *sorted((REPO / "profiles").glob("*.yaml")), *sorted((REPO / "recipes").glob("*.yaml")),
+             *sorted((REPO / "papers").glob("*.yaml"))]
+    assert len(files) > 30
+    for file in files:
+        text = file.read_text()
+        assert load_yaml(text) == yaml.safe_load(text), file
+    # what the safe loader refuses, so does it
+    with pytest.raises(yaml.YAMLError):
+        load_yaml("a: !!python/object/apply:os.system ['true']")
+    with pytest.raises(yaml.YAMLError):
+        load_yaml("a: [1, 2")

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import yaml
 from PIL import Image, UnidentifiedImageError
 
 from mmcse.errors import InputError, StageError
@@ -161,6 +162,16 @@ def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError as err:
             raise InputError(f"{path}:{lineno}: corrupt JSON line: {err}") from None
     return rows
+
+
+# PyYAML's safe loader in C (libyaml) where PyYAML was built with it: the same values, parsed ~10x faster than the
+# pure-Python one (params.yaml: 19 -> 2 ms; every configuration read, plan and profile walk parses it again)
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def load_yaml(text: str) -> Any:
+    """``text`` parsed as YAML by the safe loader (``yaml.safe_load``'s values; raises ``yaml.YAMLError``)."""
+    return yaml.load(text, Loader=_YAML_LOADER)
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:

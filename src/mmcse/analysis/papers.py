@@ -30,13 +30,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import Field
 
 from mmcse.config import ConfigError
 from mmcse.config.declared import SECTION, Int, PositiveInt, Str, build
 from mmcse.evaluation.evaluators import any_evaluator_writes
 from mmcse.evaluation.names import score_key
+from mmcse.io import load_yaml
 from mmcse.runstore import TRAIN_MINUTES
 
 PAPERS_DIR = "papers"
@@ -232,7 +232,7 @@ def load_paper(name: str, root: Path | str = ".") -> Paper:
     file = Path(root) / PAPERS_DIR / f"{name}.yaml"
     if name not in list_papers(root):  # a name, not a path: nothing outside papers/ is read
         raise ConfigError(f"no paper file {file}; papers: {', '.join(list_papers(root)) or 'none'}")
-    declared = build(_PaperFile, yaml.safe_load(file.read_text(encoding="utf-8")) or {}, str(file))
+    declared = build(_PaperFile, load_yaml(file.read_text(encoding="utf-8")) or {}, str(file))
     tables = {k: _table(name, k, t, f"{file}: tables.{k}") for k, t in declared.tables.items()}
     return Paper(name, declared.paper or name, declared.text or f"{name}.txt", tables, file, declared.second_text)
 

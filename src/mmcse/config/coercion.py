@@ -51,11 +51,15 @@ def apply_overrides(
     raw: dict[str, Any], overrides: Mapping[str, Any], where: str = "overrides"
 ) -> dict[str, Any]:
     """Return a copy of ``raw`` with ``{"section.key": value}`` overrides applied."""
-    out = copy.deepcopy(raw)
+    return set_overrides(copy.deepcopy(raw), overrides, where)
+
+
+def set_overrides(tree: dict[str, Any], overrides: Mapping[str, Any], where: str = "overrides") -> dict[str, Any]:
+    """``tree`` itself with the overrides applied (a tree nothing else holds: a fresh `to_dict`), returned."""
     for dotted, value in overrides.items():
-        node, leaf = resolve_path(out, str(dotted), where)
+        node, leaf = resolve_path(tree, str(dotted), where)
         node[leaf] = copy.deepcopy(value)
-    return out
+    return tree
 
 
 def deep_merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:

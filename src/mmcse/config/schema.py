@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mmcse.config.checks import check, fail
-from mmcse.config.coercion import apply_overrides, resolve_path, to_dict
+from mmcse.config.coercion import apply_overrides, resolve_path, set_overrides, to_dict
 from mmcse.config.declared import SECTION, build
 from mmcse.config.inputs import BaseConfig, DataConfig, DetectConfig, RegionsConfig, TeachersConfig
 from mmcse.config.keys import check_variable_keys
@@ -119,4 +119,4 @@ def parse_config(raw: Mapping[str, Any] | None, where: str = "params.yaml") -> C
 
 def with_overrides(config: Config, overrides: Mapping[str, Any], where: str = "overrides") -> Config:
     """A new validated config with dotted overrides applied (ablation variants, sweep trials)."""
-    return parse_config(apply_overrides(to_dict(config), overrides, where), where=where)
+    return parse_config(set_overrides(to_dict(config), overrides, where), where=where)  # to_dict: a fresh tree

@@ -45,10 +45,12 @@ def seed_free(job_cfg: Config) -> bool:
 
 
 def _row_seeds(cfg: Config, name: str, overrides: dict[str, Any]) -> list[int]:
-    """The seeds a row trains on: the table's, or its first alone for a `seed_free` row."""
+    """The seeds a row trains on: the table's, or its first alone for a `seed_free` row (read from the row's first
+    job's configuration, which holds its own variant alone: with the table's every row, each row's check would
+    build every other row again)."""
     seeds = list(cfg.ablate.seeds)
     try:
-        free = seed_free(with_overrides(cfg, dict(overrides), where=f"params.yaml (ablate.variants.{name})"))
+        free = seed_free(job_config(cfg, Job(name, seeds[0], {**overrides, "base.seed": seeds[0]})))
     except ValueError:  # a bad override fails as its jobs do, later, with its own message
         free = False
     return seeds[:1] if free else seeds

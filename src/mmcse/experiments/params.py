@@ -19,6 +19,7 @@ from mmcse.config.declared import build
 from mmcse.config.runs import PRESET_SETS, PresetFile
 from mmcse.evaluation.names import check_evaluators
 from mmcse.experiments.recipes import expand_recipes, expand_roles, read_yaml_mapping
+from mmcse.io import load_yaml
 
 
 def read_params(path: str | Path = "params.yaml", overrides: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -28,7 +29,7 @@ def read_params(path: str | Path = "params.yaml", overrides: Mapping[str, Any] |
     if not path.is_file():
         raise ConfigError(f"{path}: params file not found")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = load_yaml(path.read_text()) or {}
     except yaml.YAMLError as err:
         raise ConfigError(f"{path}: not valid YAML: {err}") from None
     if not isinstance(raw, dict):
@@ -59,7 +60,7 @@ def check_preset_name(params: str | Path, name: str | None, given_as: str = "--p
     if name is None:
         return
     params = Path(params)
-    raw = yaml.safe_load(params.read_text()) if params.is_file() else {}
+    raw = load_yaml(params.read_text()) if params.is_file() else {}
     folder = params.parent / str(((raw or {}).get("ablate") or {}).get("presets_dir", AblateConfig.presets_dir))
     if name not in list_presets(folder):
         raise ConfigError(f"{given_as} {name!r}: no preset file {folder / f'{name}.yaml'}; presets: "
@@ -149,8 +150,8 @@ def uncommitted_params(path: str | Path = "params.yaml") -> list[str]:
                                capture_output=True, text=True, timeout=30)
         if shown.returncode != 0:
             return []
-        committed = flatten(yaml.safe_load(shown.stdout) or {})
-        current = flatten(yaml.safe_load(path.read_text()) or {})
+        committed = flatten(load_yaml(shown.stdout) or {})
+        current = flatten(load_yaml(path.read_text()) or {})
     except (OSError, subprocess.SubprocessError, yaml.YAMLError):
         return []
     missing = object()

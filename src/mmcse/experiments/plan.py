@@ -12,8 +12,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from mmcse.config import RETRIEVAL_METHODS, Config, apply_overrides, parse_config, to_dict
 from mmcse.config.readings import encoder_of, reading_summary, row_reading
 from mmcse.experiments.estimate import estimate
@@ -21,6 +19,7 @@ from mmcse.experiments.jobs import expand, job_config, job_identity
 from mmcse.experiments.params import load_config, read_params
 from mmcse.experiments.recipes import DEMO, profile_values, recipe_conflicts, row_recipe, script_points
 from mmcse.experiments.stand_ins import paper_stand_ins
+from mmcse.io import load_yaml
 from mmcse.methods.objectives import Objective, active_terms
 from mmcse.methods.terms import TERMS
 
@@ -39,7 +38,7 @@ def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def defaults_config(params: Path) -> dict[str, Any]:
     """The offline default configuration: ``params`` with the ``demo`` profile's values."""
 
-    raw = yaml.safe_load(params.read_text()) or {}
+    raw = load_yaml(params.read_text()) or {}
     demo = apply_overrides(raw, profile_values(DEMO, params.parent), where=f"profile {DEMO}")
     return to_dict(parse_config(demo, where=f"{params} with profile {DEMO}"))
 

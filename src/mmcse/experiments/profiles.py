@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedSeq
 from ruamel.yaml.error import CommentMark
@@ -23,7 +22,7 @@ from ruamel.yaml.tokens import CommentToken
 from mmcse.config import parse_config
 from mmcse.config.coercion import apply_overrides
 from mmcse.experiments.recipes import list_profiles, profile_values
-from mmcse.io import write_text
+from mmcse.io import load_yaml, write_text
 
 __all__ = ["apply_profile", "list_profiles", "profile_values"]
 
@@ -113,7 +112,7 @@ def apply_profile(params: str | Path, name: str, root: str | Path | None = None,
     params = Path(params)
     root = params.parent if root is None else Path(root)
     overrides = profile_values(name, root)
-    plain = yaml.safe_load(params.read_text()) or {}
+    plain = load_yaml(params.read_text()) or {}
     local = _local_copies(plain, overrides, params.parent)
     overrides = {k: local.get(k, v) for k, v in overrides.items()}
     if kept is not None:
@@ -140,7 +139,7 @@ def apply_profile(params: str | Path, name: str, root: str | Path | None = None,
         return changed
     buf = io.StringIO()
     rt.dump(doc, buf)
-    if yaml.safe_load(buf.getvalue()) != updated:  # the round trip must mean what was validated
+    if load_yaml(buf.getvalue()) != updated:  # the round trip must mean what was validated
         raise RuntimeError(f"{params}: writing profile {name} would not reproduce the validated values")
     write_text(params, buf.getvalue())  # atomic, with the mode a plain write gives
     return changed

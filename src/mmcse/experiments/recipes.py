@@ -39,6 +39,7 @@ from mmcse.config import Config, ConfigError, is_fixed, to_dict
 from mmcse.config.coercion import resolve_path
 from mmcse.config.declared import SECTION, Str, build
 from mmcse.config.readings import READINGS, ReadingPoint, reading_values
+from mmcse.io import load_yaml
 
 RECIPES_DIR, PROFILES_DIR = "recipes", "profiles"
 DEMO = "demo"
@@ -577,9 +578,9 @@ def expand_roles(raw: dict[str, Any], root: Path, where: str = "params.yaml") ->
 
 @functools.lru_cache(maxsize=512)
 def _parsed_yaml(text: str) -> Any:
-    """``text`` parsed (libyaml's safe loader where PyYAML has it), once per distinct text: resolving
-    a table reads the same recipe and profile files for every row (hundreds of parses a plan)."""
-    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    """``text`` parsed (`mmcse.io.load_yaml`), once per distinct text: resolving a table reads the same recipe
+    and profile files for every row (hundreds of parses a plan)."""
+    return load_yaml(text)
 
 
 def read_yaml_mapping(file: Path) -> dict[str, Any]:

@@ -24,12 +24,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from mmcse.analysis.text import terminal_table
 from mmcse.config.coercion import flatten
 from mmcse.evaluation.names import display_name, is_headline
 from mmcse.integrity.code import CODE_PATHS, source_state
+from mmcse.io import load_yaml
 
 TRAIN, EVAL, ABLATE = "metrics/train.json", "metrics/eval.json", "metrics/ablate.json"
 WRITTEN_BY = {TRAIN: "train", EVAL: "evaluate", ABLATE: "ablate"}  # the stage each metrics file comes from
@@ -58,12 +57,12 @@ def read_provenance(exps: Sequence[dict[str, Any]], repo: Path = Path(".")) -> d
     experiment's from git) and ``code`` (the files under `mmcse.integrity.code.CODE_PATHS` that differ from
     its baseline commit: the workspace's uncommitted ones, an experiment's against the commit it ran on)."""
     def lock_at(rev: str) -> dict[str, Any]:
-        return yaml.safe_load(_git(repo, "show", f"{rev}:dvc.lock") or "{}") or {}
+        return load_yaml(_git(repo, "show", f"{rev}:dvc.lock") or "{}") or {}
 
     found: dict[str, dict[str, Any]] = {}
     for base in exps:
         if base.get("rev") == "workspace":
-            lock = yaml.safe_load((repo / "dvc.lock").read_text()) if (repo / "dvc.lock").is_file() else None
+            lock = load_yaml((repo / "dvc.lock").read_text()) if (repo / "dvc.lock").is_file() else None
             found["workspace"] = {"lock": lock or {}, "code": source_state(repo)["changed"]}
             continue
         rev = str(base.get("rev"))
