@@ -4,9 +4,7 @@ from mmcse.entry import run_entry
 from mmcse.experiments.params import load_config
 from mmcse.io import write_metrics
 from mmcse.pipeline.paths import Paths
-from mmcse.pipeline.train import run_train, write_curves
 from mmcse.processes import lead
-from mmcse.training.checkpoints import load_history
 from mmcse.training.launch import needs_launch, run_launched, torchrun_command
 
 
@@ -15,6 +13,11 @@ def main() -> None:
     if needs_launch(cfg.train, cfg.base.device):  # train.devices > 1: this script once per process, via torchrun
         run_launched(torchrun_command(cfg.train, cfg.base.device, [__file__]))
         return
+    # the training stack (torch, transformers, MLflow: ~7 s of imports) in the processes that train, not in the
+    # launcher above, which starts torchrun and waits
+    from mmcse.pipeline.train import run_train, write_curves
+    from mmcse.training.checkpoints import load_history
+
     paths = Paths.of(cfg)
     summary = run_train(cfg, paths)
     if not lead():  # a process beside rank 0, which writes the outputs

@@ -99,6 +99,15 @@ def test_a_server_that_does_not_start_in_time_is_tried_once_more_then_named_in_o
         start_retry(lambda: (_ for _ in ()).throw(RuntimeError("something else")), said.append)
 
 
+def _command_line(process: psutil.Process) -> list[str]:
+    """``process``'s command line; empty for one that ended (a zombie not yet reaped has none to read: the server
+    a timed-out start killed, a process a stage started and lost)."""
+    try:
+        return process.cmdline()
+    except (psutil.ZombieProcess, psutil.NoSuchProcess, psutil.AccessDenied):
+        return []
+
+
 @pytest.mark.slow  # the ablate stage in a subprocess, killed once its temporary server is up
 def test_a_killed_ablate_stage_leaves_no_server_behind_on_the_next_run(project):
     proc = subprocess.Popen([sys.executable, str(REPO / "stages/ablate.py")], cwd=project,
@@ -108,7 +117,7 @@ def test_a_killed_ablate_stage_leaves_no_server_behind_on_the_next_run(project):
         deadline = time.time() + 120
         while time.time() < deadline and server is None and proc.poll() is None:
             for child in psutil.Process(proc.pid).children(recursive=True):
-                if "prefect.server.api.server:create_app" in child.cmdline():
+                if "prefect.server.api.server:create_app" in _command_line(child):
                     server = child
             time.sleep(0.2)
         assert server is not None, "the ablate stage started no temporary Prefect server"
@@ -270,7 +279,7 @@ def test_a_retry_after_a_timed_out_start_runs_one_server_not_two(tmp_path, monke
         pid = start_retry(start, said.append)
         assert len(said) == 1 and "starting it once more" in said[0]
         uvicorns = [p for p in psutil.Process().children(recursive=True)
-                    if "prefect.server.api.server:create_app" in " ".join(p.cmdline())]
+                    if "prefect.server.api.server:create_app" in _command_line(p)]
         assert [p.pid for p in uvicorns] == [pid]  # the timed-out one is gone, not still binding the port
         assert servers[0] is not servers[1]  # a fresh server object, on a port of its own
     finally:

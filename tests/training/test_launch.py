@@ -4,6 +4,7 @@ of what a run or a job is (a resume point carries over from 1 process to N)."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from mmcse.pipeline.paths import Paths
 from mmcse.pipeline.train import run_train
 from mmcse.training import launch
 from mmcse.training.checkpoints import Checkpoints, TrainState, run_definition_hash
-from tests.conftest import REPO
+from tests.conftest import REPO, params_copy
 
 TORCHRUN_ENV = ("LOCAL_RANK", "WORLD_SIZE", "RANK", processes.NODE_RANK)
 
@@ -164,3 +165,18 @@ def test_a_failed_job_is_one_line_naming_the_rank_that_failed_first_and_how(tmp_
     assert "Root Cause" in output.log.read_text() and "OMP_NUM_THREADS" in output.log.read_text()
     (tmp_path / "launch.log").write_text("no report\n")
     assert output.failure(1).startswith("the job's processes failed (torchrun exit status 1; torchrun's report: ")
+
+
+
+def test_the_train_stages_launcher_imports_no_training_stack(tmp_path):
+    """With train.devices: 2 the stage's own process only starts torchrun and waits: its module and the decision
+    import neither torch nor transformers nor MLflow (~7 s a process, and a GPU context held while the ranks train)."""
+    probe = (f"import runpy, sys; runpy.run_path({str(REPO / 'stages/train.py')!r}); "
+             "from mmcse.experiments.params import load_config; from mmcse.training import launch; "
+             "cfg = load_config('params.yaml', {'train.devices': 2, 'train.dropout_rng': 'per_row'}); "
+             "assert launch.needs_launch(cfg.train, cfg.base.device); "
+             "print(sorted(m for m in ('torch', 'transformers', 'mlflow') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=params_copy(tmp_path), capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"

@@ -30,7 +30,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
-import torch
 
 from mmcse import stopping
 from mmcse.config import ConfigError, TrainConfig
@@ -44,7 +43,12 @@ def processes_per_node(train: TrainConfig, device_name: str) -> int:
     or 1 where it sees none or ``base.device`` is cpu."""
     if train.devices != "auto":
         return int(train.devices)
-    return max(torch.cuda.device_count(), 1) if device_name != "cpu" and torch.cuda.is_available() else 1
+    if device_name == "cpu":
+        return 1
+    # here, not at the top: the train stage's launcher process (it starts torchrun and waits) imports no torch
+    import torch
+
+    return max(torch.cuda.device_count(), 1) if torch.cuda.is_available() else 1
 
 
 def node_rank(train: TrainConfig) -> int:
