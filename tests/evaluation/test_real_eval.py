@@ -88,7 +88,8 @@ def test_cli_and_evaluate_stage_score_the_seven_sts_tasks(real_senteval, tmp_pat
     cli = json.loads(capsys.readouterr().out)  # in this process: its console script is started in tests/evaluation
 
     cfg = parse_config({
-        "base": {"data_dir": str(tmp_path / "data"), "metrics_dir": str(tmp_path / "metrics"),
+        # one torch thread, as every test's project (tests/conftest.py: each xdist worker gets its share of the cores)
+        "base": {"data_dir": str(tmp_path / "data"), "metrics_dir": str(tmp_path / "metrics"), "threads": 1,
                  "plots_dir": str(tmp_path / "plots")},
         "data": {"source": "senteval", "senteval_dir": str(senteval_dir), "transfer_tasks": ["TREC", "MRPC"],
                  "demo": {"num_images": 8, "captions_per_image": 1, "corpus_sentences": 10}},
