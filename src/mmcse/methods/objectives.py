@@ -37,7 +37,9 @@ def needed_inputs(o: Objective, pair_batch: bool, on: dict[str, bool] | None = N
     found: set[str] = set()
     for term in _running(o, pair_batch, on):
         inputs = term.inputs(o)
-        unknown = inputs - INPUT_FEATURES.keys()
+        # a comprehension, not `set - dict.keys()`: the step's compiled graph runs this, and torch 2.11's dynamo
+        # cannot trace set arithmetic with a dict view (a graph break: "Observed exception", measured on an H200)
+        unknown = {name for name in inputs if name not in INPUT_FEATURES}
         if unknown:
             raise ValueError(f"loss term {term.name!r} reads {sorted(unknown)}, which a step does not make; "
                              f"it may read: {', '.join(INPUT_FEATURES)}")
