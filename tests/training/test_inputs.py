@@ -50,3 +50,18 @@ def test_a_step_makes_exactly_what_its_running_terms_read(case, pair_batch, monk
     fields = {f.name for f in dataclasses.fields(StepEmbeddings)} - {"pair_batch"}
     set_fields = {name for name in fields if getattr(made[0], name) is not None}
     assert set_fields == {f for name in wanted for f in FIELDS.get(name, (name,))}
+
+
+def test_a_term_that_reads_an_input_no_step_makes_is_named_with_the_valid_ones(monkeypatch):
+    """The check runs inside the compiled step too (torch 2.11's dynamo could not trace its former set arithmetic
+    with a dict view): the unknown name and every valid one in one line."""
+    import mmcse.methods.objectives as objectives
+
+    o = Objective.of(config("simcse"))
+    on = active_terms(o)
+    (first,) = [t for t in objectives.TERMS if on[t.name] and t.runs_on(o, False)][:1]
+    odd = dataclasses.replace(first, inputs=lambda o: {"z", "no_such_output"})
+    monkeypatch.setattr(objectives, "TERMS", [odd if t is first else t for t in objectives.TERMS])
+    with pytest.raises(ValueError, match=r"reads \['no_such_output'\], which a step does not make; it may read: z"):
+        needed_inputs(o, False, on)
+    assert needed_inputs(o, False, on | {first.name: False}) == set()  # the term off: nothing read
