@@ -59,7 +59,7 @@ def test_a_term_that_reads_an_input_no_step_makes_is_named_with_the_valid_ones(m
 
     o = Objective.of(config("simcse"))
     on = active_terms(o)
-    (first,) = [t for t in objectives.TERMS if on[t.name] and t.runs_on(o, False)][:1]
+    first = next(t for t in objectives.TERMS if on[t.name] and t.runs_on(o, False))
     odd = dataclasses.replace(first, inputs=lambda o: {"z", "no_such_output"})
     monkeypatch.setattr(objectives, "TERMS", [odd if t is first else t for t in objectives.TERMS])
     with pytest.raises(ValueError, match=r"reads \['no_such_output'\], which a step does not make; it may read: z"):

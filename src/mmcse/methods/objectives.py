@@ -37,8 +37,8 @@ def needed_inputs(o: Objective, pair_batch: bool, on: dict[str, bool] | None = N
     found: set[str] = set()
     for term in _running(o, pair_batch, on):
         inputs = term.inputs(o)
-        # a comprehension, not `set - dict.keys()`: the step's compiled graph runs this, and torch 2.11's dynamo
-        # cannot trace set arithmetic with a dict view (a graph break: "Observed exception", measured on an H200)
+        # a comprehension, not `set - dict.keys()`: the step's compiled forward traces this, and torch 2.11's dynamo
+        # cannot trace set arithmetic with a dict view ("Observed exception", every method's step, on an H200)
         unknown = {name for name in inputs if name not in INPUT_FEATURES}
         if unknown:
             raise ValueError(f"loss term {term.name!r} reads {sorted(unknown)}, which a step does not make; "
