@@ -16,7 +16,7 @@
 3. For every paper profile (``profiles/*.yaml``): the step count of a full run, from the
    profile's epochs, batch size and data (Wiki1M's 1,000,000 sentences; Karpathy's
    Flickr30k / COCO train split, one caption or all per image as ``data.captions`` says),
-   through the library's own batch schedule (:func:`mmcse.training.batches.alternation_schedule`);
+   through the library's own batch schedule (:func:`mmcse.training.schedule.alternation_schedule`);
    a text-batch and a pair-batch step time of the profile's method and batch size on a
    student of the profile's size (BERT-base / RoBERTa-base; all ``tiny`` with ``--student
    tiny``) with synthetic features of the papers' shapes; and the projected minutes: steps ×
@@ -111,7 +111,7 @@ def training_set_sizes(cfg: Any) -> tuple[int, int]:
 
 def run_steps(cfg: Any) -> dict[str, int]:
     """Text and pair batches per epoch and steps of a full run, by train's own schedule."""
-    from mmcse.training.batches import PAIR, TEXT, alternation_schedule
+    from mmcse.training.schedule import PAIR, TEXT, alternation_schedule
 
     corpus, pairs = training_set_sizes(cfg)
     b = cfg.train.batch_size

@@ -116,9 +116,13 @@ def test_under_a_dalr_profile_a_table_runs_as_its_recipes_as_printed_or_as_the_c
     kd = by_reading["recipe"]["KDMCSE"]["reading"]
     assert {e["key"]: e["follows"] for e in kd}["loss.kdmcse.margin_similarity"] == "code"
     # MCSE's recipe is its authors' run: the mean of the views' image term (and no CLIP teacher to read), but for
-    # the profile's bf16 where MCSE's script trains fp32 (a run-script point: the recipe names it)
+    # the profile's bf16 where MCSE's script trains fp32 and the loop's settings (run-script points: the recipe or
+    # profile names them)
     assert [(e["key"], e["follows"], e["side"]) for e in by_reading["recipe"]["MCSE"]["reading"]] == [
-        ("loss.mcse.image_views", "code", "printed"), ("train.precision", "printed", "profile")]
+        ("loss.mcse.image_views", "code", "printed"), ("train.precision", "printed", "profile"),
+        # the training loop's settings, where the released train_mix.py differs from the recipe's
+        ("train.optimizer", "printed", "recipe"), ("train.batch_order", "printed", "recipe"),
+        ("train.dev_truncation", "printed", "recipe")]
     text = plan_text(plan(params, "dalr-table4"), {})
     assert ("profile dalr-flickr-bert, preset dalr-table4, reading: each row's recipe's (ablate.reading: recipe), "
             "seeds [1, 2, 3, 4, 5]") in text

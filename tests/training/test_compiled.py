@@ -111,13 +111,16 @@ def fullgraph_of(monkeypatch) -> list[bool]:
     return calls
 
 
-@pytest.mark.parametrize("case", [*STUDENTS, "simcse+mlm"])
+EXTRA = {"mlm": {"loss.simcse.mlm": True}, "transformers_adamw": {"train.optimizer": "transformers_adamw"}}
+
+
+@pytest.mark.parametrize("case", [*STUDENTS, "simcse+mlm", "mcse+transformers_adamw"])
 def test_a_students_compiled_step_has_no_graph_break_and_makes_the_eager_update(case, device, fullgraph_of):
     """Per method: each batch kind's forward compiled with fullgraph=True (a graph break would raise), then 3 steps
     (pair, text, pair batches) from the same weights, eager and compiled: every step's terms and, after the third,
     every gradient agree within 1e-5 (fp32; dropout on, keyed by row; clipping on), the weights within 1e-4."""
     method, _, extra = case.partition("+")
-    cfg = config(method, **({"loss.simcse.mlm": True} if extra == "mlm" else {}))
+    cfg = config(method, **EXTRA.get(extra, {}))
     o = Objective.of(cfg)
     on = active_terms(o)
     eager_student = student_for(cfg, mlm=extra == "mlm").to(device)

@@ -1,4 +1,5 @@
 import json
+import math
 
 import pytest
 import torch
@@ -6,13 +7,24 @@ from safetensors.torch import load_file
 
 from mmcse.config import with_overrides
 from mmcse.experiments.params import load_config
+from mmcse.training.batches import Batches
 from mmcse.training.checkpoints import release_resume_point
 from mmcse.training.engine import Hooks
 from mmcse.training.loop import train
-from mmcse.training.schedule import PAIR, TEXT, alternation_schedule
+from mmcse.training.schedule import (
+    ALTERNATE,
+    PAIR,
+    RELEASED,
+    TEXT,
+    alternation_schedule,
+    batches_per_epoch,
+    epoch_schedule,
+    pair_share,
+    released_schedule,
+)
 
 
-def test_alternation_schedule_matches_mcse():
+def test_alternate_order_takes_each_batch_once_a_pair_after_every_ratio_text_batches():
     # 78 text batches, 18 pair batches: ratio 4 -> TTTTP repeated, leftovers at the end
     s = alternation_schedule(78, 18)
     assert len(s) == 96 and s.count(PAIR) == 18 and s.count(TEXT) == 78
@@ -20,6 +32,61 @@ def test_alternation_schedule_matches_mcse():
     assert s[-6:] == [TEXT] * 6
     assert alternation_schedule(5, 0) == [TEXT] * 5
     assert alternation_schedule(2, 3) == [TEXT, PAIR, TEXT, PAIR, PAIR]
+
+
+def train_mix_kinds(n_text: int, n_pair: int) -> list[str]:
+    """uds-lsv/MCSE @ 3031426 src/train_mix.py, one epoch's batch kinds: l.334 (steps = len(text) + len(pair)),
+    l.367 (paired_sample_step), l.369–379 (a pair batch where step % paired_sample_step == 0)."""
+    num_update_steps_per_epoch = math.ceil((n_text + n_pair) / 1)  # gradient_accumulation_steps 1
+    paired_sample_step = n_text // n_pair
+    return [PAIR if step % paired_sample_step == 0 else TEXT for step in range(num_update_steps_per_epoch)]
+
+
+@pytest.mark.parametrize("n_text,n_pair", [(15_625, 6_467), (15_625, 2_265), (15_625, 453), (78, 18), (7, 7)],
+                         ids=["wiki1m-coco-all", "wiki1m-flickr-all", "wiki1m-flickr-random", "78-18", "equal"])
+def test_released_order_is_train_mix_arithmetic(n_text, n_pair):
+    kinds = released_schedule(n_text, n_pair)
+    assert kinds == train_mix_kinds(n_text, n_pair)
+    assert len(kinds) == n_text + n_pair and kinds[0] == PAIR
+
+
+def test_released_order_shares_of_pair_batches_are_the_issues_numbers():
+    # Wiki1M at B 64 beside Karpathy's train split with every caption (KDMCSE, DALR) and with one (MCSE)
+    assert pair_share(1_000_000, 82_783 * 5, 64, RELEASED) == pytest.approx(0.5, abs=1e-4)
+    assert pair_share(1_000_000, 82_783 * 5, 64, ALTERNATE) == pytest.approx(0.293, abs=1e-3)
+    assert pair_share(1_000_000, 29_000 * 5, 64, RELEASED) == pytest.approx(1 / 6, abs=1e-4)
+    assert pair_share(1_000_000, 29_000, 64, RELEASED) == pytest.approx(0.029, abs=1e-3)
+    assert batches_per_epoch(1_000_000, 82_783 * 5, 64, RELEASED) == 15_625 + 6_467
+
+
+def test_released_order_refuses_more_pair_than_text_batches_and_an_unknown_order():
+    with pytest.raises(ValueError, match="divides by zero"):
+        released_schedule(2, 3)
+    assert released_schedule(5, 0) == [TEXT] * 5
+    with pytest.raises(ValueError, match="alternate, released"):
+        epoch_schedule("interleaved", 5, 2)
+
+
+def test_released_batches_are_endless_streams_that_go_on_into_the_next_epoch():
+    """Each kind's stream is its passes, each a permutation of every item in full batches; an epoch takes the
+    batches after the last epoch's (train_mix.py's inf_train_gen loaders are built once, before the epochs)."""
+    b = Batches(n_text_items=40, n_pair_items=17, batch_size=4, seed=3, order=RELEASED)  # 10 text, 4 pair batches
+    assert b.schedule == released_schedule(10, 4) and len(b) == 14
+    epochs = [b.epoch(e) for e in range(3)]
+    assert epochs[0] == b.epoch(0)  # a pure function of (seed, epoch)
+    for kind, items, per_pass in ((TEXT, 40, 10), (PAIR, 17, 4)):
+        stream = [idx for epoch in epochs for k, idx in epoch if k == kind]
+        assert all(len(idx) == 4 for idx in stream)
+        for start in range(0, len(stream) - per_pass + 1, per_pass):  # each whole pass: every item at most once
+            seen = [i for idx in stream[start:start + per_pass] for i in idx]
+            assert len(set(seen)) == len(seen) == per_pass * 4 and set(seen) <= set(range(items))
+        # epoch 1 continues the stream: its first batch of this kind is not epoch 0's first
+        first = [idx for k, idx in epochs[0] if k == kind][0]
+        assert [idx for k, idx in epochs[1] if k == kind][0] != first
+    # pair batches at steps 0, 2, …, 12 (every 10 // 4 = 2nd step): 7 of 14, where alternate takes the 4 once
+    assert sum(k == PAIR for k, _ in epochs[0]) == 7
+    alternate = Batches(40, 17, 4, seed=3)
+    assert alternate.order == ALTERNATE and len(alternate) == 14 and sum(k == PAIR for k, _ in alternate.epoch(0)) == 4
 
 
 def _weights(folder):

@@ -195,6 +195,17 @@ class TrainConfig:
     """resume point every N steps"""
     dropout: Fraction = 0.1
     """the encoder's dropout: SimCSE's two views of a sentence are its two dropout masks"""
+    optimizer: Literal["adamw", "transformers_adamw"] = "adamw"
+    """adamw = PyTorch's AdamW (eps 1e-8) | transformers_adamw = transformers 4.x's AdamW, which the MCSE, KDMCSE and
+    DALR training loops import (eps 1e-6 added before the bias correction, decay after the update;
+    mmcse.training.optimizers)"""
+    batch_order: Literal["alternate", "released"] = "alternate"
+    """the sentence encoders' text-only and image–caption batches: alternate = every full batch once an epoch, a pair
+    batch after every n_text // n_pair text ones | released = the authors' train_mix.py loop: n_text + n_pair steps,
+    a pair batch where step % (n_text // n_pair) == 0, both kinds endless streams (mmcse.training.schedule)"""
+    dev_truncation: Literal["max_seq_len", "none"] = "max_seq_len"
+    """the dev STS sentences that pick the best checkpoint: max_seq_len = cut at model.max_seq_len, as training |
+    none = whole (the encoder's own limit), as the authors' evaluate() (uds-lsv/MCSE src/utils.py l.17-21)"""
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     """Autocast precision of the student's forward pass (fp16 adds a gradient scaler); similarity and logsumexp terms
     stay fp32 whatever this says (τ = 0.05 would amplify bf16 rounding)."""

@@ -68,7 +68,8 @@ def job_steps(job: Config, params: Config, root: str | Path = ".",
         if job.train.method in RETRIEVAL_METHODS:  # image–caption pairs only, full batches (`train_duet`)
             per_epoch = int(counts["pairs"]) // job.train.batch_size
         else:
-            per_epoch = batches_per_epoch(int(counts["corpus_sentences"]), int(counts["pairs"]), job.train.batch_size)
+            per_epoch = batches_per_epoch(int(counts["corpus_sentences"]), int(counts["pairs"]), job.train.batch_size,
+                                          job.train.batch_order)
     except (TypeError, ValueError, KeyError):
         return None
     finetune = job.model.vsepp.finetune_epochs if reads_pixels(job) else 0  # VSE++'s fine-tuning epochs follow

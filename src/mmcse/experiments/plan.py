@@ -14,7 +14,8 @@ from typing import Any
 
 from mmcse.config import RETRIEVAL_METHODS, Config, apply_overrides, parse_config, to_dict
 from mmcse.config.readings import encoder_of, reading_summary, row_reading
-from mmcse.experiments.estimate import estimate
+from mmcse.data.sizes import published_counts
+from mmcse.experiments.estimate import downloaded_counts, estimate
 from mmcse.experiments.jobs import expand, job_config, job_identity
 from mmcse.experiments.params import load_config, read_params
 from mmcse.experiments.recipes import DEMO, profile_values, recipe_conflicts, row_recipe, script_points
@@ -22,6 +23,7 @@ from mmcse.experiments.stand_ins import paper_stand_ins
 from mmcse.io import load_yaml
 from mmcse.methods.objectives import Objective, active_terms
 from mmcse.methods.terms import TERMS
+from mmcse.training.schedule import batches_per_epoch, pair_share
 
 
 def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -69,6 +71,7 @@ def plan(params: str | Path = "params.yaml", preset: str | None = None, reading:
     rows = []
     jobs = expand(cfg)
     # the run-script points of a (method, data set), read from the recipes once per plan, not once per row
+    downloaded = downloaded_counts(cfg, params.parent)
     scripts = functools.cache(lambda method, pairs: script_points(params.parent, cfg.base.profile, method, pairs))
     for job in jobs:
         if any(row["variant"] == job.variant for row in rows):
@@ -94,6 +97,7 @@ def plan(params: str | Path = "params.yaml", preset: str | None = None, reading:
             "reads": reads,
             "terms": row_terms(job_cfg),
             "not_applied": not_applied(job_cfg, own, _flat(reads)),
+            "batches": row_batches(job_cfg, downloaded if job_cfg.data == cfg.data else None),
         })
     time = estimate(cfg, [job_config(cfg, job) for job in jobs], params.parent)
     return {"profile": cfg.base.profile, "preset": cfg.ablate.preset, "reading": cfg.ablate.reading,
@@ -101,6 +105,26 @@ def plan(params: str | Path = "params.yaml", preset: str | None = None, reading:
             "figures": list(cfg.ablate.figures), "figure_captions": cfg.ablate.figure_captions,
             "jobs": time.jobs, "estimate": time.line(), "train_minutes": time.minutes, "rows": rows,
             "skipped": [{"variant": v, "why": why} for v, why in cfg.ablate.skipped.items()]}
+
+
+def row_batches(job_cfg: Config, downloaded: dict[str, int] | None) -> dict[str, Any] | None:
+    """A sentence encoder's epoch under ``train.batch_order``: ``{"per_epoch", "pair_share", "order", "counts"}``, the
+    steps of an epoch and the share of them that are image–caption batches, from the row's data as downloaded here
+    (``downloaded``: params.yaml's data, counted by the download stage) or its sources' published sizes
+    (`mmcse.data.sizes`); None for a retrieval model, or where neither is known or the batch exceeds the data."""
+    if job_cfg.train.method in RETRIEVAL_METHODS:
+        return None
+    counts, origin = (downloaded, "downloaded") if downloaded is not None else (published_counts(job_cfg.data),
+                                                                               "published sizes")
+    if counts is None:
+        return None
+    text, pairs, size = int(counts["corpus_sentences"]), int(counts["pairs"]), job_cfg.train.batch_size
+    order = job_cfg.train.batch_order
+    try:
+        return {"per_epoch": batches_per_epoch(text, pairs, size, order),
+                "pair_share": pair_share(text, pairs, size, order), "order": order, "counts": origin}
+    except ValueError as err:
+        return {"per_epoch": None, "pair_share": None, "order": order, "counts": origin, "error": str(err)}
 
 
 def row_terms(job_cfg: Config) -> list[str]:
@@ -157,6 +181,12 @@ def plan_text(result: dict[str, Any], defaults: dict[str, Any]) -> str:
             lines.append(f"  terms: {', '.join(row['terms'])}")
         for why in row.get("not_applied", {}).values():
             lines.append(f"  not applied: {why}")
+        if batches := row.get("batches"):
+            if batches.get("error"):
+                lines.append(f"  batches: {batches['error']}")
+            else:
+                lines.append(f"  batches: {batches['per_epoch']:,} an epoch, {100 * batches['pair_share']:.1f} % "
+                             f"image–caption (train.batch_order: {batches['order']}; {batches['counts']})")
         if row["stand_ins"]:
             allowed = row["config"]["teachers"]["stand_ins"] == "allow"
             lines.append(f"  not the paper's teacher ({'teachers.stand_ins: allow' if allowed else 'refused'}): "

@@ -1,10 +1,9 @@
 """What training reads per batch: the corpus, the pairs and the cached teacher features
 (`TrainData`), one batch's features on the device (`BatchFeatures`), and the batch order.
 
-Batches alternate as in MCSE: text-only batches from the corpus, and one image–caption batch
-after every ``len(text_loader) // len(pair_loader)`` text batches. Data order is a pure
-function of (seed, epoch), so a resumed run replays exactly the batches an uninterrupted run
-would have seen.
+Batches alternate as in MCSE: text-only batches from the corpus and image–caption batches, in one of the
+orders of `mmcse.training.schedule` (``train.batch_order``). Data order is a pure function of (seed, step), so a
+resumed run replays exactly the batches an uninterrupted run would have seen.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from mmcse.evaluation.sts import group_by_task
 from mmcse.io import read_json, read_jsonl
 from mmcse.models.tokens import TokenTable, cached_tokens, to_device
 from mmcse.teachers.cache import FeatureStore
-from mmcse.training.schedule import PAIR, TEXT, alternation_schedule, full_batches
+from mmcse.training.schedule import ALTERNATE, PAIR, RELEASED, TEXT, epoch_schedule, full_batches
 
 
 def teacher_set_folder(name: str, teachers_dir: Path, teacher_dirs: Sequence[Path] = ()) -> Path:
@@ -224,18 +223,25 @@ class BatchFeatures:
 
 
 class Batches:
-    """Deterministic per-epoch order of text and pair batches (drop_last)."""
+    """Deterministic order of text and pair batches (full batches only: drop_last), a pure function of (seed,
+    step) so a resumed run replays it. ``order`` (``train.batch_order``, `mmcse.training.schedule`): ``alternate``
+    walks each kind's items once an epoch in a fresh permutation of (seed, epoch); ``released`` draws each kind
+    from its endless stream of passes (a fresh permutation of (seed, kind, pass) each), which goes on from one epoch
+    into the next as the authors' ``inf_train_gen`` loaders do."""
 
-    def __init__(self, n_text_items: int, n_pair_items: int, batch_size: int, seed: int):
-        self.batch_size, self.seed = batch_size, seed
+    def __init__(self, n_text_items: int, n_pair_items: int, batch_size: int, seed: int,
+                 order: str = ALTERNATE) -> None:
+        self.batch_size, self.seed, self.order = batch_size, seed, order
         self.n_text_items, self.n_pair_items = n_text_items, n_pair_items
         self.n_text, self.n_pair = full_batches(n_text_items, n_pair_items, batch_size)
-        self.schedule = alternation_schedule(self.n_text, self.n_pair)
+        self.schedule = epoch_schedule(order, self.n_text, self.n_pair)
 
     def __len__(self) -> int:
         return len(self.schedule)
 
     def epoch(self, epoch: int) -> list[tuple[str, list[int]]]:
+        if self.order == RELEASED:
+            return self._released_epoch(epoch)
         g = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
         text_order = torch.randperm(self.n_text_items, generator=g).tolist()
         pair_order = torch.randperm(self.n_pair_items, generator=g).tolist()
@@ -246,4 +252,20 @@ class Batches:
             start = cursors[kind]
             out.append((kind, orders[kind][start : start + self.batch_size]))
             cursors[kind] = start + self.batch_size
+        return out
+
+    def _released_epoch(self, epoch: int) -> list[tuple[str, list[int]]]:
+        items = {TEXT: self.n_text_items, PAIR: self.n_pair_items}
+        per_pass = {TEXT: self.n_text, PAIR: self.n_pair}  # full batches in one pass of a kind's stream
+        taken = {kind: epoch * self.schedule.count(kind) for kind in (TEXT, PAIR)}  # batches of earlier epochs
+        passes: dict[tuple[str, int], list[int]] = {}
+        out = []
+        for kind in self.schedule:
+            pass_no, offset = divmod(taken[kind], per_pass[kind])
+            if (kind, pass_no) not in passes:
+                g = torch.Generator().manual_seed((self.seed * 100_003 + pass_no) * 2 + (kind == PAIR))
+                passes[kind, pass_no] = torch.randperm(items[kind], generator=g).tolist()
+            start = offset * self.batch_size
+            out.append((kind, passes[kind, pass_no][start : start + self.batch_size]))
+            taken[kind] += 1
         return out

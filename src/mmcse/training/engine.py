@@ -38,6 +38,7 @@ from mmcse.models.precision import (
 from mmcse.training.checkpoints import BEST_REQUIRED, Checkpoints, TrainState, kept_dir, run_definition_hash
 from mmcse.training.distributed import any_rank, average_gradients, from_lead, wait_for_lead, world
 from mmcse.training.divergence import DivergenceWatch
+from mmcse.training.optimizers import make_optimizer
 
 log = logging.getLogger(__name__)
 
@@ -112,16 +113,17 @@ def read_back(pending: list[tuple[dict[str, Any], int]]) -> list[tuple[dict[str,
 
 def build_optimizer(student: torch.nn.Module, train: TrainConfig, total_steps: int, device: torch.device | None = None,
                     steps_per_epoch: int = 0):
-    """AdamW (no weight decay on biases and LayerNorm), fused (one kernel for all parameters) on
-    CUDA, with linear warmup and decay to 0, or with ``train.lr_decay_epochs`` = N the rate ÷10
-    every N epochs of ``steps_per_epoch`` steps (VSE++'s schedule)."""
+    """AdamW (no weight decay on biases and LayerNorm): ``train.optimizer``'s (`mmcse.training.optimizers`;
+    PyTorch's fused, one kernel for all parameters, on CUDA), with linear warmup and decay to 0, or with
+    ``train.lr_decay_epochs`` = N the rate ÷10 every N epochs of ``steps_per_epoch`` steps (VSE++'s schedule)."""
     decay, no_decay = [], []
     for name, p in student.named_parameters():
         (no_decay if p.ndim < 2 or "LayerNorm" in name else decay).append(p)
     fused = device is not None and fused_adamw_supported(device)
-    optimizer = torch.optim.AdamW(
+    optimizer = make_optimizer(
+        train.optimizer,
         [{"params": decay, "weight_decay": train.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=train.learning_rate, fused=fused or None,
+        train.learning_rate, fused,
     )
     if train.lr_decay_epochs:
         if steps_per_epoch < 1:

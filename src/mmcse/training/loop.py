@@ -183,6 +183,15 @@ def optimizer_step(student: Student, o: Objective, batch: dict[str, torch.Tensor
     return StudentStep(student, o, update, on)(batch, feats, pair_batch, seed, ranks)
 
 
+def dev_length(cfg: Config, backbone: torch.nn.Module) -> int:
+    """The tokens of a dev STS sentence the best checkpoint is picked on (``train.dev_truncation``): training's
+    ``model.max_seq_len``, or (``none``) the whole sentence up to the encoder's own limit (its position embeddings,
+    at most `EVAL_MAX_SEQ_LEN`), as the authors' ``evaluate()``, which pads without truncating."""
+    if cfg.train.dev_truncation == "max_seq_len":
+        return cfg.model.max_seq_len
+    return min(EVAL_MAX_SEQ_LEN, int(getattr(backbone.config, "max_position_embeddings", EVAL_MAX_SEQ_LEN)))
+
+
 class StudentTask(TrainTask):
     """A student's part of the training loop: its data and batches (`TrainData`, `Batches`), the objective's
     active terms, dev STS (primary metric, logged as ``dev_sts``; with several dev tasks each one's score as
@@ -233,7 +242,11 @@ class StudentTask(TrainTask):
             # in place, so parameter names (checkpoints, resume points) do not change
             student.backbone.compile(dynamic=True)
 
-        self.batches = Batches(len(data.corpus), len(data.captions), cfg.train.batch_size, cfg.base.seed)
+        try:
+            self.batches = Batches(len(data.corpus), len(data.captions), cfg.train.batch_size, cfg.base.seed,
+                                   cfg.train.batch_order)
+        except ValueError as err:  # released order with more pair than text batches
+            raise ConfigError(str(err)) from None
         total = len(self.batches) * cfg.train.epochs
         self.total = min(total, cfg.train.max_steps) if cfg.train.max_steps else total
         optimizer, self.scheduler = build_optimizer(student, cfg.train, self.total, device,
@@ -244,7 +257,7 @@ class StudentTask(TrainTask):
         self.full_width = cfg.train.compile == STEP
         self.train_step = StudentStep(student, self.objective, self.update, on, compiled=self.full_width)
         # one encoder for the run: it keeps the dev batches' token ids on the device
-        self.dev_encode = student_encoder(student, tokenizer, cfg.evaluate.pooler, cfg.model.max_seq_len, device,
+        self.dev_encode = student_encoder(student, tokenizer, cfg.evaluate.pooler, dev_length(cfg, backbone), device,
                                           cfg.train.precision, keep_tokens=True)
         self._order: tuple[int, list[tuple[str, Any]]] = (-1, [])  # (epoch, its batches)
 
