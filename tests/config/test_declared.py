@@ -100,3 +100,29 @@ def test_building_a_validator_reads_no_source(monkeypatch):
     # the schema still has them
     assert declared.json_schema(Config)["$defs"]["TrainConfig"]["properties"]["dropout"]["description"].startswith(
         "the encoder's dropout")
+
+
+@pytest.mark.parametrize("text,message", [
+    ("  learning_rate: .inf", "key 'train.learning_rate': must be a finite number, got inf"),
+    ("  learning_rate: -.inf", "key 'train.learning_rate': must be a finite number, got -inf"),
+    ("  learning_rate: .nan", "key 'train.learning_rate': must be a finite number, got nan"),
+    ("  max_steps: 100000000000000000000000", "key 'train.max_steps': must be at most 2,147,483,647"),
+    ("  batch_size: 1000000000000", "key 'train.batch_size': must be at most 2,147,483,647"),
+])
+def test_the_parameter_check_refuses_what_no_run_can_use(tmp_path, text, message):
+    """Issue 75.6: a non-finite number anywhere and an integer past 2³¹ − 1 are refused by `stages/check_params.py`'s
+    check, with the key; a value within the bounds still passes."""
+    from mmcse.experiments.params import check_params
+    from tests.conftest import params_copy
+
+    params = params_copy(tmp_path) / "params.yaml"
+    key = text.split(":")[0]
+    lines = params.read_text().splitlines()
+    start = lines.index("train:                        # stage: train")
+    at = next(i for i in range(start, len(lines)) if lines[i].startswith(key + ":"))
+    params.write_text("\n".join([*lines[:at], text, *lines[at + 1:]]) + "\n")
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        check_params(params)
+    params.write_text("\n".join([*lines[:at], f"{key}: 2147483647" if "steps" in key or "size" in key
+                                 else f"{key}: 1.0e-5", *lines[at + 1:]]) + "\n")
+    check_params(params)

@@ -115,6 +115,22 @@ def test_authors_code_teran_ndcg_per_direction(seed):
         assert kept[f"i2t_NDCG{k}_spice"] != pytest.approx(i2t, abs=1e-6)
 
 
+@pytest.mark.parametrize("seed", [0, 4])
+def test_authors_code_teran_ndcg_with_tied_relevances(seed):
+    """Relevances on a coarse grid (0, ¼, ½, ¾, 1: many ties, as ROUGE-L's and SPICE's on short captions are): the ideal
+    ranking's order within a tie changes no DCG, so mmcse and TERAN's code still agree; tied *scores* are mmcse's own
+    rule (`test_tied_scores_count_against_the_model`), where TERAN's argsort would pick an order by chance."""
+    images, texts, owner, image_rel = random_case(seed, n_img=10)
+    image_rel = (np.round(image_rel * 4) / 4).astype(np.float32)
+    ordered = np.sort(image_rel, axis=1)
+    assert len(np.unique(image_rel)) <= 5 and (ordered[:, 1:] == ordered[:, :-1]).any()  # ties within a query's row
+    unit = lambda x: x / np.linalg.norm(x, axis=1, keepdims=True)  # noqa: E731
+    sims = unit(images) @ unit(texts).T
+    i2t, t2i = teran_means(sims, sims.T, image_rel.astype(np.float64), rank=4)
+    got = ndcg_metrics(images, texts, owner, {"spice": image_rel}, k=4)
+    assert (got["i2t_NDCG4_spice"], got["t2i_NDCG4_spice"]) == pytest.approx((i2t, t2i), abs=1e-6)
+
+
 def random_case(seed, n_img=9, sparse=False):
     rng = np.random.default_rng(seed)
     owner = np.concatenate([np.arange(n_img), rng.integers(0, n_img, size=2 * n_img)])  # 1..n captions each

@@ -80,3 +80,38 @@ def test_mteb_results_land_in_mtebs_layout_and_load_with_its_own_loader(project,
     run_evaluate(with_overrides(cfg, {"evaluate.mteb": []}), paths, project / "m/best", EvalOutputs(mteb_dir=folder))
     assert [p.name for p in folder.iterdir()] == ["README.md"]
     assert "No MTEB task ran for this model: `evaluate.mteb` is empty" in (folder / "README.md").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("evaluators", [["geometry"], ["retrieval"]])
+def test_any_subset_of_evaluators_finishes_with_its_own_scores(project, evaluators):
+    """Issues 75.5 and 76: the stage's result does not hang on the STS evaluator. Without it there are no STS scores,
+    no STS predictions and the scatter says why (it is a DVC output); the model card is written all the same."""
+    cfg = with_overrides(load_config("params.yaml"), {"train.max_steps": 2, "train.eval_steps": 2,
+                                                      "evaluate.evaluators": evaluators})
+    paths = Paths.of(cfg)
+    summary = run_train(cfg, paths, out_dir=project / "m", hooks=Hooks(progress=False))
+    plots = project / "plots"
+    scores = run_evaluate(cfg, paths, project / "m/best", EvalOutputs(summary["run_id"], plots_dir=plots))
+    assert "avg" not in scores and scores
+    if evaluators == ["geometry"]:
+        assert {"dev_alignment", "dev_uniformity"} <= set(scores) and all(math.isfinite(v) for v in scores.values())
+    else:
+        assert any(k.endswith("_rsum") for k in scores)
+    assert (plots / "sts_scatter.png").is_file()
+    artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(summary["run_id"], "evaluation")}
+    assert "evaluation/sts_predictions.json" not in artifacts
+    assert (project / "m/best/README.md").is_file()
+
+
+def test_an_empty_list_of_evaluators_is_refused_with_the_valid_names(tmp_path):
+    from mmcse.config import ConfigError
+    from mmcse.experiments.params import check_params
+    from tests.conftest import params_copy
+
+    params = params_copy(tmp_path) / "params.yaml"
+    text = params.read_text()
+    assert "  evaluators: all " in text
+    params.write_text(text.replace("  evaluators: all ", "  evaluators: [] "))
+    with pytest.raises(ConfigError, match=r"evaluate.evaluators.*names no evaluator.*the evaluators: .*geometry"):
+        check_params(params)

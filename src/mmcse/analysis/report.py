@@ -15,7 +15,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from mmcse.analysis.papers import Cell, Paper, PaperRow, PaperTable
-from mmcse.analysis.statistics import VERDICT_TESTS, reproduction_verdict
+from mmcse.analysis.statistics import (
+    EQUIVALENCE_SIGMAS,
+    HIGHER,
+    INCONCLUSIVE,
+    LOWER,
+    REPRODUCED,
+    VERDICT_TESTS,
+    reproduction_verdict,
+)
 
 ALPHA = 0.05  # the significance level of KDMCSE Table 1's marker
 READING_MARK = "◊"  # a row that follows its authors' code (or neither reading) somewhere: a footnote lists where
@@ -101,7 +109,19 @@ def mmcse_cell(cell: RunCell | None, digits: int, reference: bool) -> str:
 def delta(paper: float | None, ours: RunCell | None, digits: int, verdict: dict | None = None) -> str:
     if paper is None or ours is None or not math.isfinite(ours.mean):
         return ""
-    return f"{ours.mean - paper:+.{digits}f}" + (f" {verdict['verdict']}" if verdict else "")
+    return f"{ours.mean - paper:+.{digits}f}" + (f" {verdict_word(verdict)}" if verdict else "")
+
+
+def verdict_word(verdict: dict) -> str:
+    """A cell's verdict as the report prints it: reproduced, higher, lower, or inconclusive with the seeds that would
+    decide it (or why no number of seeds would)."""
+    if verdict["verdict"] != INCONCLUSIVE:
+        return verdict["verdict"]
+    if verdict["seeds"] is not None:
+        return f"inconclusive (~{verdict['seeds']} seeds would decide)"
+    if verdict["margin"] is None:
+        return "inconclusive (no tolerance for the metric)"
+    return "inconclusive (the paper's own noise: no number of seeds decides)"
 
 
 NO_VERDICT_METRICS = ("train_minutes",)  # a device's minutes are compared, not tested for reproduction
@@ -118,45 +138,77 @@ def cell_verdict(table: PaperTable, cell: Cell, metric: str, ours: RunCell | Non
     prior = table.tolerances.get(metric)
     return reproduction_verdict(cell.mean, cell.std, table.runs, ours.mean, ours.std, ours.n,
                                 resolution=cell.resolution, prior_std=prior[0] if prior else None,
-                                deterministic=ours.deterministic)
+                                deterministic=ours.deterministic, table_runs=table.runs)
 
 
-def _verdicts(table: PaperTable, paper_rows: dict[str, PaperRow], found: Reproduction) -> list[dict]:
+AVERAGE = "avg"  # a table's average column: the mean of its other cells, no independent evidence
+
+
+def _verdicts(table: PaperTable, paper_rows: dict[str, PaperRow], found: Reproduction,
+              independent: bool = False) -> list[dict]:
+    """Every cell's verdict; ``independent``: without the average column where the table has the cells it averages
+    (counting it would count them twice)."""
+    metrics = list(table.columns.values())
+    averaged = independent and AVERAGE in metrics and len(metrics) > 2
     out = []
     for variant, row in paper_rows.items():
         if row.not_reproduced or row.difference or variant not in found.rows:
             continue
-        for i, metric in enumerate(table.columns.values()):
+        for i, metric in enumerate(metrics):
+            if averaged and metric == AVERAGE:
+                continue
             v = cell_verdict(table, row.cells[i], metric, found.rows[variant].get(metric))
             if v is not None:
                 out.append(v)
     return out
 
 
-def verdict_counts(table: PaperTable, paper_rows: dict[str, PaperRow], found: Reproduction) -> tuple[int, int]:
-    """``(consistent cells, cells with a verdict)`` of one block."""
-    verdicts = [v["verdict"] for v in _verdicts(table, paper_rows, found)]
-    return verdicts.count("consistent"), len(verdicts)
+@dataclass(frozen=True)
+class VerdictCounts:
+    """One block's independent cells (`_verdicts`): how many were reproduced, differ (higher or lower) or are
+    inconclusive, of ``cells`` with a verdict."""
+
+    reproduced: int
+    differs: int
+    inconclusive: int
+    cells: int
+
+
+def verdict_counts(table: PaperTable, paper_rows: dict[str, PaperRow], found: Reproduction) -> VerdictCounts:
+    """The block's verdicts counted over its independent cells."""
+    words = [v["verdict"] for v in _verdicts(table, paper_rows, found, independent=True)]
+    return VerdictCounts(words.count(REPRODUCED), words.count(HIGHER) + words.count(LOWER),
+                         words.count(INCONCLUSIVE), len(words))
 
 
 def verdict_lines(table: PaperTable, paper_rows: dict[str, PaperRow], found: Reproduction) -> list[str]:
     """The block's verdict and the tests behind it, stated under its table, with the tolerances it used."""
-    verdicts = _verdicts(table, paper_rows, found)
+    verdicts = _verdicts(table, paper_rows, found, independent=True)
     if not verdicts:
         return ["Verdict: none yet (a cell needs a printed value and at least 2 seeds, or one seed of a deterministic "
                 "row, or a tolerance for its metric)."]
-    consistent = sum(v["verdict"] == "consistent" for v in verdicts)
+    counts = verdict_counts(table, paper_rows, found)
+    seeds = [v["seeds"] for v in verdicts if v["verdict"] == INCONCLUSIVE and v["seeds"] is not None]
+    more = f"; about {max(seeds)} seeds would decide every inconclusive one that seeds can" if seeds else ""
     used = sorted({v["test"] for v in verdicts}, key=list(VERDICT_TESTS).index)
     tests = "; ".join(f"{name}: {VERDICT_TESTS[name]}" for name in used)
-    runs = f"; the paper's cells are over {table.runs} runs" if table.runs and "welch" in used else ""
+    runs = f"; the paper's cells are over {table.runs} runs" if table.runs and {"welch", "prior"} & set(used) else ""
     tolerance = ""
-    if "prior" in used and table.tolerances:
-        tolerance = " Tolerances σ (the root mean square of the papers' printed stds of the metric): " + ", ".join(
-            f"{metric} {sigma:.2f} ({cells} cells)" for metric, (sigma, cells) in table.tolerances.items()) + "."
-    return [f"**Verdict: {consistent} of {len(verdicts)} cells consistent with the paper** (α = {ALPHA}; beside each "
-            f"Δ: consistent, lower or higher). A printed number stands for the interval its digits round from (76.3: "
-            f"76.25–76.35), and a test measures mmcse's distance to it. Tests: {tests}{runs}.{tolerance} Assumed: each "
-            "side's runs are a normal sample."]
+    if table.tolerances:
+        tolerance = (" Tolerances σ (the root mean square of the papers' printed stds of the metric; the equivalence "
+                     "margin's unit, and the paper's noise where it prints none): " + ", ".join(
+                         f"{metric} {sigma:.2f} ({cells} cells)" for metric, (sigma, cells) in table.tolerances.items())
+                     + ".")
+    averaged = "; the average column is not counted again" if AVERAGE in table.columns.values() and len(
+        table.columns) > 2 else ""
+    return [f"**Verdict: of {counts.cells} independent cells, {counts.reproduced} reproduced, {counts.differs} differ, "
+            f"{counts.inconclusive} inconclusive{more}** (α = {ALPHA}{averaged}; "
+            "beside each Δ: reproduced, higher, lower or inconclusive). A printed number stands for the interval its "
+            "digits round from (76.3: 76.25–76.35), and a test measures mmcse's distance to it: a difference test "
+            f"(two-sided) and an equivalence test (two one-sided tests within ± {EQUIVALENCE_SIGMAS:g}σ, σ the "
+            "metric's tolerance); neither "
+            f"deciding is inconclusive. Tests: {tests}{runs}.{tolerance} Assumed: each side's runs are a normal "
+            "sample."]
 
 
 def _difference(rows: dict[str, dict[str, RunCell]], pair: tuple[str, str], metric: str) -> RunCell | None:

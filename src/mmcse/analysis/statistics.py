@@ -118,18 +118,23 @@ def paired_significance(
 
 # --------------------------------------------------------------------------- reproduced or not
 
-VERDICTS = ("consistent", "lower", "higher")
+REPRODUCED, LOWER, HIGHER, INCONCLUSIVE = "reproduced", "lower", "higher", "inconclusive"
+VERDICTS = (REPRODUCED, LOWER, HIGHER, INCONCLUSIVE)
+MAX_SEEDS = 200  # the most seeds an inconclusive cell's estimate looks at; beyond it: no number of seeds decides
+# The equivalence margin, in the metric's tolerance σ (one paper run's noise): two runs of the paper's own differ by
+# more than 2σ about 16 % of the time (their difference has std √2·σ), so a gap within ± 2σ is one the paper's own
+# seeds make. With a margin of 1σ a paper number from one run (noise σ) could never be shown equivalent.
+EQUIVALENCE_SIGMAS = 2.0
 VERDICT_TESTS = {
-    "welch": "Welch's t-test from summary statistics (unequal variances): the distance from mmcse's mean ± std over "
-             "its seeds to the paper's printed interval, against the paper's printed std over its printed number of "
-             "runs, two-sided",
-    "prior": "a z-test of the distance from mmcse's mean to the paper's printed interval, against the paper's "
-             "run-to-run noise where it prints none (the reproduction tolerance σ: the root mean square of the "
-             "papers' printed stds of that metric) and mmcse's own spread over its seeds, two-sided",
-    "one-sample": "one-sample t-test of mmcse's seeds against the paper's printed interval (no printed std and no "
-                  "tolerance for the metric): t = distance / (std / √n), n − 1 degrees of freedom, two-sided",
+    "welch": "the paper prints a std over its number of runs k: Welch's t (mmcse's s²/n beside the paper's σ²/k, "
+             "Welch–Satterthwaite degrees of freedom)",
+    "prior": "the paper prints no std: its number is a mean of k runs (the table's, else 1) with the papers' own "
+             "run-to-run noise σ of the metric (the root mean square of their printed stds), σ²/k beside mmcse's "
+             "s²/n, Student's t with mmcse's n − 1 degrees of freedom",
+    "one-sample": "no noise known for the paper's number: Student's t of mmcse's seeds alone (n − 1 degrees of "
+                  "freedom)",
     "interval": "a result no seed changes (a deterministic row, or both sides without spread) against the paper's "
-                "printed interval: consistent inside it, lower or higher outside",
+                "printed interval: reproduced inside it, lower or higher outside",
 }
 
 
@@ -145,54 +150,101 @@ def distance_to_interval(value: float, low: float, high: float) -> float:
     return value - high if value > high else (value - low if value < low else 0.0)
 
 
+def _welch_df(own: float, own_df: float, theirs: float, theirs_df: float) -> float:
+    """Welch–Satterthwaite degrees of freedom of a sum of two variance estimates (an infinite df: a known variance,
+    which adds nothing to the denominator); infinite when both are known."""
+    denominator = (own ** 2 / own_df if own and math.isfinite(own_df) else 0.0) + (
+        theirs ** 2 / theirs_df if theirs and math.isfinite(theirs_df) else 0.0)
+    return (own + theirs) ** 2 / denominator if denominator > 0 else math.inf
+
+
+def _sf(t: float, df: float) -> float:
+    return float(stats.norm.sf(t) if math.isinf(df) else stats.t.sf(t, df))
+
+
+def _tests(gap: float, own_var: float, own_df: float, paper_var: float, paper_df: float,
+           margin: float | None) -> tuple[float, float | None, float]:
+    """``(p of a difference, p of equivalence within ± margin or None, se)`` of a distance ``gap`` whose noise is
+    ``own_var`` (mmcse's s²/n) + ``paper_var`` (the paper's σ²/k): the difference two-sided, the equivalence as two
+    one-sided tests (TOST: Δ > −margin and Δ < margin, each at α; its p is the larger)."""
+    se = math.sqrt(own_var + paper_var)
+    df = _welch_df(own_var, own_df, paper_var, paper_df)
+    p_diff = 2 * _sf(abs(gap) / se, df)
+    if margin is None or margin <= 0:
+        return p_diff, None, se
+    p_equivalent = max(_sf((gap + margin) / se, df), _sf((margin - gap) / se, df))
+    return p_diff, p_equivalent, se
+
+
+def _decide(gap: float, p_diff: float, p_equivalent: float | None) -> str:
+    if p_diff < ALPHA:
+        return LOWER if gap < 0 else HIGHER
+    return REPRODUCED if p_equivalent is not None and p_equivalent < ALPHA else INCONCLUSIVE
+
+
+def seeds_to_decide(gap: float, std: float, n: int, paper_var: float, paper_df: float,
+                    margin: float | None) -> int | None:
+    """How many seeds of mmcse's, at its observed spread ``std`` and with the same observed distance ``gap``, would
+    give a verdict other than inconclusive (a difference, or equivalence within ``margin``); None where none up to
+    `MAX_SEEDS` would (the paper's own noise σ²/k alone is too wide, or the gap sits on the margin)."""
+    for seeds in range(n + 1, MAX_SEEDS + 1):
+        p_diff, p_equivalent, _ = _tests(gap, std ** 2 / seeds, seeds - 1, paper_var, paper_df, margin)
+        if _decide(gap, p_diff, p_equivalent) != INCONCLUSIVE:
+            return seeds
+    return None
+
+
 def reproduction_verdict(paper_mean: float, paper_std: float | None, paper_runs: int | None,
                          mean: float, std: float, n: int, *, resolution: float = 0.0,
-                         prior_std: float | None = None, deterministic: bool = False) -> dict[str, Any] | None:
+                         prior_std: float | None = None, deterministic: bool = False,
+                         table_runs: int | None = None) -> dict[str, Any] | None:
     """Whether mmcse's cell (``mean`` ± ``std`` over ``n`` seeds) reproduces the paper's printed one: ``{"verdict":
-    consistent | lower | higher, "test": welch | prior | one-sample | interval, "p", "distance"}``.
+    reproduced | lower | higher | inconclusive, "test": welch | prior | one-sample | interval, "p", "p_equivalent",
+    "margin", "distance", "seeds"}``.
 
-    The printed number stands for an interval (`printed_interval`: ± half of ``resolution``), and every test
-    measures mmcse's distance to it (`distance_to_interval`), so rounding alone never reads as a difference:
+    The printed number stands for an interval (`printed_interval`: ± half of ``resolution``) and every test measures
+    mmcse's distance to it (`distance_to_interval`), so rounding alone never reads as a difference. The distance's
+    noise is mmcse's s²/n (s its std over its seeds; with one seed, the paper's per-run σ stands in for it) plus the
+    paper's σ²/k, its number being a mean of k runs:
 
-    - ``interval``: a ``deterministic`` row (no seed changes it: it runs once) or two sides without spread: consistent
-      inside the interval, else lower / higher (``p`` None);
-    - ``welch``: the paper prints a std over ``paper_runs`` ≥ 2 runs: Welch's t-test of the distance;
-    - ``prior``: it prints none, and the metric has a reproduction tolerance ``prior_std`` (the papers' own
-      run-to-run noise; a std printed without its number of runs counts as one): a z-test of the distance against
-      √(σ² + s²/n), s mmcse's std over its seeds (σ again where it has one seed);
-    - ``one-sample``: neither, the distance against mmcse's own spread (≥ 2 seeds).
+    - ``welch``: the paper prints σ = ``paper_std`` over k = ``paper_runs`` ≥ 2 runs (Welch–Satterthwaite df);
+    - ``prior``: σ = ``prior_std``, the metric's reproduction tolerance (the papers' own run-to-run noise, taken as
+      known), k = ``table_runs`` (the table's stated runs; else 1), Student's t with mmcse's n − 1 df (a printed std
+      without its runs counts as this σ with k = 1);
+    - ``one-sample``: no noise known for the paper's number (σ²/k = 0), Student's t of mmcse's seeds;
+    - ``interval``: a ``deterministic`` row, or no spread on either side: inside the interval or not.
 
-    ``consistent`` when p ≥ `ALPHA`, else ``lower`` / ``higher`` by the distance's sign. None where no test can be
-    made (a single seed with no tolerance, a non-finite mean). Each side's runs are assumed a normal sample."""
+    Each cell gets two tests at `ALPHA`: a two-sided one for a difference (``p``: **lower** / **higher**), and two
+    one-sided ones for equivalence within ± the margin (``p_equivalent``; the margin is `EQUIVALENCE_SIGMAS` times
+    the metric's tolerance σ, else the printed std: a gap the paper's own seeds make): **reproduced**. Neither:
+    **inconclusive**, with ``seeds``, how many of mmcse's seeds at the observed spread would decide (None: no number
+    would). None where no test can be made (a single seed and no paper noise, a non-finite mean). Each side's runs are
+    assumed a normal sample."""
     if not math.isfinite(mean):
         return None
     low, high = printed_interval(paper_mean, resolution)
     gap = distance_to_interval(mean, low, high)
     has_spread = n >= 2 and math.isfinite(std) and std > 0
     paper_spread = paper_std is not None and paper_std > 0
-
-    def verdict(p: float | None, test: str) -> dict[str, Any]:
-        consistent = gap == 0 if p is None else p >= ALPHA
-        word = "consistent" if consistent else ("lower" if gap < 0 else "higher")
-        return {"verdict": word, "test": test, "p": p, "distance": gap}
-
+    sigma_run = prior_std if prior_std is not None and prior_std > 0 else (paper_std if paper_spread else None)
+    margin = EQUIVALENCE_SIGMAS * sigma_run if sigma_run is not None else None
+    out = {"distance": gap, "margin": margin, "p_equivalent": None, "seeds": None}
     if deterministic or (n >= 2 and std == 0 and not paper_spread):
-        return verdict(None, "interval")
+        return out | {"verdict": REPRODUCED if gap == 0 else (LOWER if gap < 0 else HIGHER), "test": "interval",
+                      "p": None}
     if paper_spread and paper_runs is not None and paper_runs >= 2:
-        if not has_spread and n < 2:
-            return None
-        own = std ** 2 / n if has_spread else 0.0
-        theirs = paper_std ** 2 / paper_runs
-        se = math.sqrt(own + theirs)
-        t = gap / se
-        df = (own + theirs) ** 2 / ((own ** 2 / (n - 1) if own else 0.0) + theirs ** 2 / (paper_runs - 1))
-        return verdict(float(2 * stats.t.sf(abs(t), df)), "welch")
-    sigma = paper_std if paper_spread else prior_std
-    if sigma is not None and sigma > 0:
-        s = std if has_spread else sigma
-        z = gap / math.sqrt(sigma ** 2 + s ** 2 / max(n, 1))
-        return verdict(float(2 * stats.norm.sf(abs(z))), "prior")
-    if not has_spread:
+        test, sigma, runs, paper_df = "welch", paper_std, paper_runs, paper_runs - 1
+    elif paper_spread or (prior_std is not None and prior_std > 0):
+        test, sigma = "prior", paper_std if paper_spread else prior_std
+        runs, paper_df = (1 if paper_spread else max(table_runs or 1, 1)), math.inf
+    else:
+        test, sigma, runs, paper_df = "one-sample", 0.0, 1, math.inf
+    if not has_spread and (n < 1 or sigma == 0):
         return None
-    t = gap / (std / math.sqrt(n))
-    return verdict(float(2 * stats.t.sf(abs(t), n - 1)), "one-sample")
+    s = std if has_spread else sigma  # one seed: the paper's per-run noise stands in for mmcse's
+    own_df = n - 1 if has_spread else math.inf
+    paper_var = sigma ** 2 / runs
+    p_diff, p_equivalent, _ = _tests(gap, s ** 2 / max(n, 1), own_df, paper_var, paper_df, margin)
+    verdict = _decide(gap, p_diff, p_equivalent)
+    seeds = seeds_to_decide(gap, s, max(n, 1), paper_var, paper_df, margin) if verdict == INCONCLUSIVE else None
+    return out | {"verdict": verdict, "test": test, "p": p_diff, "p_equivalent": p_equivalent, "seeds": seeds}

@@ -30,10 +30,14 @@ from pydantic.fields import FieldInfo
 
 from mmcse.errors import ConfigError
 
-Int = StrictInt
+# The largest integer a setting takes: a count or size beyond it is no run's (a step counter, a batch a device could
+# hold, a seed numpy takes), and a typo like 1e23 written out is refused with the key, not met by an overflow later.
+MAX_INT = 2**31 - 1
+Int = Annotated[StrictInt, Field(le=MAX_INT)]
 Bool = StrictBool
 Str = StrictStr
-SECTION = ConfigDict(extra="forbid")  # each section's ``__pydantic_config__``: unknown keys are errors
+# each section's ``__pydantic_config__``: unknown keys are errors, and so is a non-finite number (.inf, .nan)
+SECTION = ConfigDict(extra="forbid", allow_inf_nan=False)
 PositiveInt = Annotated[Int, Field(ge=1)]
 NonNegativeInt = Annotated[Int, Field(ge=0)]
 Name = Annotated[Str, Field(pattern=r"\S")]  # a name, id or path: not empty, not blank
@@ -180,6 +184,8 @@ def _bounds(metadata: list[Any], violated: dict[str, Any]) -> str:
                 if isinstance(item, getattr(annotated_types, name.capitalize())):
                     found[name] = getattr(item, name)
     found = found or violated
+    if found.get("le") == MAX_INT and len(found) > 1:  # every integer's cap: said only when it is the one broken
+        del found["le"]
     lo = ("[", found["ge"]) if "ge" in found else ("(", found["gt"]) if "gt" in found else None
     hi = ("]", found["le"]) if "le" in found else (")", found["lt"]) if "lt" in found else None
     if lo and hi:
@@ -193,7 +199,8 @@ def _description(metadata: list[Any]) -> str:
     return next((m.description for m in metadata if isinstance(m, FieldInfo) and m.description), "")
 
 
-_WANTED = {"int_type": "an integer", "int_from_float": "an integer", "int_parsing": "an integer",
+_WANTED = {"finite_number": "a finite number", "int_type": "an integer", "int_from_float": "an integer",
+           "int_parsing": "an integer",
            "bool_type": "true or false", "bool_parsing": "true or false", "float_type": "a number",
            "float_parsing": "a number", "string_type": "a string", "list_type": "a list",
            "dict_type": "a mapping", "dataclass_type": "a mapping", "dataclass_exact_type": "a mapping"}
@@ -216,6 +223,9 @@ def _message(err: ValidationError, cls: type, where: str, prefix: str) -> str:
     key = ".".join(p for p in (prefix, *parts) if p)
     same = [e for e in errors if _walk(cls, e["loc"])[0] == parts]  # a union's members fail together
     value = first["input"]
+    if first["type"] == "less_than_equal" and first["ctx"].get("le") == MAX_INT:
+        return (f"{where}: key '{key}': must be at most {MAX_INT:,} (2³¹ − 1: no count or size a run takes is larger), "
+                f"got {value!r}")
     if first["type"] in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         note = _description(metadata)
         return f"{where}: key '{key}': {_bounds(metadata, first['ctx'])}{f' ({note})' if note else ''}"

@@ -92,9 +92,11 @@ def evaluator_names() -> list[str]:
 
 
 def check_evaluators(asked: tuple[str, ...] | list[str] | str, where: str) -> None:
-    """``evaluate.evaluators`` is "all" or names evaluators there are (`evaluator_names`): anything else is a
-    `ConfigError` listing them."""
+    """``evaluate.evaluators`` is "all" or names one or more evaluators there are (`evaluator_names`): anything else
+    (an empty list included) is a `ConfigError` listing them."""
     there = evaluator_names()
+    check(asked == "all" or len(asked) > 0, where, "evaluate.evaluators",
+          f"names no evaluator, so the stage would score nothing; the evaluators: {', '.join(there)} (or all)")
     unknown = [] if asked == "all" else [n for n in asked if n not in there]
     check(not unknown, where, "evaluate.evaluators", f"{unknown} is no evaluator; the evaluators: "
           f"{', '.join(there)} (or all)")

@@ -146,7 +146,8 @@ def table_keys(paper: Paper, table: str | None) -> list[str] | None:
 @dataclass
 class Report:
     """A paper's report: its Markdown and self-contained HTML page, the ablation runs it read and, per run, the
-    verdict of its block (``verdict/<table>_consistent`` and ``_cells``: `mmcse.analysis.report.verdict_counts`)."""
+    verdict of its block (``verdict/<table>_reproduced``, ``_differs``, ``_inconclusive`` and ``_cells``, its
+    independent cells: `mmcse.analysis.report.verdict_counts`)."""
 
     markdown: str
     html: str
@@ -185,9 +186,10 @@ def build_report(cfg: Config, paper_name: str, table: str | None = None, root: P
         t = paper.tables[key]
         for run in reproductions:
             if t.columns and run.block in t.blocks:
-                consistent, cells = verdict_counts(t, t.blocks[run.block], run)
-                verdicts.setdefault(run.run_id, {}).update({f"verdict/{key}_consistent": consistent,
-                                                            f"verdict/{key}_cells": cells})
+                counts = verdict_counts(t, t.blocks[run.block], run)
+                verdicts.setdefault(run.run_id, {}).update({
+                    f"verdict/{key}_reproduced": counts.reproduced, f"verdict/{key}_differs": counts.differs,
+                    f"verdict/{key}_inconclusive": counts.inconclusive, f"verdict/{key}_cells": counts.cells})
     return Report(to_markdown(sections), to_html(sections, title), runs, verdicts)
 
 

@@ -217,18 +217,20 @@ def run_evaluate(cfg: Config, paths: Paths, model_dir: Path, outputs: EvalOutput
                                   + (["untrained reference"] if carded else []),
                                   show=plots_dir is not None)  # the stage shows it; an ablation job prints its line
         scores = run_evaluators(evaluators, encoder, steps)
-    result = next(e.result for e in evaluators if isinstance(e, STSEvaluator))
+    # the STS scores' figure and per-pair predictions where the sts evaluator ran (any subset of evaluators may)
+    result = next((e.result for e in evaluators if isinstance(e, STSEvaluator)), None)
     test_set = found.get("test_set")
     examples = (neighbours_markdown(test_set.examples, f"Nearest test captions ({test_set.set_name}, "
                                     f"{cfg.evaluate.pooler} embeddings)") if test_set and test_set.examples else None)
-    fig = sts_scatter(result.predictions, result.task_scores)
+    fig = (sts_scatter(result.predictions, result.task_scores) if result is not None else
+           notice_figure("no STS test scores: evaluate.evaluators does not ask for sts"))
     tsne = None
     if plots_dir is not None:  # DALR Figure 3 for the stage's model (ablation jobs skip its seconds of t-SNE)
         steps.next()
         tsne, scores["cluster_silhouette"] = _tsne(cfg, encoder, tasks)
     # per-pair predictions, so figures comparing runs (`mmcse figures`) need no re-encoding
     predictions = {task: {"cos": cos.tolist(), "gold": gold.tolist()}
-                   for task, (cos, gold) in result.predictions.items()}
+                   for task, (cos, gold) in (result.predictions.items() if result is not None else ())}
     untrained: dict[str, float] | None = None
     if carded:  # mmcse trained it: the card says how
         steps.next()
@@ -236,12 +238,13 @@ def run_evaluate(cfg: Config, paths: Paths, model_dir: Path, outputs: EvalOutput
     steps.close()
     model = (model_dir, [p.s1 for pairs in tasks.values() for p in pairs[:2]]) if published else None
     minutes = (time.perf_counter() - started) / 60.0
-    dicts = {"evaluation/sts_predictions.json": predictions,
+    dicts = {**({"evaluation/sts_predictions.json": predictions} if result is not None else {}),
              **({"evaluation/untrained_scores.json": untrained} if untrained else {})}
+    collapsed = result.collapsed if result is not None else []
     record_evaluation(cfg, scores, outputs, EvaluationMade(
-        fig, examples, tsne, dicts, model=model,
+        fig, examples, tsne, dicts, log_scatter=result is not None, model=model,
         folders={"mteb": mteb_dir} if mteb_dir is not None and mteb_tasks else {},
-        tags={COLLAPSED_TAG: collapsed_message(result.collapsed)} if result.collapsed else {}, minutes=minutes))
+        tags={COLLAPSED_TAG: collapsed_message(collapsed)} if collapsed else {}, minutes=minutes))
     if outputs.run_id:  # beside the run's record too: a plan's estimate reads it without MLflow
         tracking.note_run(Path(model_dir).parent, eval_minutes=minutes)
     return scores
@@ -319,6 +322,16 @@ def record_evaluation(cfg: Config, scores: dict[str, float], outputs: EvalOutput
         plt.close(made.sts_scatter)
 
 
+def notice_figure(text: str) -> Any:
+    """A figure that only says ``text``: the stage's ``sts_scatter.png`` (a DVC output) where no STS score was made."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 2))
+    ax.axis("off")
+    ax.text(0.5, 0.5, text, ha="center", va="center")
+    return fig
+
+
 def evaluate_duet(cfg: Config, paths: Paths, model_dir: Path, outputs: EvalOutputs | None = None,
                   trained_on: TrainedOn | None = None) -> dict[str, float]:
     """DUET's test scores (§5.1) through the shared evaluators: R@1/5/10 both ways and rsum
@@ -328,7 +341,6 @@ def evaluate_duet(cfg: Config, paths: Paths, model_dir: Path, outputs: EvalOutpu
     neighbours in the joint space (``sentence_retrieval.md``) and the t-SNE of the caption embeddings
     with cluster purity against their images (``tsne.png``, ``cluster_silhouette``,
     ``cluster_purity``); ``sts_scatter.png`` says that a retrieval model has no STS scores."""
-    import matplotlib.pyplot as plt
 
     outputs, trained_on = outputs or EvalOutputs(), trained_on or TrainedOn()
     raw = trained_on.data_dir or paths.raw
@@ -356,11 +368,8 @@ def evaluate_duet(cfg: Config, paths: Paths, model_dir: Path, outputs: EvalOutpu
                                      groups=split.text_image, max_points=TSNE_POINTS,
                                      title=f"{cfg.train.method} captions")
         scores |= {f"cluster_{k}": v for k, v in clusters.items() if k in ("silhouette", "purity")}
-    no_sts, ax = plt.subplots(figsize=(5, 2))
-    ax.axis("off")
-    ax.text(0.5, 0.5, f"train.method {cfg.train.method} is an image–text retrieval model:\n"
-            "no STS scores (see eval.json: R@K, NDCG)",
-            ha="center", va="center")
+    no_sts = notice_figure(f"train.method {cfg.train.method} is an image–text retrieval model:\n"
+                           "no STS scores (see eval.json: R@K, NDCG)")
     record_evaluation(cfg, scores, outputs, EvaluationMade(no_sts, examples, tsne, log_scatter=False))
     return scores
 

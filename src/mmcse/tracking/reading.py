@@ -106,8 +106,8 @@ def run_reader(tracking_uri: str) -> SqliteRuns | MlflowRuns:
 
 
 def log_report(files: dict[str, Path], runs: Sequence[str], verdicts: dict[str, dict[str, float]]) -> None:
-    """A report's files under ``report/`` in every ablation run it read, with the run's ``verdicts`` (k of n
-    cells consistent with the paper)."""
+    """A report's files under ``report/`` in every ablation run it read, with the run's ``verdicts`` (of its block's
+    independent cells, how many reproduced the paper, differ or are inconclusive)."""
     client = mlflow.MlflowClient()
     for run_id in runs:
         for path in files.values():
