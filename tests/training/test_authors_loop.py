@@ -1,9 +1,9 @@
-"""The authors' released training loop, held equal step by step: uds-lsv/MCSE's ``src/train_mix.py`` transcribed in
-this file's own code (every line cites repository, commit, file and line) and run beside mmcse's own training (the
-engine's `fit` of a `StudentTask`, what `mmcse.training.loop.train` runs) from the same initial weights and on the same
-batches, under the settings `mmcse plan --reading code` gives the MCSE row of kdmcse-table1 (and the SimCSE row MCSE's
-script trains with ``--framework simcse``) under the kdmcse-flickr-bert profile. Every parameter is compared after
-every step, in float64.
+"""The authors' released training loop, held equal step by step: uds-lsv/MCSE's ``src/train_mix.py`` and its copy in
+duyngtr16061999/KDMCSE (the same loop with ClipVisnModel's heads and its loss) transcribed in this file's own code
+(every line cites repository, commit, file and line) and run beside mmcse's own training (the engine's `fit` of a
+`StudentTask`, what `mmcse.training.loop.train` runs) from the same initial weights and on the same batches, under the
+settings `mmcse plan --reading code` gives the MCSE, SimCSE (MCSE's script with ``--framework simcse``) and KDMCSE rows
+of kdmcse-table1 under the kdmcse-flickr-bert profile. Every parameter is compared after every step, in float64.
 
 What the transcription takes from mmcse's side, and why that is fair:
 - **the batches' sentences**: which corpus sentences and captions each step reads (mmcse's permutations; the released
@@ -17,9 +17,9 @@ What the transcription takes from mmcse's side, and why that is fair:
   (bs, 2, len) batch and flattens it (l.294, model.py l.61): rows (0, view 1), (0, view 2), (1, view 1), …; mmcse stacks
   the two views as two halves. The transcription keys each of its rows with the key mmcse gives that (sentence, view):
   the same masks, whatever the row order;
-- **the image features**: the cached teacher set's rows (`mmcse.teachers.cache`), which are L2-normalised; the released
-  hdf5 holds raw ResNet-50 features (preprocess/extract_visn_feature.py), which mmcse does not offer yet (docs/
-  authors-code.md, "What the training loops feed").
+- **the image features**: the cached teacher sets' rows (`mmcse.teachers.cache`), which are L2-normalised; the released
+  hdf5 holds raw ResNet-50 features (preprocess/extract_visn_feature.py) and KDMCSE's JSON CLIP features of unknown
+  scale, which mmcse does not offer yet (docs/authors-code.md, "What the training loops feed").
 
 Held to the released loop: the step's batch kind (a pair batch where ``step % (n_text // n_pair) == 0``), the
 collator's tokenization (max_length, truncation, padding to the longest), BertForCL's MLP pooler, the grounding and
@@ -50,11 +50,11 @@ from mmcse.training.engine import Hooks, fit
 from mmcse.training.loop import StudentTask
 from mmcse.training.schedule import PAIR, TEXT
 from tests.conftest import params_copy
-from tests.methods.test_authors_code import mcse_step_loss
+from tests.methods.test_authors_code import KDMCSE_SCRIPT, kdmcse_step_loss, mcse_step_loss
 
 pytestmark = pytest.mark.slow
 
-STEPS = 24  # ≥ 20 steps: with 20 text and 6 pair batches an epoch, 8 of them pair batches under the released order
+STEPS = 20  # ≥ 20 steps: with 20 text and 6 pair batches an epoch, 7 of them pair batches under the released order
 TOL = 1e-8
 MAX_SEQ_LENGTH = 8  # the transcription's --max_seq_length (the scripts keep 32): short, so dev sentences exceed it
 SCRIPT = {"temp": 0.05, "temp_vl": 0.05, "lbd": 0.01, "max_grad_norm": 1.0, "num_warmup_steps": 0}
@@ -113,32 +113,44 @@ class ReleasedAdamW:
 
 
 class ReleasedMCSE(nn.Module):
-    """uds-lsv/MCSE @ 3031426 src/model.py: MCSE(lang_model=BertForCL, visn_model=ResNetVisnModel) (l.147–156), the
-    student's initial weights loaded into it."""
+    """uds-lsv/MCSE @ 3031426 src/model.py: MCSE(lang_model=BertForCL, visn_model) (l.147–156), the student's initial
+    weights loaded into it; ``visn``: ``resnet`` = MCSE's ResNetVisnModel (l.136–144), ``clip`` = KDMCSE's
+    ClipVisnModel (duyngtr16061999/KDMCSE @ 33270bc src/model.py l.204–233: an image and a caption MLP), built by
+    KDMCSE's train_mix.py l.288–292 on the same MCSE class."""
 
-    def __init__(self, student) -> None:
+    def __init__(self, student, visn: str) -> None:
         super().__init__()
-        hidden = student.backbone.config.hidden_size
-        proj_dim = student.proj_dim
+        hidden, proj_dim = student.backbone.config.hidden_size, student.proj_dim
         self.bert = type(student.backbone)(student.backbone.config, add_pooling_layer=False)  # BertForCL.bert (l.44)
         self.bert.load_state_dict(student.backbone.state_dict())
         self.pooler = MLPLayer(hidden, hidden)  # BertForCL.pooler (l.45)
         self.pooler.load_state_dict(student.mlp.state_dict())
-        self.visn_mlp = MLPLayer(student.image_dim, proj_dim)  # ResNetVisnModel.mlp (l.139)
-        self.visn_mlp.load_state_dict(_sequential_as_mlp(student.image_proj))
-        self.grounding = MLPLayer(hidden, proj_dim)  # MCSE.grounding (l.153)
+        self.grounding = MLPLayer(hidden, proj_dim)  # MCSE.grounding (l.153; KDMCSE l.241)
         self.grounding.load_state_dict(_sequential_as_mlp(student.text_proj))
+        self.heads = {"grounding": "text_proj"}
+        if visn == "resnet":
+            self.visn_mlp = MLPLayer(student.image_dim, proj_dim)  # ResNetVisnModel.mlp (l.139)
+            self.visn_mlp.load_state_dict(_sequential_as_mlp(student.image_proj))
+            self.heads["visn_mlp"] = "image_proj"
+        else:
+            self.vmlp = MLPLayer(student.joint_dim, proj_dim)  # ClipVisnModel.vmlp (KDMCSE l.207)
+            self.vmlp.load_state_dict(_sequential_as_mlp(student.teacher_image_proj))
+            self.tmlp = MLPLayer(student.joint_text_dim, proj_dim)  # ClipVisnModel.tmlp (l.208)
+            self.tmlp.load_state_dict(_sequential_as_mlp(student.teacher_text_proj))
+            self.heads |= {"vmlp": "teacher_image_proj", "tmlp": "teacher_text_proj"}
         install_keyed_dropout(self.bert)  # mmcse's keyed dropout on the same layers (see the module docstring)
 
     def named_like_student(self) -> dict[str, nn.Parameter]:
         """Each parameter under the student's name for it."""
-        names = {"bert.": "backbone.", "pooler.": "mlp.", "visn_mlp.": "image_proj.", "grounding.": "text_proj."}
         out = {}
         for name, p in self.named_parameters():
-            prefix = next(k for k in names if name.startswith(k))
-            rest = name[len(prefix):].replace("dense.", "0.") if prefix in ("visn_mlp.", "grounding.") else name[
-                len(prefix):]
-            out[names[prefix] + rest] = p
+            module, rest = name.split(".", 1)
+            if module == "bert":
+                out[f"backbone.{rest}"] = p
+            elif module == "pooler":
+                out[f"mlp.{rest}"] = p
+            else:  # a head: MLPLayer's dense is the tanh head's Linear, 0
+                out[f"{self.heads[module]}.{rest.replace('dense.', '0.', 1)}"] = p
         return out
 
 
@@ -147,10 +159,10 @@ def _sequential_as_mlp(head: nn.Module) -> dict[str, torch.Tensor]:
     return {k.replace("0.", "dense.", 1): v for k, v in head.state_dict().items()}
 
 
-def released_loss(model: ReleasedMCSE, ids: torch.Tensor, mask: torch.Tensor, img: torch.Tensor | None,
+def released_loss(model: ReleasedMCSE, ids: torch.Tensor, mask: torch.Tensor, feats: dict[str, torch.Tensor] | None,
                   seed: int, framework: str) -> torch.Tensor:
     """One step's loss: the collator (train_mix.py l.273–296), MCSE.forward (model.py l.158–171) and
-    compute_loss with train_mix.py's sum (l.381–385)."""
+    compute_loss with train_mix.py's sum (l.381–385; KDMCSE l.440–444)."""
     bs, length = ids.shape
     input_ids = ids.unsqueeze(1).repeat(1, 2, 1).view(-1, length)  # collator l.294, then BertForCL l.61: (bs*2, len)
     attention_mask = mask.unsqueeze(1).repeat(1, 2, 1).view(-1, length)
@@ -163,10 +175,21 @@ def released_loss(model: ReleasedMCSE, ids: torch.Tensor, mask: torch.Tensor, im
     l_pool = cls.view(bs, 2, -1)  # MCSE.forward l.168
     l_proj = pooler_output.view(bs, 2, -1)  # l.169
     z1, z2 = l_proj[:, 0], l_proj[:, 1]  # compute_loss l.177
-    pair = img is not None and framework == "mcse"  # train_mix.py l.381
+    pair = feats is not None and framework != "simcse"  # train_mix.py l.381: --framework mcse (KDMCSE's too)
+    if framework == "kdmcse":
+        k = KDMCSE_SCRIPT
+        if not pair:  # ArcSimilarity(temp, margin1) on text batches (model.py l.243, l.272)
+            return kdmcse_step_loss(z1, z2, None, None, None, None, None, None, k["temp"], k["temp_vl"], k["lbd"],
+                                    k["margin1"], k["margin2"], k["using_threshhold"], k["score_base"], False)
+        v = model.vmlp(feats["img"])  # ClipVisnModel.forward l.226 (normalised inside kdmcse_step_loss, l.227)
+        t = model.tmlp(feats["clip_text_feat"])  # l.230 (normalised inside, l.231)
+        p = model.grounding(l_pool)  # compute_loss l.282 (normalised inside, l.283)
+        return kdmcse_step_loss(z1, z2, p[:, 0], p[:, 1], v, t, feats["img"], feats["clip_text_feat"], k["temp"],
+                                k["temp_vl"], k["lbd"], k["margin1"], k["margin2"], k["using_threshhold"],
+                                k["score_base"], True)
     if not pair:
         return mcse_step_loss(z1, z2, None, None, None, SCRIPT["temp"], SCRIPT["temp_vl"], SCRIPT["lbd"], False)
-    v = model.visn_mlp(img)  # ResNetVisnModel.forward l.142 (normalised inside mcse_step_loss, l.143)
+    v = model.visn_mlp(feats["img"])  # ResNetVisnModel.forward l.142 (normalised inside mcse_step_loss, l.143)
     p = model.grounding(l_pool)  # compute_loss l.188 (normalised inside, l.189)
     return mcse_step_loss(z1, z2, p[:, 0], p[:, 1], v, SCRIPT["temp"], SCRIPT["temp_vl"], SCRIPT["lbd"], True)
 
@@ -186,6 +209,21 @@ def released_dev_score(model: ReleasedMCSE, tokenizer, dev_pairs) -> float:
     model.train()
     cosines = F.cosine_similarity(a, b, dim=-1).numpy()
     return 100.0 * float(spearmanr(cosines, [p.score for p in dev_pairs]).correlation)
+
+
+def released_features(data, rows: list[int], framework: str) -> dict[str, torch.Tensor]:
+    """A pair batch's features as the collator stacks them (train_mix.py l.288–289; KDMCSE l.313–318): the image
+    features (MCSE's hdf5 ``img``; KDMCSE's CLIP ``img`` and ``clip_text_feat`` of each caption), float64."""
+
+    def rows_of(store, index) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(store.take(index))).double()
+
+    idx = np.asarray(rows)
+    if framework == "kdmcse":
+        text_rows, image_rows = data._rows("joint")
+        return {"img": rows_of(data.joint_image, image_rows[idx]), "clip_text_feat": rows_of(data.joint_text,
+                                                                                             text_rows[idx])}
+    return {"img": rows_of(data.image_features, data._rows("image")[idx])}
 
 
 def linear_rate(lr: float, step: int, total: int, warmup: int = 0) -> float:
@@ -253,7 +291,7 @@ def run_released(task: StudentTask, recorder: Recorder, cfg: Config, framework: 
     parameter equal to mmcse's after every step. Returns the final dev score."""
     student = task.model
     student.load_state_dict(recorder.initial)  # the initial weights (the run has moved the student)
-    model = ReleasedMCSE(student).double()
+    model = ReleasedMCSE(student, "clip" if framework == "kdmcse" else "resnet").double()
     model.train()
     no_decay = ["bias", "LayerNorm.bias", "LayerNorm.weight"]  # train_mix.py l.317–327
     named = list(model.named_parameters())
@@ -274,11 +312,8 @@ def run_released(task: StudentTask, recorder: Recorder, cfg: Config, framework: 
         sentences = [(data.captions if pair else data.corpus)[i] for i in recorded["rows"]]
         tok = tokenizer(sentences, max_length=MAX_SEQ_LENGTH, truncation=True, padding="longest",
                         return_tensors="pt")  # the collator, l.280–286
-        img = None
-        if pair:
-            image_rows = data._rows("image")[np.asarray(recorded["rows"])]
-            img = torch.from_numpy(np.ascontiguousarray(data.image_features.take(image_rows))).double()
-        loss = released_loss(model, tok["input_ids"], tok["attention_mask"], img, recorded["seed"], framework)
+        feats = released_features(data, recorded["rows"], framework) if pair else None
+        loss = released_loss(model, tok["input_ids"], tok["attention_mask"], feats, recorded["seed"], framework)
         loss.backward()  # l.388
         torch.nn.utils.clip_grad_norm_(model.parameters(), SCRIPT["max_grad_norm"])  # l.391
         optimizer.step()  # l.392
@@ -294,11 +329,12 @@ def run_released(task: StudentTask, recorder: Recorder, cfg: Config, framework: 
 
 @pytest.fixture(scope="module")
 def code_rows(tmp_path_factory) -> dict[str, Config]:
-    """The MCSE and SimCSE rows of kdmcse-table1 that `mmcse plan --reading code` makes under kdmcse-flickr-bert."""
+    """The MCSE, SimCSE and KDMCSE rows of kdmcse-table1 that `mmcse plan --reading code` makes under
+    kdmcse-flickr-bert."""
     params = params_copy(tmp_path_factory.mktemp("kdmcse")) / "params.yaml"
     apply_profile(params, "kdmcse-flickr-bert")
     rows = {r["variant"]: r for r in plan(params, "kdmcse-table1", "code")["rows"]}
-    return {v: parse_config(rows[v]["config"], where=f"the plan's row {v}") for v in ("MCSE", "SimCSE")}
+    return {v: parse_config(rows[v]["config"], where=f"the plan's row {v}") for v in ("MCSE", "SimCSE", "KDMCSE")}
 
 
 def _train_both(project: Path, row: Config, framework: str, **changes) -> tuple[dict, dict]:
@@ -309,7 +345,7 @@ def _train_both(project: Path, row: Config, framework: str, **changes) -> tuple[
     return ours, theirs
 
 
-@pytest.mark.parametrize("row,framework", [("MCSE", "mcse"), ("SimCSE", "simcse")])
+@pytest.mark.parametrize("row,framework", [("MCSE", "mcse"), ("SimCSE", "simcse"), ("KDMCSE", "kdmcse")])
 def test_authors_loop_mcse_train_mix_equals_mmcse_training(project, code_rows, row, framework):
     ours, theirs = _train_both(project, code_rows[row], framework)
     # the best checkpoint is picked by the same dev score: the final weights' score, untruncated, on both sides

@@ -96,8 +96,9 @@ def loops_markdown() -> list[str]:
         "(Wiki1M's 1,000,000 sentences and the Karpathy train split here):", "",
         "| method, pairs | `released` | `alternate` |", "|---|---|---|",
         *(f"| {name} | {released} | {alternate} |" for name, released, alternate in rows), "",
-        "`python -m pytest tests -k authors_loop` runs MCSE's loop, transcribed line by line "
-        "(tests/training/test_authors_loop.py, its MCSE and `--framework simcse` rows), beside mmcse's own training "
+        "`python -m pytest tests -k authors_loop` runs MCSE's loop and KDMCSE's (its copy with ClipVisnModel's heads "
+        "and its loss), transcribed line by line (tests/training/test_authors_loop.py: the MCSE, `--framework simcse` "
+        "and KDMCSE rows of kdmcse-table1 under `--reading code`), beside mmcse's own training "
         "from the same initial weights on the same sentences with the same dropout masks (both sides keyed by "
         "(step, sentence, view)), and compares every parameter after every step in float64 (1e-8), and the dev score "
         "that picks the best checkpoint; setting any of the three back to its printed value breaks it.", "",
@@ -117,8 +118,8 @@ def loops_markdown() -> list[str]:
         "Linear–BatchNorm–ReLU at width 768 (l.100–119).",
         "- SimCSE's own rows (MCSEO Table 1, DALR Tables 2 and 5) under `--reading code` train with MCSE's "
         "run_wiki.sh (3 epochs, fp32), not princeton-nlp/SimCSE's run_unsup_example.sh.",
-        "- The KDMCSE and DALR loops are not transcribed yet (their loss lines are: "
-        "`python -m pytest tests -k authors_code`).", "",
+        "- DALR's loop is not transcribed yet (its loss lines are: `python -m pytest tests -k authors_code`), nor "
+        "princeton-nlp/SimCSE's Trainer loop.", "",
     ]]
 
 
