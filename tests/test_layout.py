@@ -32,7 +32,7 @@ LAYERS = [
     ["integrity", "tracking"],
     ["config"],
     ["environment"],
-    ["io", "errors", "hub", "stopping", "processes", "records", "progress", "runstore"],
+    ["io", "errors", "hub", "stopping", "processes", "records", "progress", "runstore", "cpu_isa"],
 ]
 RANK = {package: rank for rank, packages in enumerate(LAYERS) for package in packages}
 

@@ -23,7 +23,7 @@ OPTIMIZERS = (TORCH_ADAMW, TRANSFORMERS_ADAMW)
 class ReleasedAdamW(torch.optim.Optimizer):
     """transformers 4.x's ``AdamW`` (``correct_bias=True``), its update step by step; ``lr`` may be a 0-d tensor
     (a compiled step's schedule updates it in place, `mmcse.training.compiled.tensor_lr`). The step count is a 0-d
-    CPU tensor in double precision, so a compiled update reads it as data rather than compiling once per step."""
+    tensor in double precision, so a compiled update reads it as data rather than compiling once per step."""
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-6, weight_decay: float = 0.0) -> None:
@@ -45,7 +45,8 @@ class ReleasedAdamW(torch.optim.Optimizer):
                     continue
                 state = self.state[p]
                 if not state:
-                    state["step"] = torch.tensor(0.0, dtype=torch.float64)  # the bias corrections in double, as theirs
+                    # the bias corrections in double, as theirs; on the parameter's device (no copy per step on a GPU)
+                    state["step"] = torch.tensor(0.0, dtype=torch.float64, device=p.device)
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 exp_avg, exp_avg_sq, step = state["exp_avg"], state["exp_avg_sq"], state["step"]
