@@ -67,3 +67,20 @@ def test_a_run_forced_to_another_instruction_set_writes_the_same_bytes(project):
     # the control: unpinned, the scalar kernels round otherwise
     native_capability, native = _trained(project, "c", **{OPT_OUT: "native", "ATEN_CPU_CAPABILITY": "default"})
     assert native_capability == "DEFAULT" and native != forced
+
+
+def test_a_feature_cache_is_keyed_by_the_kernels_in_force(monkeypatch):
+    """A set computed unpinned is not taken for a pinned one (MKL's AVX2 reproducibility path changes the text teacher's
+    bytes even on an AVX2 CPU: measured), nor the other way round."""
+    from mmcse.cpu_isa import kernels_in_force
+    from mmcse.teachers.cache import cache_key
+
+    pinned = dict(PINNED)
+    assert kernels_in_force(pinned) == "avx2" and kernels_in_force({**pinned, OPT_OUT: "native"}) == "native"
+    assert kernels_in_force({}) == "native"
+    for name, value in PINNED.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv(OPT_OUT, raising=False)
+    key = cache_key({"model": "m"}, "data")
+    monkeypatch.setenv("MKL_CBWR", "AUTO")
+    assert cache_key({"model": "m"}, "data") != key

@@ -56,3 +56,11 @@ def pin_cpu_isa(environ: MutableMapping[str, str] = os.environ, avx2: bool | Non
     chosen = dict(PINNED) | {k: v for k, v in KEEP_IF_SET.items() if not environ.get(k)}
     environ.update(chosen)
     return chosen
+
+
+def kernels_in_force(environ: MutableMapping[str, str] = os.environ) -> str:
+    """What decides a computed feature's last bits here: ``avx2`` where this process runs pinned, else ``native`` (the
+    machine's own kernels). Part of a feature cache's key (`mmcse.teachers.cache.cache_key`,
+    `mmcse.detection.regions.region_cache_key`): a set computed under other kernels is computed again, not reused."""
+    pinned = all(environ.get(k) == v for k, v in PINNED.items())
+    return "avx2" if pinned and environ.get(OPT_OUT, "").lower() != "native" else "native"

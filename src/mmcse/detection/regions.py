@@ -82,6 +82,7 @@ import numpy as np
 from numpy.lib.format import open_memmap
 from PIL import Image, UnidentifiedImageError
 
+from mmcse.cpu_isa import kernels_in_force
 from mmcse.data.images import IMAGE_TABLES, image_rows
 from mmcse.detection.crops import masked_crop, object_crop
 from mmcse.detection.region_files import (
@@ -495,7 +496,7 @@ class RegionStore:
 
 def region_cache_key(source: RegionSource, ids: Sequence[str], max_regions: int, dtype: str) -> str:
     return sha256_json({"source": source.describe, "data": source.fingerprint, "ids": sha256_json(list(ids)),
-                        "max_regions": max_regions, "dtype": dtype})[:16]
+                        "max_regions": max_regions, "dtype": dtype, "kernels": kernels_in_force()})[:16]
 
 
 def _save(path: Path, array: np.ndarray) -> dict[str, Any]:

@@ -24,6 +24,7 @@ from PIL import Image
 from tqdm.auto import tqdm
 
 from mmcse.config import TeachersConfig
+from mmcse.cpu_isa import kernels_in_force
 from mmcse.errors import CorruptArtifact, InputError, MissingEntry
 from mmcse.hub import resolve_model
 from mmcse.integrity.files import HashingWriter, check_npy, find_cached_set, read_json_artifact, remember_sha256
@@ -314,7 +315,9 @@ class FeatureStore:
 
 
 def cache_key(teacher: dict[str, Any], fingerprint: str) -> str:
-    return sha256_json({"teacher": teacher, "data": fingerprint})[:16]
+    """A set's key: the teacher, the data, and the kernels in force (`mmcse.cpu_isa.kernels_in_force`: a set computed
+    unpinned has other last bits than a pinned one, so neither is taken for the other)."""
+    return sha256_json({"teacher": teacher, "data": fingerprint, "kernels": kernels_in_force()})[:16]
 
 
 def cached_features(
