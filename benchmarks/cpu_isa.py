@@ -16,7 +16,8 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
+
+from mmcse.cpu_isa import cpu_flags
 
 STEP = """
 import json, sys, time
@@ -44,12 +45,7 @@ print(json.dumps({"capability": torch.backends.cpu.get_cpu_capability(), "median
 
 
 def vector_flags() -> list[str]:
-    try:
-        flags = next(line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                     if line.startswith("flags"))
-    except (OSError, StopIteration):
-        return []
-    return sorted(f for f in flags if f.startswith(("avx", "fma", "amx")))
+    return sorted(f for f in cpu_flags() if f.startswith(("avx", "fma", "amx")))
 
 
 def timed(isa: str, args: argparse.Namespace) -> dict:

@@ -33,16 +33,21 @@ PINNED = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "MKL_ENABLE_INSTRUC
 KEEP_IF_SET = {"OPENBLAS_CORETYPE": "Haswell"}  # a machine's own setting wins (see the module docstring)
 
 
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> list[str]:
+    """The CPU's feature flags from ``/proc/cpuinfo`` (Linux); empty where it cannot be read."""
+    try:
+        return next((line.split(":", 1)[1].split() for line in cpuinfo.read_text().splitlines()
+                     if line.startswith("flags")), [])
+    except OSError:
+        return []
+
+
 def has_avx2(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
-    """Whether this x86-64 CPU has AVX2 (and FMA, which AVX2 kernels use): read from ``/proc/cpuinfo`` (Linux); False
-    off x86-64 or where it cannot be read."""
+    """Whether this x86-64 CPU has AVX2 (and FMA, which AVX2 kernels use); False off x86-64 or where the flags cannot
+    be read."""
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return False
-    try:
-        flags = next((line.split(":", 1)[1].split() for line in cpuinfo.read_text().splitlines()
-                      if line.startswith("flags")), [])
-    except OSError:
-        return False
+    flags = cpu_flags(cpuinfo)
     return "avx2" in flags and "fma" in flags
 
 

@@ -237,7 +237,9 @@ def dalr_step_loss(z1, z2, p1, p2, v, img, text_aligned, image_aligned, teacher1
 # --------------------------------------------------------------------------- mmcse's rows under --reading code
 
 
-def _code_rows(root, profile: str, preset: str) -> dict[str, Config]:
+def code_plan_rows(root, profile: str, preset: str) -> dict[str, Config]:
+    """Every row of ``preset`` that `mmcse plan --reading code` makes under ``profile`` (in a copy of the project at
+    ``root``), parsed."""
     params = params_copy(root) / "params.yaml"
     apply_profile(params, profile)
     rows = plan(params, preset, "code")["rows"]
@@ -248,8 +250,8 @@ def _code_rows(root, profile: str, preset: str) -> dict[str, Config]:
 def code_rows(tmp_path_factory) -> dict[str, Config]:
     """The kdmcse-table1 rows `mmcse plan --reading code` makes under the kdmcse-flickr-bert profile, and
     dalr-table1's DALR row under dalr-flickr-bert."""
-    rows = _code_rows(tmp_path_factory.mktemp("kdmcse"), "kdmcse-flickr-bert", "kdmcse-table1")
-    return rows | {"DALR": _code_rows(tmp_path_factory.mktemp("dalr"), "dalr-flickr-bert", "dalr-table1")["DALR"]}
+    rows = code_plan_rows(tmp_path_factory.mktemp("kdmcse"), "kdmcse-flickr-bert", "kdmcse-table1")
+    return rows | {"DALR": code_plan_rows(tmp_path_factory.mktemp("dalr"), "dalr-flickr-bert", "dalr-table1")["DALR"]}
 
 
 def _batch(n: int, h: int, p: int, k: int, seed: int) -> dict[str, torch.Tensor]:

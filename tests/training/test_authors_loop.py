@@ -41,16 +41,13 @@ import torch.nn.functional as F
 from scipy.stats import spearmanr
 from torch import nn
 
-from mmcse.config import Config, parse_config, to_dict, with_overrides
+from mmcse.config import Config, to_dict, with_overrides
 from mmcse.experiments.params import load_config
-from mmcse.experiments.plan import plan
-from mmcse.experiments.profiles import apply_profile
 from mmcse.models.dropout import install_keyed_dropout, row_keys
 from mmcse.training.engine import Hooks, fit
 from mmcse.training.loop import StudentTask
 from mmcse.training.schedule import PAIR, TEXT
-from tests.conftest import params_copy
-from tests.methods.test_authors_code import KDMCSE_SCRIPT, kdmcse_step_loss, mcse_step_loss
+from tests.methods.test_authors_code import KDMCSE_SCRIPT, code_plan_rows, kdmcse_step_loss, mcse_step_loss
 
 pytestmark = pytest.mark.slow
 
@@ -329,12 +326,8 @@ def run_released(task: StudentTask, recorder: Recorder, cfg: Config, framework: 
 
 @pytest.fixture(scope="module")
 def code_rows(tmp_path_factory) -> dict[str, Config]:
-    """The MCSE, SimCSE and KDMCSE rows of kdmcse-table1 that `mmcse plan --reading code` makes under
-    kdmcse-flickr-bert."""
-    params = params_copy(tmp_path_factory.mktemp("kdmcse")) / "params.yaml"
-    apply_profile(params, "kdmcse-flickr-bert")
-    rows = {r["variant"]: r for r in plan(params, "kdmcse-table1", "code")["rows"]}
-    return {v: parse_config(rows[v]["config"], where=f"the plan's row {v}") for v in ("MCSE", "SimCSE", "KDMCSE")}
+    """The rows of kdmcse-table1 that `mmcse plan --reading code` makes under kdmcse-flickr-bert."""
+    return code_plan_rows(tmp_path_factory.mktemp("kdmcse"), "kdmcse-flickr-bert", "kdmcse-table1")
 
 
 def _train_both(project: Path, row: Config, framework: str, **changes) -> tuple[dict, dict]:
